@@ -1,0 +1,170 @@
+//! The stable error codes of SPEC §3. Every error type in the core maps to exactly one code;
+//! the server turns a code into an HTTP status in one place, the CLI prints the message.
+
+use std::fmt;
+
+/// A stable, documented error code (`error.code` in an HTTP answer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorCode {
+    MalformedBody,
+    MissingParameter,
+    InvalidParameter,
+    InvalidName,
+    InvalidKey,
+    InvalidDimension,
+    UnknownDimension,
+    TooManyDimensions,
+    InvalidTimestamp,
+    TimestampInFuture,
+    InvalidAmount,
+    InvalidTimezone,
+    InvalidUnit,
+    InvalidRange,
+    InvalidDuration,
+    InvalidLimit,
+    InvalidSchema,
+    Unauthorized,
+    Forbidden,
+    UnknownNamespace,
+    NotFound,
+    IdempotencyInProgress,
+    BodyTooLarge,
+    BatchTooLarge,
+    NoTierForRange,
+    TooManyPoints,
+    IdempotencyKeyReused,
+    BackendUnavailable,
+    CorruptData,
+    Internal,
+}
+
+impl ErrorCode {
+    /// Every code, for tests and documentation.
+    pub const ALL: [ErrorCode; 30] = [
+        ErrorCode::MalformedBody,
+        ErrorCode::MissingParameter,
+        ErrorCode::InvalidParameter,
+        ErrorCode::InvalidName,
+        ErrorCode::InvalidKey,
+        ErrorCode::InvalidDimension,
+        ErrorCode::UnknownDimension,
+        ErrorCode::TooManyDimensions,
+        ErrorCode::InvalidTimestamp,
+        ErrorCode::TimestampInFuture,
+        ErrorCode::InvalidAmount,
+        ErrorCode::InvalidTimezone,
+        ErrorCode::InvalidUnit,
+        ErrorCode::InvalidRange,
+        ErrorCode::InvalidDuration,
+        ErrorCode::InvalidLimit,
+        ErrorCode::InvalidSchema,
+        ErrorCode::Unauthorized,
+        ErrorCode::Forbidden,
+        ErrorCode::UnknownNamespace,
+        ErrorCode::NotFound,
+        ErrorCode::IdempotencyInProgress,
+        ErrorCode::BodyTooLarge,
+        ErrorCode::BatchTooLarge,
+        ErrorCode::NoTierForRange,
+        ErrorCode::TooManyPoints,
+        ErrorCode::IdempotencyKeyReused,
+        ErrorCode::BackendUnavailable,
+        ErrorCode::CorruptData,
+        ErrorCode::Internal,
+    ];
+
+    /// The code as it appears on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::MalformedBody => "malformed_body",
+            ErrorCode::MissingParameter => "missing_parameter",
+            ErrorCode::InvalidParameter => "invalid_parameter",
+            ErrorCode::InvalidName => "invalid_name",
+            ErrorCode::InvalidKey => "invalid_key",
+            ErrorCode::InvalidDimension => "invalid_dimension",
+            ErrorCode::UnknownDimension => "unknown_dimension",
+            ErrorCode::TooManyDimensions => "too_many_dimensions",
+            ErrorCode::InvalidTimestamp => "invalid_timestamp",
+            ErrorCode::TimestampInFuture => "timestamp_in_future",
+            ErrorCode::InvalidAmount => "invalid_amount",
+            ErrorCode::InvalidTimezone => "invalid_timezone",
+            ErrorCode::InvalidUnit => "invalid_unit",
+            ErrorCode::InvalidRange => "invalid_range",
+            ErrorCode::InvalidDuration => "invalid_duration",
+            ErrorCode::InvalidLimit => "invalid_limit",
+            ErrorCode::InvalidSchema => "invalid_schema",
+            ErrorCode::Unauthorized => "unauthorized",
+            ErrorCode::Forbidden => "forbidden",
+            ErrorCode::UnknownNamespace => "unknown_namespace",
+            ErrorCode::NotFound => "not_found",
+            ErrorCode::IdempotencyInProgress => "idempotency_in_progress",
+            ErrorCode::BodyTooLarge => "body_too_large",
+            ErrorCode::BatchTooLarge => "batch_too_large",
+            ErrorCode::NoTierForRange => "no_tier_for_range",
+            ErrorCode::TooManyPoints => "too_many_points",
+            ErrorCode::IdempotencyKeyReused => "idempotency_key_reused",
+            ErrorCode::BackendUnavailable => "backend_unavailable",
+            ErrorCode::CorruptData => "corrupt_data",
+            ErrorCode::Internal => "internal",
+        }
+    }
+
+    /// The HTTP status SPEC §3 gives this code.
+    pub fn http_status(self) -> u16 {
+        match self {
+            ErrorCode::MalformedBody
+            | ErrorCode::MissingParameter
+            | ErrorCode::InvalidParameter
+            | ErrorCode::InvalidName
+            | ErrorCode::InvalidKey
+            | ErrorCode::InvalidDimension
+            | ErrorCode::UnknownDimension
+            | ErrorCode::TooManyDimensions
+            | ErrorCode::InvalidTimestamp
+            | ErrorCode::TimestampInFuture
+            | ErrorCode::InvalidAmount
+            | ErrorCode::InvalidTimezone
+            | ErrorCode::InvalidUnit
+            | ErrorCode::InvalidRange
+            | ErrorCode::InvalidDuration
+            | ErrorCode::InvalidLimit
+            | ErrorCode::InvalidSchema => 400,
+            ErrorCode::Unauthorized => 401,
+            ErrorCode::Forbidden => 403,
+            ErrorCode::UnknownNamespace | ErrorCode::NotFound => 404,
+            ErrorCode::IdempotencyInProgress => 409,
+            ErrorCode::BodyTooLarge | ErrorCode::BatchTooLarge => 413,
+            ErrorCode::NoTierForRange
+            | ErrorCode::TooManyPoints
+            | ErrorCode::IdempotencyKeyReused => 422,
+            ErrorCode::BackendUnavailable => 503,
+            ErrorCode::CorruptData | ErrorCode::Internal => 500,
+        }
+    }
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_unique_snake_case() {
+        let mut seen = std::collections::HashSet::new();
+        for code in ErrorCode::ALL {
+            let s = code.as_str();
+            assert!(seen.insert(s), "duplicate code {s}");
+            assert!(
+                s.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'),
+                "{s}"
+            );
+            assert!((400..600).contains(&code.http_status()));
+        }
+    }
+}

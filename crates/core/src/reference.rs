@@ -1,0 +1,222 @@
+//! A deliberately simple [`Store`]: one mutex over `BTreeMap`s. It is the reference the
+//! real backends are tested against, so it favours obviousness over speed.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::model::{Duration, Key, Namespace, Schema};
+use crate::store::{
+    Batch, Buckets, Clock, KeyData, KeyRead, Scan, Store, StoreError, SubtotalBuckets, Want,
+};
+use crate::time::bucket_start;
+
+/// (resolution, bucket start) → count.
+type Counts = BTreeMap<(Duration, i64), i64>;
+
+#[derive(Debug, Default)]
+struct Series {
+    totals: Counts,
+    /// (dimension, value) → counts.
+    subtotals: BTreeMap<(String, String), Counts>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    schemas: BTreeMap<Namespace, Schema>,
+    data: BTreeMap<(Namespace, Key), Series>,
+}
+
+/// The reference store.
+pub struct MemStore {
+    inner: Mutex<Inner>,
+    clock: Arc<dyn Clock>,
+}
+
+impl std::fmt::Debug for MemStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemStore").finish_non_exhaustive()
+    }
+}
+
+impl MemStore {
+    pub fn new(clock: Arc<dyn Clock>) -> Self {
+        MemStore {
+            inner: Mutex::new(Inner::default()),
+            clock,
+        }
+    }
+
+    fn lock(&self) -> Result<MutexGuard<'_, Inner>, StoreError> {
+        self.inner
+            .lock()
+            .map_err(|_| StoreError::Internal("reference store lock poisoned".into()))
+    }
+}
+
+fn slice(counts: &Counts, schema: &Schema, r: Duration, from: i64, to: i64, now: i64) -> Buckets {
+    let Some(tier) = schema.tiers().iter().find(|t| t.resolution == r) else {
+        return Vec::new();
+    };
+    counts
+        .range((r, from)..(r, to))
+        .filter(|&(&(_, b), &n)| n != 0 && tier.retention.keeps_bucket(b, r, now))
+        .map(|(&(_, b), &n)| (b, n))
+        .collect()
+}
+
+impl Store for MemStore {
+    fn namespaces(&self) -> Result<Vec<(Namespace, Schema)>, StoreError> {
+        Ok(self
+            .lock()?
+            .schemas
+            .iter()
+            .map(|(n, s)| (n.clone(), s.clone()))
+            .collect())
+    }
+
+    fn schema(&self, ns: &Namespace) -> Result<Option<Schema>, StoreError> {
+        Ok(self.lock()?.schemas.get(ns).cloned())
+    }
+
+    fn put_schema(&self, ns: &Namespace, schema: &Schema) -> Result<(), StoreError> {
+        let mut inner = self.lock()?;
+        let kept: Vec<Duration> = schema.tiers().iter().map(|t| t.resolution).collect();
+        // A removed tier loses its data, and so do subtotals of tiers no longer breakdown.
+        for ((n, _), series) in inner.data.iter_mut() {
+            if n == ns {
+                series.totals.retain(|(r, _), _| kept.contains(r));
+                for counts in series.subtotals.values_mut() {
+                    counts.retain(|(r, _), _| schema.is_breakdown(*r));
+                }
+            }
+        }
+        inner.schemas.insert(ns.clone(), schema.clone());
+        Ok(())
+    }
+
+    fn apply(&self, batch: &Batch) -> Result<(), StoreError> {
+        let now = self.clock.now();
+        let mut inner = self.lock()?;
+        for (ns, schema) in &batch.create {
+            inner
+                .schemas
+                .entry(ns.clone())
+                .or_insert_with(|| schema.clone());
+        }
+        for inc in &batch.increments {
+            let Some(schema) = inner.schemas.get(&inc.ns).cloned() else {
+                return Err(StoreError::Internal(format!(
+                    "namespace {} vanished",
+                    inc.ns
+                )));
+            };
+            let series = inner
+                .data
+                .entry((inc.ns.clone(), inc.key.clone()))
+                .or_default();
+            for tier in schema.tiers() {
+                let r = tier.resolution;
+                let b = bucket_start(inc.ts, r.secs_i64());
+                if !tier.retention.keeps_bucket(b, r, now) {
+                    continue;
+                }
+                *series.totals.entry((r, b)).or_default() += inc.n;
+                if schema.is_breakdown(r) {
+                    for s in &inc.subtotals {
+                        let counts = series
+                            .subtotals
+                            .entry((s.dim.clone(), s.value.clone()))
+                            .or_default();
+                        *counts.entry((r, b)).or_default() += inc.n;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn read(&self, reads: &[KeyRead<'_>]) -> Result<Vec<KeyData>, StoreError> {
+        let now = self.clock.now();
+        let inner = self.lock()?;
+        let mut out = Vec::with_capacity(reads.len());
+        for read in reads {
+            let (Some(schema), Some(series)) = (
+                inner.schemas.get(read.ns),
+                inner.data.get(&(read.ns.clone(), read.key.clone())),
+            ) else {
+                out.push(KeyData::default());
+                continue;
+            };
+            let cut = |c: &Counts| slice(c, schema, read.resolution, read.from, read.to, now);
+            let wanted = |dim: &str, value: &str| match read.want {
+                Want::Totals => false,
+                Want::Value { dim: d, value: v } => d == dim && v == value,
+                Want::Dim { dim: d } => d == dim,
+                Want::All => true,
+            };
+            let subtotals = series
+                .subtotals
+                .iter()
+                .filter(|((d, v), _)| wanted(d, v))
+                .map(|((d, v), c)| SubtotalBuckets {
+                    dim: d.clone(),
+                    value: v.clone(),
+                    buckets: cut(c),
+                })
+                .filter(|s| !s.buckets.is_empty())
+                .collect();
+            out.push(KeyData {
+                totals: cut(&series.totals),
+                subtotals,
+            });
+        }
+        Ok(out)
+    }
+
+    fn keys(
+        &self,
+        ns: &Namespace,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Key>, StoreError> {
+        let inner = self.lock()?;
+        Ok(inner
+            .data
+            .keys()
+            .filter(|(n, k)| {
+                n == ns
+                    && k.as_str().starts_with(prefix)
+                    && after.is_none_or(|a| k.as_str().as_bytes() > a.as_bytes())
+            })
+            .map(|(_, k)| k.clone())
+            .take(limit)
+            .collect())
+    }
+
+    fn scan(&self, scan: &Scan<'_>, visit: &mut dyn FnMut(&Key, i64)) -> Result<(), StoreError> {
+        let now = self.clock.now();
+        let inner = self.lock()?;
+        let Some(schema) = inner.schemas.get(scan.ns) else {
+            return Ok(());
+        };
+        for ((n, k), series) in &inner.data {
+            if n != scan.ns {
+                continue;
+            }
+            let counts = match scan.value {
+                None => Some(&series.totals),
+                Some((d, v)) => series.subtotals.get(&(d.to_owned(), v.to_owned())),
+            };
+            let Some(counts) = counts else { continue };
+            let sum: i64 = slice(counts, schema, scan.resolution, scan.from, scan.to, now)
+                .iter()
+                .map(|(_, n)| n)
+                .sum();
+            if sum != 0 {
+                visit(k, sum);
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,186 @@
+//! The `Store` trait: the minimum a backend offers the query layer, and the batch it applies.
+//!
+//! Designed for two very different backends: the embedded engine (in-memory shards, log,
+//! segments) and Redis (a hash per series and window, round trips are the cost). So every
+//! read is *bulk*: one call returns all the buckets of one key's totals and subtotals over a
+//! range (one pipeline per key for Redis), and a batch of reads is one call. A backend
+//! applies a [`Batch`] so that a read of one key sees each event wholly or not at all.
+
+use crate::error::ErrorCode;
+use crate::model::{Duration, Key, Namespace, Schema, Subtotal};
+
+/// One schema-resolved increment: the event's totals plus the subtotals it adds to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Increment {
+    pub ns: Namespace,
+    pub key: Key,
+    pub ts: i64,
+    pub n: i64,
+    /// Canonical dimension name and (escaped) value; sorted, unique by dimension.
+    pub subtotals: Vec<Subtotal>,
+}
+
+/// A validated batch, applied all or nothing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Batch {
+    /// Namespaces this batch creates (auto-creation on first write), with their schemas.
+    pub create: Vec<(Namespace, Schema)>,
+    pub increments: Vec<Increment>,
+}
+
+/// What to read of one key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Want<'a> {
+    /// The totals.
+    Totals,
+    /// Totals and the subtotals of one value of one dimension.
+    Value { dim: &'a str, value: &'a str },
+    /// Totals and the subtotals of every value of one dimension.
+    Dim { dim: &'a str },
+    /// Totals and every subtotal (dashboards).
+    All,
+}
+
+/// A read of one key's buckets of one tier over `[from, to)` (bucket-aligned).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyRead<'a> {
+    pub ns: &'a Namespace,
+    pub key: &'a Key,
+    pub resolution: Duration,
+    pub from: i64,
+    pub to: i64,
+    pub want: Want<'a>,
+}
+
+/// Sparse buckets: `(bucket start, count)`, sorted by start, zero buckets may be left out.
+pub type Buckets = Vec<(i64, i64)>;
+
+/// The buckets of one subtotal series.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubtotalBuckets {
+    pub dim: String,
+    pub value: String,
+    pub buckets: Buckets,
+}
+
+/// The answer to a [`KeyRead`], read at one moment: totals and subtotals agree.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeyData {
+    pub totals: Buckets,
+    pub subtotals: Vec<SubtotalBuckets>,
+}
+
+/// A scan of every key of a namespace for `top`: the sum of each key's totals (or of one
+/// subtotal) over `[from, to)` in one tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scan<'a> {
+    pub ns: &'a Namespace,
+    pub resolution: Duration,
+    pub from: i64,
+    pub to: i64,
+    pub value: Option<(&'a str, &'a str)>,
+}
+
+/// A backend failure. The query layer passes it through; the server maps its code.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    #[error("backend unavailable: {0}")]
+    Unavailable(String),
+    #[error("corrupt data: {0}")]
+    Corrupt(String),
+    #[error("the writer is poisoned after an I/O failure and accepts no writes: {0}")]
+    Poisoned(String),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl StoreError {
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            StoreError::Unavailable(_) | StoreError::Poisoned(_) => ErrorCode::BackendUnavailable,
+            StoreError::Corrupt(_) => ErrorCode::CorruptData,
+            StoreError::Internal(_) => ErrorCode::Internal,
+        }
+    }
+}
+
+/// What a backend offers. Time-based retention is the backend's: it applies an increment to
+/// every tier whose retention still covers it (subtotals only in breakdown tiers) and stops
+/// showing buckets a tier no longer keeps.
+pub trait Store: Send + Sync {
+    /// Every namespace with its schema, by name.
+    fn namespaces(&self) -> Result<Vec<(Namespace, Schema)>, StoreError>;
+
+    /// The schema of one namespace, `None` if it does not exist.
+    fn schema(&self, ns: &Namespace) -> Result<Option<Schema>, StoreError>;
+
+    /// Creates or replaces a namespace's schema. A removed tier loses its data; a new tier
+    /// starts empty.
+    fn put_schema(&self, ns: &Namespace, schema: &Schema) -> Result<(), StoreError>;
+
+    /// Applies a batch, durably per the backend's policy, all or nothing.
+    fn apply(&self, batch: &Batch) -> Result<(), StoreError>;
+
+    /// Reads many keys at once; answers in the order asked.
+    fn read(&self, reads: &[KeyRead<'_>]) -> Result<Vec<KeyData>, StoreError>;
+
+    /// Keys of a namespace in byte order, starting with `prefix`, strictly after `after`.
+    fn keys(
+        &self,
+        ns: &Namespace,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Key>, StoreError>;
+
+    /// Calls `visit` once per key with a non-zero sum over the scan's range.
+    fn scan(&self, scan: &Scan<'_>, visit: &mut dyn FnMut(&Key, i64)) -> Result<(), StoreError>;
+}
+
+/// A source of "now" in unix seconds, so tests can move time.
+pub trait Clock: Send + Sync {
+    fn now(&self) -> i64;
+}
+
+/// The system clock.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> i64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+    }
+}
+
+/// A clock that stands still until moved.
+#[derive(Debug, Default)]
+pub struct ManualClock(std::sync::atomic::AtomicI64);
+
+impl ManualClock {
+    pub fn new(now: i64) -> Self {
+        ManualClock(std::sync::atomic::AtomicI64::new(now))
+    }
+
+    pub fn set(&self, now: i64) {
+        self.0.store(now, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn advance(&self, secs: i64) {
+        self.0.fetch_add(secs, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> i64 {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl<C: Clock + ?Sized> Clock for std::sync::Arc<C> {
+    fn now(&self) -> i64 {
+        (**self).now()
+    }
+}
