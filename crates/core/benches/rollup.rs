@@ -15,7 +15,9 @@ use tally_core::time::{Calendar, Tz, Unit};
 fn year_of_hours() -> (i64, i64, Vec<(i64, i64)>) {
     let from = 1_767_225_600; // 2026-01-01T00:00:00Z
     let to = from + 365 * 86_400 + 86_400;
-    let buckets = (0..(to - from) / 3600).map(|h| (from + h * 3600, h % 7 + 1)).collect();
+    let buckets = (0..(to - from) / 3600)
+        .map(|h| (from + h * 3600, h % 7 + 1))
+        .collect();
     (from, to, buckets)
 }
 
