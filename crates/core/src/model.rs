@@ -19,9 +19,10 @@ pub const MAX_DIMS_PER_EVENT: usize = 16;
 pub const AMOUNT_LIMIT: i64 = 1 << 53;
 /// Earliest accepted timestamp: 1970-01-01T00:00:00Z.
 pub const MIN_TS: i64 = 0;
-/// Latest accepted timestamp (exclusive): 3000-01-01T00:00:00Z. Keeping instants far from
-/// the calendar library's year-9999 edge means every calendar step stays representable.
-pub const MAX_TS: i64 = 32_503_680_000;
+/// Latest accepted timestamp (exclusive): 2^32 s, 2106-02-07T06:28:16Z. Bucket indexes then
+/// fit in 32 bits at every resolution (the engine packs them beside a series id), and every
+/// calendar step stays far from the calendar library's year-9999 edge.
+pub const MAX_TS: i64 = 1 << 32;
 
 /// A violation of one rule of the data model.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -95,6 +96,12 @@ macro_rules! string_newtype {
         }
         impl AsRef<str> for $name {
             fn as_ref(&self) -> &str {
+                &self.0
+            }
+        }
+        // Ord and Hash are derived from the one String field, so they agree with str's.
+        impl std::borrow::Borrow<str> for $name {
+            fn borrow(&self) -> &str {
                 &self.0
             }
         }
@@ -659,7 +666,7 @@ pub fn timestamp(ts: i64) -> Result<i64, ModelError> {
     } else {
         Err(ModelError::InvalidTimestamp {
             got: ts.to_string(),
-            why: "outside 1970-01-01T00:00:00Z .. 3000-01-01T00:00:00Z",
+            why: "outside 1970-01-01T00:00:00Z .. 2106-02-07T06:28:16Z",
         })
     }
 }

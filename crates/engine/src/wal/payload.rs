@@ -1,0 +1,405 @@
+//! What one log record says: a batch (with the namespaces it creates) or a schema change,
+//! as bytes (docs/format.md, "Record payloads"). A batch is kept as a [`BatchView`]: its
+//! strings once in a table, its increments as indexes into it. Live writes and replay both
+//! apply a `BatchView`, so the two paths cannot drift.
+
+use std::collections::HashMap;
+
+use tally_core::model::{Namespace, Schema, SchemaDoc};
+use tally_core::store::Batch;
+
+/// Payload kind: a batch of increments.
+pub const KIND_BATCH: u8 = 1;
+/// Payload kind: a namespace's schema set.
+pub const KIND_SCHEMA: u8 = 2;
+
+/// Why a payload could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PayloadError {
+    #[error("payload ends early")]
+    Truncated,
+    #[error("unknown payload kind {0}")]
+    UnknownKind(u8),
+    #[error("string index {0} out of range")]
+    BadIndex(u64),
+    #[error("string is not UTF-8")]
+    NotUtf8,
+    #[error("a varint is longer than 10 bytes")]
+    BadVarint,
+    #[error("{0} trailing bytes")]
+    Trailing(usize),
+    #[error("invalid schema: {0}")]
+    Schema(String),
+}
+
+/// One increment of a [`BatchView`]; `subs` is a range of `BatchView::subs`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IncView {
+    pub ns: u32,
+    pub key: u32,
+    pub ts: i64,
+    pub n: i64,
+    pub subs: (u32, u32),
+}
+
+/// A batch with its strings interned in a table.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BatchView<'a> {
+    pub strings: Vec<&'a str>,
+    /// (namespace string index, schema).
+    pub creates: Vec<(u32, Schema)>,
+    pub incs: Vec<IncView>,
+    /// (dimension string index, value string index).
+    pub subs: Vec<(u32, u32)>,
+}
+
+impl<'a> BatchView<'a> {
+    pub fn from_batch(batch: &'a Batch) -> Self {
+        let mut view = BatchView::default();
+        let mut index: HashMap<&'a str, u32> = HashMap::new();
+        let mut intern = |s: &'a str, strings: &mut Vec<&'a str>| -> u32 {
+            *index.entry(s).or_insert_with(|| {
+                strings.push(s);
+                (strings.len() - 1) as u32
+            })
+        };
+        for (ns, schema) in &batch.create {
+            let i = intern(ns.as_str(), &mut view.strings);
+            view.creates.push((i, schema.clone()));
+        }
+        view.incs.reserve(batch.increments.len());
+        for inc in &batch.increments {
+            let ns = intern(inc.ns.as_str(), &mut view.strings);
+            let key = intern(inc.key.as_str(), &mut view.strings);
+            let start = view.subs.len() as u32;
+            for s in &inc.subtotals {
+                let d = intern(&s.dim, &mut view.strings);
+                let v = intern(&s.value, &mut view.strings);
+                view.subs.push((d, v));
+            }
+            let subs = (start, view.subs.len() as u32);
+            view.incs.push(IncView {
+                ns,
+                key,
+                ts: inc.ts,
+                n: inc.n,
+                subs,
+            });
+        }
+        view
+    }
+
+    pub fn str(&self, i: u32) -> &'a str {
+        self.strings.get(i as usize).copied().unwrap_or("")
+    }
+
+    pub fn subs_of(&self, inc: &IncView) -> &[(u32, u32)] {
+        self.subs
+            .get(inc.subs.0 as usize..inc.subs.1 as usize)
+            .unwrap_or(&[])
+    }
+
+    /// Appends the batch payload.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        out.push(KIND_BATCH);
+        put_varint(out, self.strings.len() as u64);
+        for s in &self.strings {
+            put_bytes(out, s.as_bytes());
+        }
+        put_varint(out, self.creates.len() as u64);
+        for (ns, schema) in &self.creates {
+            put_varint(out, u64::from(*ns));
+            put_schema(out, schema);
+        }
+        put_varint(out, self.incs.len() as u64);
+        for inc in &self.incs {
+            put_varint(out, u64::from(inc.ns));
+            put_varint(out, u64::from(inc.key));
+            put_varint(out, inc.ts as u64);
+            put_varint(out, zigzag(inc.n));
+            let subs = self.subs_of(inc);
+            put_varint(out, subs.len() as u64);
+            for (d, v) in subs {
+                put_varint(out, u64::from(*d));
+                put_varint(out, u64::from(*v));
+            }
+        }
+    }
+}
+
+/// A decoded record payload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Payload<'a> {
+    Batch(BatchView<'a>),
+    Schema(Namespace, Schema),
+}
+
+/// Appends a schema-change payload.
+pub fn encode_schema(ns: &Namespace, schema: &Schema, out: &mut Vec<u8>) {
+    out.push(KIND_SCHEMA);
+    put_bytes(out, ns.as_str().as_bytes());
+    put_schema(out, schema);
+}
+
+/// Decodes one payload; never panics, whatever the bytes.
+pub fn decode(bytes: &[u8]) -> Result<Payload<'_>, PayloadError> {
+    let mut r = Reader { bytes, pos: 0 };
+    let payload = match r.u8()? {
+        KIND_BATCH => {
+            let mut view = BatchView::default();
+            let n = r.len()?;
+            view.strings.reserve(n);
+            for _ in 0..n {
+                view.strings.push(r.str()?);
+            }
+            let nstr = view.strings.len() as u64;
+            let idx = |v: u64| {
+                if v < nstr {
+                    Ok(v as u32)
+                } else {
+                    Err(PayloadError::BadIndex(v))
+                }
+            };
+            for _ in 0..r.len()? {
+                let ns = idx(r.varint()?)?;
+                let schema = r.schema()?;
+                view.creates.push((ns, schema));
+            }
+            let n = r.len()?;
+            view.incs.reserve(n);
+            for _ in 0..n {
+                let ns = idx(r.varint()?)?;
+                let key = idx(r.varint()?)?;
+                let ts = r.varint()? as i64;
+                let n = unzigzag(r.varint()?);
+                let start = view.subs.len() as u32;
+                for _ in 0..r.len()? {
+                    let d = idx(r.varint()?)?;
+                    let v = idx(r.varint()?)?;
+                    view.subs.push((d, v));
+                }
+                let subs = (start, view.subs.len() as u32);
+                view.incs.push(IncView {
+                    ns,
+                    key,
+                    ts,
+                    n,
+                    subs,
+                });
+            }
+            Payload::Batch(view)
+        }
+        KIND_SCHEMA => {
+            let name = r.str()?;
+            let ns = Namespace::new(name).map_err(|e| PayloadError::Schema(e.to_string()))?;
+            Payload::Schema(ns, r.schema()?)
+        }
+        other => return Err(PayloadError::UnknownKind(other)),
+    };
+    match bytes.len() - r.pos {
+        0 => Ok(payload),
+        n => Err(PayloadError::Trailing(n)),
+    }
+}
+
+fn zigzag(n: i64) -> u64 {
+    ((n << 1) ^ (n >> 63)) as u64
+}
+
+fn unzigzag(v: u64) -> i64 {
+    ((v >> 1) as i64) ^ -((v & 1) as i64)
+}
+
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+    put_varint(out, b.len() as u64);
+    out.extend_from_slice(b);
+}
+
+fn put_strings(out: &mut Vec<u8>, list: &[String]) {
+    put_varint(out, list.len() as u64);
+    for s in list {
+        put_bytes(out, s.as_bytes());
+    }
+}
+
+/// A schema as its canonical wire strings: re-validated when read back.
+fn put_schema(out: &mut Vec<u8>, schema: &Schema) {
+    let doc = schema.to_doc();
+    put_strings(out, &doc.tiers);
+    put_strings(out, &doc.breakdown_tiers.unwrap_or_default());
+    match &doc.dimensions {
+        None => out.push(0),
+        Some(d) => {
+            out.push(1);
+            put_strings(out, d);
+        }
+    }
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn u8(&mut self) -> Result<u8, PayloadError> {
+        let b = *self.bytes.get(self.pos).ok_or(PayloadError::Truncated)?;
+        self.pos += 1;
+        Ok(b)
+    }
+
+    fn varint(&mut self) -> Result<u64, PayloadError> {
+        let mut v = 0u64;
+        for shift in (0..70).step_by(7) {
+            let b = self.u8()?;
+            if shift == 63 && b > 1 {
+                return Err(PayloadError::BadVarint);
+            }
+            v |= u64::from(b & 0x7f) << shift;
+            if b < 0x80 {
+                return Ok(v);
+            }
+        }
+        Err(PayloadError::BadVarint)
+    }
+
+    /// A count, bounded by the bytes left so a corrupt count cannot reserve huge memory.
+    fn len(&mut self) -> Result<usize, PayloadError> {
+        let n = self.varint()?;
+        if n > (self.bytes.len() - self.pos) as u64 {
+            return Err(PayloadError::Truncated);
+        }
+        Ok(n as usize)
+    }
+
+    fn str(&mut self) -> Result<&'a str, PayloadError> {
+        let n = self.len()?;
+        let b = &self.bytes[self.pos..self.pos + n];
+        self.pos += n;
+        std::str::from_utf8(b).map_err(|_| PayloadError::NotUtf8)
+    }
+
+    fn strings(&mut self) -> Result<Vec<String>, PayloadError> {
+        (0..self.len()?)
+            .map(|_| self.str().map(str::to_owned))
+            .collect()
+    }
+
+    fn schema(&mut self) -> Result<Schema, PayloadError> {
+        let tiers = self.strings()?;
+        let breakdown_tiers = Some(self.strings()?);
+        let dimensions = match self.u8()? {
+            0 => None,
+            _ => Some(self.strings()?),
+        };
+        Schema::from_doc(&SchemaDoc {
+            tiers,
+            breakdown_tiers,
+            dimensions,
+        })
+        .map_err(|e| PayloadError::Schema(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use tally_core::model::{Key, Subtotal};
+    use tally_core::store::Increment;
+
+    type Inc<'a> = (&'a str, &'a str, i64, i64, &'a [(&'a str, &'a str)]);
+
+    fn batch(incs: &[Inc]) -> Batch {
+        Batch {
+            create: vec![(Namespace::new("clicks").unwrap(), Schema::default())],
+            increments: incs
+                .iter()
+                .map(|(ns, key, ts, n, subs)| Increment {
+                    ns: Namespace::new(ns).unwrap(),
+                    key: Key::new(key).unwrap(),
+                    ts: *ts,
+                    n: *n,
+                    subtotals: subs
+                        .iter()
+                        .map(|(d, v)| Subtotal {
+                            dim: d.to_string(),
+                            value: v.to_string(),
+                        })
+                        .collect(),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn batch_round_trips_with_shared_strings() {
+        let b = batch(&[
+            ("clicks", "a", 100, 1, &[("country", "US")]),
+            (
+                "clicks",
+                "a",
+                4_000_000_000,
+                -7,
+                &[("country", "US"), ("referrer", "x")],
+            ),
+            ("other", "US", 0, 0, &[]),
+        ]);
+        let view = BatchView::from_batch(&b);
+        assert_eq!(
+            view.strings,
+            vec!["clicks", "a", "country", "US", "referrer", "x", "other"]
+        );
+        let mut bytes = Vec::new();
+        view.encode(&mut bytes);
+        assert_eq!(decode(&bytes).unwrap(), Payload::Batch(view));
+    }
+
+    #[test]
+    fn schema_round_trips() {
+        let ns = Namespace::new("api").unwrap();
+        let schema = Schema::from_doc(&SchemaDoc {
+            tiers: vec!["1s:2h".into(), "1h:forever".into()],
+            breakdown_tiers: Some(vec!["1s".into()]),
+            dimensions: Some(vec!["a".into(), "a+b".into()]),
+        })
+        .unwrap();
+        let mut bytes = Vec::new();
+        encode_schema(&ns, &schema, &mut bytes);
+        assert_eq!(decode(&bytes).unwrap(), Payload::Schema(ns, schema));
+    }
+
+    #[test]
+    fn refuses_bad_payloads() {
+        assert_eq!(decode(&[]), Err(PayloadError::Truncated));
+        assert_eq!(decode(&[9]), Err(PayloadError::UnknownKind(9)));
+        // One string, then an increment naming string 5.
+        let bad = [KIND_BATCH, 1, 1, b'a', 0, 1, 5, 0, 0, 0, 0];
+        assert_eq!(decode(&bad), Err(PayloadError::BadIndex(5)));
+        let trailing = [KIND_BATCH, 0, 0, 0, 0xff];
+        assert_eq!(decode(&trailing), Err(PayloadError::Trailing(1)));
+        let huge_count = [KIND_BATCH, 0xff, 0xff, 0xff, 0xff, 0x0f];
+        assert_eq!(decode(&huge_count), Err(PayloadError::Truncated));
+    }
+
+    proptest! {
+        #[test]
+        fn zigzag_round_trips(n in any::<i64>()) {
+            prop_assert_eq!(unzigzag(zigzag(n)), n);
+        }
+
+        #[test]
+        fn decode_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..64)) {
+            let _ = decode(&bytes);
+        }
+    }
+}

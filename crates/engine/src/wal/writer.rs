@@ -1,0 +1,356 @@
+//! The log writer: a dedicated thread that takes records from any number of writers,
+//! writes everything waiting in one `write`, fsyncs once for all of them (group commit)
+//! per the policy, and only then answers. An I/O failure poisons it: every later append
+//! fails with the first error's message, because after a failed fsync nothing written can
+//! be assumed durable.
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tally_core::store::StoreError;
+
+use super::{file_header, file_name, put_frame};
+use crate::io::{Faults, LogFile};
+
+/// When the log is fsynced (SPEC §1 `fsync`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FsyncPolicy {
+    /// Before every acknowledgement (default): nothing acknowledged is ever lost.
+    Always,
+    /// Every so often; a batch is acknowledged once written. A machine crash can lose the
+    /// last interval; a process crash loses nothing.
+    Interval(Duration),
+    /// Only on rotation and shutdown.
+    Never,
+}
+
+impl FromStr for FsyncPolicy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "always" => Ok(FsyncPolicy::Always),
+            "never" => Ok(FsyncPolicy::Never),
+            _ => match s.strip_prefix("interval:").map(str::parse::<u64>) {
+                Some(Ok(ms)) if ms > 0 => Ok(FsyncPolicy::Interval(Duration::from_millis(ms))),
+                _ => Err(format!(
+                    "fsync must be \"always\", \"never\" or \"interval:<ms>\" with ms > 0, got {s:?}"
+                )),
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for FsyncPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FsyncPolicy::Always => f.write_str("always"),
+            FsyncPolicy::Never => f.write_str("never"),
+            FsyncPolicy::Interval(d) => write!(f, "interval:{}", d.as_millis()),
+        }
+    }
+}
+
+type Reply<T> = SyncSender<Result<T, StoreError>>;
+
+enum Req {
+    Append(Vec<u8>, Reply<u64>),
+    Sync(Reply<()>),
+}
+
+/// Where the writer starts: the file to append to and the next sequence number.
+#[derive(Debug)]
+pub struct Start {
+    pub dir: PathBuf,
+    pub file: LogFile,
+    pub next_seq: u64,
+    pub policy: FsyncPolicy,
+    pub max_file_bytes: u64,
+    pub faults: Option<Arc<Faults>>,
+}
+
+/// Statistics for `/metrics` and benchmarks.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct WalStats {
+    pub bytes_written: u64,
+    pub records: u64,
+    pub fsyncs: u64,
+    pub fsync_nanos: u64,
+}
+
+/// The handle writers use; cheap to share.
+#[derive(Debug)]
+pub struct Writer {
+    tx: Mutex<Option<Sender<Req>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    poisoned: Arc<Mutex<Option<String>>>,
+    stats: Arc<Mutex<WalStats>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic elsewhere while holding these small locks leaves consistent data behind.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Writer {
+    pub fn start(start: Start) -> std::io::Result<Self> {
+        let (tx, rx) = mpsc::channel();
+        let poisoned = Arc::new(Mutex::new(None));
+        let stats = Arc::new(Mutex::new(WalStats::default()));
+        let state = State {
+            dir: start.dir,
+            file: start.file,
+            next_seq: start.next_seq,
+            policy: start.policy,
+            max_file_bytes: start.max_file_bytes,
+            faults: start.faults,
+            poisoned: poisoned.clone(),
+            stats: stats.clone(),
+            dirty: false,
+            last_sync: Instant::now(),
+        };
+        let thread = std::thread::Builder::new()
+            .name("tally-wal".into())
+            .spawn(move || state.run(rx))?;
+        Ok(Writer {
+            tx: Mutex::new(Some(tx)),
+            thread: Mutex::new(Some(thread)),
+            poisoned,
+            stats,
+        })
+    }
+
+    fn send<T>(&self, make: impl FnOnce(Reply<T>) -> Req) -> Result<T, StoreError> {
+        if let Some(p) = lock(&self.poisoned).as_ref() {
+            return Err(StoreError::Poisoned(p.clone()));
+        }
+        let (reply, done) = mpsc::sync_channel(1);
+        match lock(&self.tx).as_ref() {
+            Some(tx) => tx
+                .send(make(reply))
+                .map_err(|_| StoreError::Unavailable("the log writer has stopped".into()))?,
+            None => return Err(StoreError::Unavailable("the log is closed".into())),
+        }
+        done.recv()
+            .map_err(|_| StoreError::Unavailable("the log writer has stopped".into()))?
+    }
+
+    /// Appends one record payload; returns its sequence number once the policy is met.
+    pub fn append(&self, payload: Vec<u8>) -> Result<u64, StoreError> {
+        self.send(|reply| Req::Append(payload, reply))
+    }
+
+    /// Makes everything written so far durable.
+    pub fn sync(&self) -> Result<(), StoreError> {
+        self.send(Req::Sync)
+    }
+
+    /// The first I/O error, if the writer is poisoned.
+    pub fn poisoned(&self) -> Option<String> {
+        lock(&self.poisoned).clone()
+    }
+
+    pub fn stats(&self) -> WalStats {
+        *lock(&self.stats)
+    }
+
+    /// Stops the thread after it has written and fsynced everything sent before.
+    pub fn close(&self) {
+        lock(&self.tx).take();
+        if let Some(t) = lock(&self.thread).take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+struct State {
+    dir: PathBuf,
+    file: LogFile,
+    next_seq: u64,
+    policy: FsyncPolicy,
+    max_file_bytes: u64,
+    faults: Option<Arc<Faults>>,
+    poisoned: Arc<Mutex<Option<String>>>,
+    stats: Arc<Mutex<WalStats>>,
+    /// Written since the last fsync.
+    dirty: bool,
+    last_sync: Instant,
+}
+
+impl State {
+    fn run(mut self, rx: Receiver<Req>) {
+        let mut buf = Vec::with_capacity(1 << 20);
+        let mut reqs = Vec::new();
+        loop {
+            let first = match self.policy {
+                FsyncPolicy::Interval(every) if self.dirty => {
+                    match rx.recv_timeout(every.saturating_sub(self.last_sync.elapsed())) {
+                        Ok(r) => Some(r),
+                        Err(RecvTimeoutError::Timeout) => None,
+                        Err(RecvTimeoutError::Disconnected) => break,
+                    }
+                }
+                _ => match rx.recv() {
+                    Ok(r) => Some(r),
+                    Err(_) => break,
+                },
+            };
+            reqs.extend(first);
+            while reqs.len() < 4096 {
+                match rx.try_recv() {
+                    Ok(r) => reqs.push(r),
+                    Err(_) => break,
+                }
+            }
+            self.round(&mut reqs, &mut buf);
+        }
+        // Shutdown: make the log durable.
+        if self.dirty
+            && self.poisoned().is_none()
+            && let Err(e) = self.sync()
+        {
+            self.poison(format!("fsync on close: {e}"));
+        }
+    }
+
+    fn poisoned(&self) -> Option<String> {
+        lock(&self.poisoned).clone()
+    }
+
+    fn poison(&self, why: String) {
+        let mut p = lock(&self.poisoned);
+        if p.is_none() {
+            tracing::error!(error = %why, "write-ahead log failed; refusing further writes");
+            *p = Some(why);
+        }
+    }
+
+    fn sync(&mut self) -> std::io::Result<()> {
+        let t = Instant::now();
+        self.file.sync()?;
+        self.dirty = false;
+        self.last_sync = Instant::now();
+        let mut s = lock(&self.stats);
+        s.fsyncs += 1;
+        s.fsync_nanos += t.elapsed().as_nanos() as u64;
+        Ok(())
+    }
+
+    /// One group commit: write every waiting record, fsync per policy, answer everyone.
+    fn round(&mut self, reqs: &mut Vec<Req>, buf: &mut Vec<u8>) {
+        buf.clear();
+        let mut seqs = Vec::with_capacity(reqs.len());
+        let mut want_sync = false;
+        for r in reqs.iter() {
+            match r {
+                Req::Append(payload, _) => {
+                    seqs.push(self.next_seq);
+                    put_frame(buf, self.next_seq, payload);
+                    self.next_seq += 1;
+                }
+                Req::Sync(_) => want_sync = true,
+            }
+        }
+        let outcome = self.commit(buf, seqs.len() as u64, want_sync);
+        let mut seqs = seqs.into_iter();
+        for r in reqs.drain(..) {
+            match r {
+                Req::Append(_, reply) => {
+                    let seq = seqs.next().unwrap_or(0);
+                    let _ = reply.send(outcome.clone().map(|()| seq));
+                }
+                Req::Sync(reply) => {
+                    let _ = reply.send(outcome.clone());
+                }
+            }
+        }
+        if outcome.is_ok()
+            && self.file.len() >= self.max_file_bytes
+            && let Err(e) = self.rotate()
+        {
+            self.poison(format!("rotating the log: {e}"));
+        }
+    }
+
+    fn commit(&mut self, buf: &[u8], records: u64, want_sync: bool) -> Result<(), StoreError> {
+        if let Some(p) = self.poisoned() {
+            return Err(StoreError::Poisoned(p));
+        }
+        if !buf.is_empty() {
+            if let Err(e) = self.file.write_all(buf) {
+                self.poison(format!("writing the log: {e}"));
+                return Err(StoreError::Poisoned(format!("writing the log: {e}")));
+            }
+            self.dirty = true;
+            let mut s = lock(&self.stats);
+            s.bytes_written += buf.len() as u64;
+            s.records += records;
+        }
+        let due = match self.policy {
+            FsyncPolicy::Always => true,
+            FsyncPolicy::Interval(every) => self.last_sync.elapsed() >= every,
+            FsyncPolicy::Never => false,
+        };
+        if self.dirty
+            && (want_sync || due)
+            && let Err(e) = self.sync()
+        {
+            self.poison(format!("fsync of the log: {e}"));
+            return Err(StoreError::Poisoned(format!("fsync of the log: {e}")));
+        }
+        Ok(())
+    }
+
+    fn rotate(&mut self) -> std::io::Result<()> {
+        if self.dirty {
+            self.sync()?;
+        }
+        let path = file_name(&self.dir, self.next_seq);
+        self.file = LogFile::create(&path, &file_header(self.next_seq), self.faults.clone())?;
+        tracing::debug!(file = %path.display(), "rotated the write-ahead log");
+        Ok(())
+    }
+}
+
+/// Creates the first log file of an empty log.
+pub fn create_first(dir: &Path, faults: Option<Arc<Faults>>) -> std::io::Result<LogFile> {
+    LogFile::create(&file_name(dir, 1), &file_header(1), faults)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policies_parse() {
+        assert_eq!("always".parse(), Ok(FsyncPolicy::Always));
+        assert_eq!("never".parse(), Ok(FsyncPolicy::Never));
+        assert_eq!(
+            "interval:100".parse(),
+            Ok(FsyncPolicy::Interval(Duration::from_millis(100)))
+        );
+        for bad in [
+            "",
+            "sometimes",
+            "interval:",
+            "interval:0",
+            "interval:-5",
+            "interval:1.5",
+        ] {
+            assert!(bad.parse::<FsyncPolicy>().is_err(), "{bad}");
+        }
+        assert_eq!(
+            FsyncPolicy::Interval(Duration::from_millis(100)).to_string(),
+            "interval:100"
+        );
+    }
+}

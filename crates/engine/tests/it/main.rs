@@ -1,0 +1,82 @@
+//! tally-engine's integration tests, in one binary.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod crash;
+mod model;
+mod recovery;
+mod visibility;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use tally_core::ingest::{self, Defaults, Limits};
+use tally_core::model::{Key, Namespace, RawEvent};
+use tally_core::store::{Clock, KeyData, KeyRead, ManualClock, Store, Want};
+use tally_engine::{Config, Engine, FsyncPolicy};
+
+/// 2026-11-20T00:00:00Z.
+pub const NOW: i64 = 1_795_132_800;
+
+pub fn open(dir: &Path, clock: &Arc<ManualClock>, fsync: FsyncPolicy) -> Engine {
+    let mut c = Config::new(dir);
+    c.clock = clock.clone();
+    c.fsync = fsync;
+    c.shards = 8;
+    Engine::open(c).unwrap()
+}
+
+pub fn raw(ns: &str, key: &str, ts: i64, n: i64, dims: &[(&str, &str)]) -> RawEvent {
+    RawEvent {
+        ns: ns.into(),
+        key: key.into(),
+        ts: Some(ts),
+        n: Some(n),
+        dims: dims
+            .iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect(),
+    }
+}
+
+pub fn write(
+    store: &dyn Store,
+    now: i64,
+    raws: &[RawEvent],
+) -> Result<(), tally_core::store::StoreError> {
+    let batch =
+        ingest::prepare(store, raws, now, &Limits::default(), &Defaults::default()).unwrap();
+    store.apply(&batch)
+}
+
+/// Every bucket of a key at one resolution, totals and all subtotals.
+pub fn read_all(store: &dyn Store, ns: &str, key: &str, res_secs: u64) -> KeyData {
+    let ns = Namespace::new(ns).unwrap();
+    let key = Key::new(key).unwrap();
+    let read = KeyRead {
+        ns: &ns,
+        key: &key,
+        resolution: tally_core::model::Duration::from_secs(res_secs).unwrap(),
+        from: 0,
+        to: 1 << 32,
+        want: Want::All,
+    };
+    let mut d = store.read(&[read]).unwrap().pop().unwrap();
+    d.subtotals
+        .sort_by(|a, b| (&a.dim, &a.value).cmp(&(&b.dim, &b.value)));
+    d
+}
+
+pub fn total(store: &dyn Store, ns: &str, key: &str, res_secs: u64) -> i64 {
+    read_all(store, ns, key, res_secs)
+        .totals
+        .iter()
+        .map(|(_, n)| n)
+        .sum()
+}
+
+pub fn clock(now: i64) -> Arc<ManualClock> {
+    let c = Arc::new(ManualClock::new(now));
+    assert_eq!(c.now(), now);
+    c
+}

@@ -1,0 +1,168 @@
+//! The model test: random batches, schema changes, restarts, clock moves and sweeps,
+//! applied to the engine and to the reference `MemStore`; after every step both must show
+//! the same buckets for every key, the same keys and the same scans.
+
+use std::sync::Arc;
+
+use proptest::prelude::*;
+use tally_core::model::{Duration, Key, Namespace, Schema, SchemaDoc};
+use tally_core::reference::MemStore;
+use tally_core::store::{KeyRead, ManualClock, Scan, Store, Want};
+use tally_engine::{Engine, FsyncPolicy};
+
+use crate::{NOW, open, raw, write};
+
+const KEYS: [&str; 4] = ["a", "b", "a/b", "é"];
+const SCHEMAS: [&[&str]; 3] = [
+    &["1m:2h", "1h:forever"],
+    &["1m:2h", "15m:1d"],
+    &["1h:forever"],
+];
+
+#[derive(Debug, Clone)]
+enum Op {
+    /// (key, seconds before now, n, country) events.
+    Batch(Vec<(usize, i64, i64, Option<u8>)>),
+    Restart,
+    Advance(i64),
+    Sweep,
+    Schema(usize, bool),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => prop::collection::vec((0..KEYS.len(), 0i64..3 * 86_400, -3i64..10, prop::option::of(0u8..3)), 1..12).prop_map(Op::Batch),
+        2 => Just(Op::Restart),
+        2 => (0i64..2 * 86_400).prop_map(Op::Advance),
+        1 => Just(Op::Sweep),
+        1 => (0..SCHEMAS.len(), any::<bool>()).prop_map(|(s, b)| Op::Schema(s, b)),
+    ]
+}
+
+fn schema(i: usize, breakdown_all: bool) -> Schema {
+    let tiers: Vec<String> = SCHEMAS[i].iter().map(|s| s.to_string()).collect();
+    let breakdown_tiers = breakdown_all.then(|| {
+        tiers
+            .iter()
+            .map(|t| t.split(':').next().unwrap().to_owned())
+            .collect()
+    });
+    Schema::from_doc(&SchemaDoc {
+        tiers,
+        breakdown_tiers,
+        dimensions: None,
+    })
+    .unwrap()
+}
+
+fn compare(engine: &Engine, reference: &MemStore) -> Result<(), TestCaseError> {
+    let ns = Namespace::new("m").unwrap();
+    prop_assert_eq!(
+        engine.namespaces().unwrap(),
+        reference.namespaces().unwrap()
+    );
+    let keys = |s: &dyn Store| s.keys(&ns, "", None, 100).unwrap();
+    prop_assert_eq!(keys(engine), keys(reference));
+    for res in [60u64, 900, 3600] {
+        let resolution = Duration::from_secs(res).unwrap();
+        for k in KEYS {
+            let key = Key::new(k).unwrap();
+            let read = KeyRead {
+                ns: &ns,
+                key: &key,
+                resolution,
+                from: 0,
+                to: 1 << 32,
+                want: Want::All,
+            };
+            let sorted = |s: &dyn Store| {
+                let mut d = s.read(&[read]).unwrap().pop().unwrap();
+                d.subtotals
+                    .sort_by(|a, b| (&a.dim, &a.value).cmp(&(&b.dim, &b.value)));
+                d
+            };
+            prop_assert_eq!(sorted(engine), sorted(reference), "key {} at {}s", k, res);
+        }
+        for value in [None, Some(("country", "c1"))] {
+            let scan = Scan {
+                ns: &ns,
+                resolution,
+                from: NOW - 86_400,
+                to: NOW + 86_400,
+                value,
+            };
+            let collect = |s: &dyn Store| {
+                let mut v = Vec::new();
+                s.scan(&scan, &mut |k, n| v.push((k.clone(), n))).unwrap();
+                v
+            };
+            prop_assert_eq!(collect(engine), collect(reference));
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn engine_matches_the_reference(ops in prop::collection::vec(op(), 1..16)) {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = Arc::new(ManualClock::new(NOW));
+        let reference = MemStore::new(clock.clone());
+        let ns = Namespace::new("m").unwrap();
+        let mut engine = Some(open(dir.path(), &clock, FsyncPolicy::Never));
+        for op in ops {
+            let e = engine.as_ref().unwrap();
+            let now = tally_core::store::Clock::now(&*clock);
+            match op {
+                Op::Batch(events) => {
+                    let raws: Vec<_> = events
+                        .iter()
+                        .map(|(k, ago, n, c)| {
+                            let country = c.map(|c| format!("c{c}"));
+                            let dims: Vec<(&str, &str)> = country.iter().map(|c| ("country", c.as_str())).collect();
+                            raw("m", KEYS[*k], now - ago, *n, &dims)
+                        })
+                        .collect();
+                    write(e, now, &raws).unwrap();
+                    write(&reference, now, &raws).unwrap();
+                }
+                Op::Restart => {
+                    drop(engine.take());
+                    engine = Some(open(dir.path(), &clock, FsyncPolicy::Never));
+                }
+                Op::Advance(secs) => clock.advance(secs),
+                Op::Sweep => {
+                    e.sweep();
+                }
+                Op::Schema(i, b) => {
+                    e.put_schema(&ns, &schema(i, b)).unwrap();
+                    reference.put_schema(&ns, &schema(i, b)).unwrap();
+                }
+            }
+            compare(engine.as_ref().unwrap(), &reference)?;
+        }
+        // And once more from the log alone.
+        drop(engine.take());
+        let e = open(dir.path(), &clock, FsyncPolicy::Never);
+        compare(&e, &reference)?;
+    }
+}
+
+#[test]
+fn sweep_frees_expired_counters() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = crate::clock(NOW);
+    let e = open(dir.path(), &clock, FsyncPolicy::Never);
+    e.put_schema(&Namespace::new("m").unwrap(), &schema(0, true))
+        .unwrap();
+    write(&e, NOW, &[raw("m", "a", NOW - 30, 1, &[("country", "x")])]).unwrap();
+    // 1m total + 1m subtotal + 1h total + 1h subtotal.
+    assert_eq!(e.stats().live_counters, 4);
+    clock.advance(3 * 3600);
+    assert_eq!(e.sweep(), 2);
+    assert_eq!(e.stats().live_counters, 2);
+    assert_eq!(crate::total(&e, "m", "a", 60), 0);
+    assert_eq!(crate::total(&e, "m", "a", 3600), 1);
+}

@@ -1,0 +1,354 @@
+//! Recovery from the log: torn tails dropped, corruption reported with file and offset,
+//! never silently skipped; rotation; poisoning after an fsync failure.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use tally_core::store::{Store, StoreError};
+use tally_engine::io::Faults;
+use tally_engine::wal::reader::TornTail;
+use tally_engine::wal::{Corruption, FILE_HEADER_LEN, FRAME_HEADER_LEN, WalError, list_files};
+use tally_engine::{Config, Engine, FsyncPolicy, OpenError};
+
+use crate::{NOW, clock, open, raw, total, write};
+
+/// Writes `n` batches; batch `i` adds `i + 1` to key `k{i}` (plus a subtotal).
+fn fill(dir: &Path, n: usize) -> Vec<(u64, u64)> {
+    let c = clock(NOW);
+    let e = open(dir, &c, FsyncPolicy::Always);
+    for i in 0..n {
+        let key = format!("k{i}");
+        write(
+            &e,
+            NOW,
+            &[raw(
+                "clicks",
+                &key,
+                NOW - 60,
+                i as i64 + 1,
+                &[("country", "US")],
+            )],
+        )
+        .unwrap();
+    }
+    drop(e);
+    record_bounds(&only_file(dir))
+}
+
+fn only_file(dir: &Path) -> PathBuf {
+    let files = list_files(&dir.join("wal")).unwrap();
+    assert_eq!(files.len(), 1);
+    files[0].1.clone()
+}
+
+/// (start, end) offsets of each record in a log file, by walking the frame headers.
+fn record_bounds(path: &Path) -> Vec<(u64, u64)> {
+    let bytes = std::fs::read(path).unwrap();
+    let mut pos = FILE_HEADER_LEN;
+    let mut out = Vec::new();
+    while pos < bytes.len() {
+        let len = u32::from_le_bytes(bytes[pos..pos + 4].try_into().unwrap()) as usize;
+        let end = pos + FRAME_HEADER_LEN + len;
+        out.push((pos as u64, end as u64));
+        pos = end;
+    }
+    out
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to.join("wal")).unwrap();
+    for (_, f) in list_files(&from.join("wal")).unwrap() {
+        std::fs::copy(&f, to.join("wal").join(f.file_name().unwrap())).unwrap();
+    }
+}
+
+fn reopen(dir: &Path) -> Result<Engine, OpenError> {
+    let mut c = Config::new(dir);
+    c.clock = clock(NOW);
+    Engine::open(c)
+}
+
+fn assert_batches(e: &Engine, present: usize, total_batches: usize) {
+    for i in 0..total_batches {
+        let want = if i < present { i as i64 + 1 } else { 0 };
+        assert_eq!(
+            total(e, "clicks", &format!("k{i}"), 3600),
+            want,
+            "batch {i}"
+        );
+    }
+}
+
+#[test]
+fn torn_tail_at_every_byte_of_the_last_record() {
+    let src = tempfile::tempdir().unwrap();
+    let bounds = fill(src.path(), 5);
+    let (start, end) = bounds[4];
+    for cut in start..end {
+        let dir = tempfile::tempdir().unwrap();
+        copy_dir(src.path(), dir.path());
+        let file = only_file(dir.path());
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&file)
+            .unwrap()
+            .set_len(cut)
+            .unwrap();
+        let e = reopen(dir.path()).unwrap();
+        assert_batches(&e, 4, 5);
+        let expect_torn = (cut > start).then(|| TornTail {
+            file: file.clone(),
+            offset: start,
+            dropped_bytes: cut - start,
+        });
+        assert_eq!(e.recovery().torn, expect_torn, "cut at {cut}");
+        assert_eq!(e.recovery().records, 4);
+        // The torn bytes are cut off, and the log goes on from there.
+        write(&e, NOW, &[crate::raw("clicks", "after", NOW, 7, &[])]).unwrap();
+        drop(e);
+        let e = reopen(dir.path()).unwrap();
+        assert_eq!(e.recovery().torn, None);
+        assert_batches(&e, 4, 5);
+        assert_eq!(total(&e, "clicks", "after", 3600), 7);
+    }
+}
+
+fn flip(path: &Path, offset: u64) {
+    let mut bytes = std::fs::read(path).unwrap();
+    bytes[offset as usize] ^= 0x10;
+    std::fs::write(path, bytes).unwrap();
+}
+
+#[test]
+fn a_flipped_bit_in_a_middle_record_is_reported_not_skipped() {
+    let src = tempfile::tempdir().unwrap();
+    let bounds = fill(src.path(), 5);
+    let (start, end) = bounds[2];
+    // In the header, the payload, and the last byte of the record.
+    for at in [
+        start + 1,
+        start + 6,
+        start + 18,
+        start + FRAME_HEADER_LEN as u64 + 2,
+        end - 1,
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        copy_dir(src.path(), dir.path());
+        let file = only_file(dir.path());
+        flip(&file, at);
+        match reopen(dir.path()) {
+            Err(OpenError::Wal(WalError::Corrupt {
+                file: f,
+                offset,
+                why,
+            })) => {
+                assert_eq!((f, offset), (file.clone(), start), "flip at {at}");
+                assert!(
+                    matches!(
+                        why,
+                        Corruption::HeaderChecksum { .. } | Corruption::PayloadChecksum { .. }
+                    ),
+                    "{why:?}"
+                );
+                let msg = WalError::Corrupt {
+                    file: file.clone(),
+                    offset,
+                    why,
+                }
+                .to_string();
+                assert!(
+                    msg.contains(&format!("offset {start}")) && msg.contains(".wal"),
+                    "{msg}"
+                );
+            }
+            other => panic!("flip at {at}: expected corruption, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_flipped_bit_in_the_last_record_is_a_torn_tail() {
+    let dir = tempfile::tempdir().unwrap();
+    let bounds = fill(dir.path(), 3);
+    flip(&only_file(dir.path()), bounds[2].1 - 1);
+    let e = reopen(dir.path()).unwrap();
+    assert_batches(&e, 2, 3);
+    assert!(e.recovery().torn.is_some());
+}
+
+#[test]
+fn appended_garbage() {
+    let src = tempfile::tempdir().unwrap();
+    let bounds = fill(src.path(), 3);
+    let end = bounds[2].1;
+    let with_tail = |tail: &[u8]| {
+        let dir = tempfile::tempdir().unwrap();
+        copy_dir(src.path(), dir.path());
+        let file = only_file(dir.path());
+        let mut bytes = std::fs::read(&file).unwrap();
+        bytes.extend_from_slice(tail);
+        std::fs::write(&file, bytes).unwrap();
+        let opened = reopen(dir.path());
+        (dir, opened)
+    };
+    // Zeros (space the file system extended but never wrote) and a short stub: torn.
+    for tail in [vec![0u8; 4096], vec![0xAB; FRAME_HEADER_LEN - 1]] {
+        let (_dir, e) = with_tail(&tail);
+        let e = e.unwrap();
+        assert_batches(&e, 3, 3);
+        assert_eq!(
+            e.recovery()
+                .torn
+                .as_ref()
+                .map(|t| (t.offset, t.dropped_bytes)),
+            Some((end, tail.len() as u64))
+        );
+    }
+    // A whole frame header's worth of garbage is not something a torn write leaves: refused.
+    let (_dir, e) = with_tail(&[0xAB; 64]);
+    assert!(
+        matches!(e, Err(OpenError::Wal(WalError::Corrupt { offset, .. })) if offset == end),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn a_repeated_record_is_a_sequence_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let bounds = fill(dir.path(), 3);
+    let file = only_file(dir.path());
+    let mut bytes = std::fs::read(&file).unwrap();
+    let (s, e) = bounds[1];
+    let copy = bytes[s as usize..e as usize].to_vec();
+    // Insert a second copy of record 1 right after it, then the rest.
+    bytes.splice(e as usize..e as usize, copy);
+    std::fs::write(&file, bytes).unwrap();
+    match reopen(dir.path()) {
+        Err(OpenError::Wal(WalError::Corrupt {
+            offset,
+            why:
+                Corruption::Sequence {
+                    expected: 3,
+                    got: 2,
+                },
+            ..
+        })) => {
+            assert_eq!(offset, e)
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn an_unknown_format_version_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    fill(dir.path(), 1);
+    let file = only_file(dir.path());
+    let mut bytes = std::fs::read(&file).unwrap();
+    bytes[3] = 9;
+    std::fs::write(&file, bytes).unwrap();
+    let e = reopen(dir.path()).unwrap_err().to_string();
+    assert!(e.contains("version 9 is not supported"), "{e}");
+}
+
+#[test]
+fn rotation_keeps_every_batch_across_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = clock(NOW);
+    let mut cfg = Config::new(dir.path());
+    cfg.clock = c.clone();
+    cfg.fsync = FsyncPolicy::Never;
+    cfg.max_wal_file_bytes = 300;
+    let e = Engine::open(cfg.clone()).unwrap();
+    for i in 0..40 {
+        write(&e, NOW, &[raw("clicks", &format!("k{i}"), NOW, i + 1, &[])]).unwrap();
+    }
+    drop(e);
+    assert!(list_files(&dir.path().join("wal")).unwrap().len() > 5);
+    let e = Engine::open(cfg).unwrap();
+    assert_eq!(e.recovery().records, 40);
+    assert_batches(&e, 40, 40);
+}
+
+#[test]
+fn an_fsync_failure_poisons_the_writer() {
+    let dir = tempfile::tempdir().unwrap();
+    let faults = Arc::new(Faults::default());
+    let mut cfg = Config::new(dir.path());
+    cfg.clock = clock(NOW);
+    cfg.faults = Some(faults.clone());
+    let e = Engine::open(cfg).unwrap();
+    write(&e, NOW, &[raw("clicks", "a", NOW, 1, &[])]).unwrap();
+    faults.fail_syncs.store(true, Ordering::SeqCst);
+    let err = write(&e, NOW, &[raw("clicks", "b", NOW, 1, &[])]).unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Poisoned(m) if m.contains("injected fsync failure")),
+        "{err}"
+    );
+    assert_eq!(err.code(), tally_core::ErrorCode::BackendUnavailable);
+    // Not acknowledged, so not applied; and the writer stays poisoned once the disk recovers.
+    assert_eq!(total(&e, "clicks", "b", 3600), 0);
+    faults.fail_syncs.store(false, Ordering::SeqCst);
+    assert!(matches!(
+        write(&e, NOW, &[raw("clicks", "c", NOW, 1, &[])]),
+        Err(StoreError::Poisoned(_))
+    ));
+    assert!(e.poisoned().is_some());
+    assert_eq!(total(&e, "clicks", "a", 3600), 1);
+}
+
+#[test]
+fn a_write_failure_poisons_the_writer() {
+    let dir = tempfile::tempdir().unwrap();
+    let faults = Arc::new(Faults::default());
+    let mut cfg = Config::new(dir.path());
+    cfg.clock = clock(NOW);
+    cfg.faults = Some(faults.clone());
+    cfg.fsync = FsyncPolicy::Never;
+    let e = Engine::open(cfg).unwrap();
+    faults.fail_writes.store(true, Ordering::SeqCst);
+    assert!(matches!(
+        write(&e, NOW, &[raw("clicks", "b", NOW, 1, &[])]),
+        Err(StoreError::Poisoned(_))
+    ));
+    assert!(e.store_is_empty());
+}
+
+trait Empty {
+    fn store_is_empty(&self) -> bool;
+}
+
+impl Empty for Engine {
+    fn store_is_empty(&self) -> bool {
+        self.keys(
+            &tally_core::model::Namespace::new("clicks").unwrap(),
+            "",
+            None,
+            10,
+        )
+        .unwrap()
+        .is_empty()
+    }
+}
+
+#[test]
+fn a_data_directory_is_used_by_one_engine_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let _first = reopen(dir.path()).unwrap();
+    assert!(matches!(reopen(dir.path()), Err(OpenError::Locked { .. })));
+}
+
+#[test]
+fn an_empty_last_file_from_a_crash_during_creation_is_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    fill(dir.path(), 2);
+    // A crash right after creating the next file, before its header was written.
+    std::fs::write(dir.path().join("wal").join(format!("{:020}.wal", 3)), b"TL").unwrap();
+    let e = reopen(dir.path()).unwrap();
+    assert_batches(&e, 2, 2);
+    write(&e, NOW, &[raw("clicks", "x", NOW, 1, &[])]).unwrap();
+    drop(e);
+    let e = reopen(dir.path()).unwrap();
+    assert_eq!(total(&e, "clicks", "x", 3600), 1);
+}

@@ -1,0 +1,83 @@
+//! Per-key atomic visibility: while writers add events that each carry a dimension, a
+//! reader of the key must always see the subtotals sum exactly to the total.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tally_core::model::{Key, Namespace};
+use tally_core::store::{KeyRead, Store, Want};
+use tally_engine::FsyncPolicy;
+
+use crate::{NOW, clock, open, raw, write};
+
+#[test]
+fn a_reader_never_sees_half_an_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = clock(NOW);
+    let engine = Arc::new(open(dir.path(), &c, FsyncPolicy::Never));
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = (0..2)
+        .map(|w| {
+            let engine = engine.clone();
+            std::thread::spawn(move || {
+                for i in 0..300 {
+                    let country = format!("c{}", (i + w) % 5);
+                    let raws: Vec<_> = (0..20)
+                        .map(|j| {
+                            raw(
+                                "v",
+                                if j % 2 == 0 { "hot" } else { "other" },
+                                NOW - j,
+                                (i % 7) + 1,
+                                &[("country", &country)],
+                            )
+                        })
+                        .collect();
+                    write(&*engine, NOW, &raws).unwrap();
+                }
+            })
+        })
+        .collect();
+    let reader = {
+        let engine = engine.clone();
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let ns = Namespace::new("v").unwrap();
+            let key = Key::new("hot").unwrap();
+            let mut checks = 0u64;
+            while !stop.load(Ordering::SeqCst) || checks == 0 {
+                let read = KeyRead {
+                    ns: &ns,
+                    key: &key,
+                    resolution: tally_core::model::Duration::from_secs(3600).unwrap(),
+                    from: 0,
+                    to: 1 << 32,
+                    want: Want::Dim { dim: "country" },
+                };
+                let d = engine.read(&[read]).unwrap().pop().unwrap();
+                let total: i64 = d.totals.iter().map(|(_, n)| n).sum();
+                let subs: i64 = d
+                    .subtotals
+                    .iter()
+                    .flat_map(|s| s.buckets.iter())
+                    .map(|(_, n)| n)
+                    .sum();
+                assert_eq!(
+                    subs, total,
+                    "a read saw an event's total without its subtotal"
+                );
+                checks += 1;
+            }
+            checks
+        })
+    };
+    for w in writers {
+        w.join().unwrap();
+    }
+    stop.store(true, Ordering::SeqCst);
+    assert!(reader.join().unwrap() > 0);
+    let expected: i64 = (0..2)
+        .map(|_| (0..300).map(|i| 10 * ((i % 7) + 1)).sum::<i64>())
+        .sum();
+    assert_eq!(crate::total(&*engine, "v", "hot", 3600), expected);
+}
