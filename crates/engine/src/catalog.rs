@@ -208,6 +208,20 @@ impl Catalog {
         value: &str,
     ) -> Result<SeriesId, StoreError> {
         let (d, v) = (self.intern(dim)?, self.intern(value)?);
+        self.sub_ids_or_insert(key, d, v)
+    }
+
+    /// Interns a string (for callers that cache ids per batch).
+    pub fn intern_str(&mut self, s: &str) -> Result<StrId, StoreError> {
+        self.intern(s)
+    }
+
+    pub fn sub_ids_or_insert(
+        &mut self,
+        key: KeyId,
+        d: StrId,
+        v: StrId,
+    ) -> Result<SeriesId, StoreError> {
         if let Some(id) = self.sub_id(key, d, v) {
             return Ok(id);
         }

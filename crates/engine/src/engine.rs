@@ -149,6 +149,8 @@ impl Core {
                 }
             }
             let mut ns_cache: Vec<Option<NsId>> = vec![None; view.strings.len()];
+            let mut key_cache: Vec<Option<(NsId, KeyId)>> = vec![None; view.strings.len()];
+            let mut str_cache: Vec<Option<u32>> = vec![None; view.strings.len()];
             for inc in &view.incs {
                 if !(0..MAX_TS).contains(&inc.ts) {
                     return Err(StoreError::Corrupt(format!(
@@ -172,10 +174,34 @@ impl Core {
                         id
                     }
                 };
-                let key = cat.key_or_insert(ns, view.str(inc.key))?;
+                // Zipf traffic repeats keys and values within a batch: resolve each string of
+                // the record's table once.
+                let key = match key_cache.get(inc.key as usize).copied().flatten() {
+                    Some((n, k)) if n == ns => k,
+                    _ => {
+                        let k = cat.key_or_insert(ns, view.str(inc.key))?;
+                        if let Some(slot) = key_cache.get_mut(inc.key as usize) {
+                            *slot = Some((ns, k));
+                        }
+                        k
+                    }
+                };
                 let start = sids.len();
                 for &(d, v) in view.subs_of(inc) {
-                    sids.push(cat.sub_or_insert(key, view.str(d), view.str(v))?);
+                    let mut id = |i: u32, cat: &mut Catalog| -> Result<u32, StoreError> {
+                        match str_cache.get(i as usize).copied().flatten() {
+                            Some(id) => Ok(id),
+                            None => {
+                                let id = cat.intern_str(view.str(i))?;
+                                if let Some(slot) = str_cache.get_mut(i as usize) {
+                                    *slot = Some(id);
+                                }
+                                Ok(id)
+                            }
+                        }
+                    };
+                    let (d, v) = (id(d, &mut cat)?, id(v, &mut cat)?);
+                    sids.push(cat.sub_ids_or_insert(key, d, v)?);
                 }
                 let total = cat.keys[key as usize].total;
                 let shard = self.mem.shard_of(key);

@@ -1,0 +1,158 @@
+//! `tally-bench`: measures the embedded engine on the clickstream workload and prints a
+//! Markdown table for docs/benchmarks.md. Run with `--release`:
+//!
+//! ```sh
+//! cargo run --release -p tally-bench -- engine
+//! ```
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod workload;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tally_core::store::{Batch, Clock, Store, SystemClock};
+use tally_engine::{Config, Engine, FsyncPolicy};
+
+fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    pages * 4096
+}
+
+fn open(dir: &std::path::Path, fsync: FsyncPolicy) -> Engine {
+    let mut c = Config::new(dir);
+    c.fsync = fsync;
+    Engine::open(c).unwrap()
+}
+
+/// Applies `batches` split over `writers` threads; returns events per second.
+fn ingest(engine: &Arc<Engine>, batches: &Arc<Vec<Batch>>, writers: usize) -> f64 {
+    let events: usize = batches.iter().map(|b| b.increments.len()).sum();
+    let t = Instant::now();
+    let threads: Vec<_> = (0..writers)
+        .map(|w| {
+            let (engine, batches) = (engine.clone(), batches.clone());
+            std::thread::spawn(move || {
+                for b in batches.iter().skip(w).step_by(writers) {
+                    engine.apply(b).unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    events as f64 / t.elapsed().as_secs_f64()
+}
+
+fn mevents(x: f64) -> String {
+    format!("{:.2} M events/s", x / 1e6)
+}
+
+fn engine_bench() {
+    let now = SystemClock.now();
+    let shape = workload::Shape::default();
+    let nbatches = 2_000;
+    println!(
+        "workload: {} batches x {} events, {} Zipf keys, country ({}) + referrer ({}), tiers 1m:48h + 1h:forever, breakdowns in 1h",
+        nbatches, shape.batch, shape.keys, shape.countries, shape.referrers
+    );
+    let raws = workload::raw_batches(shape, nbatches, now, 42);
+    let mut rows: Vec<(String, String)> = Vec::new();
+
+    // Validation alone (core::ingest::prepare), on a scratch engine.
+    let scratch = tempfile::tempdir().unwrap();
+    let e = open(scratch.path(), FsyncPolicy::Never);
+    let t = Instant::now();
+    let batches = Arc::new(workload::prepare(&e, &raws, now));
+    let prep = (nbatches * shape.batch) as f64 / t.elapsed().as_secs_f64();
+    rows.push((
+        "validate raw events into batches (`ingest::prepare`), 1 thread".into(),
+        mevents(prep),
+    ));
+    drop(e);
+
+    for (fsync, writers) in [
+        (FsyncPolicy::Never, 1),
+        (FsyncPolicy::Never, 2),
+        (FsyncPolicy::Always, 1),
+        (FsyncPolicy::Always, 4),
+        (FsyncPolicy::Always, 16),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Arc::new(open(dir.path(), fsync));
+        // Warm the catalog so the figure is steady-state ingest, then measure.
+        engine.apply(&batches[0]).unwrap();
+        let rate = ingest(&engine, &batches, writers);
+        let s = engine.stats();
+        rows.push((
+            format!(
+                "apply, fsync={fsync}, {writers} writer(s) ({} fsyncs)",
+                s.wal.fsyncs
+            ),
+            mevents(rate),
+        ));
+    }
+
+    // Replay and memory: load once, reopen, measure.
+    let dir = tempfile::tempdir().unwrap();
+    let rss0 = rss_bytes();
+    let engine = Arc::new(open(dir.path(), FsyncPolicy::Never));
+    ingest(&engine, &batches, 1);
+    let s = engine.stats();
+    let rss1 = rss_bytes();
+    let log_bytes = s.wal.bytes_written;
+    drop(engine);
+    let t = Instant::now();
+    let engine = open(dir.path(), FsyncPolicy::Never);
+    let r = engine.recovery().clone();
+    let replay = r.events as f64 / t.elapsed().as_secs_f64();
+    rows.push((
+        format!(
+            "replay the log on open ({} events, {:.1} MiB)",
+            r.events,
+            log_bytes as f64 / (1 << 20) as f64
+        ),
+        mevents(replay),
+    ));
+    rows.push((
+        "log bytes per event".into(),
+        format!("{:.1} B", log_bytes as f64 / r.events as f64),
+    ));
+    rows.push((
+        format!(
+            "memory per live counter: counter maps ({} live counters, {} keys, {} series)",
+            s.live_counters, s.keys, s.series
+        ),
+        format!("{:.1} B", s.counter_bytes as f64 / s.live_counters as f64),
+    ));
+    rows.push((
+        "memory per live counter: whole-process RSS growth (maps + catalog + allocator)".into(),
+        format!(
+            "{:.1} B",
+            rss1.saturating_sub(rss0) as f64 / s.live_counters as f64
+        ),
+    ));
+    drop(engine);
+
+    println!("\n| measurement | result |\n|---|---|");
+    for (what, v) in rows {
+        println!("| {what} | {v} |");
+    }
+}
+
+fn main() {
+    match std::env::args().nth(1).as_deref() {
+        Some("engine") | None => engine_bench(),
+        Some(other) => {
+            eprintln!("unknown benchmark {other:?}; known: engine");
+            std::process::exit(2);
+        }
+    }
+}

@@ -1,0 +1,115 @@
+//! The clickstream workload of SPEC §6: Zipf-distributed keys, and country and referrer
+//! dimensions (themselves Zipf), timestamps spread over the last hour. Deterministic: the
+//! same seed gives the same events.
+
+use tally_core::ingest::{self, Defaults, Limits};
+use tally_core::model::RawEvent;
+use tally_core::store::{Batch, Store};
+
+/// A small, fast, deterministic generator (PCG-style LCG), so runs are comparable.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed ^ 0x9E37_79B9_7F4A_7C15)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        let x = self.0;
+        (x ^ (x >> 33)).wrapping_mul(0xff51_afd7_ed55_8ccd) ^ (x >> 29)
+    }
+
+    /// Uniform in [0, 1).
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// Zipf over `n` ranks with exponent `s`, by inverse CDF.
+#[derive(Debug, Clone)]
+pub struct Zipf {
+    cdf: Vec<f64>,
+}
+
+impl Zipf {
+    pub fn new(n: usize, s: f64) -> Self {
+        let mut cdf = Vec::with_capacity(n);
+        let mut acc = 0.0;
+        for k in 1..=n {
+            acc += 1.0 / (k as f64).powf(s);
+            cdf.push(acc);
+        }
+        for c in &mut cdf {
+            *c /= acc;
+        }
+        Zipf { cdf }
+    }
+
+    pub fn sample(&self, rng: &mut Rng) -> usize {
+        let u = rng.unit();
+        self.cdf.partition_point(|c| *c < u).min(self.cdf.len() - 1)
+    }
+}
+
+/// Shape of the workload.
+#[derive(Debug, Clone, Copy)]
+pub struct Shape {
+    pub keys: usize,
+    pub countries: usize,
+    pub referrers: usize,
+    pub batch: usize,
+}
+
+impl Default for Shape {
+    fn default() -> Self {
+        Shape {
+            keys: 100_000,
+            countries: 60,
+            referrers: 2_000,
+            batch: 1_000,
+        }
+    }
+}
+
+/// `batches` raw batches of clickstream events in namespace `clicks`.
+pub fn raw_batches(shape: Shape, batches: usize, now: i64, seed: u64) -> Vec<Vec<RawEvent>> {
+    let mut rng = Rng::new(seed);
+    let keys = Zipf::new(shape.keys, 1.1);
+    let countries = Zipf::new(shape.countries, 1.3);
+    let referrers = Zipf::new(shape.referrers, 1.1);
+    (0..batches)
+        .map(|_| {
+            (0..shape.batch)
+                .map(|_| RawEvent {
+                    ns: "clicks".into(),
+                    key: format!("lnk_{}", keys.sample(&mut rng)),
+                    ts: Some(now - (rng.next_u64() % 3600) as i64),
+                    n: Some(1),
+                    dims: vec![
+                        ("country".into(), format!("C{}", countries.sample(&mut rng))),
+                        (
+                            "referrer".into(),
+                            format!("r{}.example", referrers.sample(&mut rng)),
+                        ),
+                    ],
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Validates raw batches into store batches (namespaces auto-created with the defaults:
+/// `1m:48h` and `1h:forever`, breakdowns in `1h`).
+pub fn prepare(store: &dyn Store, raws: &[Vec<RawEvent>], now: i64) -> Vec<Batch> {
+    raws.iter()
+        .map(|r| {
+            ingest::prepare(store, r, now, &Limits::default(), &Defaults::default())
+                .unwrap_or_else(|e| panic!("workload batch refused: {e}"))
+        })
+        .collect()
+}

@@ -1,0 +1,156 @@
+//! docs/format.md must describe the bytes the code writes: its tables are parsed here and
+//! held against the code's constants and against a file the engine really wrote.
+
+use tally_engine::wal::{
+    FILE_FIRST_SEQ_OFFSET, FILE_HEADER_CRC_OFFSET, FILE_HEADER_LEN, FILE_MAGIC_OFFSET,
+    FRAME_HEADER_CRC_OFFSET, FRAME_HEADER_LEN, FRAME_LEN_OFFSET, FRAME_PAYLOAD_CRC_OFFSET,
+    FRAME_SEQ_OFFSET, MAGIC_V1, MAX_PAYLOAD_LEN,
+};
+
+fn doc() -> String {
+    std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/format.md")).unwrap()
+}
+
+/// The rows of the first table after `heading`, as cells.
+fn table(doc: &str, heading: &str) -> Vec<Vec<String>> {
+    let start = doc
+        .find(heading)
+        .unwrap_or_else(|| panic!("no heading {heading:?}"));
+    doc[start..]
+        .lines()
+        .skip_while(|l| !l.starts_with('|'))
+        .take_while(|l| l.starts_with('|'))
+        .skip(2)
+        .map(|l| {
+            l.trim_matches('|')
+                .split('|')
+                .map(|c| c.trim().to_owned())
+                .collect()
+        })
+        .collect()
+}
+
+/// Checks a byte table is contiguous from 0 and returns (offset, size) of each row.
+fn layout(rows: &[Vec<String>]) -> Vec<(usize, Option<usize>)> {
+    let mut at = 0;
+    rows.iter()
+        .map(|r| {
+            let off: usize = r[0].parse().unwrap();
+            assert_eq!(off, at, "row {r:?} does not follow the previous one");
+            let size = r[1].parse().ok();
+            at += size.unwrap_or(0);
+            (off, size)
+        })
+        .collect()
+}
+
+#[test]
+fn file_header_table_matches_the_code() {
+    let rows = table(&doc(), "### File header");
+    let l = layout(&rows);
+    assert_eq!(
+        l,
+        vec![
+            (FILE_MAGIC_OFFSET, Some(4)),
+            (FILE_FIRST_SEQ_OFFSET, Some(8)),
+            (FILE_HEADER_CRC_OFFSET, Some(4))
+        ]
+    );
+    assert_eq!(
+        l.iter().map(|(_, s)| s.unwrap()).sum::<usize>(),
+        FILE_HEADER_LEN
+    );
+    assert_eq!(&MAGIC_V1[..3], b"TLW");
+    assert_eq!(MAGIC_V1[3], 1);
+}
+
+#[test]
+fn frame_table_matches_the_code() {
+    let rows = table(&doc(), "### Frame");
+    let l = layout(&rows);
+    assert_eq!(
+        l,
+        vec![
+            (FRAME_LEN_OFFSET, Some(4)),
+            (FRAME_SEQ_OFFSET, Some(8)),
+            (FRAME_PAYLOAD_CRC_OFFSET, Some(4)),
+            (FRAME_HEADER_CRC_OFFSET, Some(4)),
+            (FRAME_HEADER_LEN, None),
+        ]
+    );
+}
+
+#[test]
+fn constants_table_matches_the_code() {
+    let rows = table(&doc(), "### Constants");
+    let want = [
+        ("`FILE_HEADER_LEN`", FILE_HEADER_LEN),
+        ("`FRAME_HEADER_LEN`", FRAME_HEADER_LEN),
+        ("`MAX_PAYLOAD_LEN`", MAX_PAYLOAD_LEN),
+    ];
+    assert_eq!(rows.len(), want.len());
+    for (name, value) in want {
+        let row = rows
+            .iter()
+            .find(|r| r[0] == name)
+            .unwrap_or_else(|| panic!("{name} not documented"));
+        assert_eq!(row[1].parse::<usize>().unwrap(), value, "{name}");
+    }
+}
+
+#[test]
+fn a_real_log_file_has_the_documented_layout() {
+    use crate::{NOW, clock, open, raw, write};
+    let dir = tempfile::tempdir().unwrap();
+    let e = open(dir.path(), &clock(NOW), tally_engine::FsyncPolicy::Always);
+    write(&e, NOW, &[raw("clicks", "k", NOW, 3, &[("country", "US")])]).unwrap();
+    drop(e);
+    let files = tally_engine::wal::list_files(&dir.path().join("wal")).unwrap();
+    assert_eq!(
+        files[0].1.file_name().unwrap().to_str().unwrap(),
+        "00000000000000000001.wal"
+    );
+    let b = std::fs::read(&files[0].1).unwrap();
+    assert_eq!(&b[..4], b"TLW\x01");
+    assert_eq!(u64::from_le_bytes(b[4..12].try_into().unwrap()), 1);
+    assert_eq!(
+        u32::from_le_bytes(b[12..16].try_into().unwrap()),
+        crc32c_of(&b[..12])
+    );
+    let f = &b[FILE_HEADER_LEN..];
+    let len = u32::from_le_bytes(f[..4].try_into().unwrap()) as usize;
+    assert_eq!(
+        f.len(),
+        FRAME_HEADER_LEN + len,
+        "one frame fills the rest of the file"
+    );
+    assert_eq!(u64::from_le_bytes(f[4..12].try_into().unwrap()), 1);
+    assert_eq!(
+        u32::from_le_bytes(f[12..16].try_into().unwrap()),
+        crc32c_of(&f[20..])
+    );
+    assert_eq!(
+        u32::from_le_bytes(f[16..20].try_into().unwrap()),
+        crc32c_of(&f[..16])
+    );
+    // Kind 1, a string table of [clicks, k, country, US], one namespace created.
+    let p = &f[20..];
+    assert_eq!(&p[..3], &[1, 4, 6]);
+    assert_eq!(&p[3..9], b"clicks");
+}
+
+fn crc32c_of(b: &[u8]) -> u32 {
+    // CRC32C by the textbook bitwise definition, independent of the crate the code uses.
+    let mut crc = !0u32;
+    for &byte in b {
+        crc ^= u32::from(byte);
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0x82F6_3B78
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
+}
