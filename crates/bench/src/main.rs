@@ -7,6 +7,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod redis_peer;
 mod workload;
 
 use std::sync::Arc;
@@ -147,11 +148,110 @@ fn engine_bench() {
     }
 }
 
+/// tally and Redis (the seeds' scheme) on the same batches, same run, same writer count.
+fn compare_bench() {
+    let now = SystemClock.now();
+    let shape = workload::Shape::default();
+    let nbatches = 1_000;
+    let raws = workload::raw_batches(shape, nbatches, now, 7);
+    let scratch = tempfile::tempdir().unwrap();
+    let batches = {
+        let e = open(scratch.path(), FsyncPolicy::Never);
+        Arc::new(workload::prepare(&e, &raws, now))
+    };
+    let events = nbatches * shape.batch;
+    println!(
+        "workload: {nbatches} batches x {} events (clickstream), 2 writers / 2 connections",
+        shape.batch
+    );
+    println!(
+        "\n| durability | tally (embedded) | Redis, seeds' scheme | tally / Redis |\n|---|---|---|---|"
+    );
+    for (tally_fsync, redis_fsync, label) in [
+        (
+            FsyncPolicy::Never,
+            None,
+            "none (tally fsync=never; Redis no AOF)",
+        ),
+        (
+            FsyncPolicy::Always,
+            Some("always"),
+            "every ack (tally fsync=always; Redis appendfsync always)",
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Arc::new(open(dir.path(), tally_fsync));
+        let t = ingest(&engine, &batches, 2);
+        let check_key = batches[0].increments[0].key.to_string();
+        let tally_total = tally_hour_total(&engine, &check_key);
+        drop(engine);
+        let server = match redis_peer::Server::start(redis_fsync) {
+            Ok(s) => s,
+            Err(e) => {
+                println!(
+                    "| {label} | {} | skipped: {e} (apt-get install redis-server) | |",
+                    mevents(t)
+                );
+                continue;
+            }
+        };
+        let start = Instant::now();
+        let threads: Vec<_> = (0..2)
+            .map(|w| {
+                let batches = batches.clone();
+                let port = server.port;
+                std::thread::spawn(move || {
+                    let mine: Vec<&Batch> = batches.iter().skip(w).step_by(2).collect();
+                    redis_peer::run(port, &mine).unwrap()
+                })
+            })
+            .collect();
+        let done: usize = threads.into_iter().map(|t| t.join().unwrap()).sum();
+        let r = done as f64 / start.elapsed().as_secs_f64();
+        assert_eq!(done, events);
+        let windows: Vec<i64> = (0..3)
+            .map(|i| now / (30 * 86_400) * (30 * 86_400) - i * 30 * 86_400)
+            .collect();
+        let redis_total =
+            redis_peer::hour_total(server.port, "clicks", &check_key, &windows).unwrap();
+        assert_eq!(
+            tally_total, redis_total,
+            "tally and Redis disagree on key {check_key}"
+        );
+        println!(
+            "| {label} | {} | {} | {:.1}x |",
+            mevents(t),
+            mevents(r),
+            t / r
+        );
+    }
+}
+
+fn tally_hour_total(engine: &Engine, key: &str) -> i64 {
+    use tally_core::model::{Duration, Key, Namespace};
+    use tally_core::store::{KeyRead, Want};
+    let (ns, key) = (Namespace::new("clicks").unwrap(), Key::new(key).unwrap());
+    let read = KeyRead {
+        ns: &ns,
+        key: &key,
+        resolution: Duration::from_secs(3600).unwrap(),
+        from: 0,
+        to: 1 << 32,
+        want: Want::Totals,
+    };
+    engine.read(&[read]).unwrap()[0]
+        .totals
+        .iter()
+        .map(|(_, n)| n)
+        .sum()
+}
+
 fn main() {
     match std::env::args().nth(1).as_deref() {
         Some("engine") | None => engine_bench(),
+        Some("compare") => compare_bench(),
         Some(other) => {
-            eprintln!("unknown benchmark {other:?}; known: engine");
+            eprintln!("unknown benchmark {other:?}; known: engine, compare");
             std::process::exit(2);
         }
     }
