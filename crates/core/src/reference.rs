@@ -6,7 +6,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::model::{Duration, Key, Namespace, Schema};
 use crate::store::{
-    Batch, Buckets, Clock, KeyData, KeyRead, Scan, Store, StoreError, SubtotalBuckets, Want,
+    Batch, Buckets, Clock, IdemRecord, KeyData, KeyRead, Scan, Store, StoreError, SubtotalBuckets,
+    Want,
 };
 use crate::time::bucket_start;
 
@@ -24,6 +25,7 @@ struct Series {
 struct Inner {
     schemas: BTreeMap<Namespace, Schema>,
     data: BTreeMap<(Namespace, Key), Series>,
+    idempotency: BTreeMap<String, IdemRecord>,
 }
 
 /// The reference store.
@@ -218,5 +220,15 @@ impl Store for MemStore {
             }
         }
         Ok(())
+    }
+
+    fn idempotency(&self, key: &str) -> Result<Option<IdemRecord>, StoreError> {
+        let now = self.clock.now();
+        Ok(self
+            .lock()?
+            .idempotency
+            .get(key)
+            .filter(|r| r.expires > now)
+            .cloned())
     }
 }

@@ -26,6 +26,20 @@ pub struct Batch {
     /// Namespaces this batch creates (auto-creation on first write), with their schemas.
     pub create: Vec<(Namespace, Schema)>,
     pub increments: Vec<Increment>,
+    /// The answer to remember under an `Idempotency-Key`, stored atomically with the batch so
+    /// a retry after a crash can never apply it twice.
+    pub idempotency: Option<IdemRecord>,
+}
+
+/// A remembered answer (IETF httpapi idempotency-key draft): the request's fingerprint and
+/// the answer first sent, until `expires` (unix seconds).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdemRecord {
+    pub key: String,
+    pub fingerprint: String,
+    pub expires: i64,
+    pub status: u16,
+    pub body: String,
 }
 
 /// What to read of one key.
@@ -136,6 +150,9 @@ pub trait Store: Send + Sync {
 
     /// Calls `visit` once per key with a non-zero sum over the scan's range.
     fn scan(&self, scan: &Scan<'_>, visit: &mut dyn FnMut(&Key, i64)) -> Result<(), StoreError>;
+
+    /// The answer remembered under an idempotency key, if it has not expired.
+    fn idempotency(&self, key: &str) -> Result<Option<IdemRecord>, StoreError>;
 }
 
 /// A source of "now" in unix seconds, so tests can move time.

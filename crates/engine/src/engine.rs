@@ -1,15 +1,17 @@
 //! The embedded engine: opens a data directory, replays its log into memory, then serves
 //! the `Store` trait — every batch logged first (group commit), applied to memory second.
 
+use std::collections::HashMap;
 use std::fs::{File, TryLockError};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration as StdDuration, Instant};
 
 use tally_core::model::Key;
 use tally_core::model::{MAX_TS, Namespace, Retention, Schema};
 use tally_core::store::{
-    Batch, Clock, KeyData, KeyRead, Scan, Store, StoreError, SubtotalBuckets, SystemClock, Want,
+    Batch, Clock, IdemRecord, KeyData, KeyRead, Scan, Store, StoreError, SubtotalBuckets,
+    SystemClock, Want,
 };
 
 use crate::catalog::{Catalog, KeyId, NsId, SUBTOTAL, SeriesId, TierPlan};
@@ -111,6 +113,8 @@ pub struct EngineStats {
 struct Core {
     catalog: RwLock<Catalog>,
     mem: Memtable,
+    /// Remembered answers by idempotency key (restored by replay, freed by sweep).
+    idem: Mutex<HashMap<String, IdemRecord>>,
 }
 
 /// One increment resolved to ids.
@@ -215,6 +219,12 @@ impl Core {
                 });
             }
         }
+        if let Some(rec) = &view.idempotency {
+            self.idem
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(rec.key.clone(), rec.clone());
+        }
         // One critical section per shard: a key's whole share of the batch appears at once.
         resolved.sort_by_key(|r| r.shard);
         for group in resolved.chunk_by(|a, b| a.shard == b.shard) {
@@ -315,6 +325,10 @@ impl Core {
     }
 
     fn sweep(&self, now: i64) -> usize {
+        self.idem
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|_, r| r.expires > now);
         let cat = self.read_cat();
         // Per namespace and slot: the first bucket index still kept (None: keep all).
         let cutoffs: Vec<Vec<Option<Option<u32>>>> = cat
@@ -477,6 +491,7 @@ impl Engine {
         let core = Core {
             catalog: RwLock::new(Catalog::default()),
             mem: Memtable::new(config.shards),
+            idem: Mutex::new(HashMap::new()),
         };
         let now = config.clock.now();
         let mut recovery = Recovery {
@@ -717,6 +732,16 @@ impl Store for Engine {
             }
         }
         Ok(())
+    }
+
+    fn idempotency(&self, key: &str) -> Result<Option<IdemRecord>, StoreError> {
+        let now = self.clock.now();
+        let idem = self
+            .core
+            .idem
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        Ok(idem.get(key).filter(|r| r.expires > now).cloned())
     }
 }
 

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use tally_core::model::{Namespace, Schema, SchemaDoc};
-use tally_core::store::Batch;
+use tally_core::store::{Batch, IdemRecord};
 
 /// Payload kind: a batch of increments.
 pub const KIND_BATCH: u8 = 1;
@@ -52,6 +52,8 @@ pub struct BatchView<'a> {
     pub incs: Vec<IncView>,
     /// (dimension string index, value string index).
     pub subs: Vec<(u32, u32)>,
+    /// The answer remembered under an idempotency key, with the batch.
+    pub idempotency: Option<IdemRecord>,
 }
 
 impl<'a> BatchView<'a> {
@@ -87,6 +89,7 @@ impl<'a> BatchView<'a> {
                 subs,
             });
         }
+        view.idempotency = batch.idempotency.clone();
         view
     }
 
@@ -123,6 +126,17 @@ impl<'a> BatchView<'a> {
             for (d, v) in subs {
                 put_varint(out, u64::from(*d));
                 put_varint(out, u64::from(*v));
+            }
+        }
+        match &self.idempotency {
+            None => out.push(0),
+            Some(r) => {
+                out.push(1);
+                put_bytes(out, r.key.as_bytes());
+                put_bytes(out, r.fingerprint.as_bytes());
+                put_varint(out, r.expires as u64);
+                put_varint(out, u64::from(r.status));
+                put_bytes(out, r.body.as_bytes());
             }
         }
     }
@@ -188,6 +202,16 @@ pub fn decode(bytes: &[u8]) -> Result<Payload<'_>, PayloadError> {
                     subs,
                 });
             }
+            view.idempotency = match r.u8()? {
+                0 => None,
+                _ => Some(IdemRecord {
+                    key: r.str()?.to_owned(),
+                    fingerprint: r.str()?.to_owned(),
+                    expires: r.varint()? as i64,
+                    status: u16::try_from(r.varint()?).map_err(|_| PayloadError::BadVarint)?,
+                    body: r.str()?.to_owned(),
+                }),
+            };
             Payload::Batch(view)
         }
         KIND_SCHEMA => {
@@ -338,12 +362,13 @@ mod tests {
                         .collect(),
                 })
                 .collect(),
+            idempotency: None,
         }
     }
 
     #[test]
     fn batch_round_trips_with_shared_strings() {
-        let b = batch(&[
+        let mut b = batch(&[
             ("clicks", "a", 100, 1, &[("country", "US")]),
             (
                 "clicks",
@@ -354,6 +379,13 @@ mod tests {
             ),
             ("other", "US", 0, 0, &[]),
         ]);
+        b.idempotency = Some(IdemRecord {
+            key: "retry-1".into(),
+            fingerprint: "abc".into(),
+            expires: 1_800_000_000,
+            status: 200,
+            body: "{\"accepted\":3}".into(),
+        });
         let view = BatchView::from_batch(&b);
         assert_eq!(
             view.strings,
@@ -383,9 +415,9 @@ mod tests {
         assert_eq!(decode(&[]), Err(PayloadError::Truncated));
         assert_eq!(decode(&[9]), Err(PayloadError::UnknownKind(9)));
         // One string, then an increment naming string 5.
-        let bad = [KIND_BATCH, 1, 1, b'a', 0, 1, 5, 0, 0, 0, 0];
+        let bad = [KIND_BATCH, 1, 1, b'a', 0, 1, 5, 0, 0, 0, 0, 0];
         assert_eq!(decode(&bad), Err(PayloadError::BadIndex(5)));
-        let trailing = [KIND_BATCH, 0, 0, 0, 0xff];
+        let trailing = [KIND_BATCH, 0, 0, 0, 0, 0xff];
         assert_eq!(decode(&trailing), Err(PayloadError::Trailing(1)));
         let huge_count = [KIND_BATCH, 0xff, 0xff, 0xff, 0xff, 0x0f];
         assert_eq!(decode(&huge_count), Err(PayloadError::Truncated));

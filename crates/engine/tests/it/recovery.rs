@@ -352,3 +352,35 @@ fn an_empty_last_file_from_a_crash_during_creation_is_replaced() {
     let e = reopen(dir.path()).unwrap();
     assert_eq!(total(&e, "clicks", "x", 3600), 1);
 }
+
+#[test]
+fn remembered_answers_survive_a_restart_and_expire() {
+    use tally_core::store::IdemRecord;
+    let dir = tempfile::tempdir().unwrap();
+    let c = clock(NOW);
+    let e = open(dir.path(), &c, FsyncPolicy::Always);
+    let mut batch = tally_core::ingest::prepare(
+        &e,
+        &[raw("clicks", "k", NOW, 2, &[])],
+        NOW,
+        &Default::default(),
+        &Default::default(),
+    )
+    .unwrap();
+    let rec = IdemRecord {
+        key: "abc".into(),
+        fingerprint: "f1".into(),
+        expires: NOW + 86_400,
+        status: 200,
+        body: "{\"accepted\":1}".into(),
+    };
+    batch.idempotency = Some(rec.clone());
+    e.apply(&batch).unwrap();
+    assert_eq!(e.idempotency("abc").unwrap(), Some(rec.clone()));
+    drop(e);
+    let e = open(dir.path(), &c, FsyncPolicy::Always);
+    assert_eq!(e.idempotency("abc").unwrap(), Some(rec));
+    assert_eq!(e.idempotency("other").unwrap(), None);
+    c.advance(86_400);
+    assert_eq!(e.idempotency("abc").unwrap(), None);
+}
