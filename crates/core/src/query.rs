@@ -703,9 +703,31 @@ pub fn breakdown(
     Ok(breakdown_of(head, sum(&data.totals), values, q.limit))
 }
 
-pub fn window(store: &dyn Store, ctx: Ctx, q: &WindowQuery) -> Result<WindowAnswer, QueryError> {
-    let schema = schema_of(store, &q.ns)?;
-    let Some(tier) = schema.tiers().iter().find(|t| t.retention.at_least(q.last)) else {
+/// Which buckets a window sums: `[from, to)` of one tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowPlan {
+    pub resolution: Duration,
+    pub from: i64,
+    pub to: i64,
+}
+
+impl WindowPlan {
+    /// Whether an event at `ts` counts in this window.
+    pub fn covers(&self, ts: i64) -> bool {
+        let b = bucket_start(ts, self.resolution.secs_i64());
+        self.from <= b && b < self.to
+    }
+}
+
+/// The window's tier and buckets for a schema at `now`: the `ceil(last / r)` most recent
+/// buckets of the finest tier whose retention is at least `last`.
+pub fn window_plan(
+    ns: &Namespace,
+    schema: &Schema,
+    last: Duration,
+    now: i64,
+) -> Result<WindowPlan, QueryError> {
+    let Some(tier) = schema.tiers().iter().find(|t| t.retention.at_least(last)) else {
         let longest = schema
             .tiers()
             .iter()
@@ -713,36 +735,60 @@ pub fn window(store: &dyn Store, ctx: Ctx, q: &WindowQuery) -> Result<WindowAnsw
             .next_back();
         return Err(NoTier {
             message: format!(
-                "namespace {} keeps no tier for {} (the longest retention is {})",
-                q.ns,
-                q.last,
+                "namespace {ns} keeps no tier for {last} (the longest retention is {})",
                 longest.unwrap_or_default()
             ),
         }
         .into());
     };
     let r = tier.resolution.secs_i64();
-    let count = (q.last.secs_i64() + r - 1) / r;
-    let current = bucket_start(ctx.now, r);
-    let from = current - (count - 1) * r;
+    let count = (last.secs_i64() + r - 1) / r;
+    let current = bucket_start(now, r);
+    Ok(WindowPlan {
+        resolution: tier.resolution,
+        from: current - (count - 1) * r,
+        to: current + r,
+    })
+}
+
+/// The window answer for a plan and a count.
+pub fn window_answer(
+    ns: &Namespace,
+    key: &Key,
+    last: Duration,
+    plan: WindowPlan,
+    n: i64,
+) -> WindowAnswer {
+    WindowAnswer {
+        ns: ns.to_string(),
+        key: key.to_string(),
+        last: last.to_string(),
+        resolution: plan.resolution.to_string(),
+        from: plan.from,
+        from_t: Tz::utc().rfc3339(plan.from),
+        n,
+    }
+}
+
+pub fn window(store: &dyn Store, ctx: Ctx, q: &WindowQuery) -> Result<WindowAnswer, QueryError> {
+    let schema = schema_of(store, &q.ns)?;
+    let plan = window_plan(&q.ns, &schema, q.last, ctx.now)?;
     let read = KeyRead {
         ns: &q.ns,
         key: &q.key,
-        resolution: tier.resolution,
-        from,
-        to: current + r,
+        resolution: plan.resolution,
+        from: plan.from,
+        to: plan.to,
         want: Want::Totals,
     };
     let data = read_one(store, read)?;
-    Ok(WindowAnswer {
-        ns: q.ns.to_string(),
-        key: q.key.to_string(),
-        last: q.last.to_string(),
-        resolution: tier.resolution.to_string(),
-        from,
-        from_t: Tz::utc().rfc3339(from),
-        n: sum(&data.totals),
-    })
+    Ok(window_answer(
+        &q.ns,
+        &q.key,
+        q.last,
+        plan,
+        sum(&data.totals),
+    ))
 }
 
 pub fn dashboard(

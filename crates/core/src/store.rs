@@ -153,6 +153,27 @@ pub trait Store: Send + Sync {
 
     /// The answer remembered under an idempotency key, if it has not expired.
     fn idempotency(&self, key: &str) -> Result<Option<IdemRecord>, StoreError>;
+
+    /// Whether the backend can take writes (an engine whose log failed cannot).
+    fn health(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    /// Backend figures for `/metrics`, as Prometheus gauges or counters.
+    fn gauges(&self) -> Vec<Gauge> {
+        Vec::new()
+    }
+}
+
+/// One figure a backend reports for `/metrics`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gauge {
+    /// The full metric name, `tally_` prefixed.
+    pub name: &'static str,
+    pub help: &'static str,
+    /// `"gauge"` or `"counter"`.
+    pub kind: &'static str,
+    pub value: f64,
 }
 
 /// A source of "now" in unix seconds, so tests can move time.

@@ -10,7 +10,7 @@ use std::time::{Duration as StdDuration, Instant};
 use tally_core::model::Key;
 use tally_core::model::{MAX_TS, Namespace, Retention, Schema};
 use tally_core::store::{
-    Batch, Clock, IdemRecord, KeyData, KeyRead, Scan, Store, StoreError, SubtotalBuckets,
+    Batch, Clock, Gauge, IdemRecord, KeyData, KeyRead, Scan, Store, StoreError, SubtotalBuckets,
     SystemClock, Want,
 };
 
@@ -732,6 +732,55 @@ impl Store for Engine {
             }
         }
         Ok(())
+    }
+
+    fn health(&self) -> Result<(), StoreError> {
+        match self.wal.poisoned() {
+            Some(why) => Err(StoreError::Poisoned(why)),
+            None => Ok(()),
+        }
+    }
+
+    fn gauges(&self) -> Vec<Gauge> {
+        let s = self.stats();
+        vec![
+            Gauge {
+                name: "tally_live_counters",
+                help: "Counters held in memory.",
+                kind: "gauge",
+                value: s.live_counters as f64,
+            },
+            Gauge {
+                name: "tally_keys",
+                help: "Keys known to the engine.",
+                kind: "gauge",
+                value: s.keys as f64,
+            },
+            Gauge {
+                name: "tally_log_bytes_written_total",
+                help: "Bytes appended to the write-ahead log since start.",
+                kind: "counter",
+                value: s.wal.bytes_written as f64,
+            },
+            Gauge {
+                name: "tally_log_records_total",
+                help: "Records appended to the write-ahead log since start.",
+                kind: "counter",
+                value: s.wal.records as f64,
+            },
+            Gauge {
+                name: "tally_log_fsyncs_total",
+                help: "fsyncs of the write-ahead log since start.",
+                kind: "counter",
+                value: s.wal.fsyncs as f64,
+            },
+            Gauge {
+                name: "tally_log_fsync_seconds_total",
+                help: "Time spent in fsync of the write-ahead log.",
+                kind: "counter",
+                value: s.wal.fsync_nanos as f64 / 1e9,
+            },
+        ]
     }
 
     fn idempotency(&self, key: &str) -> Result<Option<IdemRecord>, StoreError> {

@@ -1,0 +1,283 @@
+//! The configuration file of SPEC §1 (TOML), validated into [`Settings`] before anything
+//! runs: a bad file is one clear error, never a half-applied configuration.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use tally_core::ingest::{Defaults, Limits};
+use tally_core::model::{Namespace, Schema, SchemaDoc};
+
+/// Why a configuration was refused.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    fsync: Option<String>,
+    #[serde(default)]
+    namespaces: BTreeMap<String, SchemaDoc>,
+    defaults: Option<DefaultsDoc>,
+    limits: Option<LimitsDoc>,
+    #[serde(default)]
+    tokens: Vec<TokenDoc>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DefaultsDoc {
+    tiers: Option<Vec<String>>,
+    breakdown_tiers: Option<Vec<String>>,
+    dimensions: Option<Vec<String>>,
+    auto_create: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitsDoc {
+    max_body_bytes: Option<usize>,
+    max_batch_events: Option<usize>,
+    max_points: Option<usize>,
+    max_future_secs: Option<i64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenDoc {
+    token: String,
+    scopes: Vec<String>,
+}
+
+/// What a scope allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Read,
+    Write,
+    Admin,
+}
+
+impl Action {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Read => "read",
+            Action::Write => "write",
+            Action::Admin => "admin",
+        }
+    }
+}
+
+/// `read:clicks`, `write:*` …; `ns: None` stands for `*`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scope {
+    pub action: Action,
+    pub ns: Option<Namespace>,
+}
+
+impl Scope {
+    pub fn parse(s: &str) -> Result<Scope, ConfigError> {
+        let bad = || {
+            ConfigError(format!(
+                "scope {s:?}: expected read:<ns>, write:<ns> or admin:<ns> (ns may be *)"
+            ))
+        };
+        let (action, ns) = s.split_once(':').ok_or_else(bad)?;
+        let action = match action {
+            "read" => Action::Read,
+            "write" => Action::Write,
+            "admin" => Action::Admin,
+            _ => return Err(bad()),
+        };
+        let ns = match ns {
+            "*" => None,
+            n => Some(Namespace::new(n).map_err(|e| ConfigError(format!("scope {s:?}: {e}")))?),
+        };
+        Ok(Scope { action, ns })
+    }
+
+    pub fn allows(&self, action: Action, ns: &str) -> bool {
+        self.action == action && self.ns.as_ref().is_none_or(|n| n.as_str() == ns)
+    }
+}
+
+/// A bearer token and its scopes.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Token {
+    pub secret: String,
+    pub scopes: Vec<Scope>,
+}
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print a secret.
+        f.debug_struct("Token")
+            .field("scopes", &self.scopes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Token {
+    pub fn allows(&self, action: Action, ns: &str) -> bool {
+        self.scopes.iter().any(|s| s.allows(action, ns))
+    }
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The fsync policy as written (`always`, `interval:<ms>`, `never`); the backend parses it.
+    pub fsync: String,
+    /// Namespaces declared in the file, applied at start.
+    pub namespaces: Vec<(Namespace, Schema)>,
+    pub defaults: Defaults,
+    pub limits: Limits,
+    /// None configured = no authentication.
+    pub tokens: Vec<Token>,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            fsync: "always".into(),
+            namespaces: Vec::new(),
+            defaults: Defaults::default(),
+            limits: Limits::default(),
+            tokens: Vec::new(),
+        }
+    }
+}
+
+impl Settings {
+    /// Parses and validates the TOML of SPEC §1.
+    pub fn from_toml(text: &str) -> Result<Settings, ConfigError> {
+        let file: FileConfig =
+            toml::from_str(text).map_err(|e| ConfigError(e.message().to_owned()))?;
+        let mut s = Settings::default();
+        if let Some(f) = file.fsync {
+            s.fsync = f;
+        }
+        for (name, doc) in &file.namespaces {
+            let ns = Namespace::new(name)
+                .map_err(|e| ConfigError(format!("[namespaces.{name}]: {e}")))?;
+            let schema = Schema::from_doc(doc)
+                .map_err(|e| ConfigError(format!("[namespaces.{name}]: {e}")))?;
+            s.namespaces.push((ns, schema));
+        }
+        if let Some(d) = file.defaults {
+            if d.tiers.is_some() || d.breakdown_tiers.is_some() || d.dimensions.is_some() {
+                let doc = SchemaDoc {
+                    tiers: d.tiers.unwrap_or_else(|| s.defaults.schema.to_doc().tiers),
+                    breakdown_tiers: d.breakdown_tiers,
+                    dimensions: d.dimensions,
+                };
+                s.defaults.schema =
+                    Schema::from_doc(&doc).map_err(|e| ConfigError(format!("[defaults]: {e}")))?;
+            }
+            if let Some(a) = d.auto_create {
+                s.defaults.auto_create = a;
+            }
+        }
+        if let Some(l) = file.limits {
+            let positive = |name: &str, v: Option<usize>, default: usize| match v {
+                Some(0) => Err(ConfigError(format!(
+                    "[limits] {name} must be greater than 0"
+                ))),
+                Some(v) => Ok(v),
+                None => Ok(default),
+            };
+            s.limits.max_body_bytes =
+                positive("max_body_bytes", l.max_body_bytes, s.limits.max_body_bytes)?;
+            s.limits.max_batch_events = positive(
+                "max_batch_events",
+                l.max_batch_events,
+                s.limits.max_batch_events,
+            )?;
+            s.limits.max_points = positive("max_points", l.max_points, s.limits.max_points)?;
+            if let Some(f) = l.max_future_secs {
+                if f < 0 {
+                    return Err(ConfigError(
+                        "[limits] max_future_secs must be 0 or more".into(),
+                    ));
+                }
+                s.limits.max_future_secs = f;
+            }
+        }
+        for (i, t) in file.tokens.iter().enumerate() {
+            if t.token.is_empty() {
+                return Err(ConfigError(format!(
+                    "[[tokens]] #{}: the token is empty",
+                    i + 1
+                )));
+            }
+            let scopes = t
+                .scopes
+                .iter()
+                .map(|s| Scope::parse(s))
+                .collect::<Result<Vec<_>, _>>()?;
+            s.tokens.push(Token {
+                secret: t.token.clone(),
+                scopes,
+            });
+        }
+        Ok(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_spec_example_parses() {
+        let s = Settings::from_toml(
+            r#"
+fsync = "always"
+
+[namespaces.api_hits]
+tiers = ["1s:2h", "1m:48h", "1h:forever"]
+breakdown_tiers = ["1m", "1h"]
+dimensions = ["status", "outcome", "status+outcome"]
+
+[defaults]
+tiers = ["1m:48h", "1h:forever"]
+auto_create = true
+
+[limits]
+max_body_bytes = 16777216
+max_batch_events = 100000
+max_points = 100000
+max_future_secs = 3600
+
+[[tokens]]
+token = "s3cret"
+scopes = ["write:clicks", "read:*"]
+"#,
+        )
+        .unwrap();
+        assert_eq!(s.namespaces.len(), 1);
+        assert_eq!(s.tokens.len(), 1);
+        assert!(s.tokens[0].allows(Action::Read, "anything"));
+        assert!(s.tokens[0].allows(Action::Write, "clicks"));
+        assert!(!s.tokens[0].allows(Action::Write, "other"));
+        assert!(!s.tokens[0].allows(Action::Admin, "clicks"));
+    }
+
+    #[test]
+    fn bad_files_are_refused_with_a_reason() {
+        for (text, needle) in [
+            ("fsync = 3", "invalid type"),
+            ("unknown = 1", "unknown field"),
+            (
+                "[namespaces.Bad]\ntiers = [\"1h:forever\"]",
+                "namespaces.Bad",
+            ),
+            ("[namespaces.x]\ntiers = [\"7m:1h\"]", "does not divide 1h"),
+            ("[limits]\nmax_points = 0", "max_points"),
+            ("[[tokens]]\ntoken = \"t\"\nscopes = [\"peek:*\"]", "scope"),
+            ("[defaults]\ntiers = []", "[defaults]"),
+        ] {
+            let e = Settings::from_toml(text).unwrap_err().to_string();
+            assert!(e.contains(needle), "{text:?}: {e}");
+        }
+    }
+}

@@ -1,0 +1,98 @@
+//! Every failure becomes `{"error": {"code", "message", "field"?, "index"?}}` with the status
+//! SPEC §3 gives its code — in this one place.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use tally_core::ErrorCode;
+use tally_core::ingest::IngestError;
+use tally_core::model::ModelError;
+use tally_core::query::QueryError;
+use tally_core::store::StoreError;
+
+/// An error answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    pub code: ErrorCode,
+    pub message: String,
+    pub field: Option<String>,
+    pub index: Option<usize>,
+}
+
+impl ApiError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        ApiError {
+            code,
+            message: message.into(),
+            field: None,
+            index: None,
+        }
+    }
+
+    pub fn field(mut self, field: impl Into<String>) -> Self {
+        self.field = Some(field.into());
+        self
+    }
+
+    pub fn index(mut self, index: usize) -> Self {
+        self.index = Some(index);
+        self
+    }
+
+    pub fn status(&self) -> StatusCode {
+        StatusCode::from_u16(self.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+    }
+
+    /// The `{"error": {...}}` value.
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut e = serde_json::json!({ "code": self.code.as_str(), "message": self.message });
+        if let Some(f) = &self.field {
+            e["field"] = f.clone().into();
+        }
+        if let Some(i) = self.index {
+            e["index"] = i.into();
+        }
+        serde_json::json!({ "error": e })
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if self.code.http_status() >= 500 {
+            tracing::error!(code = %self.code, message = %self.message, "request failed");
+        }
+        (self.status(), Json(self.to_json())).into_response()
+    }
+}
+
+impl From<QueryError> for ApiError {
+    fn from(e: QueryError) -> Self {
+        let a = ApiError::new(e.code(), e.to_string());
+        match e.field() {
+            Some(f) => a.field(f),
+            None => a,
+        }
+    }
+}
+
+impl From<ModelError> for ApiError {
+    fn from(e: ModelError) -> Self {
+        ApiError::new(e.code(), e.to_string())
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        ApiError::new(e.code(), e.to_string())
+    }
+}
+
+impl From<IngestError> for ApiError {
+    fn from(e: IngestError) -> Self {
+        let a = ApiError::new(e.code(), e.to_string());
+        match e.index() {
+            Some(i) => a.index(i),
+            None => a,
+        }
+    }
+}

@@ -1,0 +1,472 @@
+//! Writes: `POST /v1/events` (JSON array or NDJSON) and `POST /v1/ns/{ns}/keys/{key}/incr`,
+//! both all-or-nothing, both honouring `Idempotency-Key`.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::HeaderMap;
+use serde_json::Value;
+use tally_core::ErrorCode;
+use tally_core::ingest;
+use tally_core::model::{self, Duration, Key, Namespace, RawEvent};
+use tally_core::query;
+use tally_core::store::{IdemRecord, KeyRead, Want};
+
+use crate::{Action, ApiError, App};
+
+/// How long an answer is remembered under its idempotency key.
+const IDEMPOTENCY_SECS: i64 = 24 * 3600;
+
+fn malformed(msg: impl Into<String>) -> ApiError {
+    ApiError::new(ErrorCode::MalformedBody, msg)
+}
+
+/// One event object of a request body.
+fn raw_event(v: &Value) -> Result<RawEvent, ApiError> {
+    let obj = v
+        .as_object()
+        .ok_or_else(|| malformed("each event is a JSON object"))?;
+    if let Some(k) = obj
+        .keys()
+        .find(|k| !["ns", "key", "ts", "n", "dims"].contains(&k.as_str()))
+    {
+        return Err(malformed(format!(
+            "unknown field {k:?} (an event has ns, key, ts, n, dims)"
+        ))
+        .field(k.clone()));
+    }
+    let string = |name: &str| match obj.get(name) {
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(_) => Err(malformed(format!("{name} must be a string")).field(name)),
+        None => Err(malformed(format!("{name} is required")).field(name)),
+    };
+    let ts = match obj.get("ts") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => {
+            Some(model::parse_timestamp(s).map_err(|e| ApiError::from(e).field("ts"))?)
+        }
+        Some(Value::Number(n)) => Some(n.as_i64().ok_or_else(|| {
+            ApiError::new(
+                ErrorCode::InvalidTimestamp,
+                format!("ts {n} is not whole unix seconds"),
+            )
+            .field("ts")
+        })?),
+        Some(_) => {
+            return Err(malformed("ts must be unix seconds or an RFC 3339 string").field("ts"));
+        }
+    };
+    let n = match obj.get("n") {
+        None | Some(Value::Null) => None,
+        Some(Value::Number(n)) => Some(n.as_i64().ok_or_else(|| {
+            ApiError::new(
+                ErrorCode::InvalidAmount,
+                format!("n {n} is not an integer with |n| < 2^53"),
+            )
+            .field("n")
+        })?),
+        Some(_) => {
+            return Err(
+                ApiError::new(ErrorCode::InvalidAmount, "n must be a JSON integer").field("n"),
+            );
+        }
+    };
+    let dims = match obj.get("dims") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Object(m)) => m
+            .iter()
+            .map(|(k, v)| match v {
+                Value::String(s) => Ok((k.clone(), s.clone())),
+                _ => Err(ApiError::new(
+                    ErrorCode::InvalidDimension,
+                    format!("dimension {k:?}: a value is a string"),
+                )
+                .field("dims")),
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        Some(_) => return Err(malformed("dims must be an object of strings").field("dims")),
+    };
+    Ok(RawEvent {
+        ns: string("ns")?,
+        key: string("key")?,
+        ts,
+        n,
+        dims,
+    })
+}
+
+/// The events of a body: a JSON array, or NDJSON (blank lines ignored).
+fn parse_body(body: &[u8], ndjson: bool, max: usize) -> Result<Vec<RawEvent>, ApiError> {
+    let too_many = |n: usize| {
+        ApiError::new(
+            ErrorCode::BatchTooLarge,
+            format!("a batch holds at most {max} events, got {n}"),
+        )
+    };
+    if ndjson {
+        let text = std::str::from_utf8(body).map_err(|_| malformed("the body is not UTF-8"))?;
+        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+        if lines.len() > max {
+            return Err(too_many(lines.len()));
+        }
+        return lines
+            .iter()
+            .enumerate()
+            .map(|(i, l)| {
+                let v: Value = serde_json::from_str(l)
+                    .map_err(|e| malformed(format!("line is not JSON: {e}")).index(i))?;
+                raw_event(&v).map_err(|e| e.index(i))
+            })
+            .collect();
+    }
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| malformed(format!("the body is not JSON: {e}")))?;
+    let items = v.as_array().ok_or_else(|| malformed("the body is a JSON array of events (or NDJSON with Content-Type: application/x-ndjson)"))?;
+    if items.len() > max {
+        return Err(too_many(items.len()));
+    }
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, v)| raw_event(v).map_err(|e| e.index(i)))
+        .collect()
+}
+
+/// A stable fingerprint of a request (FNV-1a 64 and CRC32C): it is stored on disk, so it must
+/// not depend on a hasher's per-process seed or version.
+fn fingerprint(parts: &[&[u8]]) -> String {
+    let mut fnv: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut crc = 0u32;
+    for p in parts {
+        for b in p.iter() {
+            fnv = (fnv ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+        }
+        fnv = (fnv ^ 0xff).wrapping_mul(0x0100_0000_01b3);
+        crc = crc32c::crc32c_append(crc, p);
+    }
+    format!("{fnv:016x}{crc:08x}")
+}
+
+/// Holds an idempotency key while its first request runs; released on drop.
+struct InFlight {
+    app: App,
+    key: String,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.app
+            .0
+            .in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.key);
+    }
+}
+
+/// What to do with a request carrying `Idempotency-Key`.
+enum Idem {
+    /// Not idempotent, or first time: proceed (holding the key while running).
+    Proceed(Option<(InFlight, String)>),
+    /// Seen before with the same request: answer this, apply nothing.
+    Replay(u16, String),
+}
+
+async fn idempotency(app: &App, headers: &HeaderMap, fp: String) -> Result<Idem, ApiError> {
+    let Some(key) = headers.get("idempotency-key") else {
+        return Ok(Idem::Proceed(None));
+    };
+    let key = key
+        .to_str()
+        .ok()
+        .filter(|k| !k.is_empty() && k.len() <= 256)
+        .ok_or_else(|| {
+            ApiError::new(
+                ErrorCode::InvalidParameter,
+                "Idempotency-Key must be 1-256 visible ASCII characters",
+            )
+            .field("Idempotency-Key")
+        })?
+        .to_owned();
+    {
+        let mut inflight = app.0.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+        if inflight.contains_key(&key) {
+            return Err(ApiError::new(
+                ErrorCode::IdempotencyInProgress,
+                "a request with this Idempotency-Key is still being processed",
+            ));
+        }
+        inflight.insert(key.clone(), fp.clone());
+    }
+    let guard = InFlight {
+        app: app.clone(),
+        key: key.clone(),
+    };
+    let k = key.clone();
+    let seen = app
+        .blocking(move |app| Ok(app.0.store.idempotency(&k)?))
+        .await?;
+    match seen {
+        Some(r) if r.fingerprint == fp => Ok(Idem::Replay(r.status, r.body)),
+        Some(_) => Err(ApiError::new(
+            ErrorCode::IdempotencyKeyReused,
+            "this Idempotency-Key was used for a different request",
+        )),
+        None => Ok(Idem::Proceed(Some((guard, key)))),
+    }
+}
+
+fn replay(status: u16, body: String) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let status = axum::http::StatusCode::from_u16(status).unwrap_or(axum::http::StatusCode::OK);
+    (
+        status,
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        body,
+    )
+        .into_response()
+}
+
+/// Validates, remembers the answer if asked to, and applies — on the blocking pool.
+fn apply(
+    app: &App,
+    raws: &[RawEvent],
+    idem: Option<(String, String)>,
+    answer: impl FnOnce(&App, &tally_core::store::Batch) -> Result<Value, ApiError>,
+) -> Result<Value, ApiError> {
+    let now = app.now();
+    let mut batch = ingest::prepare(
+        &**app.store(),
+        raws,
+        now,
+        &app.0.settings.limits,
+        &app.0.settings.defaults,
+    )?;
+    let body = answer(app, &batch)?;
+    if let Some((key, fp)) = idem {
+        batch.idempotency = Some(IdemRecord {
+            key,
+            fingerprint: fp,
+            expires: now + IDEMPOTENCY_SECS,
+            status: 200,
+            body: body.to_string(),
+        });
+    }
+    app.store().apply(&batch)?;
+    app.0
+        .metrics
+        .events
+        .fetch_add(raws.len() as u64, Ordering::Relaxed);
+    app.0.metrics.batches.fetch_add(1, Ordering::Relaxed);
+    Ok(body)
+}
+
+/// Ingest a batch of events.
+#[utoipa::path(post, path = "/v1/events", tag = "events",
+    description = "A JSON array of events `{\"ns\", \"key\", \"ts\"?, \"n\"?, \"dims\"?}`, or NDJSON with `Content-Type: application/x-ndjson`. All or nothing: one bad event rejects the batch, naming its 0-based index. Answers once the batch is durable under the fsync policy.",
+    params(("Idempotency-Key" = Option<String>, Header, description = "Remember the answer for 24 h; a retry with the same body applies nothing.")),
+    request_body(content = String, content_type = "application/json"),
+    responses(
+        (status = 200, description = "`{\"accepted\": N}`"),
+        (status = 400, description = "malformed_body, invalid_name, invalid_key, invalid_dimension, unknown_dimension, too_many_dimensions, invalid_timestamp, timestamp_in_future, invalid_amount"),
+        (status = 401, description = "unauthorized"), (status = 403, description = "forbidden"),
+        (status = 404, description = "unknown_namespace (auto_create off)"),
+        (status = 409, description = "idempotency_in_progress"),
+        (status = 413, description = "body_too_large, batch_too_large"),
+        (status = 422, description = "idempotency_key_reused"),
+        (status = 503, description = "backend_unavailable"),
+    ))]
+pub async fn post_events(
+    State(app): State<App>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse;
+    let limit = app.0.settings.limits.max_body_bytes;
+    let bytes = axum::body::to_bytes(body, limit).await.map_err(|_| {
+        ApiError::new(
+            ErrorCode::BodyTooLarge,
+            format!("the body is larger than {limit} bytes"),
+        )
+    })?;
+    let ndjson = headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/x-ndjson"));
+    let raws = parse_body(&bytes, ndjson, app.0.settings.limits.max_batch_events)?;
+    for (i, r) in raws.iter().enumerate() {
+        app.authorize(&headers, Action::Write, &r.ns)
+            .map_err(|e| e.index(i))?;
+    }
+    let fp = fingerprint(&[b"POST /v1/events", &[u8::from(ndjson)], &bytes]);
+    let held = match idempotency(&app, &headers, fp.clone()).await? {
+        Idem::Replay(status, body) => return Ok(replay(status, body)),
+        Idem::Proceed(held) => held,
+    };
+    let idem = held.as_ref().map(|(_, k)| (k.clone(), fp));
+    let n = raws.len();
+    let body = app
+        .blocking(move |app| {
+            apply(app, &raws, idem, |_, _| {
+                Ok(serde_json::json!({ "accepted": n }))
+            })
+        })
+        .await?;
+    drop(held);
+    Ok(Json(body).into_response())
+}
+
+/// Increment one key from query parameters.
+#[utoipa::path(post, path = "/v1/ns/{ns}/keys/{key}/incr", tag = "events",
+    description = "One event from query parameters `n` (default 1), `ts` (default now), `dim.<name>=<value>`. `window=<duration>` adds the rolling count after the increment.",
+    params(
+        ("ns" = String, Path), ("key" = String, Path, description = "percent-encoded"),
+        ("n" = Option<i64>, Query), ("ts" = Option<String>, Query), ("window" = Option<String>, Query),
+        ("Idempotency-Key" = Option<String>, Header),
+    ),
+    responses((status = 200, description = "`{\"accepted\": 1}` or `{\"accepted\": 1, \"window\": {...}}`"), (status = 400, description = "invalid input")))]
+pub async fn incr(
+    State(app): State<App>,
+    Path((ns, key)): Path<(String, String)>,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse;
+    app.authorize(&headers, Action::Write, &ns)?;
+    let query = query.unwrap_or_default();
+    let pairs: Vec<(String, String)> = serde_urlencoded_pairs(&query)?;
+    let mut raw = RawEvent {
+        ns: ns.clone(),
+        key: key.clone(),
+        ..RawEvent::default()
+    };
+    let mut window = None;
+    let mut seen = BTreeMap::new();
+    for (k, v) in &pairs {
+        if seen.insert(k.clone(), ()).is_some() {
+            return Err(
+                ApiError::new(ErrorCode::InvalidParameter, format!("{k} is given twice"))
+                    .field(k.clone()),
+            );
+        }
+        match k.as_str() {
+            "n" => {
+                raw.n = Some(v.parse().map_err(|_| {
+                    ApiError::new(
+                        ErrorCode::InvalidAmount,
+                        format!("n {v:?} is not an integer"),
+                    )
+                    .field("n")
+                })?)
+            }
+            "ts" => {
+                raw.ts = Some(model::parse_timestamp(v).map_err(|e| ApiError::from(e).field("ts"))?)
+            }
+            "window" => {
+                window = Some(Duration::new(v).map_err(|e| ApiError::from(e).field("window"))?)
+            }
+            _ => match k.strip_prefix("dim.") {
+                Some(d) => raw.dims.push((d.to_owned(), v.clone())),
+                None => {
+                    return Err(ApiError::new(
+                        ErrorCode::InvalidParameter,
+                        format!("unknown parameter {k:?} (incr takes n, ts, window, dim.<name>)"),
+                    )
+                    .field(k.clone()));
+                }
+            },
+        }
+    }
+    let fp = fingerprint(&[
+        b"POST incr ",
+        ns.as_bytes(),
+        b"/",
+        key.as_bytes(),
+        b"?",
+        query.as_bytes(),
+    ]);
+    let held = match idempotency(&app, &headers, fp.clone()).await? {
+        Idem::Replay(status, body) => return Ok(replay(status, body)),
+        Idem::Proceed(held) => held,
+    };
+    let idem = held.as_ref().map(|(_, k)| (k.clone(), fp));
+    let body = app
+        .blocking(move |app| {
+            apply(app, std::slice::from_ref(&raw), idem, |app, batch| {
+                let Some(last) = window else { return Ok(serde_json::json!({ "accepted": 1 })) };
+                // The window after the increment: what the store holds now, plus this event.
+                let inc = &batch.increments[0];
+                let (ns, key): (Namespace, Key) = (inc.ns.clone(), inc.key.clone());
+                let schema = match batch.create.first() {
+                    Some((_, s)) => s.clone(),
+                    None => app.store().schema(&ns)?.ok_or_else(|| ApiError::new(ErrorCode::UnknownNamespace, "namespace vanished"))?,
+                };
+                let plan = query::window_plan(&ns, &schema, last, app.now())?;
+                let before: i64 = if batch.create.is_empty() {
+                    let read = KeyRead { ns: &ns, key: &key, resolution: plan.resolution, from: plan.from, to: plan.to, want: Want::Totals };
+                    app.store().read(&[read])?.first().map_or(0, |d| d.totals.iter().map(|(_, n)| n).sum())
+                } else {
+                    0
+                };
+                let n = before + if plan.covers(inc.ts) { inc.n } else { 0 };
+                let w = query::window_answer(&ns, &key, last, plan, n);
+                Ok(serde_json::json!({ "accepted": 1, "window": {
+                    "last": w.last, "resolution": w.resolution, "from": w.from, "from_t": w.from_t, "n": w.n
+                } }))
+            })
+        })
+        .await?;
+    drop(held);
+    Ok(Json(body).into_response())
+}
+
+/// Decodes `a=1&b=2` (form encoding: `+` is a space).
+pub(crate) fn serde_urlencoded_pairs(q: &str) -> Result<Vec<(String, String)>, ApiError> {
+    q.split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            Ok((decode(k)?, decode(v)?))
+        })
+        .collect()
+}
+
+fn decode(s: &str) -> Result<String, ApiError> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' => {
+                let hex = bytes
+                    .get(i + 1..i + 3)
+                    .and_then(|h| std::str::from_utf8(h).ok())
+                    .and_then(|h| u8::from_str_radix(h, 16).ok());
+                match hex {
+                    Some(b) => {
+                        out.push(b);
+                        i += 2;
+                    }
+                    None => {
+                        return Err(ApiError::new(
+                            ErrorCode::InvalidParameter,
+                            format!("bad percent-encoding in {s:?}"),
+                        ));
+                    }
+                }
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8(out).map_err(|_| {
+        ApiError::new(
+            ErrorCode::InvalidParameter,
+            format!("{s:?} is not UTF-8 once decoded"),
+        )
+    })
+}

@@ -1,0 +1,127 @@
+//! `/metrics` in the Prometheus text format. Kept per server rather than in a process-global
+//! recorder (the `metrics` crate's model) so that tests can run many servers in one process
+//! and each reports only its own figures — a handful of counters and one histogram family.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tally_core::store::Gauge;
+
+/// Upper bounds of the latency buckets, in seconds.
+const BOUNDS: [f64; 12] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+];
+
+#[derive(Debug, Default, Clone)]
+struct Histogram {
+    buckets: [u64; BOUNDS.len()],
+    count: u64,
+    sum: f64,
+}
+
+#[derive(Debug, Default)]
+pub struct Metrics {
+    pub events: AtomicU64,
+    pub batches: AtomicU64,
+    responses: Mutex<BTreeMap<u16, u64>>,
+    queries: Mutex<BTreeMap<&'static str, Histogram>>,
+}
+
+impl Metrics {
+    pub fn response(&self, status: u16) {
+        *self
+            .responses
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(status)
+            .or_default() += 1;
+    }
+
+    pub fn query(&self, kind: &'static str, took: Duration) {
+        let secs = took.as_secs_f64();
+        let mut q = self.queries.lock().unwrap_or_else(|e| e.into_inner());
+        let h = q.entry(kind).or_default();
+        for (b, bound) in h.buckets.iter_mut().zip(BOUNDS) {
+            if secs <= bound {
+                *b += 1;
+            }
+        }
+        h.count += 1;
+        h.sum += secs;
+    }
+
+    pub fn render(&self, backend: &[Gauge]) -> String {
+        let mut out = String::new();
+        let mut counter = |name: &str, help: &str, v: u64| {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
+            );
+        };
+        counter(
+            "tally_events_accepted_total",
+            "Events accepted (durable under the fsync policy).",
+            self.events.load(Ordering::Relaxed),
+        );
+        counter(
+            "tally_batches_accepted_total",
+            "Batches accepted (POST /v1/events and incr).",
+            self.batches.load(Ordering::Relaxed),
+        );
+        let _ = writeln!(
+            out,
+            "# HELP tally_http_responses_total HTTP responses by status.\n# TYPE tally_http_responses_total counter"
+        );
+        for (status, n) in self
+            .responses
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            let _ = writeln!(out, "tally_http_responses_total{{status=\"{status}\"}} {n}");
+        }
+        let _ = writeln!(
+            out,
+            "# HELP tally_query_duration_seconds Query latency by kind, in the server.\n# TYPE tally_query_duration_seconds histogram"
+        );
+        for (kind, h) in self
+            .queries
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            for (b, bound) in h.buckets.iter().zip(BOUNDS) {
+                let _ = writeln!(
+                    out,
+                    "tally_query_duration_seconds_bucket{{kind=\"{kind}\",le=\"{bound}\"}} {b}"
+                );
+            }
+            let _ = writeln!(
+                out,
+                "tally_query_duration_seconds_bucket{{kind=\"{kind}\",le=\"+Inf\"}} {}",
+                h.count
+            );
+            let _ = writeln!(
+                out,
+                "tally_query_duration_seconds_sum{{kind=\"{kind}\"}} {}",
+                h.sum
+            );
+            let _ = writeln!(
+                out,
+                "tally_query_duration_seconds_count{{kind=\"{kind}\"}} {}",
+                h.count
+            );
+        }
+        for g in backend {
+            let _ = writeln!(
+                out,
+                "# HELP {} {}\n# TYPE {} {}\n{} {}",
+                g.name, g.help, g.name, g.kind, g.name, g.value
+            );
+        }
+        out
+    }
+}

@@ -1,0 +1,127 @@
+//! Namespaces (`GET /v1/ns`, `GET`/`PUT /v1/ns/{ns}`) and the operational routes:
+//! `/healthz`, `/metrics`, `/openapi.json`.
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::response::IntoResponse;
+use serde_json::Value;
+use tally_core::ErrorCode;
+use tally_core::model::{Namespace, Schema, SchemaDoc};
+
+use crate::{Action, ApiError, App};
+
+fn schema_json(ns: &Namespace, s: &Schema) -> Value {
+    let doc = s.to_doc();
+    serde_json::json!({
+        "name": ns.as_str(),
+        "tiers": doc.tiers,
+        "breakdown_tiers": doc.breakdown_tiers,
+        "dimensions": doc.dimensions,
+    })
+}
+
+/// Every namespace the caller may read, with its schema.
+#[utoipa::path(get, path = "/v1/ns", tag = "namespaces",
+    responses((status = 200, description = "`{\"namespaces\": [{\"name\", \"tiers\", \"breakdown_tiers\", \"dimensions\"}]}`")))]
+pub async fn list(State(app): State<App>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
+    let token = app.token(&headers)?.cloned();
+    let all = app.blocking(|app| Ok(app.store().namespaces()?)).await?;
+    let list: Vec<Value> = all
+        .iter()
+        .filter(|(ns, _)| {
+            token
+                .as_ref()
+                .is_none_or(|t| t.allows(Action::Read, ns.as_str()))
+        })
+        .map(|(ns, s)| schema_json(ns, s))
+        .collect();
+    Ok(Json(serde_json::json!({ "namespaces": list })))
+}
+
+/// One namespace's schema.
+#[utoipa::path(get, path = "/v1/ns/{ns}", tag = "namespaces",
+    params(("ns" = String, Path)),
+    responses((status = 200, description = "the schema"), (status = 404, description = "unknown_namespace")))]
+pub async fn get(
+    State(app): State<App>,
+    Path(ns): Path<String>,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ApiError> {
+    app.authorize(&headers, Action::Read, &ns)?;
+    let ns = Namespace::new(&ns).map_err(|e| ApiError::from(e).field("ns"))?;
+    app.blocking(move |app| match app.store().schema(&ns)? {
+        Some(s) => Ok(Json(schema_json(&ns, &s))),
+        None => Err(ApiError::new(
+            ErrorCode::UnknownNamespace,
+            format!("namespace {ns} does not exist"),
+        )),
+    })
+    .await
+}
+
+/// Create a namespace or change its schema (a removed tier loses its data; a new tier
+/// starts empty).
+#[utoipa::path(put, path = "/v1/ns/{ns}", tag = "namespaces",
+    params(("ns" = String, Path)),
+    request_body(content = String, description = "`{\"tiers\": [...], \"breakdown_tiers\": [...], \"dimensions\": [...] or null}`", content_type = "application/json"),
+    responses((status = 200, description = "the stored schema, durations in canonical form"), (status = 400, description = "invalid_schema, invalid_name, malformed_body")))]
+pub async fn put(
+    State(app): State<App>,
+    Path(ns): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<Value>, ApiError> {
+    app.authorize(&headers, Action::Admin, &ns)?;
+    let ns = Namespace::new(&ns).map_err(|e| ApiError::from(e).field("ns"))?;
+    let bytes = axum::body::to_bytes(body, 1 << 20)
+        .await
+        .map_err(|_| ApiError::new(ErrorCode::BodyTooLarge, "a schema is at most 1 MiB"))?;
+    let doc: SchemaDoc = serde_json::from_slice(&bytes).map_err(|e| {
+        ApiError::new(
+            ErrorCode::MalformedBody,
+            format!("expected {{\"tiers\", \"breakdown_tiers\"?, \"dimensions\"?}}: {e}"),
+        )
+    })?;
+    let schema = Schema::from_doc(&doc)?;
+    app.blocking(move |app| {
+        app.store().put_schema(&ns, &schema)?;
+        Ok(Json(schema_json(&ns, &schema)))
+    })
+    .await
+}
+
+/// 200 once recovery is done and the backend takes writes.
+#[utoipa::path(get, path = "/healthz", tag = "operations",
+    responses((status = 200, description = "`{\"status\": \"ok\"}`"), (status = 503, description = "backend_unavailable")))]
+pub async fn healthz(State(app): State<App>) -> Result<Json<Value>, ApiError> {
+    app.blocking(|app| Ok(app.store().health()?)).await?;
+    Ok(Json(serde_json::json!({ "status": "ok" })))
+}
+
+/// Prometheus text.
+#[utoipa::path(get, path = "/metrics", tag = "operations", responses((status = 200, description = "Prometheus text format")))]
+pub async fn metrics(State(app): State<App>) -> impl IntoResponse {
+    let gauges = app
+        .blocking(|app| Ok(app.store().gauges()))
+        .await
+        .unwrap_or_default();
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4",
+        )],
+        app.0.metrics.render(&gauges),
+    )
+}
+
+/// This document.
+#[utoipa::path(get, path = "/openapi.json", tag = "operations", responses((status = 200, description = "OpenAPI 3 document")))]
+pub async fn openapi(State(app): State<App>) -> impl IntoResponse {
+    let doc = app.0.openapi.get().cloned().unwrap_or_else(|| "{}".into());
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        doc,
+    )
+}

@@ -1,0 +1,314 @@
+//! Every route and answer shape of SPEC §3.
+
+use serde_json::{Value, json};
+use tally_server::Settings;
+
+use crate::{NOW, Server};
+
+fn keys_of(v: &Value) -> Vec<&str> {
+    v.as_object().unwrap().keys().map(String::as_str).collect()
+}
+
+fn seed(s: &Server) {
+    let body = json!([
+        {"ns": "clicks", "key": "lnk_1", "ts": NOW - 7200, "dims": {"country": "US", "referrer": "hn"}},
+        {"ns": "clicks", "key": "lnk_1", "ts": NOW - 3600, "n": 2, "dims": {"country": "DE"}},
+        {"ns": "clicks", "key": "lnk_2", "ts": "2026-11-20T11:30:00Z", "n": 5},
+    ]);
+    assert_eq!(
+        s.post("/v1/events", &body.to_string()),
+        (200, json!({"accepted": 3}))
+    );
+}
+
+#[test]
+fn events_then_series_breakdown_dashboard_top_keys() {
+    let s = Server::start(Settings::default());
+    seed(&s);
+    let from = NOW - 86_400;
+    let (st, a) = s.get(&format!(
+        "/v1/ns/clicks/keys/lnk_1/series?from={from}&to={NOW}&unit=hour&every=6&tz=America/New_York"
+    ));
+    assert_eq!(st, 200);
+    assert_eq!(
+        keys_of(&a),
+        [
+            "ns",
+            "key",
+            "unit",
+            "every",
+            "tz",
+            "resolution",
+            "dim",
+            "value",
+            "from",
+            "from_t",
+            "to",
+            "to_t",
+            "total",
+            "points"
+        ]
+    );
+    assert_eq!(
+        (
+            a["total"].as_i64(),
+            a["resolution"].as_str(),
+            a["every"].as_i64()
+        ),
+        (Some(3), Some("1h"), Some(6))
+    );
+    assert_eq!(keys_of(&a["points"][0]), ["ts", "t", "n"]);
+    assert!(a["from_t"].as_str().unwrap().ends_with("-05:00"));
+
+    let (st, b) = s.get(&format!(
+        "/v1/ns/clicks/keys/lnk_1/breakdown?dim=country&from={from}&to={NOW}&unit=hour"
+    ));
+    assert_eq!(st, 200);
+    assert_eq!(
+        keys_of(&b),
+        [
+            "ns",
+            "key",
+            "dim",
+            "resolution",
+            "from",
+            "from_t",
+            "to",
+            "to_t",
+            "total",
+            "values",
+            "other",
+            "unset"
+        ]
+    );
+    assert_eq!(
+        b["values"],
+        json!([{"value": "DE", "n": 2}, {"value": "US", "n": 1}])
+    );
+
+    let (st, d) = s.get(&format!(
+        "/v1/ns/clicks/keys/lnk_1/dashboard?from={from}&to={NOW}&unit=day"
+    ));
+    assert_eq!(st, 200);
+    assert!(d.get("timeline").is_some() && d.get("points").is_none());
+    assert_eq!(
+        d["breakdowns"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .collect::<Vec<_>>(),
+        ["country", "referrer"]
+    );
+    assert_eq!(d["breakdowns"]["referrer"]["unset"], 2);
+
+    let (st, t) = s.get(&format!("/v1/ns/clicks/top?from={from}&to={NOW}&unit=hour"));
+    assert_eq!(st, 200);
+    assert_eq!(
+        keys_of(&t),
+        [
+            "ns",
+            "dim",
+            "value",
+            "resolution",
+            "from",
+            "from_t",
+            "to",
+            "to_t",
+            "total",
+            "keys",
+            "other"
+        ]
+    );
+    assert_eq!(
+        t["keys"],
+        json!([{"key": "lnk_2", "n": 5}, {"key": "lnk_1", "n": 3}])
+    );
+
+    let (st, k) = s.get("/v1/ns/clicks/keys?limit=1");
+    assert_eq!(
+        (st, k),
+        (
+            200,
+            json!({"ns": "clicks", "keys": ["lnk_1"], "next": "lnk_1"})
+        )
+    );
+    assert_eq!(
+        s.get("/v1/ns/clicks/keys?after=lnk_1").1,
+        json!({"ns": "clicks", "keys": ["lnk_2"], "next": null})
+    );
+}
+
+#[test]
+fn ndjson_incr_and_window() {
+    let s = Server::start(Settings::default());
+    let nd = format!(
+        "{{\"ns\":\"api\",\"key\":\"k1\",\"ts\":{}}}\n\n{{\"ns\":\"api\",\"key\":\"k1\",\"n\":4}}\n",
+        NOW - 30
+    );
+    let (st, v) = s.req(
+        "POST",
+        "/v1/events",
+        Some(&nd),
+        &[("Content-Type", "application/x-ndjson")],
+    );
+    assert_eq!((st, v), (200, json!({"accepted": 2})));
+    assert_eq!(
+        s.post("/v1/ns/api/keys/k1/incr?n=3&dim.status=200", "").1,
+        json!({"accepted": 1})
+    );
+    let (st, v) = s.post("/v1/ns/api/keys/k1/incr?window=1h", "");
+    assert_eq!(st, 200);
+    assert_eq!(v["window"]["n"], 9);
+    assert_eq!(v["window"]["last"], "1h");
+    let (st, w) = s.get("/v1/ns/api/keys/k1/window?last=1h");
+    assert_eq!(st, 200);
+    assert_eq!(
+        keys_of(&w),
+        ["ns", "key", "last", "resolution", "from", "from_t", "n"]
+    );
+    assert_eq!(
+        (w["n"].as_i64(), w["resolution"].as_str()),
+        (Some(9), Some("1m"))
+    );
+    // A key with a slash, through a percent-encoded path segment.
+    assert_eq!(s.post("/v1/ns/api/keys/a%2Fb/incr", "").0, 200);
+    assert_eq!(s.get("/v1/ns/api/keys?prefix=a").1["keys"], json!(["a/b"]));
+    // A key never written answers zeros, not 404.
+    let (st, z) = s.get(&format!(
+        "/v1/ns/api/keys/nobody/series?from={}&to={NOW}&unit=hour",
+        NOW - 7200
+    ));
+    assert_eq!((st, z["total"].as_i64()), (200, Some(0)));
+}
+
+#[test]
+fn batch_queries_succeed_or_fail_each_on_their_own() {
+    let s = Server::start(Settings::default());
+    seed(&s);
+    let body = json!({"queries": [
+        {"kind": "series", "ns": "clicks", "key": "lnk_1", "from": NOW - 86_400, "to": NOW, "unit": "day"},
+        {"kind": "window", "ns": "clicks", "key": "lnk_1", "last": "nonsense"},
+        {"kind": "keys", "ns": "clicks"},
+        {"kind": "fly", "ns": "clicks"},
+    ]});
+    let (st, v) = s.post("/v1/query", &body.to_string());
+    assert_eq!(st, 200);
+    let r = v["results"].as_array().unwrap();
+    assert_eq!(r.len(), 4);
+    assert_eq!(r[0]["total"], 3);
+    assert_eq!(r[1]["error"]["code"], "invalid_duration");
+    assert_eq!(r[2]["keys"], json!(["lnk_1", "lnk_2"]));
+    assert_eq!(r[3]["error"]["code"], "invalid_parameter");
+    // The same parameters over GET give the same answer.
+    let (_, g) = s.get(&format!(
+        "/v1/ns/clicks/keys/lnk_1/series?from={}&to={NOW}&unit=day",
+        NOW - 86_400
+    ));
+    assert_eq!(g, r[0]);
+}
+
+#[test]
+fn namespaces_get_put_list() {
+    let s = Server::start(Settings::default());
+    let schema = json!({"tiers": ["60m:forever", "1m:48h"], "breakdown_tiers": ["1h"], "dimensions": ["status", "status+outcome"]});
+    let (st, v) = s.req("PUT", "/v1/ns/api_hits", Some(&schema.to_string()), &[]);
+    assert_eq!(st, 200);
+    assert_eq!(
+        v,
+        json!({"name": "api_hits", "tiers": ["1m:2d", "1h:forever"], "breakdown_tiers": ["1h"], "dimensions": ["status", "status+outcome"]})
+    );
+    assert_eq!(s.get("/v1/ns/api_hits"), (200, v.clone()));
+    assert_eq!(s.get("/v1/ns"), (200, json!({"namespaces": [v]})));
+    // Auto-created namespaces take [defaults].
+    s.post("/v1/ns/fresh/keys/k/incr", "");
+    assert_eq!(
+        s.get("/v1/ns/fresh").1["tiers"],
+        json!(["1m:2d", "1h:forever"])
+    );
+}
+
+#[test]
+fn config_namespaces_and_allow_lists() {
+    let s = Server::with_config(
+        r#"
+[namespaces.api_hits]
+tiers = ["1s:2h", "1m:48h", "1h:forever"]
+breakdown_tiers = ["1m", "1h"]
+dimensions = ["status", "outcome", "status+outcome"]
+"#,
+    );
+    assert_eq!(
+        s.get("/v1/ns/api_hits").1["tiers"],
+        json!(["1s:2h", "1m:2d", "1h:forever"])
+    );
+    let e = json!([{"ns": "api_hits", "key": "k", "ts": NOW - 5, "dims": {"status": "429", "outcome": "deny"}}]);
+    assert_eq!(s.post("/v1/events", &e.to_string()).0, 200);
+    let (st, b) = s.get(&format!(
+        "/v1/ns/api_hits/keys/k/breakdown?dim=status%2Boutcome&from={}&to={}",
+        NOW - 60,
+        NOW
+    ));
+    assert_eq!(st, 200, "{b}");
+    assert_eq!(b["values"], json!([{"value": "429|deny", "n": 1}]));
+    let (st, w) = s.get("/v1/ns/api_hits/keys/k/window?last=60s");
+    assert_eq!(
+        (st, w["resolution"].as_str(), w["n"].as_i64()),
+        (200, Some("1s"), Some(1))
+    );
+}
+
+#[test]
+fn health_metrics_openapi() {
+    let s = Server::start(Settings::default());
+    seed(&s);
+    s.get(&format!(
+        "/v1/ns/clicks/keys/lnk_1/series?from={}&to={NOW}&unit=hour",
+        NOW - 3600
+    ));
+    assert_eq!(s.get("/healthz"), (200, json!({"status": "ok"})));
+    let (st, m) = s.raw("GET", "/metrics", None, &[]);
+    assert_eq!(st, 200);
+    for needle in [
+        "tally_events_accepted_total 3",
+        "tally_batches_accepted_total 1",
+        "tally_query_duration_seconds_count{kind=\"series\"} 1",
+        "tally_live_counters ",
+        "tally_log_bytes_written_total ",
+        "tally_log_fsync_seconds_total ",
+        "tally_http_responses_total{status=\"200\"}",
+    ] {
+        assert!(m.contains(needle), "missing {needle:?} in:\n{m}");
+    }
+    let (st, doc) = s.get("/openapi.json");
+    assert_eq!(st, 200);
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
+    let paths = doc["paths"].as_object().unwrap();
+    for (path, method) in [
+        ("/v1/events", "post"),
+        ("/v1/ns/{ns}/keys/{key}/incr", "post"),
+        ("/v1/ns/{ns}/keys/{key}/series", "get"),
+        ("/v1/ns/{ns}/keys/{key}/breakdown", "get"),
+        ("/v1/ns/{ns}/keys/{key}/window", "get"),
+        ("/v1/ns/{ns}/keys/{key}/dashboard", "get"),
+        ("/v1/ns/{ns}/top", "get"),
+        ("/v1/ns/{ns}/keys", "get"),
+        ("/v1/query", "post"),
+        ("/v1/ns", "get"),
+        ("/v1/ns/{ns}", "get"),
+        ("/v1/ns/{ns}", "put"),
+        ("/healthz", "get"),
+        ("/metrics", "get"),
+        ("/openapi.json", "get"),
+    ] {
+        assert!(
+            paths.get(path).and_then(|p| p.get(method)).is_some(),
+            "{method} {path} missing from the OpenAPI document"
+        );
+    }
+    assert_eq!(
+        paths.len(),
+        14,
+        "a route in the document that the test does not know: {:?}",
+        paths.keys().collect::<Vec<_>>()
+    );
+}

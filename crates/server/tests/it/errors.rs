@@ -1,0 +1,437 @@
+//! Every 400/401/403/404/409/413/422 code of SPEC §3: the bad request, its status and
+//! `error.code`, and proof that nothing was applied (the whole visible state is unchanged).
+
+use serde_json::json;
+use tally_server::Settings;
+
+use crate::{NOW, Server, err};
+
+const CONFIG: &str = r#"
+[namespaces.strict]
+tiers = ["1h:forever"]
+dimensions = ["country"]
+
+[namespaces.short]
+tiers = ["1m:1h"]
+
+[limits]
+max_body_bytes = 4096
+max_batch_events = 3
+max_points = 50
+"#;
+
+fn server() -> Server {
+    let s = Server::with_config(CONFIG);
+    let seed = json!([{"ns": "clicks", "key": "k", "ts": NOW - 60, "dims": {"country": "US"}}]);
+    assert_eq!(s.post("/v1/events", &seed.to_string()).0, 200);
+    s
+}
+
+fn event(fields: serde_json::Value) -> String {
+    let mut e = json!({"ns": "clicks", "key": "k", "ts": NOW - 60});
+    for (k, v) in fields.as_object().unwrap() {
+        e[k] = v.clone();
+    }
+    json!([{"ns": "clicks", "key": "ok", "ts": NOW - 60}, e]).to_string()
+}
+
+#[test]
+fn bad_events_are_refused_whole_and_name_their_index() {
+    let s = server();
+    let before = s.state();
+    let cases: Vec<(String, u16, &str)> = vec![
+        ("not json".into(), 400, "malformed_body"),
+        (json!({"ns": "clicks"}).to_string(), 400, "malformed_body"),
+        (event(json!({"colour": "red"})), 400, "malformed_body"),
+        (event(json!({"key": 5})), 400, "malformed_body"),
+        (event(json!({"ns": "Bad!"})), 400, "invalid_name"),
+        (event(json!({"key": ""})), 400, "invalid_key"),
+        (
+            event(json!({"dims": {"Country": "US"}})),
+            400,
+            "invalid_dimension",
+        ),
+        (
+            event(json!({"dims": {"country": 5}})),
+            400,
+            "invalid_dimension",
+        ),
+        (
+            event(json!({"ns": "strict", "dims": {"device": "ios"}})),
+            400,
+            "unknown_dimension",
+        ),
+        (
+            event(
+                json!({"dims": (0..17).map(|i| (format!("d{i}"), json!("v"))).collect::<serde_json::Map<_, _>>()}),
+            ),
+            400,
+            "too_many_dimensions",
+        ),
+        (event(json!({"ts": "yesterday"})), 400, "invalid_timestamp"),
+        (event(json!({"ts": 1.5})), 400, "invalid_timestamp"),
+        (event(json!({"ts": NOW + 7200})), 400, "timestamp_in_future"),
+        (event(json!({"n": 1.5})), 400, "invalid_amount"),
+        (
+            event(json!({"n": 9007199254740992i64})),
+            400,
+            "invalid_amount",
+        ),
+        (event(json!({"n": "3"})), 400, "invalid_amount"),
+    ];
+    for (body, status, code) in cases {
+        let v = err(s.post("/v1/events", &body), status, code);
+        if body.starts_with("[{") {
+            assert_eq!(v["error"]["index"], 1, "{body}: {v}");
+        }
+        assert_eq!(s.state(), before, "{code} changed something");
+    }
+    // NDJSON counts the index among non-blank lines.
+    let nd = format!(
+        "{{\"ns\":\"clicks\",\"key\":\"a\",\"ts\":{}}}\n\n{{\"ns\":\"clicks\"}}\n",
+        NOW
+    );
+    let v = err(
+        s.req(
+            "POST",
+            "/v1/events",
+            Some(&nd),
+            &[("Content-Type", "application/x-ndjson")],
+        ),
+        400,
+        "malformed_body",
+    );
+    assert_eq!(v["error"]["index"], 1);
+    assert_eq!(s.state(), before);
+}
+
+#[test]
+fn bad_incr_parameters() {
+    let s = server();
+    let before = s.state();
+    for (q, code) in [
+        ("n=1.5", "invalid_amount"),
+        ("n=9007199254740992", "invalid_amount"),
+        ("ts=later", "invalid_timestamp"),
+        ("window=0s", "invalid_duration"),
+        ("window=5y", "invalid_duration"),
+        ("dim.Bad=x", "invalid_dimension"),
+        ("colour=red", "invalid_parameter"),
+        ("n=1&n=2", "invalid_parameter"),
+    ] {
+        err(
+            s.post(&format!("/v1/ns/clicks/keys/k/incr?{q}"), ""),
+            400,
+            code,
+        );
+        assert_eq!(s.state(), before, "{q}");
+    }
+    // `short` keeps one hour of minutes: a 2h window has no tier. The increment is not applied.
+    err(
+        s.post("/v1/ns/short/keys/k/incr?window=2h", ""),
+        422,
+        "no_tier_for_range",
+    );
+    assert_eq!(
+        s.state(),
+        before,
+        "a refused window must not leave the increment behind"
+    );
+}
+
+#[test]
+fn bad_query_parameters() {
+    let s = server();
+    let before = s.state();
+    let r = format!("from={}&to={}", NOW - 86_400, NOW);
+    for (path, status, code) in [
+        (
+            format!("/v1/ns/clicks/keys/k/series?{r}"),
+            400,
+            "missing_parameter",
+        ),
+        (
+            format!("/v1/ns/clicks/keys/k/series?{r}&unit=hour&form=1"),
+            400,
+            "invalid_parameter",
+        ),
+        (
+            format!("/v1/ns/clicks/keys/k/series?{r}&unit=hour&tz=Mars/Base"),
+            400,
+            "invalid_timezone",
+        ),
+        (
+            format!("/v1/ns/clicks/keys/k/series?{r}&unit=fortnight"),
+            400,
+            "invalid_unit",
+        ),
+        (
+            format!("/v1/ns/clicks/keys/k/series?{r}&unit=hour&every=7"),
+            400,
+            "invalid_unit",
+        ),
+        (
+            format!(
+                "/v1/ns/clicks/keys/k/series?from={NOW}&to={}&unit=hour",
+                NOW - 60
+            ),
+            400,
+            "invalid_range",
+        ),
+        (
+            format!("/v1/ns/clicks/keys/k/series?from=noon&to={NOW}&unit=hour"),
+            400,
+            "invalid_timestamp",
+        ),
+        (
+            format!("/v1/ns/Clicks/keys/k/series?{r}&unit=hour"),
+            400,
+            "invalid_name",
+        ),
+        (
+            format!("/v1/ns/clicks/keys/k/breakdown?{r}&dim=Country"),
+            400,
+            "invalid_dimension",
+        ),
+        (
+            format!("/v1/ns/strict/keys/k/breakdown?{r}&dim=device"),
+            400,
+            "unknown_dimension",
+        ),
+        (
+            format!("/v1/ns/clicks/keys/k/breakdown?{r}&dim=country&limit=0"),
+            400,
+            "invalid_limit",
+        ),
+        (
+            "/v1/ns/clicks/keys/k/window?last=soon".to_owned(),
+            400,
+            "invalid_duration",
+        ),
+        (
+            "/v1/ns/clicks/keys?limit=10001".to_owned(),
+            400,
+            "invalid_limit",
+        ),
+        (
+            format!("/v1/ns/nope/keys/k/series?{r}&unit=hour"),
+            404,
+            "unknown_namespace",
+        ),
+        ("/v1/ns/nope".to_owned(), 404, "unknown_namespace"),
+        ("/v1/nothing/here".to_owned(), 404, "not_found"),
+        (
+            format!(
+                "/v1/ns/clicks/keys/k/series?from={}&to={NOW}&unit=day&tz=Asia/Kolkata",
+                NOW - 5 * 86_400
+            ),
+            422,
+            "no_tier_for_range",
+        ),
+        (
+            format!("/v1/ns/clicks/keys/k/series?{r}&unit=minute"),
+            422,
+            "too_many_points",
+        ),
+    ] {
+        err(s.get(&path), status, code);
+        assert_eq!(s.state(), before);
+    }
+    let kolkata = err(
+        s.get(&format!(
+            "/v1/ns/strict/keys/k/series?{r}&unit=day&tz=Asia/Kolkata"
+        )),
+        422,
+        "no_tier_for_range",
+    );
+    assert_eq!(
+        kolkata["error"]["message"],
+        "namespace strict keeps hourly data; Asia/Kolkata day boundaries fall on :30 — add a 30m or finer tier"
+    );
+}
+
+#[test]
+fn bad_schemas() {
+    let s = server();
+    let before = s.state();
+    for (body, code) in [
+        (json!({"tiers": ["7m:1h"]}).to_string(), "invalid_schema"),
+        (json!({"tiers": []}).to_string(), "invalid_schema"),
+        (
+            json!({"tiers": ["1h:forever"], "breakdown_tiers": ["1m"]}).to_string(),
+            "invalid_schema",
+        ),
+        (
+            json!({"tiers": ["1h:forever"], "dimensions": ["a", "a"]}).to_string(),
+            "invalid_schema",
+        ),
+        (
+            json!({"tiers": ["1h:forever"], "extra": 1}).to_string(),
+            "malformed_body",
+        ),
+        ("{".to_owned(), "malformed_body"),
+    ] {
+        err(s.req("PUT", "/v1/ns/clicks", Some(&body), &[]), 400, code);
+        assert_eq!(s.state(), before, "{body}");
+    }
+    err(
+        s.req(
+            "PUT",
+            "/v1/ns/Bad",
+            Some(&json!({"tiers": ["1h:forever"]}).to_string()),
+            &[],
+        ),
+        400,
+        "invalid_name",
+    );
+    assert_eq!(s.state(), before);
+}
+
+#[test]
+fn limits_give_413() {
+    let s = server();
+    let before = s.state();
+    let big = format!(
+        "[{}]",
+        vec![json!({"ns": "clicks", "key": "x".repeat(200)}).to_string(); 30].join(",")
+    );
+    assert!(big.len() > 4096);
+    err(s.post("/v1/events", &big), 413, "body_too_large");
+    let four = json!([{"ns": "clicks", "key": "a"}, {"ns": "clicks", "key": "b"}, {"ns": "clicks", "key": "c"}, {"ns": "clicks", "key": "d"}]);
+    err(
+        s.post("/v1/events", &four.to_string()),
+        413,
+        "batch_too_large",
+    );
+    let nd = "{\"ns\":\"clicks\",\"key\":\"a\"}\n".repeat(4);
+    err(
+        s.req(
+            "POST",
+            "/v1/events",
+            Some(&nd),
+            &[("Content-Type", "application/x-ndjson")],
+        ),
+        413,
+        "batch_too_large",
+    );
+    assert_eq!(s.state(), before);
+    let q = json!({"queries": vec![json!({"kind": "keys", "ns": "clicks"}); 1001]});
+    let s2 = Server::start(Settings::default());
+    err(s2.post("/v1/query", &q.to_string()), 413, "batch_too_large");
+    err(s2.post("/v1/query", "[]"), 400, "malformed_body");
+}
+
+#[test]
+fn unknown_namespace_when_auto_create_is_off() {
+    let s = Server::with_config("[defaults]\nauto_create = false");
+    let before = s.state();
+    let v = err(
+        s.post(
+            "/v1/events",
+            &json!([{"ns": "clicks", "key": "k"}]).to_string(),
+        ),
+        404,
+        "unknown_namespace",
+    );
+    assert_eq!(v["error"]["index"], 0);
+    err(
+        s.post("/v1/ns/clicks/keys/k/incr", ""),
+        404,
+        "unknown_namespace",
+    );
+    assert_eq!(s.state(), before);
+}
+
+#[test]
+fn tokens_give_401_and_403() {
+    let s = Server::with_config(
+        r#"
+[[tokens]]
+token = "writer"
+scopes = ["write:clicks", "read:clicks"]
+
+[[tokens]]
+token = "admin"
+scopes = ["admin:*", "read:*", "write:*"]
+"#,
+    );
+    let w = [("Authorization", "Bearer writer")];
+    let a = [("Authorization", "Bearer admin")];
+    let e = json!([{"ns": "clicks", "key": "k", "ts": NOW - 10}]).to_string();
+    assert_eq!(s.req("POST", "/v1/events", Some(&e), &w).0, 200);
+    assert_eq!(
+        s.req(
+            "PUT",
+            "/v1/ns/other",
+            Some(&json!({"tiers": ["1h:forever"]}).to_string()),
+            &a
+        )
+        .0,
+        200
+    );
+    let state = |s: &Server| s.req("GET", "/v1/ns/clicks/keys", None, &a).1;
+    let before = state(&s);
+    err(s.post("/v1/events", &e), 401, "unauthorized");
+    err(
+        s.req(
+            "POST",
+            "/v1/events",
+            Some(&e),
+            &[("Authorization", "Bearer nope")],
+        ),
+        401,
+        "unauthorized",
+    );
+    err(
+        s.req("GET", "/v1/ns/clicks/keys", None, &[]),
+        401,
+        "unauthorized",
+    );
+    let other = json!([{"ns": "clicks", "key": "k2"}, {"ns": "other", "key": "k"}]).to_string();
+    let v = err(
+        s.req("POST", "/v1/events", Some(&other), &w),
+        403,
+        "forbidden",
+    );
+    assert_eq!(v["error"]["index"], 1);
+    err(
+        s.req("POST", "/v1/ns/other/keys/k/incr", None, &w),
+        403,
+        "forbidden",
+    );
+    err(
+        s.req("GET", "/v1/ns/other/keys", None, &w),
+        403,
+        "forbidden",
+    );
+    err(
+        s.req(
+            "PUT",
+            "/v1/ns/clicks",
+            Some(&json!({"tiers": ["1h:forever"]}).to_string()),
+            &w,
+        ),
+        403,
+        "forbidden",
+    );
+    assert_eq!(state(&s), before);
+    // GET /v1/ns lists only readable namespaces; each batch entry is authorised on its own.
+    let listed = s.req("GET", "/v1/ns", None, &w).1;
+    assert_eq!(
+        listed["namespaces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n["name"].as_str().unwrap())
+            .collect::<Vec<_>>(),
+        ["clicks"]
+    );
+    let q = json!({"queries": [{"kind": "keys", "ns": "clicks"}, {"kind": "keys", "ns": "other"}]})
+        .to_string();
+    let (st, r) = s.req("POST", "/v1/query", Some(&q), &w);
+    assert_eq!(st, 200);
+    assert_eq!(r["results"][0]["keys"], json!(["k"]));
+    assert_eq!(r["results"][1]["error"]["code"], "forbidden");
+    // Operational routes need no token.
+    assert_eq!(s.get("/healthz").0, 200);
+}

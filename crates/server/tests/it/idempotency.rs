@@ -1,0 +1,164 @@
+//! `Idempotency-Key`: a replay answers the first answer and applies nothing — also after a
+//! restart; a different request under the same key is 422; a concurrent one is 409.
+
+use serde_json::json;
+use tally_server::Settings;
+
+use crate::{NOW, Server, err};
+
+fn total(s: &Server, key: &str) -> i64 {
+    let (_, v) = s.get(&format!(
+        "/v1/ns/clicks/keys/{key}/series?from={}&to={}&unit=hour",
+        NOW - 7200,
+        NOW + 3600
+    ));
+    v["total"].as_i64().unwrap()
+}
+
+#[test]
+fn replays_before_and_after_a_restart() {
+    let s = Server::start(Settings::default());
+    let body = json!([{"ns": "clicks", "key": "k", "ts": NOW - 60, "n": 5}]).to_string();
+    let h = [("Idempotency-Key", "order-42")];
+    assert_eq!(
+        s.req("POST", "/v1/events", Some(&body), &h),
+        (200, json!({"accepted": 1}))
+    );
+    assert_eq!(
+        s.req("POST", "/v1/events", Some(&body), &h),
+        (200, json!({"accepted": 1}))
+    );
+    assert_eq!(total(&s, "k"), 5);
+    // incr with a window: the replay answers the first window count, applying nothing.
+    let ih = [("Idempotency-Key", "incr-1")];
+    let first = s.req("POST", "/v1/ns/clicks/keys/k/incr?n=2&window=1h", None, &ih);
+    assert_eq!(first.1["window"]["n"], 7);
+    s.post("/v1/ns/clicks/keys/k/incr", "");
+    assert_eq!(
+        s.req("POST", "/v1/ns/clicks/keys/k/incr?n=2&window=1h", None, &ih),
+        first
+    );
+    assert_eq!(total(&s, "k"), 8);
+
+    let s = s.restart();
+    assert_eq!(total(&s, "k"), 8);
+    assert_eq!(
+        s.req("POST", "/v1/events", Some(&body), &h),
+        (200, json!({"accepted": 1}))
+    );
+    assert_eq!(
+        s.req("POST", "/v1/ns/clicks/keys/k/incr?n=2&window=1h", None, &ih),
+        first
+    );
+    assert_eq!(
+        total(&s, "k"),
+        8,
+        "a replay after restart applied something"
+    );
+    // Remembered for 24 h, then the key is free again.
+    s.clock.advance(24 * 3600 + 1);
+    let fresh = json!([{"ns": "clicks", "key": "k", "ts": NOW + 24 * 3600, "n": 1}]).to_string();
+    assert_eq!(s.req("POST", "/v1/events", Some(&fresh), &h).0, 200);
+}
+
+#[test]
+fn a_reused_key_with_another_request_is_422() {
+    let s = Server::start(Settings::default());
+    let h = [("Idempotency-Key", "abc")];
+    let a = json!([{"ns": "clicks", "key": "k", "ts": NOW - 60}]).to_string();
+    let b = json!([{"ns": "clicks", "key": "k", "ts": NOW - 60, "n": 9}]).to_string();
+    assert_eq!(s.req("POST", "/v1/events", Some(&a), &h).0, 200);
+    let before = s.state();
+    err(
+        s.req("POST", "/v1/events", Some(&b), &h),
+        422,
+        "idempotency_key_reused",
+    );
+    assert_eq!(s.state(), before);
+    assert_eq!(
+        s.req(
+            "POST",
+            "/v1/ns/clicks/keys/k/incr?n=1",
+            None,
+            &[("Idempotency-Key", "i")]
+        )
+        .0,
+        200
+    );
+    let before = s.state();
+    err(
+        s.req(
+            "POST",
+            "/v1/ns/clicks/keys/k/incr?n=2",
+            None,
+            &[("Idempotency-Key", "i")],
+        ),
+        422,
+        "idempotency_key_reused",
+    );
+    assert_eq!(s.state(), before);
+    // A failed request is not remembered: the same key can then succeed.
+    let bad = json!([{"ns": "clicks", "key": ""}]).to_string();
+    err(
+        s.req(
+            "POST",
+            "/v1/events",
+            Some(&bad),
+            &[("Idempotency-Key", "x")],
+        ),
+        400,
+        "invalid_key",
+    );
+    assert_eq!(
+        s.req("POST", "/v1/events", Some(&a), &[("Idempotency-Key", "x")])
+            .0,
+        200
+    );
+}
+
+#[test]
+fn a_concurrent_request_with_the_same_key_is_409() {
+    let s = std::sync::Arc::new(Server::start(Settings::default()));
+    let body = json!([{"ns": "clicks", "key": "k", "ts": NOW - 60}]).to_string();
+    // Create the namespace first, then hold the next write at the store's gate.
+    assert_eq!(s.post("/v1/events", &body).0, 200);
+    s.store.close();
+    let first = {
+        let (s, body) = (s.clone(), body.clone());
+        std::thread::spawn(move || {
+            s.req(
+                "POST",
+                "/v1/events",
+                Some(&body),
+                &[("Idempotency-Key", "slow")],
+            )
+        })
+    };
+    while *s.store.waiting.lock().unwrap() == 0 {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    err(
+        s.req(
+            "POST",
+            "/v1/events",
+            Some(&body),
+            &[("Idempotency-Key", "slow")],
+        ),
+        409,
+        "idempotency_in_progress",
+    );
+    s.store.open();
+    assert_eq!(first.join().unwrap().0, 200);
+    assert_eq!(total(&s, "k"), 2);
+    assert_eq!(
+        s.req(
+            "POST",
+            "/v1/events",
+            Some(&body),
+            &[("Idempotency-Key", "slow")]
+        )
+        .0,
+        200
+    );
+    assert_eq!(total(&s, "k"), 2);
+}

@@ -1,0 +1,306 @@
+//! tally-server's integration tests over real HTTP, in one binary.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod api;
+mod concurrency;
+mod errors;
+mod idempotency;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Condvar, Mutex};
+
+use serde_json::Value;
+use tally_core::model::{Key, Namespace, Schema};
+use tally_core::store::{
+    Batch, Clock, Gauge, IdemRecord, KeyData, KeyRead, ManualClock, Scan, Store, StoreError,
+};
+use tally_engine::{Config, Engine, FsyncPolicy};
+use tally_server::{App, Settings};
+
+/// 2026-11-20T12:00:00Z.
+pub const NOW: i64 = 1_795_176_000;
+
+/// A store that can hold `apply` calls at a gate, to keep a request in flight.
+#[derive(Debug)]
+pub struct Gated {
+    inner: Arc<Engine>,
+    gate: Mutex<bool>,
+    cv: Condvar,
+    pub waiting: Mutex<usize>,
+}
+
+impl Gated {
+    pub fn close(&self) {
+        *self.gate.lock().unwrap() = true;
+    }
+
+    pub fn open(&self) {
+        *self.gate.lock().unwrap() = false;
+        self.cv.notify_all();
+    }
+}
+
+impl Store for Gated {
+    fn namespaces(&self) -> Result<Vec<(Namespace, Schema)>, StoreError> {
+        self.inner.namespaces()
+    }
+    fn schema(&self, ns: &Namespace) -> Result<Option<Schema>, StoreError> {
+        self.inner.schema(ns)
+    }
+    fn put_schema(&self, ns: &Namespace, schema: &Schema) -> Result<(), StoreError> {
+        self.inner.put_schema(ns, schema)
+    }
+    fn apply(&self, batch: &Batch) -> Result<(), StoreError> {
+        let mut closed = self.gate.lock().unwrap();
+        *self.waiting.lock().unwrap() += 1;
+        while *closed {
+            closed = self.cv.wait(closed).unwrap();
+        }
+        *self.waiting.lock().unwrap() -= 1;
+        drop(closed);
+        self.inner.apply(batch)
+    }
+    fn read(&self, reads: &[KeyRead<'_>]) -> Result<Vec<KeyData>, StoreError> {
+        self.inner.read(reads)
+    }
+    fn keys(
+        &self,
+        ns: &Namespace,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Key>, StoreError> {
+        self.inner.keys(ns, prefix, after, limit)
+    }
+    fn scan(&self, scan: &Scan<'_>, visit: &mut dyn FnMut(&Key, i64)) -> Result<(), StoreError> {
+        self.inner.scan(scan, visit)
+    }
+    fn idempotency(&self, key: &str) -> Result<Option<IdemRecord>, StoreError> {
+        self.inner.idempotency(key)
+    }
+    fn health(&self) -> Result<(), StoreError> {
+        self.inner.health()
+    }
+    fn gauges(&self) -> Vec<Gauge> {
+        self.inner.gauges()
+    }
+}
+
+/// A running server over an engine in a temporary directory.
+#[derive(Debug)]
+pub struct Server {
+    pub addr: SocketAddr,
+    pub store: Arc<Gated>,
+    pub clock: Arc<ManualClock>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    pub dir: Arc<tempfile::TempDir>,
+    settings: Settings,
+}
+
+impl Server {
+    pub fn start(settings: Settings) -> Server {
+        Server::start_in(
+            Arc::new(tempfile::tempdir().unwrap()),
+            Arc::new(ManualClock::new(NOW)),
+            settings,
+        )
+    }
+
+    pub fn with_config(toml: &str) -> Server {
+        Server::start(Settings::from_toml(toml).unwrap())
+    }
+
+    fn start_in(
+        dir: Arc<tempfile::TempDir>,
+        clock: Arc<ManualClock>,
+        settings: Settings,
+    ) -> Server {
+        let engine = Arc::new(open_engine(dir.path(), &clock));
+        let store = Arc::new(Gated {
+            inner: engine,
+            gate: Mutex::new(false),
+            cv: Condvar::new(),
+            waiting: Mutex::new(0),
+        });
+        let app = App::new(store.clone(), settings.clone(), clock.clone());
+        app.apply_config_namespaces().unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                addr_tx.send(listener.local_addr().unwrap()).unwrap();
+                tally_server::serve(listener, app, async move {
+                    let _ = rx.await;
+                })
+                .await
+                .unwrap();
+            });
+        });
+        let addr = addr_rx.recv().unwrap();
+        Server {
+            addr,
+            store,
+            clock,
+            stop: Some(tx),
+            thread: Some(thread),
+            dir,
+            settings,
+        }
+    }
+
+    /// Stops the server, closes the engine, and starts both again on the same data.
+    pub fn restart(mut self) -> Server {
+        let (dir, clock, settings) = (self.dir.clone(), self.clock.clone(), self.settings.clone());
+        self.shutdown();
+        drop(self);
+        Server::start_in(dir, clock, settings)
+    }
+
+    fn shutdown(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            t.join().unwrap();
+        }
+        self.store.inner.close();
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    pub fn get(&self, path: &str) -> (u16, Value) {
+        self.req("GET", path, None, &[])
+    }
+
+    pub fn post(&self, path: &str, body: &str) -> (u16, Value) {
+        self.req("POST", path, Some(body), &[])
+    }
+
+    /// Any request; `headers` are (name, value).
+    pub fn req(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+        headers: &[(&str, &str)],
+    ) -> (u16, Value) {
+        let (status, text) = self.raw(method, path, body, headers);
+        let v = serde_json::from_str(&text).unwrap_or_else(|_| Value::String(text.clone()));
+        (status, v)
+    }
+
+    pub fn raw(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+        headers: &[(&str, &str)],
+    ) -> (u16, String) {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .build()
+            .into();
+        let url = self.url(path);
+        let resp = match method {
+            "GET" => {
+                let mut r = agent.get(&url);
+                for (k, v) in headers {
+                    r = r.header(*k, *v);
+                }
+                r.call()
+            }
+            m => {
+                let mut r = match m {
+                    "PUT" => agent.put(&url),
+                    _ => agent.post(&url),
+                };
+                for (k, v) in headers {
+                    r = r.header(*k, *v);
+                }
+                match body {
+                    Some(b) => r.send(b),
+                    None => r.send_empty(),
+                }
+            }
+        };
+        let mut resp = resp.unwrap();
+        let status = resp.status().as_u16();
+        (status, resp.body_mut().read_to_string().unwrap())
+    }
+
+    /// Everything a write could change, to prove a refused request changed nothing.
+    pub fn state(&self) -> Value {
+        let (_, ns) = self.get("/v1/ns");
+        let mut out = vec![ns.clone()];
+        for n in ns["namespaces"].as_array().unwrap() {
+            let name = n["name"].as_str().unwrap();
+            out.push(self.get(&format!("/v1/ns/{name}/keys?limit=10000")).1);
+            for tier in n["tiers"].as_array().unwrap() {
+                let res = tier.as_str().unwrap().split(':').next().unwrap();
+                let (from, to) = (NOW - 86_400 * 2, NOW + 3600);
+                let unit = if res.ends_with('s') {
+                    "second"
+                } else if res.ends_with('m') {
+                    "minute"
+                } else {
+                    "hour"
+                };
+                let (from, to) = if unit == "second" {
+                    (NOW - 3600, NOW + 3600)
+                } else {
+                    (from, to)
+                };
+                out.push(
+                    self.get(&format!(
+                        "/v1/ns/{name}/top?from={from}&to={to}&unit={unit}&limit=10000"
+                    ))
+                    .1,
+                );
+            }
+        }
+        Value::Array(out)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.store.open();
+        self.shutdown();
+    }
+}
+
+fn open_engine(dir: &Path, clock: &Arc<ManualClock>) -> Engine {
+    let mut c = Config::new(dir);
+    c.clock = clock.clone();
+    c.fsync = FsyncPolicy::Always;
+    assert_eq!(clock.now(), clock.now());
+    Engine::open(c).unwrap()
+}
+
+/// Asserts an error answer's status and code.
+#[track_caller]
+pub fn err(got: (u16, Value), status: u16, code: &str) -> Value {
+    assert_eq!(
+        (got.0, got.1["error"]["code"].as_str()),
+        (status, Some(code)),
+        "answer: {}",
+        got.1
+    );
+    assert!(
+        got.1["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty())
+    );
+    got.1
+}
