@@ -1,0 +1,254 @@
+//! The `tally` binary end to end: refusals exit non-zero with one clear line; `serve` logs one
+//! ready line, answers the client commands, and on SIGTERM exits 0 with its log durable.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn tally() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_tally"));
+    c.env_remove("TALLY_DATA")
+        .env_remove("TALLY_LISTEN")
+        .env_remove("TALLY_CONFIG")
+        .env_remove("TALLY_BACKEND");
+    c
+}
+
+fn run(args: &[&str]) -> Output {
+    tally().args(args).output().unwrap()
+}
+
+#[track_caller]
+fn refused(out: &Output, needle: &str) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "expected failure, got success: {err}"
+    );
+    assert!(err.contains(needle), "stderr lacks {needle:?}: {err}");
+}
+
+#[test]
+fn serve_refuses_bad_flags_configs_and_data_dirs() {
+    let dir = tempfile::tempdir().unwrap();
+    refused(
+        &run(&["serve", "--listen", "not-an-address"]),
+        "invalid value",
+    );
+    refused(&run(&["serve", "--bogus"]), "unexpected argument");
+    let missing = dir.path().join("nope.toml");
+    refused(
+        &run(&["serve", "--config", missing.to_str().unwrap()]),
+        "reading config",
+    );
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "fsync = \"sometimes\"").unwrap();
+    let out = run(&[
+        "serve",
+        "--data",
+        dir.path().join("d").to_str().unwrap(),
+        "--config",
+        bad.to_str().unwrap(),
+    ]);
+    refused(&out, "fsync must be");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).lines().count(),
+        1,
+        "one clear line"
+    );
+    std::fs::write(&bad, "[limits]\nmax_points = 0").unwrap();
+    refused(
+        &run(&["serve", "--config", bad.to_str().unwrap()]),
+        "max_points",
+    );
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "x").unwrap();
+    refused(
+        &run(&[
+            "serve",
+            "--data",
+            file.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+        ]),
+        "opening data directory",
+    );
+    refused(
+        &run(&[
+            "serve",
+            "--backend",
+            "redis://127.0.0.1:6379",
+            "--listen",
+            "127.0.0.1:0",
+        ]),
+        "not available",
+    );
+    // The environment variables are read too.
+    let out = tally()
+        .args(["serve"])
+        .env("TALLY_LISTEN", "nowhere")
+        .output()
+        .unwrap();
+    refused(&out, "invalid value");
+}
+
+struct Serving {
+    child: Child,
+    url: String,
+}
+
+fn serve(data: &Path) -> Serving {
+    let mut child = tally()
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .env("TALLY_DATA", data)
+        .env("RUST_LOG", "info")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let url = loop {
+        let line = lines
+            .next()
+            .expect("serve exited before it was ready")
+            .unwrap();
+        if let Some(rest) = line.split("listening on ").nth(1) {
+            break rest.split_whitespace().next().unwrap().to_owned();
+        }
+    };
+    // Keep draining the log so the server never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    Serving { child, url }
+}
+
+fn sigterm_and_wait(mut s: Serving) {
+    let pid = s.child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let start = Instant::now();
+    loop {
+        if let Some(status) = s.child.try_wait().unwrap() {
+            assert!(status.success(), "serve exited with {status}");
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "serve did not exit within 10 s of SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn client(url: &str, args: &[&str]) -> Output {
+    tally().args(args).args(["--server", url]).output().unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8(o.stdout.clone()).unwrap()
+}
+
+#[test]
+fn serve_answers_the_client_and_stops_cleanly_on_sigterm() {
+    let data = tempfile::tempdir().unwrap();
+    let s = serve(data.path());
+    let out = stdout(&client(
+        &s.url,
+        &[
+            "incr",
+            "clicks",
+            "lnk/1",
+            "--n",
+            "3",
+            "--dim",
+            "country=US",
+            "--window",
+            "1h",
+        ],
+    ));
+    assert!(out.starts_with("accepted 1\nlast 1h: 3 "), "{out}");
+    let out = stdout(&client(&s.url, &["incr", "clicks", "lnk/1", "-n", "-1"]));
+    assert_eq!(out, "accepted 1\n");
+    let out = stdout(&client(
+        &s.url,
+        &[
+            "query", "window", "clicks", "lnk/1", "--last", "1h", "--json",
+        ],
+    ));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["n"], 2);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let (from, to) = ((now - 7200).to_string(), (now + 60).to_string());
+    let out = stdout(&client(
+        &s.url,
+        &[
+            "query",
+            "breakdown",
+            "clicks",
+            "lnk/1",
+            "--dim",
+            "country",
+            "--from",
+            &from,
+            "--to",
+            &to,
+            "--unit",
+            "hour",
+        ],
+    ));
+    assert!(
+        out.contains("US ")
+            && out.contains("(unset)")
+            && out.lines().last().unwrap().ends_with(" 2"),
+        "{out}"
+    );
+    let out = stdout(&client(&s.url, &["keys", "clicks"]));
+    assert_eq!(out, "lnk/1\n");
+    // A server-side refusal is one line and a non-zero exit.
+    let bad = client(
+        &s.url,
+        &[
+            "query",
+            "series",
+            "clicks",
+            "lnk/1",
+            "--from",
+            &from,
+            "--to",
+            &to,
+            "--unit",
+            "fortnight",
+        ],
+    );
+    refused(&bad, "invalid_unit");
+    assert_eq!(String::from_utf8_lossy(&bad.stderr).lines().count(), 1);
+    sigterm_and_wait(s);
+    // Everything acknowledged is there after a restart.
+    let s = serve(data.path());
+    let out = stdout(&client(
+        &s.url,
+        &[
+            "query", "series", "clicks", "lnk/1", "--from", &from, "--to", &to, "--unit", "hour",
+            "--json",
+        ],
+    ));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["total"], 2);
+    sigterm_and_wait(s);
+    // No server: a clear error.
+    refused(
+        &client("http://127.0.0.1:9", &["keys", "clicks"]),
+        "cannot reach the server",
+    );
+}
