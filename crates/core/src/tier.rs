@@ -51,6 +51,25 @@ fn words<'a>(tiers: impl Iterator<Item = &'a Tier>) -> String {
     }
 }
 
+/// An age in a sentence: "57h", "12m", "40s".
+fn ago(secs: i64) -> String {
+    match secs {
+        s if s >= 3600 => format!("{}h", s / 3600),
+        s if s >= 60 => format!("{}m", s / 60),
+        s => format!("{}s", s.max(0)),
+    }
+}
+
+/// Where in the UTC hour a boundary falls: ":30", or ":58:59".
+fn at(b: i64) -> String {
+    let (m, s) = (b.rem_euclid(3600) / 60, b.rem_euclid(60));
+    if s == 0 {
+        format!(":{m:02}")
+    } else {
+        format!(":{m:02}:{s:02}")
+    }
+}
+
 /// Chooses the tier for a range whose boundaries (both ends included) are `boundaries`.
 /// `what` names those boundaries for a message: `"Asia/Kolkata day"`, `"range"`.
 pub fn choose(
@@ -89,14 +108,30 @@ pub fn choose(
             Retention::For(d) => d.secs(),
         })
     {
-        return Err(NoTier {
-            message: format!(
-                "{} data is kept for {}; the range starts {} s before now",
-                word(longest.resolution),
-                longest.retention,
-                now.saturating_sub(from)
-            ),
-        });
+        let mut message = format!(
+            "{} data is kept for {}, and the range starts {} ago",
+            word(longest.resolution),
+            longest.retention,
+            ago(now.saturating_sub(from))
+        );
+        // Say why the tiers that do hold the range cannot serve it.
+        let holding: Vec<&Tier> = candidates.iter().filter(holds).copied().collect();
+        let misaligned = holding
+            .iter()
+            .flat_map(|t| {
+                boundaries
+                    .iter()
+                    .find(|b| b.rem_euclid(t.resolution.secs_i64()) != 0)
+            })
+            .next();
+        if let Some(b) = misaligned {
+            message.push_str(&format!(
+                "; {} data holds it, but {what} boundaries fall on {}",
+                words(holding.into_iter()),
+                at(*b)
+            ));
+        }
+        return Err(NoTier { message });
     }
     let finest = candidates
         .iter()
@@ -108,17 +143,12 @@ pub fn choose(
         .find(|b| b.rem_euclid(finest) != 0)
         .copied()
         .unwrap_or(from);
-    let (m, s) = (off.rem_euclid(3600) / 60, off.rem_euclid(60));
-    let at = if s == 0 {
-        format!(":{m:02}")
-    } else {
-        format!(":{m:02}:{s:02}")
-    };
     let suggest = Duration::from_secs(g.unsigned_abs()).map_or("1s".into(), |d| d.to_string());
     Err(NoTier {
         message: format!(
-            "namespace {ns} keeps {kind}{} data; {what} boundaries fall on {at} — add a {suggest} or finer tier",
-            words(candidates.iter().copied())
+            "namespace {ns} keeps {kind}{} data; {what} boundaries fall on {} — add a {suggest} or finer tier",
+            words(candidates.iter().copied()),
+            at(off)
         ),
     })
 }
@@ -169,14 +199,18 @@ mod tests {
                 &api,
                 Purpose::Totals,
                 vec![NOW - 3 * H - 1, NOW],
-                Err("per-second data is kept for 2h"),
+                Err(
+                    "per-second data is kept for 2h, and the range starts 3h ago; minute and hourly data holds it, but Asia/Kolkata day boundaries fall on :59:59",
+                ),
             ),
             // Minute boundaries older than 48h.
             (
                 &api,
                 Purpose::Totals,
                 vec![NOW - 49 * H - 60, NOW],
-                Err("minute data is kept for 2d"),
+                Err(
+                    "minute data is kept for 2d, and the range starts 49h ago; hourly data holds it, but Asia/Kolkata day boundaries fall on :59",
+                ),
             ),
             // Kolkata days on an hourly-only namespace.
             (
