@@ -7,6 +7,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod http;
 mod redis_peer;
 mod workload;
 
@@ -250,8 +251,9 @@ fn main() {
     match std::env::args().nth(1).as_deref() {
         Some("engine") | None => engine_bench(),
         Some("compare") => compare_bench(),
+        Some("http") => http::bench(),
         Some(other) => {
-            eprintln!("unknown benchmark {other:?}; known: engine, compare");
+            eprintln!("unknown benchmark {other:?}; known: engine, compare, http");
             std::process::exit(2);
         }
     }
