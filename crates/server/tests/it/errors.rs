@@ -435,3 +435,27 @@ scopes = ["admin:*", "read:*", "write:*"]
     // Operational routes need no token.
     assert_eq!(s.get("/healthz").0, 200);
 }
+
+#[test]
+fn a_failed_disk_gives_503_and_unhealthy() {
+    let faults = std::sync::Arc::new(tally_engine::io::Faults::default());
+    let s = Server::with_faults(faults.clone());
+    let e = json!([{"ns": "clicks", "key": "k", "ts": NOW - 60}]).to_string();
+    assert_eq!(s.post("/v1/events", &e).0, 200);
+    let before = s.state();
+    faults
+        .fail_syncs
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    err(s.post("/v1/events", &e), 503, "backend_unavailable");
+    faults
+        .fail_syncs
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    // Poisoned: still refused after the disk recovers, and /healthz says so.
+    err(
+        s.post("/v1/ns/clicks/keys/k/incr", ""),
+        503,
+        "backend_unavailable",
+    );
+    err(s.get("/healthz"), 503, "backend_unavailable");
+    assert_eq!(s.state(), before, "nothing unacknowledged became visible");
+}

@@ -102,10 +102,18 @@ pub struct Server {
 
 impl Server {
     pub fn start(settings: Settings) -> Server {
+        let dir = Arc::new(tempfile::tempdir().unwrap());
+        Server::start_in(dir, Arc::new(ManualClock::new(NOW)), settings, None)
+    }
+
+    /// A server whose engine's disk can be made to fail.
+    pub fn with_faults(faults: Arc<tally_engine::io::Faults>) -> Server {
+        let dir = Arc::new(tempfile::tempdir().unwrap());
         Server::start_in(
-            Arc::new(tempfile::tempdir().unwrap()),
+            dir,
             Arc::new(ManualClock::new(NOW)),
-            settings,
+            Settings::default(),
+            Some(faults),
         )
     }
 
@@ -117,8 +125,9 @@ impl Server {
         dir: Arc<tempfile::TempDir>,
         clock: Arc<ManualClock>,
         settings: Settings,
+        faults: Option<Arc<tally_engine::io::Faults>>,
     ) -> Server {
-        let engine = Arc::new(open_engine(dir.path(), &clock));
+        let engine = Arc::new(open_engine(dir.path(), &clock, faults));
         let store = Arc::new(Gated {
             inner: engine,
             gate: Mutex::new(false),
@@ -162,7 +171,7 @@ impl Server {
         let (dir, clock, settings) = (self.dir.clone(), self.clock.clone(), self.settings.clone());
         self.shutdown();
         drop(self);
-        Server::start_in(dir, clock, settings)
+        Server::start_in(dir, clock, settings, None)
     }
 
     fn shutdown(&mut self) {
@@ -280,9 +289,14 @@ impl Drop for Server {
     }
 }
 
-fn open_engine(dir: &Path, clock: &Arc<ManualClock>) -> Engine {
+fn open_engine(
+    dir: &Path,
+    clock: &Arc<ManualClock>,
+    faults: Option<Arc<tally_engine::io::Faults>>,
+) -> Engine {
     let mut c = Config::new(dir);
     c.clock = clock.clone();
+    c.faults = faults;
     c.fsync = FsyncPolicy::Always;
     assert_eq!(clock.now(), clock.now());
     Engine::open(c).unwrap()
