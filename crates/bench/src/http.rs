@@ -191,7 +191,7 @@ pub fn bench() {
     if let Ok(redis) = redis_peer::Server::start(None) {
         let scratch = tempfile::tempdir().expect("tempdir");
         let e = Engine::open(Config::new(scratch.path())).expect("open");
-        let batches: Arc<Vec<Batch>> = Arc::new(workload::prepare(&e, &raws, now));
+        let batches: Arc<Vec<Batch>> = Arc::new(workload::prepare(&e, raws.clone(), now));
         let t = Instant::now();
         let threads: Vec<_> = (0..2)
             .map(|c| {

@@ -72,7 +72,7 @@ fn engine_bench() {
     let scratch = tempfile::tempdir().unwrap();
     let e = open(scratch.path(), FsyncPolicy::Never);
     let t = Instant::now();
-    let batches = Arc::new(workload::prepare(&e, &raws, now));
+    let batches = Arc::new(workload::prepare(&e, raws, now));
     let prep = (nbatches * shape.batch) as f64 / t.elapsed().as_secs_f64();
     rows.push((
         "validate raw events into batches (`ingest::prepare`), 1 thread".into(),
@@ -158,7 +158,7 @@ fn compare_bench() {
     let scratch = tempfile::tempdir().unwrap();
     let batches = {
         let e = open(scratch.path(), FsyncPolicy::Never);
-        Arc::new(workload::prepare(&e, &raws, now))
+        Arc::new(workload::prepare(&e, raws, now))
     };
     let events = nbatches * shape.batch;
     println!(

@@ -104,11 +104,11 @@ pub fn raw_batches(shape: Shape, batches: usize, now: i64, seed: u64) -> Vec<Vec
 }
 
 /// Validates raw batches into store batches (namespaces auto-created with the defaults:
-/// `1m:48h` and `1h:forever`, breakdowns in `1h`).
-pub fn prepare(store: &dyn Store, raws: &[Vec<RawEvent>], now: i64) -> Vec<Batch> {
-    raws.iter()
+/// `1m:48h` and `1h:forever`, breakdowns in `1h`). Takes them by value, as the server does.
+pub fn prepare(store: &dyn Store, raws: Vec<Vec<RawEvent>>, now: i64) -> Vec<Batch> {
+    raws.into_iter()
         .map(|r| {
-            ingest::prepare(store, r, now, &Limits::default(), &Defaults::default())
+            ingest::prepare_owned(store, r, now, &Limits::default(), &Defaults::default())
                 .unwrap_or_else(|e| panic!("workload batch refused: {e}"))
         })
         .collect()

@@ -88,6 +88,17 @@ pub fn prepare(
     limits: &Limits,
     defaults: &Defaults,
 ) -> Result<Batch, IngestError> {
+    prepare_owned(store, raws.to_vec(), now, limits, defaults)
+}
+
+/// As [`prepare`], taking the events by value so their strings move into the batch.
+pub fn prepare_owned(
+    store: &dyn Store,
+    raws: Vec<RawEvent>,
+    now: i64,
+    limits: &Limits,
+    defaults: &Defaults,
+) -> Result<Batch, IngestError> {
     if raws.len() > limits.max_batch_events {
         return Err(IngestError::BatchTooLarge {
             got: raws.len(),
@@ -97,9 +108,9 @@ pub fn prepare(
     let mut schemas: BTreeMap<Namespace, Schema> = BTreeMap::new();
     let mut batch = Batch::default();
     batch.increments.reserve(raws.len());
-    for (index, raw) in raws.iter().enumerate() {
+    for (index, raw) in raws.into_iter().enumerate() {
         let at = |source| IngestError::Event { index, source };
-        let event = Event::validate(raw, now, limits.max_future_secs).map_err(at)?;
+        let event = Event::validate_owned(raw, now, limits.max_future_secs).map_err(at)?;
         if !schemas.contains_key(&event.ns) {
             let schema = match store.schema(&event.ns)? {
                 Some(s) => s,
@@ -119,7 +130,7 @@ pub fn prepare(
             schemas.insert(event.ns.clone(), schema);
         }
         let subtotals = match schemas.get(&event.ns) {
-            Some(schema) => schema.subtotals(&event.dims).map_err(at)?,
+            Some(schema) => schema.subtotals_owned(event.dims).map_err(at)?,
             None => Vec::new(),
         };
         batch.increments.push(Increment {

@@ -85,8 +85,23 @@ macro_rules! string_from_str {
 macro_rules! string_newtype {
     ($name:ident) => {
         impl $name {
+            pub fn new(s: &str) -> Result<Self, ModelError> {
+                Self::check(s)?;
+                Ok($name(s.to_owned()))
+            }
+
+            /// Validates and keeps the string (no copy).
+            pub fn from_string(s: String) -> Result<Self, ModelError> {
+                Self::check(&s)?;
+                Ok($name(s))
+            }
+
             pub fn as_str(&self) -> &str {
                 &self.0
+            }
+
+            pub fn into_string(self) -> String {
+                self.0
             }
         }
         impl fmt::Display for $name {
@@ -115,7 +130,7 @@ pub struct Namespace(String);
 string_newtype!(Namespace);
 
 impl Namespace {
-    pub fn new(s: &str) -> Result<Self, ModelError> {
+    fn check(s: &str) -> Result<(), ModelError> {
         let err = |why| ModelError::InvalidName {
             got: s.to_owned(),
             why,
@@ -134,7 +149,7 @@ impl Namespace {
         if !bytes.iter().all(ok) {
             return Err(err("only a-z, 0-9, '_', '.' and '-' are allowed"));
         }
-        Ok(Namespace(s.to_owned()))
+        Ok(())
     }
 }
 
@@ -144,7 +159,7 @@ pub struct Key(String);
 string_newtype!(Key);
 
 impl Key {
-    pub fn new(s: &str) -> Result<Self, ModelError> {
+    fn check(s: &str) -> Result<(), ModelError> {
         if s.is_empty() {
             return Err(ModelError::InvalidKey { why: "it is empty" });
         }
@@ -158,7 +173,7 @@ impl Key {
                 why: "it contains a control character",
             });
         }
-        Ok(Key(s.to_owned()))
+        Ok(())
     }
 }
 
@@ -168,7 +183,7 @@ pub struct DimName(String);
 string_newtype!(DimName);
 
 impl DimName {
-    pub fn new(s: &str) -> Result<Self, ModelError> {
+    fn check(s: &str) -> Result<(), ModelError> {
         let err = |why: &str| ModelError::InvalidDimension {
             what: format!("name {s:?}"),
             why: why.to_owned(),
@@ -180,7 +195,7 @@ impl DimName {
         if !s.bytes().all(ok) {
             return Err(err("only a-z, 0-9 and '_' are allowed"));
         }
-        Ok(DimName(s.to_owned()))
+        Ok(())
     }
 }
 
@@ -190,7 +205,7 @@ pub struct DimValue(String);
 string_newtype!(DimValue);
 
 impl DimValue {
-    pub fn new(s: &str) -> Result<Self, ModelError> {
+    fn check(s: &str) -> Result<(), ModelError> {
         let err = |why: &str| ModelError::InvalidDimension {
             what: "value".to_owned(),
             why: why.to_owned(),
@@ -201,7 +216,7 @@ impl DimValue {
         if has_control(s) {
             return Err(err("it contains a control character"));
         }
-        Ok(DimValue(s.to_owned()))
+        Ok(())
     }
 }
 
@@ -610,6 +625,23 @@ impl Schema {
         }
     }
 
+    /// As [`Schema::subtotals`], moving the event's dimensions when there is no allow-list.
+    pub fn subtotals_owned(
+        &self,
+        dims: Vec<(DimName, DimValue)>,
+    ) -> Result<Vec<Subtotal>, ModelError> {
+        match &self.dimensions {
+            None => Ok(dims
+                .into_iter()
+                .map(|(n, v)| Subtotal {
+                    dim: n.into_string(),
+                    value: v.into_string(),
+                })
+                .collect()),
+            Some(_) => self.subtotals(&dims),
+        }
+    }
+
     /// The subtotals one event adds to: `(dimension, value)` for every counted dimension it
     /// carries. Fails with `unknown_dimension` for a dimension outside the allow-list.
     pub fn subtotals(&self, dims: &[(DimName, DimValue)]) -> Result<Vec<Subtotal>, ModelError> {
@@ -716,10 +748,14 @@ pub struct Event {
 }
 
 impl Event {
-    /// Validates every field of a raw event; `now` fills a missing `ts` and bounds the future.
-    pub fn validate(raw: &RawEvent, now: i64, max_future_secs: i64) -> Result<Self, ModelError> {
-        let ns = Namespace::new(&raw.ns)?;
-        let key = Key::new(&raw.key)?;
+    /// As [`Event::validate`], moving the raw event's strings instead of copying them.
+    pub fn validate_owned(
+        raw: RawEvent,
+        now: i64,
+        max_future_secs: i64,
+    ) -> Result<Self, ModelError> {
+        let ns = Namespace::from_string(raw.ns)?;
+        let key = Key::from_string(raw.key)?;
         let ts = timestamp(raw.ts.unwrap_or(now))?;
         if ts > now.saturating_add(max_future_secs) {
             return Err(ModelError::TimestampInFuture {
@@ -735,10 +771,10 @@ impl Event {
         }
         let mut dims = raw
             .dims
-            .iter()
-            .map(|(n, v)| Ok((DimName::new(n)?, DimValue::new(v)?)))
+            .into_iter()
+            .map(|(n, v)| Ok((DimName::from_string(n)?, DimValue::from_string(v)?)))
             .collect::<Result<Vec<_>, ModelError>>()?;
-        dims.sort();
+        dims.sort_unstable();
         if let Some(w) = dims.windows(2).find(|w| w[0].0 == w[1].0) {
             return Err(ModelError::InvalidDimension {
                 what: format!("name {:?}", w[0].0.as_str()),
@@ -752,6 +788,11 @@ impl Event {
             n,
             dims,
         })
+    }
+
+    /// Validates every field of a raw event; `now` fills a missing `ts` and bounds the future.
+    pub fn validate(raw: &RawEvent, now: i64, max_future_secs: i64) -> Result<Self, ModelError> {
+        Event::validate_owned(raw.clone(), now, max_future_secs)
     }
 }
 

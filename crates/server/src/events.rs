@@ -373,12 +373,13 @@ fn replay(status: u16, body: String) -> axum::response::Response {
 /// Validates, remembers the answer if asked to, and applies — on the blocking pool.
 fn apply(
     app: &App,
-    raws: &[RawEvent],
+    raws: Vec<RawEvent>,
     idem: Option<(String, String)>,
     answer: impl FnOnce(&App, &tally_core::store::Batch) -> Result<Value, ApiError>,
 ) -> Result<Value, ApiError> {
     let now = app.now();
-    let mut batch = ingest::prepare(
+    let events = raws.len() as u64;
+    let mut batch = ingest::prepare_owned(
         &**app.store(),
         raws,
         now,
@@ -396,10 +397,7 @@ fn apply(
         });
     }
     app.store().apply(&batch)?;
-    app.0
-        .metrics
-        .events
-        .fetch_add(raws.len() as u64, Ordering::Relaxed);
+    app.0.metrics.events.fetch_add(events, Ordering::Relaxed);
     app.0.metrics.batches.fetch_add(1, Ordering::Relaxed);
     Ok(body)
 }
@@ -455,7 +453,7 @@ pub async fn post_events(
     let n = raws.len();
     let body = app
         .blocking(move |app| {
-            apply(app, &raws, idem, |_, _| {
+            apply(app, raws, idem, |_, _| {
                 Ok(serde_json::json!({ "accepted": n }))
             })
         })
@@ -540,7 +538,7 @@ pub async fn incr(
     let idem = held.as_ref().map(|(_, k)| (k.clone(), fp));
     let body = app
         .blocking(move |app| {
-            apply(app, std::slice::from_ref(&raw), idem, |app, batch| {
+            apply(app, vec![raw], idem, |app, batch| {
                 let Some(last) = window else { return Ok(serde_json::json!({ "accepted": 1 })) };
                 // The window after the increment: what the store holds now, plus this event.
                 let inc = &batch.increments[0];
