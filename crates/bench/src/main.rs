@@ -102,6 +102,18 @@ fn engine_bench() {
         ));
     }
 
+    // Steady state: the same batches again, so every counter already exists (no map growth).
+    for writers in [1, 2] {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Arc::new(open(dir.path(), FsyncPolicy::Never));
+        ingest(&engine, &batches, 2);
+        let rate = ingest(&engine, &batches, writers);
+        rows.push((
+            format!("apply again (counters exist: steady state), fsync=never, {writers} writer(s)"),
+            mevents(rate),
+        ));
+    }
+
     // Replay and memory: load once, reopen, measure.
     let dir = tempfile::tempdir().unwrap();
     let rss0 = rss_bytes();

@@ -6,17 +6,7 @@ use std::collections::BTreeMap;
 use crate::queries::Db;
 use proptest::prelude::*;
 
-const ZONES: [&str; 9] = [
-    "America/New_York",
-    "Europe/London",
-    "Australia/Lord_Howe",
-    "Asia/Kolkata",
-    "Asia/Kathmandu",
-    "America/Santiago",
-    "Pacific/Apia",
-    "America/Havana",
-    "UTC",
-];
+use crate::ZONES;
 
 /// The local period of an instant, by jiff's zoned arithmetic: the label a person would
 /// write on the bucket ("2026-11-01", "2026-11 week of the 1st", "01:00 first/second time").
