@@ -170,13 +170,66 @@ pub fn router(app: App) -> (Router, utoipa::openapi::OpenApi) {
             move |req: axum::extract::Request, next: axum::middleware::Next| {
                 let app = app2.clone();
                 async move {
-                    let resp = next.run(req).await;
+                    let method = req.method().clone();
+                    let resp = json_errors(next.run(req).await, &method).await;
                     app.0.metrics.response(resp.status().as_u16());
                     resp
                 }
             },
         ));
     (router, api)
+}
+
+/// Requests served at once; more wait their turn. Bounds the blocking-pool threads and the
+/// memory of bodies being parsed under a flood.
+pub const MAX_CONCURRENT_REQUESTS: usize = 1024;
+
+/// Errors that axum itself answers (a path segment that is not UTF-8 once decoded, a method
+/// the route does not take) come as plain text: rewrap them in the `{"error": ...}` shape so
+/// every error a client sees is JSON with a code.
+async fn json_errors(
+    resp: axum::response::Response,
+    method: &axum::http::Method,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let status = resp.status();
+    let is_json = resp
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if status.as_u16() < 400 || is_json {
+        return resp;
+    }
+    let allow = resp.headers().get(axum::http::header::ALLOW).cloned();
+    let text = axum::body::to_bytes(resp.into_body(), 64 * 1024)
+        .await
+        .unwrap_or_default();
+    let text = String::from_utf8_lossy(&text).trim().to_owned();
+    let err = match status.as_u16() {
+        405 => {
+            let allowed = allow
+                .as_ref()
+                .and_then(|a| a.to_str().ok())
+                .unwrap_or("another method");
+            ApiError::new(
+                ErrorCode::NotFound,
+                format!("no route for {method} here; this path takes {allowed}"),
+            )
+        }
+        400 if text.contains("`key`") => ApiError::new(ErrorCode::InvalidKey, text).field("key"),
+        400 if text.contains("`ns`") => ApiError::new(ErrorCode::InvalidName, text).field("ns"),
+        400 => ApiError::new(ErrorCode::InvalidParameter, text),
+        413 => ApiError::new(ErrorCode::BodyTooLarge, text),
+        404 => ApiError::new(ErrorCode::NotFound, text),
+        s if s < 500 => ApiError::new(ErrorCode::MalformedBody, text),
+        _ => ApiError::new(ErrorCode::Internal, text),
+    };
+    let mut out = err.into_response();
+    if let Some(a) = allow {
+        out.headers_mut().insert(axum::http::header::ALLOW, a);
+    }
+    out
 }
 
 /// Serves until `shutdown` completes, then stops accepting and finishes in-flight requests.
@@ -186,6 +239,9 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let (router, _) = router(app);
+    let router = router.layer(tower::limit::ConcurrencyLimitLayer::new(
+        MAX_CONCURRENT_REQUESTS,
+    ));
     axum::serve(listener, router)
         .with_graceful_shutdown(shutdown)
         .await

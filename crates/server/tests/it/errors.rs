@@ -459,3 +459,24 @@ fn a_failed_disk_gives_503_and_unhealthy() {
     err(s.get("/healthz"), 503, "backend_unavailable");
     assert_eq!(s.state(), before, "nothing unacknowledged became visible");
 }
+
+#[test]
+fn errors_axum_answers_itself_are_json_too() {
+    let s = server();
+    let before = s.state();
+    err(
+        s.req("PUT", "/v1/events", Some("[]"), &[]),
+        404,
+        "not_found",
+    );
+    let (st, raw) = s.raw(
+        "GET",
+        "/v1/ns/clicks/keys/%FF/series?from=1&to=2&unit=day",
+        None,
+        &[],
+    );
+    assert_eq!(st, 400);
+    let v: serde_json::Value = serde_json::from_str(&raw).unwrap();
+    assert_eq!(v["error"]["code"], "invalid_key", "{v}");
+    assert_eq!(s.state(), before);
+}
