@@ -127,8 +127,9 @@ fn serve(data: &Path) -> Serving {
 fn sigterm_and_wait(mut s: Serving) {
     let pid = s.child.id().to_string();
     assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
+        // The shell's builtin kill: present wherever `sh` is, unlike a kill binary.
+        Command::new("sh")
+            .args(["-c", &format!("kill -TERM {pid}")])
             .status()
             .unwrap()
             .success()
