@@ -799,10 +799,3 @@ impl Drop for Engine {
         self.wal.close();
     }
 }
-
-#[allow(dead_code)]
-fn _assert_send_sync() {
-    fn is<T: Send + Sync>() {}
-    is::<Engine>();
-    let _: Option<KeyId> = None;
-}
