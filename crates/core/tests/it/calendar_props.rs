@@ -124,7 +124,7 @@ fn instant() -> impl Strategy<Value = i64> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
     #[test]
     fn boundaries_match_the_reference(zone in 0..ZONES.len(), (unit, every) in unit_every(), start in instant(), near_transition in any::<bool>()) {

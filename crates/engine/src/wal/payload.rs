@@ -433,5 +433,33 @@ mod tests {
         fn decode_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..64)) {
             let _ = decode(&bytes);
         }
+
+        /// Valid payloads with bytes overwritten, cut short or extended: decoding answers
+        /// Ok or Err, never panics, and what it accepts re-encodes to a decodable payload.
+        #[test]
+        fn damaged_payloads_never_panic(
+            edits in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
+            cut in any::<prop::sample::Index>(),
+            extend in prop::collection::vec(any::<u8>(), 0..4),
+        ) {
+            let b = batch(&[
+                ("clicks", "a", 100, 1, &[("country", "US")]),
+                ("clicks", "b", 4_000_000, -7, &[("country", "US"), ("referrer", "x")]),
+            ]);
+            let mut bytes = Vec::new();
+            BatchView::from_batch(&b).encode(&mut bytes);
+            for (at, v) in &edits {
+                let i = at.index(bytes.len());
+                bytes[i] = *v;
+            }
+            let len = cut.index(bytes.len() + 1);
+            bytes.truncate(len);
+            bytes.extend_from_slice(&extend);
+            if let Ok(Payload::Batch(view)) = decode(&bytes) {
+                let mut again = Vec::new();
+                view.encode(&mut again);
+                prop_assert!(decode(&again).is_ok());
+            }
+        }
     }
 }
