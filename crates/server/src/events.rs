@@ -15,7 +15,7 @@ use tally_core::model::{self, Duration, Key, Namespace, RawEvent};
 use tally_core::query;
 use tally_core::store::{IdemRecord, KeyRead, Want};
 
-use crate::{Action, ApiError, App};
+use crate::{Action, ApiError, App, read_body};
 
 /// How long an answer is remembered under its idempotency key.
 const IDEMPOTENCY_SECS: i64 = 24 * 3600;
@@ -423,13 +423,7 @@ pub async fn post_events(
     body: Body,
 ) -> Result<axum::response::Response, ApiError> {
     use axum::response::IntoResponse;
-    let limit = app.0.settings.limits.max_body_bytes;
-    let bytes = axum::body::to_bytes(body, limit).await.map_err(|_| {
-        ApiError::new(
-            ErrorCode::BodyTooLarge,
-            format!("the body is larger than {limit} bytes"),
-        )
-    })?;
+    let bytes = read_body(body, app.0.settings.limits.max_body_bytes).await?;
     let ndjson = headers
         .get(axum::http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())

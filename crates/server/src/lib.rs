@@ -137,6 +137,16 @@ impl App {
     }
 }
 
+/// Reads a request body of at most `limit` bytes; a larger one is `413 body_too_large`.
+async fn read_body(body: axum::body::Body, limit: usize) -> Result<axum::body::Bytes, ApiError> {
+    axum::body::to_bytes(body, limit).await.map_err(|_| {
+        ApiError::new(
+            ErrorCode::BodyTooLarge,
+            format!("the body is larger than {limit} bytes"),
+        )
+    })
+}
+
 /// The router, and the OpenAPI document of its routes.
 pub fn router(app: App) -> (Router, utoipa::openapi::OpenApi) {
     let (router, mut api) = OpenApiRouter::new()

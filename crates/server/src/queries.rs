@@ -13,7 +13,7 @@ use tally_core::ErrorCode;
 use tally_core::query;
 
 use crate::events::serde_urlencoded_pairs;
-use crate::{Action, ApiError, App};
+use crate::{Action, ApiError, App, read_body};
 
 /// Most entries in one `POST /v1/query`.
 const MAX_BATCH_QUERIES: usize = 1000;
@@ -244,13 +244,7 @@ pub async fn batch(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
-    let limit = app.0.settings.limits.max_body_bytes;
-    let bytes = axum::body::to_bytes(body, limit).await.map_err(|_| {
-        ApiError::new(
-            ErrorCode::BodyTooLarge,
-            format!("the body is larger than {limit} bytes"),
-        )
-    })?;
+    let bytes = read_body(body, app.0.settings.limits.max_body_bytes).await?;
     let malformed = |m: &str| ApiError::new(ErrorCode::MalformedBody, m);
     let v: Value = serde_json::from_slice(&bytes)
         .map_err(|e| malformed(&format!("the body is not JSON: {e}")))?;

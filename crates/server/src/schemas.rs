@@ -10,7 +10,7 @@ use serde_json::Value;
 use tally_core::ErrorCode;
 use tally_core::model::{Namespace, Schema, SchemaDoc};
 
-use crate::{Action, ApiError, App};
+use crate::{Action, ApiError, App, read_body};
 
 fn schema_json(ns: &Namespace, s: &Schema) -> Value {
     let doc = s.to_doc();
@@ -75,9 +75,7 @@ pub async fn put(
 ) -> Result<Json<Value>, ApiError> {
     app.authorize(&headers, Action::Admin, &ns)?;
     let ns = Namespace::new(&ns).map_err(|e| ApiError::from(e).field("ns"))?;
-    let bytes = axum::body::to_bytes(body, 1 << 20)
-        .await
-        .map_err(|_| ApiError::new(ErrorCode::BodyTooLarge, "a schema is at most 1 MiB"))?;
+    let bytes = read_body(body, 1 << 20).await?;
     let doc: SchemaDoc = serde_json::from_slice(&bytes).map_err(|e| {
         ApiError::new(
             ErrorCode::MalformedBody,
