@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod crash;
+mod fixtures;
 mod format_doc;
 mod model;
 mod recovery;

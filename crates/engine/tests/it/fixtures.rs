@@ -1,0 +1,126 @@
+//! Frozen fixtures: log files written by format version 1, committed as they are, must keep
+//! opening with the same contents in every later build. (`TALLY_WRITE_FIXTURES=1` rewrites
+//! them — only ever for a new format version, in a new directory.)
+
+use std::path::{Path, PathBuf};
+
+use tally_core::model::{Namespace, Schema, SchemaDoc};
+use tally_core::store::{IdemRecord, Store};
+use tally_engine::{Config, Engine, FsyncPolicy};
+
+use crate::{NOW, clock, raw, read_all, total, write};
+
+fn fixture_dir() -> PathBuf {
+    PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/wal-v1"
+    ))
+}
+
+/// What the v1 fixture holds: a batch with subtotals and an idempotency record, a schema
+/// change, and enough records to rotate into a second file.
+fn write_fixture(dir: &Path) {
+    let mut cfg = Config::new(dir);
+    cfg.clock = clock(NOW);
+    cfg.fsync = FsyncPolicy::Always;
+    cfg.max_wal_file_bytes = 400;
+    let e = Engine::open(cfg).unwrap();
+    let mut b = tally_core::ingest::prepare(
+        &e,
+        &[
+            raw(
+                "clicks",
+                "lnk_1",
+                NOW - 3600,
+                3,
+                &[("country", "US"), ("referrer", "hn")],
+            ),
+            raw("clicks", "lnk_1", NOW - 60, -1, &[("country", "DE")]),
+            raw("clicks", "a/b é", NOW - 60, 5, &[]),
+        ],
+        NOW,
+        &Default::default(),
+        &Default::default(),
+    )
+    .unwrap();
+    b.idempotency = Some(IdemRecord {
+        key: "fixture-1".into(),
+        fingerprint: "f".into(),
+        expires: i64::MAX / 2,
+        status: 200,
+        body: "{\"accepted\":3}".into(),
+    });
+    e.apply(&b).unwrap();
+    let doc = SchemaDoc {
+        tiers: vec!["1h:forever".into()],
+        breakdown_tiers: None,
+        dimensions: Some(vec!["status".into()]),
+    };
+    e.put_schema(
+        &Namespace::new("api").unwrap(),
+        &Schema::from_doc(&doc).unwrap(),
+    )
+    .unwrap();
+    for i in 0..6 {
+        write(
+            &e,
+            NOW,
+            &[raw("api", "k", NOW - 7200, i + 1, &[("status", "200")])],
+        )
+        .unwrap();
+    }
+}
+
+#[test]
+fn format_v1_fixture_still_opens() {
+    let dir = fixture_dir();
+    if std::env::var("TALLY_WRITE_FIXTURES").is_ok() {
+        let _ = std::fs::remove_dir_all(&dir);
+        write_fixture(&dir);
+        let _ = std::fs::remove_file(dir.join("LOCK"));
+    }
+    // Open a copy: the committed files stay untouched.
+    let copy = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(copy.path().join("wal")).unwrap();
+    let mut files = 0;
+    for f in std::fs::read_dir(dir.join("wal")).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, copy.path().join("wal").join(f.file_name().unwrap())).unwrap();
+        files += 1;
+    }
+    assert!(files >= 2, "the fixture should span a rotation");
+    let mut cfg = Config::new(copy.path());
+    cfg.clock = clock(NOW);
+    let e = Engine::open(cfg).unwrap();
+    assert_eq!(e.recovery().records, 8);
+    assert_eq!(e.recovery().torn, None);
+    assert_eq!(total(&e, "clicks", "lnk_1", 3600), 2);
+    assert_eq!(total(&e, "clicks", "lnk_1", 60), 2);
+    assert_eq!(total(&e, "clicks", "a/b é", 3600), 5);
+    let subs: Vec<(String, String, i64)> = read_all(&e, "clicks", "lnk_1", 3600)
+        .subtotals
+        .into_iter()
+        .map(|s| (s.dim, s.value, s.buckets.iter().map(|(_, n)| n).sum()))
+        .collect();
+    assert_eq!(
+        subs,
+        vec![
+            ("country".into(), "DE".into(), -1),
+            ("country".into(), "US".into(), 3),
+            ("referrer".into(), "hn".into(), 3)
+        ]
+    );
+    assert_eq!(total(&e, "api", "k", 3600), 21);
+    assert_eq!(
+        e.schema(&Namespace::new("api").unwrap())
+            .unwrap()
+            .unwrap()
+            .to_doc()
+            .dimensions,
+        Some(vec!["status".to_owned()])
+    );
+    assert_eq!(
+        e.idempotency("fixture-1").unwrap().map(|r| r.body),
+        Some("{\"accepted\":3}".to_owned())
+    );
+}
