@@ -160,19 +160,12 @@ fn verify(engine: &Engine, acked: &BTreeSet<u64>, round: u64) {
     for k in &keys {
         let (i, j) = k.as_str()[1..].split_once('-').unwrap();
         let (i, j): (u64, u64) = (i.parse().unwrap(), j.parse().unwrap());
-        let d = read_all(engine, "crash", k.as_str(), 3600);
-        let total: i64 = d.totals.iter().map(|(_, n)| n).sum();
+        let (total, subs) = crate::sums(&read_all(engine, "crash", k.as_str(), 3600));
         assert_eq!(
             total,
             j as i64 + 1,
             "round {round}: key {k} counted {total}"
         );
-        let subs: i64 = d
-            .subtotals
-            .iter()
-            .flat_map(|s| s.buckets.iter())
-            .map(|(_, n)| n)
-            .sum();
         assert_eq!(
             subs, total,
             "round {round}: key {k} subtotals {subs} vs total {total}"

@@ -70,11 +70,19 @@ pub fn read_all(store: &dyn Store, ns: &str, key: &str, res_secs: u64) -> KeyDat
 }
 
 pub fn total(store: &dyn Store, ns: &str, key: &str, res_secs: u64) -> i64 {
-    read_all(store, ns, key, res_secs)
-        .totals
+    sums(&read_all(store, ns, key, res_secs)).0
+}
+
+/// (sum of the totals, sum of every subtotal) of a read.
+pub fn sums(d: &KeyData) -> (i64, i64) {
+    let total = d.totals.iter().map(|(_, n)| n).sum();
+    let subs = d
+        .subtotals
         .iter()
+        .flat_map(|s| s.buckets.iter())
         .map(|(_, n)| n)
-        .sum()
+        .sum();
+    (total, subs)
 }
 
 pub fn clock(now: i64) -> Arc<ManualClock> {

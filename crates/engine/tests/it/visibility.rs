@@ -55,13 +55,7 @@ fn a_reader_never_sees_half_an_event() {
                     want: Want::Dim { dim: "country" },
                 };
                 let d = engine.read(&[read]).unwrap().pop().unwrap();
-                let total: i64 = d.totals.iter().map(|(_, n)| n).sum();
-                let subs: i64 = d
-                    .subtotals
-                    .iter()
-                    .flat_map(|s| s.buckets.iter())
-                    .map(|(_, n)| n)
-                    .sum();
+                let (total, subs) = crate::sums(&d);
                 assert_eq!(
                     subs, total,
                     "a read saw an event's total without its subtotal"
