@@ -315,8 +315,34 @@ fn breakdown_table(v: &Value) -> anyhow::Result<()> {
     table(&rows)
 }
 
+impl Range {
+    /// `from`, `to`, `tz`, then the query's own parameters.
+    fn with(
+        &self,
+        own: Vec<(&'static str, Option<String>)>,
+    ) -> Vec<(&'static str, Option<String>)> {
+        let mut p = vec![
+            ("from", Some(self.from.clone())),
+            ("to", Some(self.to.clone())),
+            ("tz", self.tz.clone()),
+        ];
+        p.extend(own);
+        p
+    }
+}
+
+/// One query's route: the namespace, the key for per-key kinds, and the parameters.
+struct Route<'a> {
+    conn: &'a Conn,
+    ns: &'a str,
+    key: Option<&'a str>,
+    kind: &'static str,
+    params: Vec<(&'static str, Option<String>)>,
+}
+
 pub fn query(q: QueryCommand) -> anyhow::Result<()> {
-    let (conn, path, kind) = match &q {
+    let num = |x: &Option<u32>| x.map(|v| v.to_string());
+    let r = match &q {
         QueryCommand::Series {
             ns,
             key,
@@ -326,24 +352,18 @@ pub fn query(q: QueryCommand) -> anyhow::Result<()> {
             dim,
             value,
             conn,
-        } => (
+        } => Route {
             conn,
-            format!(
-                "/v1/ns/{}/keys/{}/series{}",
-                enc(ns),
-                enc(key),
-                query_string(&[
-                    ("from", Some(range.from.clone())),
-                    ("to", Some(range.to.clone())),
-                    ("unit", Some(unit.clone())),
-                    ("every", every.map(|e| e.to_string())),
-                    ("tz", range.tz.clone()),
-                    ("dim", dim.clone()),
-                    ("value", value.clone()),
-                ])
-            ),
-            "series",
-        ),
+            ns,
+            key: Some(key),
+            kind: "series",
+            params: range.with(vec![
+                ("unit", Some(unit.clone())),
+                ("every", num(every)),
+                ("dim", dim.clone()),
+                ("value", value.clone()),
+            ]),
+        },
         QueryCommand::Breakdown {
             ns,
             key,
@@ -352,38 +372,29 @@ pub fn query(q: QueryCommand) -> anyhow::Result<()> {
             unit,
             limit,
             conn,
-        } => (
+        } => Route {
             conn,
-            format!(
-                "/v1/ns/{}/keys/{}/breakdown{}",
-                enc(ns),
-                enc(key),
-                query_string(&[
-                    ("dim", Some(dim.clone())),
-                    ("from", Some(range.from.clone())),
-                    ("to", Some(range.to.clone())),
-                    ("unit", unit.clone()),
-                    ("tz", range.tz.clone()),
-                    ("limit", limit.map(|l| l.to_string())),
-                ])
-            ),
-            "breakdown",
-        ),
+            ns,
+            key: Some(key),
+            kind: "breakdown",
+            params: range.with(vec![
+                ("dim", Some(dim.clone())),
+                ("unit", unit.clone()),
+                ("limit", num(limit)),
+            ]),
+        },
         QueryCommand::Window {
             ns,
             key,
             last,
             conn,
-        } => (
+        } => Route {
             conn,
-            format!(
-                "/v1/ns/{}/keys/{}/window{}",
-                enc(ns),
-                enc(key),
-                query_string(&[("last", Some(last.clone()))])
-            ),
-            "window",
-        ),
+            ns,
+            key: Some(key),
+            kind: "window",
+            params: vec![("last", Some(last.clone()))],
+        },
         QueryCommand::Dashboard {
             ns,
             key,
@@ -392,23 +403,17 @@ pub fn query(q: QueryCommand) -> anyhow::Result<()> {
             every,
             limit,
             conn,
-        } => (
+        } => Route {
             conn,
-            format!(
-                "/v1/ns/{}/keys/{}/dashboard{}",
-                enc(ns),
-                enc(key),
-                query_string(&[
-                    ("from", Some(range.from.clone())),
-                    ("to", Some(range.to.clone())),
-                    ("unit", Some(unit.clone())),
-                    ("every", every.map(|e| e.to_string())),
-                    ("tz", range.tz.clone()),
-                    ("limit", limit.map(|l| l.to_string())),
-                ])
-            ),
-            "dashboard",
-        ),
+            ns,
+            key: Some(key),
+            kind: "dashboard",
+            params: range.with(vec![
+                ("unit", Some(unit.clone())),
+                ("every", num(every)),
+                ("limit", num(limit)),
+            ]),
+        },
         QueryCommand::Top {
             ns,
             range,
@@ -417,23 +422,28 @@ pub fn query(q: QueryCommand) -> anyhow::Result<()> {
             dim,
             value,
             conn,
-        } => (
+        } => Route {
             conn,
-            format!(
-                "/v1/ns/{}/top{}",
-                enc(ns),
-                query_string(&[
-                    ("from", Some(range.from.clone())),
-                    ("to", Some(range.to.clone())),
-                    ("unit", unit.clone()),
-                    ("tz", range.tz.clone()),
-                    ("limit", limit.map(|l| l.to_string())),
-                    ("dim", dim.clone()),
-                    ("value", value.clone()),
-                ])
-            ),
-            "top",
+            ns,
+            key: None,
+            kind: "top",
+            params: range.with(vec![
+                ("unit", unit.clone()),
+                ("limit", num(limit)),
+                ("dim", dim.clone()),
+                ("value", value.clone()),
+            ]),
+        },
+    };
+    let (conn, kind) = (r.conn, r.kind);
+    let path = match r.key {
+        Some(k) => format!(
+            "/v1/ns/{}/keys/{}/{kind}{}",
+            enc(r.ns),
+            enc(k),
+            query_string(&r.params)
         ),
+        None => format!("/v1/ns/{}/{kind}{}", enc(r.ns), query_string(&r.params)),
     };
     let v = call(conn, "GET", &path)?;
     if conn.json {

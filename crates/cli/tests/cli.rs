@@ -214,6 +214,42 @@ fn serve_answers_the_client_and_stops_cleanly_on_sigterm() {
             && out.lines().last().unwrap().ends_with(" 2"),
         "{out}"
     );
+    let out = stdout(&client(
+        &s.url,
+        &[
+            "query", "top", "clicks", "--from", &from, "--to", &to, "--unit", "hour",
+        ],
+    ));
+    assert!(
+        out.lines()
+            .nth(1)
+            .is_some_and(|l| l.starts_with("lnk/1 ") && l.ends_with(" 2")),
+        "{out}"
+    );
+    let out = stdout(&client(
+        &s.url,
+        &[
+            "query",
+            "dashboard",
+            "clicks",
+            "lnk/1",
+            "--from",
+            &from,
+            "--to",
+            &to,
+            "--unit",
+            "hour",
+            "--tz",
+            "America/New_York",
+            "--json",
+        ],
+    ));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        (v["total"].as_i64(), v["tz"].as_str()),
+        (Some(2), Some("America/New_York"))
+    );
+    assert_eq!(v["breakdowns"]["country"]["values"][0]["value"], "US");
     let out = stdout(&client(&s.url, &["keys", "clicks"]));
     assert_eq!(out, "lnk/1\n");
     // A server-side refusal is one line and a non-zero exit.
