@@ -429,9 +429,13 @@ pub async fn post_events(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("application/x-ndjson"));
     let raws = parse_body(&bytes, ndjson, app.0.settings.limits.max_batch_events)?;
+    // Once per namespace, at its first event: that event's index is the one a refusal names.
+    let mut checked: std::collections::HashSet<&str> = std::collections::HashSet::new();
     for (i, r) in raws.iter().enumerate() {
-        app.authorize(&headers, Action::Write, &r.ns)
-            .map_err(|e| e.index(i))?;
+        if checked.insert(r.ns.as_str()) {
+            app.authorize(&headers, Action::Write, &r.ns)
+                .map_err(|e| e.index(i))?;
+        }
     }
     // Hashing a large body costs: only when the client asked for idempotency.
     let fp = if headers.contains_key("idempotency-key") {
