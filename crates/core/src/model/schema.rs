@@ -1,0 +1,320 @@
+//! A namespace's schema: its tiers, its breakdown tiers, an optional dimension allow-list,
+//! its wire form, and the subtotals an event adds to under it.
+
+use super::{DimName, DimValue, Dimension, Duration, ModelError, Retention, Tier};
+
+/// The schema of a namespace: its tiers, which of them keep breakdowns, and an optional
+/// allow-list of dimensions (`None` = any simple dimension).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Schema {
+    /// Sorted finest first; resolutions are unique.
+    tiers: Vec<Tier>,
+    /// Resolutions of the tiers that keep subtotals, sorted finest first.
+    breakdown: Vec<Duration>,
+    dimensions: Option<Vec<Dimension>>,
+}
+
+/// The SPEC's `[defaults]` schema: `1m:48h` and `1h:forever`, breakdowns in `1h`.
+impl Default for Schema {
+    fn default() -> Self {
+        Schema {
+            tiers: vec![
+                Tier {
+                    resolution: Duration(60),
+                    retention: Retention::For(Duration(172_800)),
+                },
+                Tier {
+                    resolution: Duration(3600),
+                    retention: Retention::Forever,
+                },
+            ],
+            breakdown: vec![Duration(3600)],
+            dimensions: None,
+        }
+    }
+}
+
+/// The wire form of a schema (`PUT /v1/ns/{ns}`, the config file): strings to validate.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SchemaDoc {
+    pub tiers: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub breakdown_tiers: Option<Vec<String>>,
+    #[serde(default)]
+    pub dimensions: Option<Vec<String>>,
+}
+
+impl Schema {
+    pub fn new(
+        mut tiers: Vec<Tier>,
+        breakdown: Option<Vec<Duration>>,
+        dimensions: Option<Vec<Dimension>>,
+    ) -> Result<Self, ModelError> {
+        let err = |why: String| ModelError::InvalidSchema { why };
+        if tiers.is_empty() {
+            return Err(err("a namespace needs at least one tier".into()));
+        }
+        tiers.sort_by_key(|t| t.resolution);
+        if let Some(w) = tiers
+            .windows(2)
+            .find(|w| w[0].resolution == w[1].resolution)
+        {
+            return Err(err(format!(
+                "two tiers have the resolution {}",
+                w[0].resolution
+            )));
+        }
+        let mut breakdown = match breakdown {
+            Some(b) => b,
+            None => tiers.last().map(|t| t.resolution).into_iter().collect(),
+        };
+        breakdown.sort();
+        breakdown.dedup();
+        if let Some(b) = breakdown
+            .iter()
+            .find(|b| !tiers.iter().any(|t| t.resolution == **b))
+        {
+            return Err(err(format!("breakdown tier {b} is not one of the tiers")));
+        }
+        if let Some(dims) = &dimensions {
+            for (i, d) in dims.iter().enumerate() {
+                if dims[..i].iter().any(|e| e.name() == d.name()) {
+                    return Err(err(format!("dimension {d} is listed twice")));
+                }
+            }
+        }
+        Ok(Schema {
+            tiers,
+            breakdown,
+            dimensions,
+        })
+    }
+
+    /// Validates the wire form.
+    pub fn from_doc(doc: &SchemaDoc) -> Result<Self, ModelError> {
+        let tiers = doc
+            .tiers
+            .iter()
+            .map(|t| Tier::new(t))
+            .collect::<Result<Vec<_>, _>>()?;
+        let breakdown = match &doc.breakdown_tiers {
+            None => None,
+            Some(list) => Some(
+                list.iter()
+                    .map(|s| {
+                        Duration::new(s).map_err(|e| ModelError::InvalidSchema {
+                            why: format!("breakdown tier: {e}"),
+                        })
+                    })
+                    .collect::<Result<Vec<_>, _>>()?,
+            ),
+        };
+        let dimensions = match &doc.dimensions {
+            None => None,
+            Some(list) => Some(
+                list.iter()
+                    .map(|s| {
+                        Dimension::new(s)
+                            .map_err(|e| ModelError::InvalidSchema { why: e.to_string() })
+                    })
+                    .collect::<Result<Vec<_>, _>>()?,
+            ),
+        };
+        Schema::new(tiers, breakdown, dimensions)
+    }
+
+    /// The canonical wire form: durations in canonical units, breakdown tiers explicit.
+    pub fn to_doc(&self) -> SchemaDoc {
+        SchemaDoc {
+            tiers: self.tiers.iter().map(Tier::to_string).collect(),
+            breakdown_tiers: Some(self.breakdown.iter().map(Duration::to_string).collect()),
+            dimensions: self
+                .dimensions
+                .as_ref()
+                .map(|d| d.iter().map(|d| d.name().to_owned()).collect()),
+        }
+    }
+
+    /// The tiers, finest first.
+    pub fn tiers(&self) -> &[Tier] {
+        &self.tiers
+    }
+
+    /// The resolutions that keep subtotals, finest first.
+    pub fn breakdown_resolutions(&self) -> &[Duration] {
+        &self.breakdown
+    }
+
+    pub fn is_breakdown(&self, resolution: Duration) -> bool {
+        self.breakdown.contains(&resolution)
+    }
+
+    /// The tiers that keep subtotals, finest first.
+    pub fn breakdown_tiers(&self) -> impl Iterator<Item = &Tier> {
+        self.tiers
+            .iter()
+            .filter(|t| self.breakdown.contains(&t.resolution))
+    }
+
+    pub fn dimensions(&self) -> Option<&[Dimension]> {
+        self.dimensions.as_deref()
+    }
+
+    /// Whether `name` (simple or compound, canonical) may be queried in this namespace.
+    pub fn knows_dimension(&self, name: &str) -> bool {
+        match &self.dimensions {
+            None => !name.contains('+') && DimName::new(name).is_ok(),
+            Some(dims) => dims.iter().any(|d| d.name() == name),
+        }
+    }
+
+    /// As [`Schema::subtotals`], moving the event's dimensions when there is no allow-list.
+    pub fn subtotals_owned(
+        &self,
+        dims: Vec<(DimName, DimValue)>,
+    ) -> Result<Vec<Subtotal>, ModelError> {
+        match &self.dimensions {
+            None => Ok(dims
+                .into_iter()
+                .map(|(n, v)| Subtotal {
+                    dim: n.into_string(),
+                    value: v.into_string(),
+                })
+                .collect()),
+            Some(_) => self.subtotals(&dims),
+        }
+    }
+
+    /// The subtotals one event adds to: `(dimension, value)` for every counted dimension it
+    /// carries. Fails with `unknown_dimension` for a dimension outside the allow-list.
+    pub fn subtotals(&self, dims: &[(DimName, DimValue)]) -> Result<Vec<Subtotal>, ModelError> {
+        match &self.dimensions {
+            None => Ok(dims
+                .iter()
+                .map(|(n, v)| Subtotal {
+                    dim: n.as_str().to_owned(),
+                    value: v.as_str().to_owned(),
+                })
+                .collect()),
+            Some(allowed) => {
+                for (n, _) in dims {
+                    if !allowed.iter().any(|d| d.parts().contains(n)) {
+                        return Err(ModelError::UnknownDimension {
+                            name: n.as_str().to_owned(),
+                        });
+                    }
+                }
+                Ok(allowed
+                    .iter()
+                    .filter_map(|d| {
+                        d.value_of(dims).map(|value| Subtotal {
+                            dim: d.name().to_owned(),
+                            value,
+                        })
+                    })
+                    .collect())
+            }
+        }
+    }
+}
+
+/// One subtotal an event adds to: a dimension's canonical name and the (escaped) value.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Subtotal {
+    pub dim: String,
+    pub value: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorCode;
+    use crate::model::{Event, RawEvent};
+
+    #[test]
+    fn schema_defaults_and_checks() {
+        let doc = SchemaDoc {
+            tiers: vec!["1h:forever".into(), "1s:2h".into(), "1m:48h".into()],
+            breakdown_tiers: None,
+            dimensions: None,
+        };
+        let s = Schema::from_doc(&doc).unwrap();
+        assert_eq!(
+            s.to_doc(),
+            SchemaDoc {
+                tiers: vec!["1s:2h".into(), "1m:2d".into(), "1h:forever".into()],
+                breakdown_tiers: Some(vec!["1h".into()]),
+                dimensions: None,
+            }
+        );
+        let bad = |tiers: &[&str], bd: Option<&[&str]>, dims: Option<&[&str]>| {
+            let doc = SchemaDoc {
+                tiers: tiers.iter().map(|s| s.to_string()).collect(),
+                breakdown_tiers: bd.map(|b| b.iter().map(|s| s.to_string()).collect()),
+                dimensions: dims.map(|b| b.iter().map(|s| s.to_string()).collect()),
+            };
+            Schema::from_doc(&doc).unwrap_err().code()
+        };
+        assert_eq!(bad(&[], None, None), ErrorCode::InvalidSchema);
+        assert_eq!(
+            bad(&["1h:forever", "60m:1d"], None, None),
+            ErrorCode::InvalidSchema
+        );
+        assert_eq!(
+            bad(&["1h:forever"], Some(&["1m"]), None),
+            ErrorCode::InvalidSchema
+        );
+        assert_eq!(
+            bad(&["1h:forever"], None, Some(&["a", "a"])),
+            ErrorCode::InvalidSchema
+        );
+        assert_eq!(
+            bad(&["1h:forever"], None, Some(&["A"])),
+            ErrorCode::InvalidSchema
+        );
+    }
+
+    #[test]
+    fn subtotals_follow_the_allow_list() {
+        let doc = SchemaDoc {
+            tiers: vec!["1h:forever".into()],
+            breakdown_tiers: None,
+            dimensions: Some(vec!["status".into(), "status+outcome".into()]),
+        };
+        let s = Schema::from_doc(&doc).unwrap();
+        let raw = RawEvent {
+            ns: "api".into(),
+            key: "k".into(),
+            dims: vec![
+                ("status".into(), "200".into()),
+                ("outcome".into(), "ok".into()),
+            ],
+            ..RawEvent::default()
+        };
+        let e = Event::validate(&raw, 1000, 3600).unwrap();
+        let subs = s.subtotals(&e.dims).unwrap();
+        assert_eq!(
+            subs,
+            vec![
+                Subtotal {
+                    dim: "status".into(),
+                    value: "200".into()
+                },
+                Subtotal {
+                    dim: "status+outcome".into(),
+                    value: "200|ok".into()
+                },
+            ]
+        );
+        let raw = RawEvent {
+            dims: vec![("country".into(), "US".into())],
+            ..raw
+        };
+        let e = Event::validate(&raw, 1000, 3600).unwrap();
+        assert_eq!(
+            s.subtotals(&e.dims).unwrap_err().code(),
+            ErrorCode::UnknownDimension
+        );
+    }
+}
