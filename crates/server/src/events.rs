@@ -11,9 +11,9 @@ use axum::http::HeaderMap;
 use serde_json::Value;
 use tally_core::ErrorCode;
 use tally_core::ingest;
-use tally_core::model::{self, Duration, Key, Namespace, RawEvent};
-use tally_core::query;
-use tally_core::store::{IdemRecord, KeyRead, Want};
+use tally_core::model::{self, Duration, RawEvent};
+use tally_core::query::{self, Accepted};
+use tally_core::store::IdemRecord;
 
 use crate::{Action, ApiError, App, read_body};
 
@@ -375,8 +375,8 @@ fn apply(
     app: &App,
     raws: Vec<RawEvent>,
     idem: Option<(String, String)>,
-    answer: impl FnOnce(&App, &tally_core::store::Batch) -> Result<Value, ApiError>,
-) -> Result<Value, ApiError> {
+    answer: impl FnOnce(&App, &tally_core::store::Batch) -> Result<Accepted, ApiError>,
+) -> Result<Accepted, ApiError> {
     let now = app.now();
     let events = raws.len() as u64;
     let mut batch = ingest::prepare_owned(
@@ -393,7 +393,8 @@ fn apply(
             fingerprint: fp,
             expires: now + IDEMPOTENCY_SECS,
             status: 200,
-            body: body.to_string(),
+            body: serde_json::to_string(&body)
+                .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?,
         });
     }
     app.store().apply(&batch)?;
@@ -448,11 +449,14 @@ pub async fn post_events(
         Idem::Proceed(held) => held,
     };
     let idem = held.as_ref().map(|(_, k)| (k.clone(), fp));
-    let n = raws.len();
+    let n = raws.len() as u64;
     let body = app
         .blocking(move |app| {
             apply(app, raws, idem, |_, _| {
-                Ok(serde_json::json!({ "accepted": n }))
+                Ok(Accepted {
+                    accepted: n,
+                    window: None,
+                })
             })
         })
         .await?;
@@ -537,26 +541,19 @@ pub async fn incr(
     let body = app
         .blocking(move |app| {
             apply(app, vec![raw], idem, |app, batch| {
-                let Some(last) = window else { return Ok(serde_json::json!({ "accepted": 1 })) };
-                // The window after the increment: what the store holds now, plus this event.
-                let inc = &batch.increments[0];
-                let (ns, key): (Namespace, Key) = (inc.ns.clone(), inc.key.clone());
-                let schema = match batch.create.first() {
-                    Some((_, s)) => s.clone(),
-                    None => app.store().schema(&ns)?.ok_or_else(|| ApiError::new(ErrorCode::UnknownNamespace, "namespace vanished"))?,
+                let window = match window {
+                    Some(last) => Some(query::window_after(
+                        app.store().as_ref(),
+                        app.now(),
+                        batch,
+                        last,
+                    )?),
+                    None => None,
                 };
-                let plan = query::window_plan(&ns, &schema, last, app.now())?;
-                let before: i64 = if batch.create.is_empty() {
-                    let read = KeyRead { ns: &ns, key: &key, resolution: plan.resolution, from: plan.from, to: plan.to, want: Want::Totals };
-                    app.store().read(&[read])?.first().map_or(0, |d| d.totals.iter().map(|(_, n)| n).sum())
-                } else {
-                    0
-                };
-                let n = before + if plan.covers(inc.ts) { inc.n } else { 0 };
-                let w = query::window_answer(&ns, &key, last, plan, n);
-                Ok(serde_json::json!({ "accepted": 1, "window": {
-                    "last": w.last, "resolution": w.resolution, "from": w.from, "from_t": w.from_t, "n": w.n
-                } }))
+                Ok(Accepted {
+                    accepted: 1,
+                    window,
+                })
             })
         })
         .await?;

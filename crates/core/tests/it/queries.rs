@@ -131,8 +131,8 @@ fn series_rolls_hours_into_new_york_days() {
             ],
         )
         .unwrap();
-    assert_eq!(a.from_t, "2026-10-31T00:00:00-04:00");
-    assert_eq!(a.to_t, "2026-11-03T00:00:00-05:00");
+    assert_eq!(a.span.from_t, "2026-10-31T00:00:00-04:00");
+    assert_eq!(a.span.to_t, "2026-11-03T00:00:00-05:00");
     assert_eq!(a.resolution, "1h");
     let got: Vec<(&str, i64)> = a.points.iter().map(|p| (p.t.as_str(), p.n)).collect();
     assert_eq!(
@@ -298,7 +298,7 @@ fn series_refusals() {
         )
         .unwrap();
     assert_eq!(
-        (a.from, a.to, a.points.len(), a.total),
+        (a.span.from, a.span.to, a.points.len(), a.total),
         (1790827217, 1790827217, 0, 0)
     );
 }
@@ -375,7 +375,7 @@ fn breakdown_top_values_other_unset() {
         .breakdown("clicks", "l", &[off[0], off[1], off[2], ("unit", "day")])
         .unwrap();
     assert_eq!(
-        (floored.from, floored.total),
+        (floored.span.from, floored.total),
         (ts("2026-11-19T00:00:00Z"), 16)
     );
     assert_eq!(
@@ -490,14 +490,17 @@ fn window_sums_the_most_recent_buckets_of_the_finest_fitting_tier() {
         query::window(&db.store, db.ctx(), &q)
     };
     let a = w("60s").unwrap();
-    assert_eq!((a.resolution.as_str(), a.n, a.from), ("1s", 3, now - 59));
+    assert_eq!(
+        (a.window.resolution.as_str(), a.window.n, a.window.from),
+        ("1s", 3, now - 59)
+    );
     let a = w("3h").unwrap();
     // 1m tier: the 180 most recent minutes, the current one included.
     // The 09:00:30 event sits in the 09:00 minute, just outside those 180.
-    assert_eq!((a.resolution.as_str(), a.n), ("1m", 7));
-    assert_eq!(a.from_t, "2026-11-20T09:01:00+00:00");
+    assert_eq!((a.window.resolution.as_str(), a.window.n), ("1m", 7));
+    assert_eq!(a.window.from_t, "2026-11-20T09:01:00+00:00");
     let a = w("7d").unwrap();
-    assert_eq!((a.resolution.as_str(), a.n), ("1h", 15));
+    assert_eq!((a.window.resolution.as_str(), a.window.n), ("1h", 15));
     db.schema("short", &["1m:1h"], None, None);
     let q = query::WindowQuery::parse("short", "key", &[("last", "2h")][..]).unwrap();
     assert_eq!(

@@ -1,0 +1,402 @@
+//! Execution: series, breakdown, dashboard, top and keys over a [`Store`].
+
+use std::collections::BTreeMap;
+
+use super::answer::{
+    BreakdownAnswer, DashboardAnswer, KeyCount, KeysAnswer, Point, SeriesAnswer, Span, TopAnswer,
+    ValueCount,
+};
+use super::params::{BreakdownQuery, DashboardQuery, KeysQuery, SeriesQuery, TopQuery};
+use super::{Ctx, QueryError, time};
+use crate::model::{Dimension, Duration, Key, ModelError, Namespace, Schema};
+use crate::store::{Buckets, KeyData, KeyRead, Scan, Store, StoreError, Want};
+use crate::tier::{self, Purpose};
+use crate::time::{Calendar, TimeError, Tz};
+
+pub(super) fn schema_of(store: &dyn Store, ns: &Namespace) -> Result<Schema, QueryError> {
+    store
+        .schema(ns)?
+        .ok_or_else(|| QueryError::UnknownNamespace { ns: ns.to_string() })
+}
+
+fn check_dim(schema: &Schema, dim: &Dimension) -> Result<(), QueryError> {
+    if schema.knows_dimension(dim.name()) {
+        Ok(())
+    } else {
+        Err(QueryError::Model {
+            field: "dim",
+            source: ModelError::UnknownDimension {
+                name: dim.name().to_owned(),
+            },
+        })
+    }
+}
+
+/// How a calendar's boundaries are named in a `no_tier_for_range` message.
+fn what(cal: &Calendar) -> String {
+    match cal.every() {
+        1 => format!("{} {}", cal.tz().name(), cal.unit()),
+        n => format!("{} {n}-{}", cal.tz().name(), cal.unit()),
+    }
+}
+
+/// Sums sorted sparse buckets into the buckets between consecutive `boundaries`.
+pub fn rollup(buckets: &[(i64, i64)], boundaries: &[i64]) -> Vec<i64> {
+    let n = boundaries.len().saturating_sub(1);
+    let mut out = vec![0i64; n];
+    let mut i = 0;
+    for &(start, count) in buckets {
+        if n == 0 || start < boundaries[0] {
+            continue;
+        }
+        while i < n && start >= boundaries[i + 1] {
+            i += 1;
+        }
+        if i == n {
+            break;
+        }
+        out[i] += count;
+    }
+    out
+}
+
+fn points(boundaries: &[i64], counts: &[i64], tz: &Tz) -> Vec<Point> {
+    boundaries
+        .iter()
+        .zip(counts)
+        .map(|(&ts, &n)| Point {
+            ts,
+            t: tz.rfc3339(ts),
+            n,
+        })
+        .collect()
+}
+
+pub(super) fn sum(buckets: &Buckets) -> i64 {
+    buckets.iter().map(|(_, n)| n).sum()
+}
+
+pub(super) fn read_one(store: &dyn Store, read: KeyRead<'_>) -> Result<KeyData, QueryError> {
+    let mut data = store.read(&[read])?;
+    data.pop()
+        .ok_or_else(|| StoreError::Internal("a read returned no answer".into()).into())
+}
+
+/// The exact, unit-less range `[from, to)` of breakdown and top, or the floored/ceiled one.
+fn plain_range(from: i64, to: i64, cal: Option<&Calendar>) -> Result<(i64, i64), QueryError> {
+    match cal {
+        Some(c) => c.range(from, to).map_err(time("from")),
+        None if from > to => Err(QueryError::Time {
+            field: "from",
+            source: TimeError::InvalidRange { from, to },
+        }),
+        None => Ok((from, to)),
+    }
+}
+
+fn ends(from: i64, to: i64) -> Vec<i64> {
+    if from < to {
+        vec![from, to]
+    } else {
+        Vec::new()
+    }
+}
+
+/// Values of one dimension summed, sorted by count (desc) then value bytes, zeros left out.
+fn breakdown_of(
+    head: BreakdownHead<'_>,
+    total: i64,
+    mut values: Vec<ValueCount>,
+    limit: usize,
+) -> BreakdownAnswer {
+    values.retain(|v| v.n != 0);
+    let all: i64 = values.iter().map(|v| v.n).sum();
+    values.sort_by(|a, b| {
+        b.n.cmp(&a.n)
+            .then_with(|| a.value.as_bytes().cmp(b.value.as_bytes()))
+    });
+    let rest: i64 = values.iter().skip(limit).map(|v| v.n).sum();
+    values.truncate(limit);
+    BreakdownAnswer {
+        ns: head.ns.to_string(),
+        key: head.key.to_string(),
+        dim: head.dim.to_owned(),
+        resolution: head.resolution.to_string(),
+        span: Span::new(head.from, head.to, head.tz),
+        total,
+        values,
+        other: rest,
+        unset: total - all,
+    }
+}
+
+#[derive(Clone, Copy)]
+struct BreakdownHead<'a> {
+    ns: &'a Namespace,
+    key: &'a Key,
+    dim: &'a str,
+    resolution: Duration,
+    from: i64,
+    to: i64,
+    tz: &'a Tz,
+}
+
+pub fn series(store: &dyn Store, ctx: Ctx, q: &SeriesQuery) -> Result<SeriesAnswer, QueryError> {
+    let schema = schema_of(store, &q.ns)?;
+    if let Some((dim, _)) = &q.filter {
+        check_dim(&schema, dim)?;
+    }
+    let (from, to) = q.cal.range(q.from, q.to).map_err(time("from"))?;
+    let bounds = q
+        .cal
+        .boundaries(from, to, ctx.max_points)
+        .map_err(time("to"))?;
+    let purpose = if q.filter.is_some() {
+        Purpose::Breakdown
+    } else {
+        Purpose::Totals
+    };
+    let tier = tier::choose(&q.ns, &schema, purpose, &bounds, &what(&q.cal), ctx.now)?;
+    let want = match &q.filter {
+        None => Want::Totals,
+        Some((d, v)) => Want::Value {
+            dim: d.name(),
+            value: v,
+        },
+    };
+    let counts = if bounds.is_empty() {
+        Vec::new()
+    } else {
+        let read = KeyRead {
+            ns: &q.ns,
+            key: &q.key,
+            resolution: tier.resolution,
+            from,
+            to,
+            want,
+        };
+        let data = read_one(store, read)?;
+        let buckets = match &q.filter {
+            None => data.totals,
+            Some((d, v)) => data
+                .subtotals
+                .into_iter()
+                .find(|s| s.dim == d.name() && s.value == *v)
+                .map(|s| s.buckets)
+                .unwrap_or_default(),
+        };
+        rollup(&buckets, &bounds)
+    };
+    let tz = q.cal.tz();
+    Ok(SeriesAnswer {
+        ns: q.ns.to_string(),
+        key: q.key.to_string(),
+        unit: q.cal.unit().as_str().to_owned(),
+        every: q.cal.every(),
+        tz: tz.name().to_owned(),
+        resolution: tier.resolution.to_string(),
+        dim: q.filter.as_ref().map(|(d, _)| d.name().to_owned()),
+        value: q.filter.as_ref().map(|(_, v)| v.clone()),
+        span: Span::new(from, to, tz),
+        total: counts.iter().sum(),
+        points: points(&bounds, &counts, tz),
+    })
+}
+
+pub fn breakdown(
+    store: &dyn Store,
+    ctx: Ctx,
+    q: &BreakdownQuery,
+) -> Result<BreakdownAnswer, QueryError> {
+    let schema = schema_of(store, &q.ns)?;
+    check_dim(&schema, &q.dim)?;
+    let (from, to) = plain_range(q.from, q.to, q.cal.as_ref())?;
+    let label = q.cal.as_ref().map_or_else(|| "range".to_owned(), what);
+    let tier = tier::choose(
+        &q.ns,
+        &schema,
+        Purpose::Breakdown,
+        &ends(from, to),
+        &label,
+        ctx.now,
+    )?;
+    let read = KeyRead {
+        ns: &q.ns,
+        key: &q.key,
+        resolution: tier.resolution,
+        from,
+        to,
+        want: Want::Dim { dim: q.dim.name() },
+    };
+    let data = if from < to {
+        read_one(store, read)?
+    } else {
+        Default::default()
+    };
+    let values = data
+        .subtotals
+        .iter()
+        .filter(|s| s.dim == q.dim.name())
+        .map(|s| ValueCount {
+            value: s.value.clone(),
+            n: sum(&s.buckets),
+        })
+        .collect();
+    let head = BreakdownHead {
+        ns: &q.ns,
+        key: &q.key,
+        dim: q.dim.name(),
+        resolution: tier.resolution,
+        from,
+        to,
+        tz: &q.tz,
+    };
+    Ok(breakdown_of(head, sum(&data.totals), values, q.limit))
+}
+
+pub fn dashboard(
+    store: &dyn Store,
+    ctx: Ctx,
+    q: &DashboardQuery,
+) -> Result<DashboardAnswer, QueryError> {
+    let schema = schema_of(store, &q.ns)?;
+    let (from, to) = q.cal.range(q.from, q.to).map_err(time("from"))?;
+    let bounds = q
+        .cal
+        .boundaries(from, to, ctx.max_points)
+        .map_err(time("to"))?;
+    let tier = tier::choose(
+        &q.ns,
+        &schema,
+        Purpose::Breakdown,
+        &bounds,
+        &what(&q.cal),
+        ctx.now,
+    )?;
+    let read = KeyRead {
+        ns: &q.ns,
+        key: &q.key,
+        resolution: tier.resolution,
+        from,
+        to,
+        want: Want::All,
+    };
+    let data = if bounds.is_empty() {
+        Default::default()
+    } else {
+        read_one(store, read)?
+    };
+    let counts = rollup(&data.totals, &bounds);
+    let total = sum(&data.totals);
+    let tz = q.cal.tz();
+    let mut by_dim: BTreeMap<&str, Vec<ValueCount>> = BTreeMap::new();
+    for s in &data.subtotals {
+        let n = sum(&s.buckets);
+        if n != 0 {
+            by_dim.entry(&s.dim).or_default().push(ValueCount {
+                value: s.value.clone(),
+                n,
+            });
+        }
+    }
+    let breakdowns = by_dim
+        .into_iter()
+        .map(|(dim, values)| {
+            let head = BreakdownHead {
+                ns: &q.ns,
+                key: &q.key,
+                dim,
+                resolution: tier.resolution,
+                from,
+                to,
+                tz,
+            };
+            (dim.to_owned(), breakdown_of(head, total, values, q.limit))
+        })
+        .collect();
+    Ok(DashboardAnswer {
+        ns: q.ns.to_string(),
+        key: q.key.to_string(),
+        unit: q.cal.unit().as_str().to_owned(),
+        every: q.cal.every(),
+        tz: tz.name().to_owned(),
+        resolution: tier.resolution.to_string(),
+        dim: None,
+        value: None,
+        span: Span::new(from, to, tz),
+        total,
+        timeline: points(&bounds, &counts, tz),
+        breakdowns,
+    })
+}
+
+pub fn top(store: &dyn Store, ctx: Ctx, q: &TopQuery) -> Result<TopAnswer, QueryError> {
+    let schema = schema_of(store, &q.ns)?;
+    if let Some((dim, _)) = &q.filter {
+        check_dim(&schema, dim)?;
+    }
+    let (from, to) = plain_range(q.from, q.to, q.cal.as_ref())?;
+    let label = q.cal.as_ref().map_or_else(|| "range".to_owned(), what);
+    let purpose = if q.filter.is_some() {
+        Purpose::Breakdown
+    } else {
+        Purpose::Totals
+    };
+    let tier = tier::choose(&q.ns, &schema, purpose, &ends(from, to), &label, ctx.now)?;
+    let mut keys: Vec<KeyCount> = Vec::new();
+    if from < to {
+        let scan = Scan {
+            ns: &q.ns,
+            resolution: tier.resolution,
+            from,
+            to,
+            value: q.filter.as_ref().map(|(d, v)| (d.name(), v.as_str())),
+        };
+        store.scan(&scan, &mut |k, n| {
+            if n != 0 {
+                keys.push(KeyCount {
+                    key: k.to_string(),
+                    n,
+                });
+            }
+        })?;
+    }
+    let total: i64 = keys.iter().map(|k| k.n).sum();
+    let order = |a: &KeyCount, b: &KeyCount| {
+        b.n.cmp(&a.n)
+            .then_with(|| a.key.as_bytes().cmp(b.key.as_bytes()))
+    };
+    if keys.len() > q.limit {
+        keys.select_nth_unstable_by(q.limit, order);
+        keys.truncate(q.limit);
+    }
+    keys.sort_by(order);
+    let shown: i64 = keys.iter().map(|k| k.n).sum();
+    Ok(TopAnswer {
+        ns: q.ns.to_string(),
+        dim: q.filter.as_ref().map(|(d, _)| d.name().to_owned()),
+        value: q.filter.as_ref().map(|(_, v)| v.clone()),
+        resolution: tier.resolution.to_string(),
+        span: Span::new(from, to, &q.tz),
+        total,
+        keys,
+        other: total - shown,
+    })
+}
+
+pub fn keys(store: &dyn Store, q: &KeysQuery) -> Result<KeysAnswer, QueryError> {
+    schema_of(store, &q.ns)?;
+    let mut page = store.keys(&q.ns, &q.prefix, q.after.as_deref(), q.limit + 1)?;
+    let more = page.len() > q.limit;
+    page.truncate(q.limit);
+    let next = if more {
+        page.last().map(|k| k.to_string())
+    } else {
+        None
+    };
+    Ok(KeysAnswer {
+        ns: q.ns.to_string(),
+        keys: page.into_iter().map(|k| k.to_string()).collect(),
+        next,
+    })
+}

@@ -1,0 +1,103 @@
+//! The queries of SPEC §2 — series, breakdown, window, dashboard, top, keys — exact, and
+//! generic over [`Store`]. Each has a typed request, a parser from the named string
+//! parameters that `GET` routes and `POST /v1/query` entries share, and a serialisable answer.
+
+mod answer;
+mod exec;
+mod params;
+mod window;
+
+pub use answer::{
+    Accepted, BreakdownAnswer, DashboardAnswer, KeyCount, KeysAnswer, Point, SeriesAnswer, Span,
+    TopAnswer, ValueCount, WindowAnswer, WindowCount,
+};
+pub use exec::{breakdown, dashboard, keys, rollup, series, top};
+pub use params::{
+    BreakdownQuery, DashboardQuery, KeysQuery, Params, SeriesQuery, TopQuery, WindowQuery,
+};
+pub use window::{WindowPlan, window, window_after, window_plan};
+
+use crate::error::ErrorCode;
+use crate::model::ModelError;
+use crate::store::StoreError;
+use crate::tier::NoTier;
+use crate::time::TimeError;
+
+/// Default and bounds of `limit` (SPEC §2).
+pub const DEFAULT_LIMIT: usize = 10;
+pub const DEFAULT_KEYS_LIMIT: usize = 100;
+pub const MAX_LIMIT: usize = 10_000;
+/// Default of `[limits] max_points`.
+pub const DEFAULT_MAX_POINTS: usize = 100_000;
+
+/// A query failure; `code()` gives the SPEC's error code, `field()` the parameter at fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum QueryError {
+    #[error("{field}: {source}")]
+    Model {
+        field: &'static str,
+        source: ModelError,
+    },
+    #[error("{field}: {source}")]
+    Time {
+        field: &'static str,
+        source: TimeError,
+    },
+    #[error("missing parameter {field}")]
+    MissingParameter { field: &'static str },
+    #[error("{field}: {why}")]
+    InvalidParameter { field: &'static str, why: String },
+    #[error("limit must be a whole number from 1 to {MAX_LIMIT}, got {got:?}")]
+    InvalidLimit { got: String },
+    #[error("namespace {ns} does not exist")]
+    UnknownNamespace { ns: String },
+    #[error(transparent)]
+    NoTier(#[from] NoTier),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl QueryError {
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            QueryError::Model { source, .. } => source.code(),
+            QueryError::Time { source, .. } => source.code(),
+            QueryError::MissingParameter { .. } => ErrorCode::MissingParameter,
+            QueryError::InvalidParameter { .. } => ErrorCode::InvalidParameter,
+            QueryError::InvalidLimit { .. } => ErrorCode::InvalidLimit,
+            QueryError::UnknownNamespace { .. } => ErrorCode::UnknownNamespace,
+            QueryError::NoTier(_) => ErrorCode::NoTierForRange,
+            QueryError::Store(e) => e.code(),
+        }
+    }
+
+    /// The parameter at fault, if one is.
+    pub fn field(&self) -> Option<&'static str> {
+        match self {
+            QueryError::Model { field, .. }
+            | QueryError::Time { field, .. }
+            | QueryError::MissingParameter { field }
+            | QueryError::InvalidParameter { field, .. } => Some(field),
+            QueryError::InvalidLimit { .. } => Some("limit"),
+            _ => None,
+        }
+    }
+}
+
+/// Maps a model error to the parameter it came from.
+fn model(field: &'static str) -> impl Fn(ModelError) -> QueryError {
+    move |source| QueryError::Model { field, source }
+}
+
+/// Maps a time error to the parameter it came from.
+fn time(field: &'static str) -> impl Fn(TimeError) -> QueryError {
+    move |source| QueryError::Time { field, source }
+}
+
+/// What every query needs besides its parameters.
+#[derive(Debug, Clone, Copy)]
+pub struct Ctx {
+    pub now: i64,
+    pub max_points: usize,
+}

@@ -1,0 +1,261 @@
+//! Parameters: named strings (a query string, or one entry of `POST /v1/query`) parsed into
+//! typed requests. Every bad parameter is a [`QueryError`] naming its field.
+
+use std::collections::BTreeMap;
+
+use super::{DEFAULT_KEYS_LIMIT, DEFAULT_LIMIT, MAX_LIMIT, QueryError, model, time};
+use crate::model::{self as m, Dimension, Duration, Key, ModelError, Namespace};
+use crate::time::{Calendar, TimeError, Tz, Unit};
+
+/// Named string parameters (a query string, or one entry of `POST /v1/query`).
+pub trait Params {
+    fn get(&self, name: &str) -> Option<&str>;
+}
+
+impl Params for BTreeMap<String, String> {
+    fn get(&self, name: &str) -> Option<&str> {
+        BTreeMap::get(self, name).map(String::as_str)
+    }
+}
+
+impl Params for [(&str, &str)] {
+    fn get(&self, name: &str) -> Option<&str> {
+        self.iter().find(|(k, _)| *k == name).map(|(_, v)| *v)
+    }
+}
+
+fn required<'p>(p: &'p (impl Params + ?Sized), field: &'static str) -> Result<&'p str, QueryError> {
+    p.get(field).ok_or(QueryError::MissingParameter { field })
+}
+
+fn instant(p: &(impl Params + ?Sized), field: &'static str) -> Result<i64, QueryError> {
+    m::parse_timestamp(required(p, field)?).map_err(model(field))
+}
+
+fn tz(p: &(impl Params + ?Sized)) -> Result<Tz, QueryError> {
+    Tz::get(p.get("tz").unwrap_or("UTC")).map_err(time("tz"))
+}
+
+/// `unit`, `every` and `tz` as a calendar; `None` when `unit` is absent.
+fn calendar(p: &(impl Params + ?Sized), tz: &Tz) -> Result<Option<Calendar>, QueryError> {
+    let Some(unit) = p.get("unit") else {
+        if p.get("every").is_some() {
+            return Err(QueryError::MissingParameter { field: "unit" });
+        }
+        return Ok(None);
+    };
+    let unit = Unit::parse(unit).map_err(time("unit"))?;
+    let every = match p.get("every") {
+        None => None,
+        Some(e) => Some(e.parse::<u32>().map_err(|_| QueryError::Time {
+            field: "every",
+            source: TimeError::InvalidUnit {
+                got: format!("every={e}"),
+                why: "every is a whole number".into(),
+            },
+        })?),
+    };
+    Calendar::new(unit, every, tz.clone())
+        .map(Some)
+        .map_err(time("every"))
+}
+
+fn limit(p: &(impl Params + ?Sized), default: usize) -> Result<usize, QueryError> {
+    match p.get("limit") {
+        None => Ok(default),
+        Some(s) => match s.parse::<usize>() {
+            Ok(n) if (1..=MAX_LIMIT).contains(&n) => Ok(n),
+            _ => Err(QueryError::InvalidLimit { got: s.to_owned() }),
+        },
+    }
+}
+
+/// A dimension as named in a query: simple or compound. A `+` decoded from a query string
+/// arrives as a space, and no dimension name has a space, so both spellings are accepted.
+fn dimension(s: &str) -> Result<Dimension, QueryError> {
+    Dimension::new(&s.replace(' ', "+")).map_err(model("dim"))
+}
+
+/// `dim` and `value`, given together or not at all.
+fn filter(p: &(impl Params + ?Sized)) -> Result<Option<(Dimension, String)>, QueryError> {
+    match (p.get("dim"), p.get("value")) {
+        (None, None) => Ok(None),
+        (Some(_), None) => Err(QueryError::MissingParameter { field: "value" }),
+        (None, Some(_)) => Err(QueryError::MissingParameter { field: "dim" }),
+        (Some(d), Some(v)) => {
+            let dim = dimension(d)?;
+            if v.is_empty() || v.chars().any(char::is_control) {
+                return Err(QueryError::Model {
+                    field: "value",
+                    source: ModelError::InvalidDimension {
+                        what: "value".into(),
+                        why: "a value is non-empty, with no control characters".into(),
+                    },
+                });
+            }
+            Ok(Some((dim, v.to_owned())))
+        }
+    }
+}
+
+fn ns_key(ns: &str, key: &str) -> Result<(Namespace, Key), QueryError> {
+    Ok((
+        Namespace::new(ns).map_err(model("ns"))?,
+        Key::new(key).map_err(model("key"))?,
+    ))
+}
+
+/// `series`: `from`, `to`, `unit` (required), `every`, `tz`, `dim` + `value`.
+#[derive(Debug, Clone)]
+pub struct SeriesQuery {
+    pub ns: Namespace,
+    pub key: Key,
+    pub from: i64,
+    pub to: i64,
+    pub cal: Calendar,
+    pub filter: Option<(Dimension, String)>,
+}
+
+impl SeriesQuery {
+    pub fn parse(ns: &str, key: &str, p: &(impl Params + ?Sized)) -> Result<Self, QueryError> {
+        let (ns, key) = ns_key(ns, key)?;
+        let (from, to) = (instant(p, "from")?, instant(p, "to")?);
+        let tz = tz(p)?;
+        let cal = calendar(p, &tz)?.ok_or(QueryError::MissingParameter { field: "unit" })?;
+        Ok(SeriesQuery {
+            ns,
+            key,
+            from,
+            to,
+            cal,
+            filter: filter(p)?,
+        })
+    }
+}
+
+/// `breakdown`: `dim` (required), `from`, `to`, `unit`?, `every`?, `tz`, `limit`.
+#[derive(Debug, Clone)]
+pub struct BreakdownQuery {
+    pub ns: Namespace,
+    pub key: Key,
+    pub dim: Dimension,
+    pub from: i64,
+    pub to: i64,
+    pub cal: Option<Calendar>,
+    pub tz: Tz,
+    pub limit: usize,
+}
+
+impl BreakdownQuery {
+    pub fn parse(ns: &str, key: &str, p: &(impl Params + ?Sized)) -> Result<Self, QueryError> {
+        let (ns, key) = ns_key(ns, key)?;
+        let dim = dimension(required(p, "dim")?)?;
+        let (from, to) = (instant(p, "from")?, instant(p, "to")?);
+        let tz = tz(p)?;
+        let cal = calendar(p, &tz)?;
+        Ok(BreakdownQuery {
+            ns,
+            key,
+            dim,
+            from,
+            to,
+            cal,
+            tz,
+            limit: limit(p, DEFAULT_LIMIT)?,
+        })
+    }
+}
+
+/// `window`: `last`.
+#[derive(Debug, Clone)]
+pub struct WindowQuery {
+    pub ns: Namespace,
+    pub key: Key,
+    pub last: Duration,
+}
+
+impl WindowQuery {
+    pub fn parse(ns: &str, key: &str, p: &(impl Params + ?Sized)) -> Result<Self, QueryError> {
+        let (ns, key) = ns_key(ns, key)?;
+        let last = Duration::new(required(p, "last")?).map_err(model("last"))?;
+        Ok(WindowQuery { ns, key, last })
+    }
+}
+
+/// `dashboard`: `from`, `to`, `unit` (required), `every`, `tz`, `limit`.
+#[derive(Debug, Clone)]
+pub struct DashboardQuery {
+    pub ns: Namespace,
+    pub key: Key,
+    pub from: i64,
+    pub to: i64,
+    pub cal: Calendar,
+    pub limit: usize,
+}
+
+impl DashboardQuery {
+    pub fn parse(ns: &str, key: &str, p: &(impl Params + ?Sized)) -> Result<Self, QueryError> {
+        let (ns, key) = ns_key(ns, key)?;
+        let (from, to) = (instant(p, "from")?, instant(p, "to")?);
+        let tz = tz(p)?;
+        let cal = calendar(p, &tz)?.ok_or(QueryError::MissingParameter { field: "unit" })?;
+        Ok(DashboardQuery {
+            ns,
+            key,
+            from,
+            to,
+            cal,
+            limit: limit(p, DEFAULT_LIMIT)?,
+        })
+    }
+}
+
+/// `top`: `from`, `to`, `unit`?, `every`?, `tz`, `limit`, `dim` + `value`.
+#[derive(Debug, Clone)]
+pub struct TopQuery {
+    pub ns: Namespace,
+    pub from: i64,
+    pub to: i64,
+    pub cal: Option<Calendar>,
+    pub tz: Tz,
+    pub limit: usize,
+    pub filter: Option<(Dimension, String)>,
+}
+
+impl TopQuery {
+    pub fn parse(ns: &str, p: &(impl Params + ?Sized)) -> Result<Self, QueryError> {
+        let ns = Namespace::new(ns).map_err(model("ns"))?;
+        let (from, to) = (instant(p, "from")?, instant(p, "to")?);
+        let tz = tz(p)?;
+        let cal = calendar(p, &tz)?;
+        Ok(TopQuery {
+            ns,
+            from,
+            to,
+            cal,
+            tz,
+            limit: limit(p, DEFAULT_LIMIT)?,
+            filter: filter(p)?,
+        })
+    }
+}
+
+/// `keys`: `prefix`, `after`, `limit` (default 100).
+#[derive(Debug, Clone)]
+pub struct KeysQuery {
+    pub ns: Namespace,
+    pub prefix: String,
+    pub after: Option<String>,
+    pub limit: usize,
+}
+
+impl KeysQuery {
+    pub fn parse(ns: &str, p: &(impl Params + ?Sized)) -> Result<Self, QueryError> {
+        Ok(KeysQuery {
+            ns: Namespace::new(ns).map_err(model("ns"))?,
+            prefix: p.get("prefix").unwrap_or("").to_owned(),
+            after: p.get("after").map(str::to_owned),
+            limit: limit(p, DEFAULT_KEYS_LIMIT)?,
+        })
+    }
+}
