@@ -7,9 +7,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, anyhow, bail};
+use anyhow::{Context, bail};
 use tally_core::store::SystemClock;
-use tally_engine::{Config, Engine, FsyncPolicy};
+use tally_engine::{Config, Engine};
 use tally_server::{App, Settings};
 
 #[derive(Debug, clap::Args)]
@@ -45,10 +45,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             Settings::from_toml(&text).with_context(|| format!("config {}", path.display()))?
         }
     };
-    let fsync: FsyncPolicy = settings
-        .fsync
-        .parse()
-        .map_err(|e: String| anyhow!("config: {e}"))?;
+    let fsync = settings.fsync;
     if let Some(b) = args.backend.as_deref().filter(|b| !b.is_empty()) {
         bail!(
             "backend {b:?} is not available in this build: only the embedded engine (no --backend) is"

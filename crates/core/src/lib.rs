@@ -8,6 +8,7 @@
 //! - [`query`]: series, breakdown, window, dashboard, top and keys, generic over `Store`.
 //! - [`reference`]: a simple `BTreeMap` store the real backends are tested against.
 
+mod durability;
 pub mod error;
 pub mod ingest;
 pub mod model;

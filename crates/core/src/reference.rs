@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::model::{Duration, Key, Namespace, Schema};
 use crate::store::{
-    Batch, Buckets, Clock, IdemRecord, KeyData, KeyRead, Scan, Store, StoreError, SubtotalBuckets,
-    Want,
+    Batch, Buckets, Clock, IdemRecord, KeyData, KeyList, KeyRead, Scan, Store, StoreError,
+    SubtotalBuckets, Want,
 };
 use crate::time::bucket_start;
 
@@ -175,24 +175,20 @@ impl Store for MemStore {
         Ok(out)
     }
 
-    fn keys(
-        &self,
-        ns: &Namespace,
-        prefix: &str,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Result<Vec<Key>, StoreError> {
+    fn keys(&self, list: &KeyList<'_>) -> Result<Vec<Key>, StoreError> {
         let inner = self.lock()?;
         Ok(inner
             .data
             .keys()
             .filter(|(n, k)| {
-                n == ns
-                    && k.as_str().starts_with(prefix)
-                    && after.is_none_or(|a| k.as_str().as_bytes() > a.as_bytes())
+                *n == *list.ns
+                    && k.as_str().starts_with(list.prefix)
+                    && list
+                        .after
+                        .is_none_or(|a| k.as_str().as_bytes() > a.as_bytes())
             })
             .map(|(_, k)| k.clone())
-            .take(limit)
+            .take(list.limit)
             .collect())
     }
 

@@ -6,6 +6,7 @@
 //! range (one pipeline per key for Redis), and a batch of reads is one call. A backend
 //! applies a [`Batch`] so that a read of one key sees each event wholly or not at all.
 
+pub use crate::durability::{FsyncPolicy, InvalidFsync};
 use crate::error::ErrorCode;
 use crate::model::{Duration, Key, Namespace, Schema, Subtotal};
 
@@ -95,6 +96,16 @@ pub struct Scan<'a> {
     pub value: Option<(&'a str, &'a str)>,
 }
 
+/// A page of a namespace's keys in byte order: those starting with `prefix`, strictly after
+/// `after`, at most `limit`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyList<'a> {
+    pub ns: &'a Namespace,
+    pub prefix: &'a str,
+    pub after: Option<&'a str>,
+    pub limit: usize,
+}
+
 /// A backend failure. The query layer passes it through; the server maps its code.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -139,14 +150,8 @@ pub trait Store: Send + Sync {
     /// Reads many keys at once; answers in the order asked.
     fn read(&self, reads: &[KeyRead<'_>]) -> Result<Vec<KeyData>, StoreError>;
 
-    /// Keys of a namespace in byte order, starting with `prefix`, strictly after `after`.
-    fn keys(
-        &self,
-        ns: &Namespace,
-        prefix: &str,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Result<Vec<Key>, StoreError>;
+    /// A page of a namespace's keys in byte order.
+    fn keys(&self, list: &KeyList<'_>) -> Result<Vec<Key>, StoreError>;
 
     /// Calls `visit` once per key with a non-zero sum over the scan's range.
     fn scan(&self, scan: &Scan<'_>, visit: &mut dyn FnMut(&Key, i64)) -> Result<(), StoreError>;

@@ -10,8 +10,8 @@ use std::time::{Duration as StdDuration, Instant};
 use tally_core::model::Key;
 use tally_core::model::{MAX_TS, Namespace, Retention, Schema};
 use tally_core::store::{
-    Batch, Clock, Gauge, IdemRecord, KeyData, KeyRead, Scan, Store, StoreError, SubtotalBuckets,
-    SystemClock, Want,
+    Batch, Clock, Gauge, IdemRecord, KeyData, KeyList, KeyRead, Scan, Store, StoreError,
+    SubtotalBuckets, SystemClock, Want,
 };
 
 use crate::catalog::{Catalog, KeyId, NsId, SUBTOTAL, SeriesId, TierPlan};
@@ -19,8 +19,9 @@ use crate::io::{Faults, LogFile};
 use crate::memtable::{Memtable, Shard, split_key};
 use crate::wal::payload::{self, BatchView, Payload};
 use crate::wal::reader::{self, TornTail};
-use crate::wal::writer::{self, FsyncPolicy, Start, WalStats, Writer};
+use crate::wal::writer::{self, Start, WalStats, Writer};
 use crate::wal::{FILE_HEADER_LEN, WalError, file_name, list_files};
+use tally_core::store::FsyncPolicy;
 
 /// How to open an engine.
 #[derive(Clone)]
@@ -671,19 +672,14 @@ impl Store for Engine {
         Ok(reads.iter().map(|r| self.core.read(r, now)).collect())
     }
 
-    fn keys(
-        &self,
-        ns: &Namespace,
-        prefix: &str,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Result<Vec<Key>, StoreError> {
+    fn keys(&self, list: &KeyList<'_>) -> Result<Vec<Key>, StoreError> {
         use std::ops::Bound;
         let cat = self.core.read_cat();
-        let Some(id) = cat.ns_id(ns.as_str()) else {
+        let Some(id) = cat.ns_id(list.ns.as_str()) else {
             return Ok(Vec::new());
         };
-        let start: Bound<&str> = match after {
+        let prefix = list.prefix;
+        let start: Bound<&str> = match list.after {
             Some(a) if a >= prefix => Bound::Excluded(a),
             _ => Bound::Included(prefix),
         };
@@ -691,7 +687,7 @@ impl Store for Engine {
             .ordered
             .range::<str, _>((start, Bound::Unbounded))
             .take_while(|(k, _)| k.starts_with(prefix))
-            .take(limit)
+            .take(list.limit)
             .map(|(k, _)| Key::new(k).map_err(|e| StoreError::Corrupt(e.to_string())))
             .collect()
     }

@@ -13,4 +13,4 @@ pub mod memtable;
 pub mod wal;
 
 pub use engine::{Config, Engine, EngineStats, OpenError, Recovery};
-pub use wal::writer::FsyncPolicy;
+pub use tally_core::store::FsyncPolicy;

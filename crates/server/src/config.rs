@@ -5,12 +5,52 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 use tally_core::ingest::{Defaults, Limits};
-use tally_core::model::{Namespace, Schema, SchemaDoc};
+use tally_core::model::{ModelError, Namespace, Schema, SchemaDoc};
+use tally_core::store::{FsyncPolicy, InvalidFsync};
 
-/// Why a configuration was refused.
+/// Why a configuration was refused, naming the key at fault. Each message is one line;
+/// the typed cause is the error's `source`, printed after it in a chain (`{:#}`).
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct ConfigError(pub String);
+#[non_exhaustive]
+pub enum ConfigError {
+    /// Not TOML, or not of the documented shape (toml's message, one line, and where).
+    #[error("{message}{}", line.map(|l| format!(" (line {l})")).unwrap_or_default())]
+    Syntax {
+        message: String,
+        line: Option<usize>,
+    },
+    #[error("fsync")]
+    Fsync {
+        #[source]
+        source: InvalidFsync,
+    },
+    #[error("[namespaces.{name}]")]
+    Namespace {
+        name: String,
+        #[source]
+        source: ModelError,
+    },
+    #[error("[defaults]")]
+    Defaults {
+        #[source]
+        source: ModelError,
+    },
+    #[error("[limits] {key} must be {rule}")]
+    Limit {
+        key: &'static str,
+        rule: &'static str,
+    },
+    #[error("[[tokens]] #{number}: the token is empty")]
+    EmptyToken { number: usize },
+    #[error("scope {got:?}: expected read:<ns>, write:<ns> or admin:<ns> (ns may be *)")]
+    Scope { got: String },
+    #[error("scope {got:?}")]
+    ScopeNamespace {
+        got: String,
+        #[source]
+        source: ModelError,
+    },
+}
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -76,11 +116,7 @@ pub struct Scope {
 
 impl Scope {
     pub fn parse(s: &str) -> Result<Scope, ConfigError> {
-        let bad = || {
-            ConfigError(format!(
-                "scope {s:?}: expected read:<ns>, write:<ns> or admin:<ns> (ns may be *)"
-            ))
-        };
+        let bad = || ConfigError::Scope { got: s.to_owned() };
         let (action, ns) = s.split_once(':').ok_or_else(bad)?;
         let action = match action {
             "read" => Action::Read,
@@ -90,7 +126,12 @@ impl Scope {
         };
         let ns = match ns {
             "*" => None,
-            n => Some(Namespace::new(n).map_err(|e| ConfigError(format!("scope {s:?}: {e}")))?),
+            n => Some(
+                Namespace::new(n).map_err(|source| ConfigError::ScopeNamespace {
+                    got: s.to_owned(),
+                    source,
+                })?,
+            ),
         };
         Ok(Scope { action, ns })
     }
@@ -123,10 +164,10 @@ impl Token {
 }
 
 /// The validated configuration.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Settings {
-    /// The fsync policy as written (`always`, `interval:<ms>`, `never`); the backend parses it.
-    pub fsync: String,
+    /// The fsync policy (`always`, `interval:<ms>`, `never`).
+    pub fsync: FsyncPolicy,
     /// Namespaces declared in the file, applied at start.
     pub namespaces: Vec<(Namespace, Schema)>,
     pub defaults: Defaults,
@@ -135,32 +176,30 @@ pub struct Settings {
     pub tokens: Vec<Token>,
 }
 
-impl Default for Settings {
-    fn default() -> Self {
-        Settings {
-            fsync: "always".into(),
-            namespaces: Vec::new(),
-            defaults: Defaults::default(),
-            limits: Limits::default(),
-            tokens: Vec::new(),
-        }
-    }
-}
-
 impl Settings {
     /// Parses and validates the TOML of SPEC §1.
     pub fn from_toml(text: &str) -> Result<Settings, ConfigError> {
-        let file: FileConfig =
-            toml::from_str(text).map_err(|e| ConfigError(e.message().to_owned()))?;
+        let file: FileConfig = toml::from_str(text).map_err(|e| ConfigError::Syntax {
+            message: e.message().to_owned(),
+            line: e.span().map(|r| {
+                text.as_bytes()[..r.start.min(text.len())]
+                    .iter()
+                    .filter(|&&b| b == b'\n')
+                    .count()
+                    + 1
+            }),
+        })?;
         let mut s = Settings::default();
         if let Some(f) = file.fsync {
-            s.fsync = f;
+            s.fsync = f.parse().map_err(|source| ConfigError::Fsync { source })?;
         }
         for (name, doc) in &file.namespaces {
-            let ns = Namespace::new(name)
-                .map_err(|e| ConfigError(format!("[namespaces.{name}]: {e}")))?;
-            let schema = Schema::from_doc(doc)
-                .map_err(|e| ConfigError(format!("[namespaces.{name}]: {e}")))?;
+            let at = |source| ConfigError::Namespace {
+                name: name.clone(),
+                source,
+            };
+            let ns = Namespace::new(name).map_err(at)?;
+            let schema = Schema::from_doc(doc).map_err(at)?;
             s.namespaces.push((ns, schema));
         }
         if let Some(d) = file.defaults {
@@ -171,17 +210,18 @@ impl Settings {
                     dimensions: d.dimensions,
                 };
                 s.defaults.schema =
-                    Schema::from_doc(&doc).map_err(|e| ConfigError(format!("[defaults]: {e}")))?;
+                    Schema::from_doc(&doc).map_err(|source| ConfigError::Defaults { source })?;
             }
             if let Some(a) = d.auto_create {
                 s.defaults.auto_create = a;
             }
         }
         if let Some(l) = file.limits {
-            let positive = |name: &str, v: Option<usize>, default: usize| match v {
-                Some(0) => Err(ConfigError(format!(
-                    "[limits] {name} must be greater than 0"
-                ))),
+            let positive = |key: &'static str, v: Option<usize>, default: usize| match v {
+                Some(0) => Err(ConfigError::Limit {
+                    key,
+                    rule: "greater than 0",
+                }),
                 Some(v) => Ok(v),
                 None => Ok(default),
             };
@@ -195,19 +235,17 @@ impl Settings {
             s.limits.max_points = positive("max_points", l.max_points, s.limits.max_points)?;
             if let Some(f) = l.max_future_secs {
                 if f < 0 {
-                    return Err(ConfigError(
-                        "[limits] max_future_secs must be 0 or more".into(),
-                    ));
+                    return Err(ConfigError::Limit {
+                        key: "max_future_secs",
+                        rule: "0 or more",
+                    });
                 }
                 s.limits.max_future_secs = f;
             }
         }
         for (i, t) in file.tokens.iter().enumerate() {
             if t.token.is_empty() {
-                return Err(ConfigError(format!(
-                    "[[tokens]] #{}: the token is empty",
-                    i + 1
-                )));
+                return Err(ConfigError::EmptyToken { number: i + 1 });
             }
             let scopes = t
                 .scopes
@@ -226,6 +264,26 @@ impl Settings {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The error and its causes, as `anyhow`'s `{:#}` prints them.
+    fn chain(e: &dyn std::error::Error) -> String {
+        let mut out = e.to_string();
+        let mut cause = e.source();
+        while let Some(c) = cause {
+            out = format!("{out}: {c}");
+            cause = c.source();
+        }
+        out
+    }
+
+    #[test]
+    fn syntax_errors_name_the_line() {
+        let e = Settings::from_toml("fsync = \"always\"\n\nlimits = 3").unwrap_err();
+        assert!(
+            matches!(e, ConfigError::Syntax { line: Some(3), .. }),
+            "{e:?}"
+        );
+    }
 
     #[test]
     fn the_spec_example_parses() {
@@ -266,6 +324,19 @@ scopes = ["write:clicks", "read:*"]
     fn bad_files_are_refused_with_a_reason() {
         for (text, needle) in [
             ("fsync = 3", "invalid type"),
+            ("fsync = \"sometimes\"", "fsync: fsync must be"),
+            (
+                "[limits]\nmax_future_secs = -1",
+                "max_future_secs must be 0 or more",
+            ),
+            (
+                "[[tokens]]\ntoken = \"\"\nscopes = []",
+                "#1: the token is empty",
+            ),
+            (
+                "[[tokens]]\ntoken = \"t\"\nscopes = [\"read:Bad\"]",
+                "invalid namespace name",
+            ),
             ("unknown = 1", "unknown field"),
             (
                 "[namespaces.Bad]\ntiers = [\"1h:forever\"]",
@@ -276,8 +347,9 @@ scopes = ["write:clicks", "read:*"]
             ("[[tokens]]\ntoken = \"t\"\nscopes = [\"peek:*\"]", "scope"),
             ("[defaults]\ntiers = []", "[defaults]"),
         ] {
-            let e = Settings::from_toml(text).unwrap_err().to_string();
+            let e = chain(&Settings::from_toml(text).unwrap_err());
             assert!(e.contains(needle), "{text:?}: {e}");
+            assert_eq!(e.lines().count(), 1, "{e}");
         }
     }
 }

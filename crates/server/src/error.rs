@@ -40,7 +40,7 @@ impl ApiError {
     }
 
     pub fn status(&self) -> StatusCode {
-        StatusCode::from_u16(self.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+        status_of(self.code)
     }
 
     /// The `{"error": {...}}` value.
@@ -56,9 +56,42 @@ impl ApiError {
     }
 }
 
+/// The HTTP status SPEC §3 gives each code: the one table of them.
+pub fn status_of(code: ErrorCode) -> StatusCode {
+    match code {
+        ErrorCode::MalformedBody
+        | ErrorCode::MissingParameter
+        | ErrorCode::InvalidParameter
+        | ErrorCode::InvalidName
+        | ErrorCode::InvalidKey
+        | ErrorCode::InvalidDimension
+        | ErrorCode::UnknownDimension
+        | ErrorCode::TooManyDimensions
+        | ErrorCode::InvalidTimestamp
+        | ErrorCode::TimestampInFuture
+        | ErrorCode::InvalidAmount
+        | ErrorCode::InvalidTimezone
+        | ErrorCode::InvalidUnit
+        | ErrorCode::InvalidRange
+        | ErrorCode::InvalidDuration
+        | ErrorCode::InvalidLimit
+        | ErrorCode::InvalidSchema => StatusCode::BAD_REQUEST,
+        ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
+        ErrorCode::Forbidden => StatusCode::FORBIDDEN,
+        ErrorCode::UnknownNamespace | ErrorCode::NotFound => StatusCode::NOT_FOUND,
+        ErrorCode::IdempotencyInProgress => StatusCode::CONFLICT,
+        ErrorCode::BodyTooLarge | ErrorCode::BatchTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        ErrorCode::NoTierForRange | ErrorCode::TooManyPoints | ErrorCode::IdempotencyKeyReused => {
+            StatusCode::UNPROCESSABLE_ENTITY
+        }
+        ErrorCode::BackendUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorCode::CorruptData | ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        if self.code.http_status() >= 500 {
+        if self.status().is_server_error() {
             tracing::error!(code = %self.code, message = %self.message, "request failed");
         }
         (self.status(), Json(self.to_json())).into_response()
@@ -94,5 +127,26 @@ impl From<IngestError> for ApiError {
             Some(i) => a.index(i),
             None => a,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_code_has_an_error_status() {
+        for code in ErrorCode::ALL {
+            let s = status_of(code);
+            assert!(s.is_client_error() || s.is_server_error(), "{code}: {s}");
+        }
+        assert_eq!(
+            status_of(ErrorCode::NoTierForRange),
+            StatusCode::UNPROCESSABLE_ENTITY
+        );
+        assert_eq!(
+            status_of(ErrorCode::BackendUnavailable),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
     }
 }

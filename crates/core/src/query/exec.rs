@@ -9,7 +9,7 @@ use super::answer::{
 use super::params::{BreakdownQuery, DashboardQuery, KeysQuery, SeriesQuery, TopQuery};
 use super::{Ctx, QueryError, time};
 use crate::model::{Dimension, Duration, Key, ModelError, Namespace, Schema};
-use crate::store::{Buckets, KeyData, KeyRead, Scan, Store, StoreError, Want};
+use crate::store::{Buckets, KeyData, KeyList, KeyRead, Scan, Store, StoreError, Want};
 use crate::tier::{self, Purpose};
 use crate::time::{Calendar, TimeError, Tz};
 
@@ -386,7 +386,12 @@ pub fn top(store: &dyn Store, ctx: Ctx, q: &TopQuery) -> Result<TopAnswer, Query
 
 pub fn keys(store: &dyn Store, q: &KeysQuery) -> Result<KeysAnswer, QueryError> {
     schema_of(store, &q.ns)?;
-    let mut page = store.keys(&q.ns, &q.prefix, q.after.as_deref(), q.limit + 1)?;
+    let mut page = store.keys(&KeyList {
+        ns: &q.ns,
+        prefix: &q.prefix,
+        after: q.after.as_deref(),
+        limit: q.limit + 1,
+    })?;
     let more = page.len() > q.limit;
     page.truncate(q.limit);
     let next = if more {

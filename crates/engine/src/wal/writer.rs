@@ -5,54 +5,15 @@
 //! be assumed durable.
 
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use tally_core::store::StoreError;
+use tally_core::store::{FsyncPolicy, StoreError};
 
 use super::{file_header, file_name, put_frame};
 use crate::io::{Faults, LogFile};
-
-/// When the log is fsynced (SPEC §1 `fsync`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FsyncPolicy {
-    /// Before every acknowledgement (default): nothing acknowledged is ever lost.
-    Always,
-    /// Every so often; a batch is acknowledged once written. A machine crash can lose the
-    /// last interval; a process crash loses nothing.
-    Interval(Duration),
-    /// Only on rotation and shutdown.
-    Never,
-}
-
-impl FromStr for FsyncPolicy {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "always" => Ok(FsyncPolicy::Always),
-            "never" => Ok(FsyncPolicy::Never),
-            _ => match s.strip_prefix("interval:").map(str::parse::<u64>) {
-                Some(Ok(ms)) if ms > 0 => Ok(FsyncPolicy::Interval(Duration::from_millis(ms))),
-                _ => Err(format!(
-                    "fsync must be \"always\", \"never\" or \"interval:<ms>\" with ms > 0, got {s:?}"
-                )),
-            },
-        }
-    }
-}
-
-impl std::fmt::Display for FsyncPolicy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            FsyncPolicy::Always => f.write_str("always"),
-            FsyncPolicy::Never => f.write_str("never"),
-            FsyncPolicy::Interval(d) => write!(f, "interval:{}", d.as_millis()),
-        }
-    }
-}
 
 type Reply<T> = SyncSender<Result<T, StoreError>>;
 
@@ -324,33 +285,4 @@ impl State {
 /// Creates the first log file of an empty log.
 pub fn create_first(dir: &Path, faults: Option<Arc<Faults>>) -> std::io::Result<LogFile> {
     LogFile::create(&file_name(dir, 1), &file_header(1), faults)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn policies_parse() {
-        assert_eq!("always".parse(), Ok(FsyncPolicy::Always));
-        assert_eq!("never".parse(), Ok(FsyncPolicy::Never));
-        assert_eq!(
-            "interval:100".parse(),
-            Ok(FsyncPolicy::Interval(Duration::from_millis(100)))
-        );
-        for bad in [
-            "",
-            "sometimes",
-            "interval:",
-            "interval:0",
-            "interval:-5",
-            "interval:1.5",
-        ] {
-            assert!(bad.parse::<FsyncPolicy>().is_err(), "{bad}");
-        }
-        assert_eq!(
-            FsyncPolicy::Interval(Duration::from_millis(100)).to_string(),
-            "interval:100"
-        );
-    }
 }

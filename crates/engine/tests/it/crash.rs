@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tally_core::model::Namespace;
-use tally_core::store::{Store, SystemClock};
+use tally_core::store::{KeyList, Store, SystemClock};
 use tally_engine::{Config, Engine};
 
 use crate::{raw, read_all, write};
@@ -154,7 +154,14 @@ fn acknowledged_batches_survive_sigkill() {
 
 fn verify(engine: &Engine, acked: &BTreeSet<u64>, round: u64) {
     let ns = Namespace::new("crash").unwrap();
-    let keys = engine.keys(&ns, "", None, usize::MAX).unwrap();
+    let keys = engine
+        .keys(&KeyList {
+            ns: &ns,
+            prefix: "",
+            after: None,
+            limit: usize::MAX,
+        })
+        .unwrap();
     // Group keys by batch: every batch present must be whole and counted once.
     let mut seen: BTreeMap<u64, u64> = BTreeMap::new();
     for k in &keys {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use tally_core::model::{Duration, Key, Namespace, Schema, SchemaDoc};
 use tally_core::reference::MemStore;
-use tally_core::store::{KeyRead, ManualClock, Scan, Store, Want};
+use tally_core::store::{KeyList, KeyRead, ManualClock, Scan, Store, Want};
 use tally_engine::{Engine, FsyncPolicy};
 
 use crate::{NOW, open, raw, write};
@@ -61,7 +61,15 @@ fn compare(engine: &Engine, reference: &MemStore) -> Result<(), TestCaseError> {
         engine.namespaces().unwrap(),
         reference.namespaces().unwrap()
     );
-    let keys = |s: &dyn Store| s.keys(&ns, "", None, 100).unwrap();
+    let keys = |s: &dyn Store| {
+        s.keys(&KeyList {
+            ns: &ns,
+            prefix: "",
+            after: None,
+            limit: 100,
+        })
+        .unwrap()
+    };
     prop_assert_eq!(keys(engine), keys(reference));
     for res in [60u64, 900, 3600] {
         let resolution = Duration::from_secs(res).unwrap();

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use tally_core::store::{Store, StoreError};
+use tally_core::store::{KeyList, Store, StoreError};
 use tally_engine::io::Faults;
 use tally_engine::wal::reader::TornTail;
 use tally_engine::wal::{Corruption, FILE_HEADER_LEN, FRAME_HEADER_LEN, WalError, list_files};
@@ -321,12 +321,12 @@ trait Empty {
 
 impl Empty for Engine {
     fn store_is_empty(&self) -> bool {
-        self.keys(
-            &tally_core::model::Namespace::new("clicks").unwrap(),
-            "",
-            None,
-            10,
-        )
+        self.keys(&KeyList {
+            ns: &tally_core::model::Namespace::new("clicks").unwrap(),
+            prefix: "",
+            after: None,
+            limit: 10,
+        })
         .unwrap()
         .is_empty()
     }

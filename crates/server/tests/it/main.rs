@@ -14,7 +14,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use serde_json::Value;
 use tally_core::model::{Key, Namespace, Schema};
 use tally_core::store::{
-    Batch, Clock, Gauge, IdemRecord, KeyData, KeyRead, ManualClock, Scan, Store, StoreError,
+    Batch, Clock, Gauge, IdemRecord, KeyData, KeyList, KeyRead, ManualClock, Scan, Store,
+    StoreError,
 };
 use tally_engine::{Config, Engine, FsyncPolicy};
 use tally_server::{App, Settings};
@@ -65,14 +66,8 @@ impl Store for Gated {
     fn read(&self, reads: &[KeyRead<'_>]) -> Result<Vec<KeyData>, StoreError> {
         self.inner.read(reads)
     }
-    fn keys(
-        &self,
-        ns: &Namespace,
-        prefix: &str,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Result<Vec<Key>, StoreError> {
-        self.inner.keys(ns, prefix, after, limit)
+    fn keys(&self, list: &KeyList<'_>) -> Result<Vec<Key>, StoreError> {
+        self.inner.keys(list)
     }
     fn scan(&self, scan: &Scan<'_>, visit: &mut dyn FnMut(&Key, i64)) -> Result<(), StoreError> {
         self.inner.scan(scan, visit)
