@@ -15,7 +15,11 @@ use tally_core::model::{self, Duration, RawEvent};
 use tally_core::query::{self, Accepted};
 use tally_core::store::IdemRecord;
 
-use crate::{Action, ApiError, App, read_body};
+use crate::app::App;
+use crate::auth;
+use crate::body::read_body;
+use crate::config::Action;
+use crate::error::ApiError;
 
 /// How long an answer is remembered under its idempotency key.
 const IDEMPOTENCY_SECS: i64 = 24 * 3600;
@@ -299,8 +303,7 @@ struct InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.app
-            .0
-            .in_flight
+            .in_flight()
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&self.key);
@@ -332,7 +335,7 @@ async fn idempotency(app: &App, headers: &HeaderMap, fp: String) -> Result<Idem,
         })?
         .to_owned();
     {
-        let mut inflight = app.0.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+        let mut inflight = app.in_flight().lock().unwrap_or_else(|e| e.into_inner());
         if inflight.contains_key(&key) {
             return Err(ApiError::new(
                 ErrorCode::IdempotencyInProgress,
@@ -347,7 +350,7 @@ async fn idempotency(app: &App, headers: &HeaderMap, fp: String) -> Result<Idem,
     };
     let k = key.clone();
     let seen = app
-        .blocking(move |app| Ok(app.0.store.idempotency(&k)?))
+        .blocking(move |app| Ok(app.store().idempotency(&k)?))
         .await?;
     match seen {
         Some(r) if r.fingerprint == fp => Ok(Idem::Replay(r.status, r.body)),
@@ -383,8 +386,8 @@ fn apply(
         &**app.store(),
         raws,
         now,
-        &app.0.settings.limits,
-        &app.0.settings.defaults,
+        &app.settings().limits,
+        &app.settings().defaults,
     )?;
     let body = answer(app, &batch)?;
     if let Some((key, fp)) = idem {
@@ -398,8 +401,8 @@ fn apply(
         });
     }
     app.store().apply(&batch)?;
-    app.0.metrics.events.fetch_add(events, Ordering::Relaxed);
-    app.0.metrics.batches.fetch_add(1, Ordering::Relaxed);
+    app.metrics().events.fetch_add(events, Ordering::Relaxed);
+    app.metrics().batches.fetch_add(1, Ordering::Relaxed);
     Ok(body)
 }
 
@@ -424,17 +427,17 @@ pub async fn post_events(
     body: Body,
 ) -> Result<axum::response::Response, ApiError> {
     use axum::response::IntoResponse;
-    let bytes = read_body(body, app.0.settings.limits.max_body_bytes).await?;
+    let bytes = read_body(body, app.settings().limits.max_body_bytes).await?;
     let ndjson = headers
         .get(axum::http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("application/x-ndjson"));
-    let raws = parse_body(&bytes, ndjson, app.0.settings.limits.max_batch_events)?;
+    let raws = parse_body(&bytes, ndjson, app.settings().limits.max_batch_events)?;
     // Once per namespace, at its first event: that event's index is the one a refusal names.
     let mut checked: std::collections::HashSet<&str> = std::collections::HashSet::new();
     for (i, r) in raws.iter().enumerate() {
         if checked.insert(r.ns.as_str()) {
-            app.authorize(&headers, Action::Write, &r.ns)
+            auth::authorize(&app.settings().tokens, &headers, Action::Write, &r.ns)
                 .map_err(|e| e.index(i))?;
         }
     }
@@ -480,7 +483,7 @@ pub async fn incr(
     headers: HeaderMap,
 ) -> Result<axum::response::Response, ApiError> {
     use axum::response::IntoResponse;
-    app.authorize(&headers, Action::Write, &ns)?;
+    auth::authorize(&app.settings().tokens, &headers, Action::Write, &ns)?;
     let query = query.unwrap_or_default();
     let pairs: Vec<(String, String)> = serde_urlencoded_pairs(&query)?;
     let mut raw = RawEvent {

@@ -1,10 +1,10 @@
 //! tally's HTTP API (SPEC §3) over any [`Store`]: routes, authentication, errors mapped to
 //! statuses in one place, idempotency keys, metrics and the OpenAPI document — which is
 //! generated from the route handlers themselves, so it cannot drift from them.
-//!
-//! Store calls block (the embedded engine waits for fsync), so every one runs on tokio's
-//! blocking pool, never on the async workers.
 
+mod app;
+mod auth;
+mod body;
 pub mod config;
 mod error;
 mod events;
@@ -12,140 +12,16 @@ mod metrics;
 mod queries;
 mod schemas;
 
-use std::collections::HashMap;
 use std::future::Future;
-use std::sync::{Arc, Mutex, OnceLock};
 
 use axum::Router;
-use axum::http::HeaderMap;
-use tally_core::query::Ctx;
-use tally_core::store::{Clock, Store};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+pub use app::App;
 pub use config::{Action, ConfigError, Scope, Settings, Token};
 pub use error::ApiError;
 use tally_core::ErrorCode;
-
-/// Everything a request needs.
-#[derive(Clone)]
-pub struct App(Arc<Inner>);
-
-impl std::fmt::Debug for App {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("App").finish_non_exhaustive()
-    }
-}
-
-struct Inner {
-    store: Arc<dyn Store>,
-    settings: Settings,
-    clock: Arc<dyn Clock>,
-    metrics: metrics::Metrics,
-    /// Idempotency keys whose first request is still being processed, with its fingerprint.
-    in_flight: Mutex<HashMap<String, String>>,
-    openapi: OnceLock<String>,
-}
-
-impl App {
-    pub fn new(store: Arc<dyn Store>, settings: Settings, clock: Arc<dyn Clock>) -> App {
-        App(Arc::new(Inner {
-            store,
-            settings,
-            clock,
-            metrics: metrics::Metrics::default(),
-            in_flight: Mutex::new(HashMap::new()),
-            openapi: OnceLock::new(),
-        }))
-    }
-
-    pub fn store(&self) -> &Arc<dyn Store> {
-        &self.0.store
-    }
-
-    pub fn settings(&self) -> &Settings {
-        &self.0.settings
-    }
-
-    fn now(&self) -> i64 {
-        self.0.clock.now()
-    }
-
-    fn ctx(&self) -> Ctx {
-        Ctx {
-            now: self.now(),
-            max_points: self.0.settings.limits.max_points,
-        }
-    }
-
-    /// Creates or updates the namespaces the configuration file declares.
-    pub fn apply_config_namespaces(&self) -> Result<(), tally_core::store::StoreError> {
-        for (ns, schema) in &self.0.settings.namespaces {
-            if self.0.store.schema(ns)?.as_ref() != Some(schema) {
-                self.0.store.put_schema(ns, schema)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Runs a store call on the blocking pool.
-    async fn blocking<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(&App) -> Result<T, ApiError> + Send + 'static,
-    ) -> Result<T, ApiError> {
-        let app = self.clone();
-        tokio::task::spawn_blocking(move || f(&app))
-            .await
-            .map_err(|e| {
-                ApiError::new(ErrorCode::Internal, format!("a request task failed: {e}"))
-            })?
-    }
-
-    /// Checks the bearer token (when tokens are configured) against a scope.
-    fn authorize(&self, headers: &HeaderMap, action: Action, ns: &str) -> Result<(), ApiError> {
-        match self.token(headers)? {
-            None => Ok(()),
-            Some(t) if t.allows(action, ns) => Ok(()),
-            Some(_) => Err(ApiError::new(
-                ErrorCode::Forbidden,
-                format!("this token has no {}:{ns} scope", action.as_str()),
-            )),
-        }
-    }
-
-    /// The caller's token: `None` when no tokens are configured.
-    fn token(&self, headers: &HeaderMap) -> Result<Option<&Token>, ApiError> {
-        let tokens = &self.0.settings.tokens;
-        if tokens.is_empty() {
-            return Ok(None);
-        }
-        let given = headers
-            .get(axum::http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .ok_or_else(|| {
-                ApiError::new(
-                    ErrorCode::Unauthorized,
-                    "send Authorization: Bearer <token>",
-                )
-            })?;
-        tokens
-            .iter()
-            .find(|t| t.secret == given)
-            .map(Some)
-            .ok_or_else(|| ApiError::new(ErrorCode::Unauthorized, "unknown token"))
-    }
-}
-
-/// Reads a request body of at most `limit` bytes; a larger one is `413 body_too_large`.
-async fn read_body(body: axum::body::Body, limit: usize) -> Result<axum::body::Bytes, ApiError> {
-    axum::body::to_bytes(body, limit).await.map_err(|_| {
-        ApiError::new(
-            ErrorCode::BodyTooLarge,
-            format!("the body is larger than {limit} bytes"),
-        )
-    })
-}
 
 /// The router, and the OpenAPI document of its routes.
 pub fn router(app: App) -> (Router, utoipa::openapi::OpenApi) {
@@ -172,7 +48,7 @@ pub fn router(app: App) -> (Router, utoipa::openapi::OpenApi) {
     api.info.contact = None;
     api.info.license = Some(utoipa::openapi::License::new("MIT OR Apache-2.0"));
     let json = serde_json::to_string_pretty(&api).unwrap_or_else(|_| "{}".into());
-    let _ = app.0.openapi.set(json);
+    app.set_openapi(json);
     let app2 = app.clone();
     let router = router
         .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such route") })
@@ -182,7 +58,7 @@ pub fn router(app: App) -> (Router, utoipa::openapi::OpenApi) {
                 async move {
                     let method = req.method().clone();
                     let resp = json_errors(next.run(req).await, &method).await;
-                    app.0.metrics.response(resp.status().as_u16());
+                    app.metrics().response(resp.status().as_u16());
                     resp
                 }
             },

@@ -12,8 +12,12 @@ use serde_json::Value;
 use tally_core::ErrorCode;
 use tally_core::query;
 
+use crate::app::App;
+use crate::auth;
+use crate::body::read_body;
+use crate::config::Action;
+use crate::error::ApiError;
 use crate::events::serde_urlencoded_pairs;
-use crate::{Action, ApiError, App, read_body};
 
 /// Most entries in one `POST /v1/query`.
 const MAX_BATCH_QUERIES: usize = 1000;
@@ -119,7 +123,7 @@ fn run(
         Kind::Top => serde_json::to_value(query::top(store, ctx, &query::TopQuery::parse(ns, p)?)?),
         Kind::Keys => serde_json::to_value(query::keys(store, &query::KeysQuery::parse(ns, p)?)?),
     };
-    app.0.metrics.query(kind.name(), t.elapsed());
+    app.metrics().query(kind.name(), t.elapsed());
     v.map_err(|e| ApiError::new(ErrorCode::Internal, format!("serialising an answer: {e}")))
 }
 
@@ -144,7 +148,7 @@ async fn get(
     key: String,
     q: Option<String>,
 ) -> Result<Json<Value>, ApiError> {
-    app.authorize(&headers, Action::Read, &ns)?;
+    auth::authorize(&app.settings().tokens, &headers, Action::Read, &ns)?;
     let p = params(q)?;
     app.blocking(move |app| run(app, kind, &ns, &key, &p))
         .await
@@ -244,7 +248,7 @@ pub async fn batch(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
-    let bytes = read_body(body, app.0.settings.limits.max_body_bytes).await?;
+    let bytes = read_body(body, app.settings().limits.max_body_bytes).await?;
     let malformed = |m: &str| ApiError::new(ErrorCode::MalformedBody, m);
     let v: Value = serde_json::from_slice(&bytes)
         .map_err(|e| malformed(&format!("the body is not JSON: {e}")))?;
@@ -317,7 +321,7 @@ fn entry(app: &App, headers: &HeaderMap, e: &Value) -> Result<Entry, ApiError> {
     } else {
         String::new()
     };
-    app.authorize(headers, Action::Read, &ns)?;
+    auth::authorize(&app.settings().tokens, headers, Action::Read, &ns)?;
     let mut p = BTreeMap::new();
     for (k, v) in obj {
         if matches!(k.as_str(), "kind" | "ns" | "key") {

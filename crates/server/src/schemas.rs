@@ -10,7 +10,11 @@ use serde_json::Value;
 use tally_core::ErrorCode;
 use tally_core::model::{Namespace, Schema, SchemaDoc};
 
-use crate::{Action, ApiError, App, read_body};
+use crate::app::App;
+use crate::auth;
+use crate::body::read_body;
+use crate::config::Action;
+use crate::error::ApiError;
 
 fn schema_json(ns: &Namespace, s: &Schema) -> Value {
     let doc = s.to_doc();
@@ -26,7 +30,7 @@ fn schema_json(ns: &Namespace, s: &Schema) -> Value {
 #[utoipa::path(get, path = "/v1/ns", tag = "namespaces",
     responses((status = 200, description = "`{\"namespaces\": [{\"name\", \"tiers\", \"breakdown_tiers\", \"dimensions\"}]}`")))]
 pub async fn list(State(app): State<App>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
-    let token = app.token(&headers)?.cloned();
+    let token = auth::caller(&app.settings().tokens, &headers)?.cloned();
     let all = app.blocking(|app| Ok(app.store().namespaces()?)).await?;
     let list: Vec<Value> = all
         .iter()
@@ -49,7 +53,7 @@ pub async fn get(
     Path(ns): Path<String>,
     headers: HeaderMap,
 ) -> Result<Json<Value>, ApiError> {
-    app.authorize(&headers, Action::Read, &ns)?;
+    auth::authorize(&app.settings().tokens, &headers, Action::Read, &ns)?;
     let ns = Namespace::new(&ns).map_err(|e| ApiError::from(e).field("ns"))?;
     app.blocking(move |app| match app.store().schema(&ns)? {
         Some(s) => Ok(Json(schema_json(&ns, &s))),
@@ -73,7 +77,7 @@ pub async fn put(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
-    app.authorize(&headers, Action::Admin, &ns)?;
+    auth::authorize(&app.settings().tokens, &headers, Action::Admin, &ns)?;
     let ns = Namespace::new(&ns).map_err(|e| ApiError::from(e).field("ns"))?;
     let bytes = read_body(body, 1 << 20).await?;
     let doc: SchemaDoc = serde_json::from_slice(&bytes).map_err(|e| {
@@ -110,14 +114,14 @@ pub async fn metrics(State(app): State<App>) -> impl IntoResponse {
             axum::http::header::CONTENT_TYPE,
             "text/plain; version=0.0.4",
         )],
-        app.0.metrics.render(&gauges),
+        app.metrics().render(&gauges),
     )
 }
 
 /// This document.
 #[utoipa::path(get, path = "/openapi.json", tag = "operations", responses((status = 200, description = "OpenAPI 3 document")))]
 pub async fn openapi(State(app): State<App>) -> impl IntoResponse {
-    let doc = app.0.openapi.get().cloned().unwrap_or_else(|| "{}".into());
+    let doc = app.openapi().unwrap_or("{}").to_owned();
     (
         [(axum::http::header::CONTENT_TYPE, "application/json")],
         doc,

@@ -1,0 +1,111 @@
+//! The state every request shares: the store, the settings, the clock, the server's metrics,
+//! the idempotency keys in flight and the rendered OpenAPI document — and the one way a
+//! handler reaches the store, [`App::blocking`].
+//!
+//! Store calls block (the embedded engine waits for fsync), so every one runs on tokio's
+//! blocking pool, never on the async workers.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use tally_core::ErrorCode;
+use tally_core::query::Ctx;
+use tally_core::store::{Clock, Store, StoreError};
+
+use crate::config::Settings;
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+
+/// Everything a request needs.
+#[derive(Clone)]
+pub struct App(Arc<Inner>);
+
+impl std::fmt::Debug for App {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("App").finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    store: Arc<dyn Store>,
+    settings: Settings,
+    clock: Arc<dyn Clock>,
+    metrics: Metrics,
+    /// Idempotency keys whose first request is still being processed, with its fingerprint.
+    in_flight: Mutex<HashMap<String, String>>,
+    /// Set once, by the router that serves this app.
+    openapi: OnceLock<String>,
+}
+
+impl App {
+    pub fn new(store: Arc<dyn Store>, settings: Settings, clock: Arc<dyn Clock>) -> App {
+        App(Arc::new(Inner {
+            store,
+            settings,
+            clock,
+            metrics: Metrics::default(),
+            in_flight: Mutex::new(HashMap::new()),
+            openapi: OnceLock::new(),
+        }))
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.0.store
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.0.settings
+    }
+
+    /// Creates or updates the namespaces the configuration file declares.
+    pub fn apply_config_namespaces(&self) -> Result<(), StoreError> {
+        for (ns, schema) in &self.0.settings.namespaces {
+            if self.0.store.schema(ns)?.as_ref() != Some(schema) {
+                self.0.store.put_schema(ns, schema)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn now(&self) -> i64 {
+        self.0.clock.now()
+    }
+
+    /// What a query needs to know of the server: the time and the point budget.
+    pub(crate) fn ctx(&self) -> Ctx {
+        Ctx {
+            now: self.now(),
+            max_points: self.0.settings.limits.max_points,
+        }
+    }
+
+    pub(crate) fn metrics(&self) -> &Metrics {
+        &self.0.metrics
+    }
+
+    pub(crate) fn in_flight(&self) -> &Mutex<HashMap<String, String>> {
+        &self.0.in_flight
+    }
+
+    /// Keeps the OpenAPI document `/openapi.json` serves; the first one set stays.
+    pub(crate) fn set_openapi(&self, json: String) {
+        let _ = self.0.openapi.set(json);
+    }
+
+    pub(crate) fn openapi(&self) -> Option<&str> {
+        self.0.openapi.get().map(String::as_str)
+    }
+
+    /// Runs a store call on the blocking pool.
+    pub(crate) async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&App) -> Result<T, ApiError> + Send + 'static,
+    ) -> Result<T, ApiError> {
+        let app = self.clone();
+        tokio::task::spawn_blocking(move || f(&app))
+            .await
+            .map_err(|e| {
+                ApiError::new(ErrorCode::Internal, format!("a request task failed: {e}"))
+            })?
+    }
+}

@@ -1,0 +1,107 @@
+//! Who the caller is and what it may do: the bearer token of a request, and its scope for a
+//! namespace (SPEC §3). With no tokens configured, every request is allowed.
+//!
+//! Handlers authorize before they read a body or validate a parameter, so a caller without
+//! a scope learns nothing about a namespace.
+
+use axum::http::HeaderMap;
+use tally_core::ErrorCode;
+
+use crate::config::{Action, Token};
+use crate::error::ApiError;
+
+/// Checks the bearer token (when tokens are configured) against a scope.
+pub(crate) fn authorize(
+    tokens: &[Token],
+    headers: &HeaderMap,
+    action: Action,
+    ns: &str,
+) -> Result<(), ApiError> {
+    match caller(tokens, headers)? {
+        None => Ok(()),
+        Some(t) if t.allows(action, ns) => Ok(()),
+        Some(_) => Err(ApiError::new(
+            ErrorCode::Forbidden,
+            format!("this token has no {}:{ns} scope", action.as_str()),
+        )),
+    }
+}
+
+/// The caller's token: `None` when no tokens are configured; `401` when tokens are
+/// configured and the request has none of them.
+pub(crate) fn caller<'t>(
+    tokens: &'t [Token],
+    headers: &HeaderMap,
+) -> Result<Option<&'t Token>, ApiError> {
+    if tokens.is_empty() {
+        return Ok(None);
+    }
+    let given = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .ok_or_else(|| {
+            ApiError::new(
+                ErrorCode::Unauthorized,
+                "send Authorization: Bearer <token>",
+            )
+        })?;
+    tokens
+        .iter()
+        .find(|t| t.secret == given)
+        .map(Some)
+        .ok_or_else(|| ApiError::new(ErrorCode::Unauthorized, "unknown token"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Scope;
+
+    fn tokens() -> Vec<Token> {
+        vec![Token {
+            secret: "s3cret".into(),
+            scopes: vec![
+                Scope::parse("write:clicks").unwrap(),
+                Scope::parse("read:*").unwrap(),
+            ],
+        }]
+    }
+
+    fn bearer(v: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(axum::http::header::AUTHORIZATION, v.parse().unwrap());
+        h
+    }
+
+    #[test]
+    fn without_tokens_everything_is_allowed() {
+        let none = HeaderMap::new();
+        assert!(caller(&[], &none).unwrap().is_none());
+        assert!(authorize(&[], &none, Action::Admin, "clicks").is_ok());
+    }
+
+    #[test]
+    fn a_missing_or_unknown_token_is_401() {
+        let t = tokens();
+        for h in [HeaderMap::new(), bearer("s3cret"), bearer("Bearer nope")] {
+            let e = authorize(&t, &h, Action::Read, "clicks").unwrap_err();
+            assert_eq!(e.code, ErrorCode::Unauthorized);
+        }
+        let e = caller(&t, &bearer("Bearer nope")).unwrap_err();
+        assert_eq!(e.message, "unknown token");
+    }
+
+    #[test]
+    fn a_known_token_needs_the_scope() {
+        let t = tokens();
+        let h = bearer("Bearer s3cret");
+        assert!(authorize(&t, &h, Action::Write, "clicks").is_ok());
+        assert!(authorize(&t, &h, Action::Read, "views").is_ok());
+        let e = authorize(&t, &h, Action::Write, "views").unwrap_err();
+        assert_eq!(e.code, ErrorCode::Forbidden);
+        assert_eq!(e.message, "this token has no write:views scope");
+        let e = authorize(&t, &h, Action::Admin, "clicks").unwrap_err();
+        assert_eq!(e.code, ErrorCode::Forbidden);
+    }
+}
