@@ -1,7 +1,7 @@
 //! Writes: `POST /v1/events` (JSON array or NDJSON) and `POST /v1/ns/{ns}/keys/{key}/incr`,
 //! both all-or-nothing, both honouring `Idempotency-Key`.
 
-use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 
 use axum::Json;
@@ -20,6 +20,7 @@ use crate::auth;
 use crate::body::read_body;
 use crate::config::Action;
 use crate::error::ApiError;
+use crate::params;
 
 /// How long an answer is remembered under its idempotency key.
 const IDEMPOTENCY_SECS: i64 = 24 * 3600;
@@ -485,20 +486,18 @@ pub async fn incr(
     use axum::response::IntoResponse;
     auth::authorize(&app.settings().tokens, &headers, Action::Write, &ns)?;
     let query = query.unwrap_or_default();
-    let pairs: Vec<(String, String)> = serde_urlencoded_pairs(&query)?;
+    let pairs = params::pairs(&query)?;
     let mut raw = RawEvent {
         ns: ns.clone(),
         key: key.clone(),
         ..RawEvent::default()
     };
     let mut window = None;
-    let mut seen = BTreeMap::new();
+    // A repeat is refused where it appears, so a bad value before it is named first.
+    let mut seen = BTreeSet::new();
     for (k, v) in &pairs {
-        if seen.insert(k.clone(), ()).is_some() {
-            return Err(
-                ApiError::new(ErrorCode::InvalidParameter, format!("{k} is given twice"))
-                    .field(k.clone()),
-            );
+        if !seen.insert(k.as_str()) {
+            return Err(params::given_twice(k.clone()));
         }
         match k.as_str() {
             "n" => {
@@ -562,52 +561,4 @@ pub async fn incr(
         .await?;
     drop(held);
     Ok(Json(body).into_response())
-}
-
-/// Decodes `a=1&b=2` (form encoding: `+` is a space).
-pub(crate) fn serde_urlencoded_pairs(q: &str) -> Result<Vec<(String, String)>, ApiError> {
-    q.split('&')
-        .filter(|p| !p.is_empty())
-        .map(|p| {
-            let (k, v) = p.split_once('=').unwrap_or((p, ""));
-            Ok((decode(k)?, decode(v)?))
-        })
-        .collect()
-}
-
-fn decode(s: &str) -> Result<String, ApiError> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'+' => out.push(b' '),
-            b'%' => {
-                let hex = bytes
-                    .get(i + 1..i + 3)
-                    .and_then(|h| std::str::from_utf8(h).ok())
-                    .and_then(|h| u8::from_str_radix(h, 16).ok());
-                match hex {
-                    Some(b) => {
-                        out.push(b);
-                        i += 2;
-                    }
-                    None => {
-                        return Err(ApiError::new(
-                            ErrorCode::InvalidParameter,
-                            format!("bad percent-encoding in {s:?}"),
-                        ));
-                    }
-                }
-            }
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8(out).map_err(|_| {
-        ApiError::new(
-            ErrorCode::InvalidParameter,
-            format!("{s:?} is not UTF-8 once decoded"),
-        )
-    })
 }

@@ -9,6 +9,7 @@ pub mod config;
 mod error;
 mod events;
 mod metrics;
+mod params;
 mod queries;
 mod schemas;
 

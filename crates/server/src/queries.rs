@@ -17,7 +17,7 @@ use crate::auth;
 use crate::body::read_body;
 use crate::config::Action;
 use crate::error::ApiError;
-use crate::events::serde_urlencoded_pairs;
+use crate::params;
 
 /// Most entries in one `POST /v1/query`.
 const MAX_BATCH_QUERIES: usize = 1000;
@@ -127,19 +127,6 @@ fn run(
     v.map_err(|e| ApiError::new(ErrorCode::Internal, format!("serialising an answer: {e}")))
 }
 
-fn params(raw: Option<String>) -> Result<BTreeMap<String, String>, ApiError> {
-    let mut out = BTreeMap::new();
-    for (k, v) in serde_urlencoded_pairs(raw.as_deref().unwrap_or(""))? {
-        if out.contains_key(&k) {
-            return Err(
-                ApiError::new(ErrorCode::InvalidParameter, format!("{k} is given twice")).field(k),
-            );
-        }
-        out.insert(k, v);
-    }
-    Ok(out)
-}
-
 async fn get(
     app: App,
     headers: HeaderMap,
@@ -149,7 +136,7 @@ async fn get(
     q: Option<String>,
 ) -> Result<Json<Value>, ApiError> {
     auth::authorize(&app.settings().tokens, &headers, Action::Read, &ns)?;
-    let p = params(q)?;
+    let p = params::unique(q.as_deref())?;
     app.blocking(move |app| run(app, kind, &ns, &key, &p))
         .await
         .map(Json)
