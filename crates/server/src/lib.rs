@@ -1,6 +1,9 @@
-//! tally's HTTP API (SPEC §3) over any [`Store`]: routes, authentication, errors mapped to
-//! statuses in one place, idempotency keys, metrics and the OpenAPI document — which is
-//! generated from the route handlers themselves, so it cannot drift from them.
+//! tally's HTTP API (SPEC §3) over any [`Store`](tally_core::store::Store): routes,
+//! authentication, errors mapped to statuses in one place, idempotency keys, metrics and the
+//! OpenAPI document — which is generated from the route handlers themselves, so it cannot
+//! drift from them.
+//!
+//! This file only names the modules and the public API; each module says what it owns.
 
 mod app;
 mod auth;
@@ -9,127 +12,13 @@ pub mod config;
 mod error;
 mod events;
 mod metrics;
+mod ops;
 mod params;
 mod queries;
+mod router;
 mod schemas;
-
-use std::future::Future;
-
-use axum::Router;
-use utoipa_axum::router::OpenApiRouter;
-use utoipa_axum::routes;
 
 pub use app::App;
 pub use config::{Action, ConfigError, Scope, Settings, Token};
 pub use error::ApiError;
-use tally_core::ErrorCode;
-
-/// The router, and the OpenAPI document of its routes.
-pub fn router(app: App) -> (Router, utoipa::openapi::OpenApi) {
-    let (router, mut api) = OpenApiRouter::new()
-        .routes(routes!(events::post_events))
-        .routes(routes!(events::incr))
-        .routes(routes!(queries::series))
-        .routes(routes!(queries::breakdown))
-        .routes(routes!(queries::window))
-        .routes(routes!(queries::dashboard))
-        .routes(routes!(queries::top))
-        .routes(routes!(queries::keys))
-        .routes(routes!(queries::batch))
-        .routes(routes!(schemas::list))
-        .routes(routes!(schemas::get, schemas::put))
-        .routes(routes!(schemas::healthz))
-        .routes(routes!(schemas::metrics))
-        .routes(routes!(schemas::openapi))
-        .with_state(app.clone())
-        .split_for_parts();
-    api.info.title = "tally".into();
-    api.info.description = Some("A time-series counter database: SPEC §3, HTTP API v1.".into());
-    api.info.version = env!("CARGO_PKG_VERSION").into();
-    api.info.contact = None;
-    api.info.license = Some(utoipa::openapi::License::new("MIT OR Apache-2.0"));
-    let json = serde_json::to_string_pretty(&api).unwrap_or_else(|_| "{}".into());
-    app.set_openapi(json);
-    let app2 = app.clone();
-    let router = router
-        .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such route") })
-        .layer(axum::middleware::from_fn(
-            move |req: axum::extract::Request, next: axum::middleware::Next| {
-                let app = app2.clone();
-                async move {
-                    let method = req.method().clone();
-                    let resp = json_errors(next.run(req).await, &method).await;
-                    app.metrics().response(resp.status().as_u16());
-                    resp
-                }
-            },
-        ));
-    (router, api)
-}
-
-/// Requests served at once; more wait their turn. Bounds the blocking-pool threads and the
-/// memory of bodies being parsed under a flood.
-pub const MAX_CONCURRENT_REQUESTS: usize = 1024;
-
-/// Errors that axum itself answers (a path segment that is not UTF-8 once decoded, a method
-/// the route does not take) come as plain text: rewrap them in the `{"error": ...}` shape so
-/// every error a client sees is JSON with a code.
-async fn json_errors(
-    resp: axum::response::Response,
-    method: &axum::http::Method,
-) -> axum::response::Response {
-    use axum::response::IntoResponse;
-    let status = resp.status();
-    let is_json = resp
-        .headers()
-        .get(axum::http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/json"));
-    if status.as_u16() < 400 || is_json {
-        return resp;
-    }
-    let allow = resp.headers().get(axum::http::header::ALLOW).cloned();
-    let text = axum::body::to_bytes(resp.into_body(), 64 * 1024)
-        .await
-        .unwrap_or_default();
-    let text = String::from_utf8_lossy(&text).trim().to_owned();
-    let err = match status.as_u16() {
-        405 => {
-            let allowed = allow
-                .as_ref()
-                .and_then(|a| a.to_str().ok())
-                .unwrap_or("another method");
-            ApiError::new(
-                ErrorCode::NotFound,
-                format!("no route for {method} here; this path takes {allowed}"),
-            )
-        }
-        400 if text.contains("`key`") => ApiError::new(ErrorCode::InvalidKey, text).field("key"),
-        400 if text.contains("`ns`") => ApiError::new(ErrorCode::InvalidName, text).field("ns"),
-        400 => ApiError::new(ErrorCode::InvalidParameter, text),
-        413 => ApiError::new(ErrorCode::BodyTooLarge, text),
-        404 => ApiError::new(ErrorCode::NotFound, text),
-        s if s < 500 => ApiError::new(ErrorCode::MalformedBody, text),
-        _ => ApiError::new(ErrorCode::Internal, text),
-    };
-    let mut out = err.into_response();
-    if let Some(a) = allow {
-        out.headers_mut().insert(axum::http::header::ALLOW, a);
-    }
-    out
-}
-
-/// Serves until `shutdown` completes, then stops accepting and finishes in-flight requests.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    app: App,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    let (router, _) = router(app);
-    let router = router.layer(tower::limit::ConcurrencyLimitLayer::new(
-        MAX_CONCURRENT_REQUESTS,
-    ));
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await
-}
+pub use router::{MAX_CONCURRENT_REQUESTS, router, serve};
