@@ -5,8 +5,7 @@
 //! Store calls block (the embedded engine waits for fsync), so every one runs on tokio's
 //! blocking pool, never on the async workers.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 use tally_core::ErrorCode;
 use tally_core::query::Ctx;
@@ -14,6 +13,7 @@ use tally_core::store::{Clock, Store, StoreError};
 
 use crate::config::Settings;
 use crate::error::ApiError;
+use crate::idempotency::InFlight;
 use crate::metrics::Metrics;
 
 /// Everything a request needs.
@@ -31,8 +31,7 @@ struct Inner {
     settings: Settings,
     clock: Arc<dyn Clock>,
     metrics: Metrics,
-    /// Idempotency keys whose first request is still being processed, with its fingerprint.
-    in_flight: Mutex<HashMap<String, String>>,
+    in_flight: InFlight,
     /// Set once, by the router that serves this app.
     openapi: OnceLock<String>,
 }
@@ -44,7 +43,7 @@ impl App {
             settings,
             clock,
             metrics: Metrics::default(),
-            in_flight: Mutex::new(HashMap::new()),
+            in_flight: InFlight::default(),
             openapi: OnceLock::new(),
         }))
     }
@@ -83,7 +82,7 @@ impl App {
         &self.0.metrics
     }
 
-    pub(crate) fn in_flight(&self) -> &Mutex<HashMap<String, String>> {
+    pub(crate) fn in_flight(&self) -> &InFlight {
         &self.0.in_flight
     }
 

@@ -13,17 +13,14 @@ use tally_core::ErrorCode;
 use tally_core::ingest;
 use tally_core::model::{self, Duration, RawEvent};
 use tally_core::query::{self, Accepted};
-use tally_core::store::IdemRecord;
 
 use crate::app::App;
 use crate::auth;
 use crate::body::read_body;
 use crate::config::Action;
 use crate::error::ApiError;
+use crate::idempotency::{self, Held, Idem, Ticket};
 use crate::params;
-
-/// How long an answer is remembered under its idempotency key.
-const IDEMPOTENCY_SECS: i64 = 24 * 3600;
 
 fn malformed(msg: impl Into<String>) -> ApiError {
     ApiError::new(ErrorCode::MalformedBody, msg)
@@ -280,105 +277,11 @@ fn parse_slow(body: &[u8], ndjson: bool, max: usize) -> Result<Vec<RawEvent>, Ap
         .collect()
 }
 
-/// A stable fingerprint of a request (FNV-1a 64 and CRC32C): it is stored on disk, so it must
-/// not depend on a hasher's per-process seed or version.
-fn fingerprint(parts: &[&[u8]]) -> String {
-    let mut fnv: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut crc = 0u32;
-    for p in parts {
-        for b in p.iter() {
-            fnv = (fnv ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
-        }
-        fnv = (fnv ^ 0xff).wrapping_mul(0x0100_0000_01b3);
-        crc = crc32c::crc32c_append(crc, p);
-    }
-    format!("{fnv:016x}{crc:08x}")
-}
-
-/// Holds an idempotency key while its first request runs; released on drop.
-struct InFlight {
-    app: App,
-    key: String,
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.app
-            .in_flight()
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&self.key);
-    }
-}
-
-/// What to do with a request carrying `Idempotency-Key`.
-enum Idem {
-    /// Not idempotent, or first time: proceed (holding the key while running).
-    Proceed(Option<(InFlight, String)>),
-    /// Seen before with the same request: answer this, apply nothing.
-    Replay(u16, String),
-}
-
-async fn idempotency(app: &App, headers: &HeaderMap, fp: String) -> Result<Idem, ApiError> {
-    let Some(key) = headers.get("idempotency-key") else {
-        return Ok(Idem::Proceed(None));
-    };
-    let key = key
-        .to_str()
-        .ok()
-        .filter(|k| !k.is_empty() && k.len() <= 256)
-        .ok_or_else(|| {
-            ApiError::new(
-                ErrorCode::InvalidParameter,
-                "Idempotency-Key must be 1-256 visible ASCII characters",
-            )
-            .field("Idempotency-Key")
-        })?
-        .to_owned();
-    {
-        let mut inflight = app.in_flight().lock().unwrap_or_else(|e| e.into_inner());
-        if inflight.contains_key(&key) {
-            return Err(ApiError::new(
-                ErrorCode::IdempotencyInProgress,
-                "a request with this Idempotency-Key is still being processed",
-            ));
-        }
-        inflight.insert(key.clone(), fp.clone());
-    }
-    let guard = InFlight {
-        app: app.clone(),
-        key: key.clone(),
-    };
-    let k = key.clone();
-    let seen = app
-        .blocking(move |app| Ok(app.store().idempotency(&k)?))
-        .await?;
-    match seen {
-        Some(r) if r.fingerprint == fp => Ok(Idem::Replay(r.status, r.body)),
-        Some(_) => Err(ApiError::new(
-            ErrorCode::IdempotencyKeyReused,
-            "this Idempotency-Key was used for a different request",
-        )),
-        None => Ok(Idem::Proceed(Some((guard, key)))),
-    }
-}
-
-fn replay(status: u16, body: String) -> axum::response::Response {
-    use axum::response::IntoResponse;
-    let status = axum::http::StatusCode::from_u16(status).unwrap_or(axum::http::StatusCode::OK);
-    (
-        status,
-        [(axum::http::header::CONTENT_TYPE, "application/json")],
-        body,
-    )
-        .into_response()
-}
-
 /// Validates, remembers the answer if asked to, and applies — on the blocking pool.
 fn apply(
     app: &App,
     raws: Vec<RawEvent>,
-    idem: Option<(String, String)>,
+    idem: Option<Ticket>,
     answer: impl FnOnce(&App, &tally_core::store::Batch) -> Result<Accepted, ApiError>,
 ) -> Result<Accepted, ApiError> {
     let now = app.now();
@@ -391,15 +294,8 @@ fn apply(
         &app.settings().defaults,
     )?;
     let body = answer(app, &batch)?;
-    if let Some((key, fp)) = idem {
-        batch.idempotency = Some(IdemRecord {
-            key,
-            fingerprint: fp,
-            expires: now + IDEMPOTENCY_SECS,
-            status: 200,
-            body: serde_json::to_string(&body)
-                .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?,
-        });
+    if let Some(ticket) = idem {
+        batch.idempotency = Some(ticket.record(now, &body)?);
     }
     app.store().apply(&batch)?;
     app.metrics().events.fetch_add(events, Ordering::Relaxed);
@@ -442,17 +338,16 @@ pub async fn post_events(
                 .map_err(|e| e.index(i))?;
         }
     }
-    // Hashing a large body costs: only when the client asked for idempotency.
-    let fp = if headers.contains_key("idempotency-key") {
-        fingerprint(&[b"POST /v1/events", &[u8::from(ndjson)], &bytes])
+    let fp = if idempotency::requested(&headers) {
+        idempotency::fingerprint(&[b"POST /v1/events", &[u8::from(ndjson)], &bytes])
     } else {
         String::new()
     };
-    let held = match idempotency(&app, &headers, fp.clone()).await? {
-        Idem::Replay(status, body) => return Ok(replay(status, body)),
+    let held = match idempotency::begin(&app, &headers, fp).await? {
+        Idem::Replay(answer) => return Ok(answer),
         Idem::Proceed(held) => held,
     };
-    let idem = held.as_ref().map(|(_, k)| (k.clone(), fp));
+    let idem = held.as_ref().map(Held::ticket);
     let n = raws.len() as u64;
     let body = app
         .blocking(move |app| {
@@ -527,7 +422,7 @@ pub async fn incr(
             },
         }
     }
-    let fp = fingerprint(&[
+    let fp = idempotency::fingerprint(&[
         b"POST incr ",
         ns.as_bytes(),
         b"/",
@@ -535,11 +430,11 @@ pub async fn incr(
         b"?",
         query.as_bytes(),
     ]);
-    let held = match idempotency(&app, &headers, fp.clone()).await? {
-        Idem::Replay(status, body) => return Ok(replay(status, body)),
+    let held = match idempotency::begin(&app, &headers, fp).await? {
+        Idem::Replay(answer) => return Ok(answer),
         Idem::Proceed(held) => held,
     };
-    let idem = held.as_ref().map(|(_, k)| (k.clone(), fp));
+    let idem = held.as_ref().map(Held::ticket);
     let body = app
         .blocking(move |app| {
             apply(app, vec![raw], idem, |app, batch| {

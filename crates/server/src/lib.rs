@@ -11,6 +11,7 @@ mod body;
 pub mod config;
 mod error;
 mod events;
+mod idempotency;
 mod metrics;
 mod ops;
 mod params;

@@ -1,0 +1,222 @@
+//! `Idempotency-Key` on `POST /v1/events` and `incr` (SPEC §3, after the IETF httpapi draft):
+//! the keys whose first request is still running (a second one meanwhile is `409
+//! idempotency_in_progress`), request fingerprints, and stored answers — replayed for the same
+//! request, `422 idempotency_key_reused` for a different one.
+//!
+//! A stored answer is not written here: [`Ticket::record`] builds it before the batch is
+//! applied and it travels in the batch, so the store keeps answer and increments in one
+//! record and a retry after a crash finds both or neither.
+
+use std::collections::HashSet;
+use std::sync::Mutex;
+
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use tally_core::ErrorCode;
+use tally_core::query::Accepted;
+use tally_core::store::IdemRecord;
+
+use crate::app::App;
+use crate::error::ApiError;
+
+/// How long an answer is remembered under its idempotency key.
+const IDEMPOTENCY_SECS: i64 = 24 * 3600;
+
+/// The header, as axum's lower-case lookup spells it.
+const HEADER: &str = "idempotency-key";
+
+/// Whether the client asked for idempotency: fingerprinting a large body costs, so only then.
+pub(crate) fn requested(headers: &HeaderMap) -> bool {
+    headers.contains_key(HEADER)
+}
+
+/// A stable fingerprint of a request (FNV-1a 64 and CRC32C): it is stored on disk, so it must
+/// not depend on a hasher's per-process seed or version.
+pub(crate) fn fingerprint(parts: &[&[u8]]) -> String {
+    let mut fnv: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut crc = 0u32;
+    for p in parts {
+        for b in p.iter() {
+            fnv = (fnv ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+        }
+        // A separator, so that ["ab", "c"] and ["a", "bc"] differ.
+        fnv = (fnv ^ 0xff).wrapping_mul(0x0100_0000_01b3);
+        crc = crc32c::crc32c_append(crc, p);
+    }
+    format!("{fnv:016x}{crc:08x}")
+}
+
+/// The idempotency keys whose first request is still being processed. In memory only: after a
+/// restart nothing is in flight, and a finished request's answer is in the store.
+#[derive(Debug, Default)]
+pub(crate) struct InFlight(Mutex<HashSet<String>>);
+
+impl InFlight {
+    /// Takes `key`; false when another request holds it.
+    fn claim(&self, key: &str) -> bool {
+        // std Mutex, not tokio's: no await while it is held.
+        let mut keys = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if keys.contains(key) {
+            return false;
+        }
+        keys.insert(key.to_owned());
+        true
+    }
+
+    fn release(&self, key: &str) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
+    }
+}
+
+/// A key this request holds while it runs; released on drop, however the request ends.
+#[derive(Debug)]
+pub(crate) struct Held {
+    app: App,
+    ticket: Ticket,
+}
+
+impl Held {
+    /// What the blocking part of the request needs to store its answer.
+    pub(crate) fn ticket(&self) -> Ticket {
+        self.ticket.clone()
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.app.in_flight().release(&self.ticket.key);
+    }
+}
+
+/// A first request's key and fingerprint, to be stored with its answer.
+#[derive(Debug, Clone)]
+pub(crate) struct Ticket {
+    key: String,
+    fingerprint: String,
+}
+
+impl Ticket {
+    /// The record that travels in the batch: this answer, kept for 24 h from `now`.
+    pub(crate) fn record(self, now: i64, answer: &Accepted) -> Result<IdemRecord, ApiError> {
+        Ok(IdemRecord {
+            key: self.key,
+            fingerprint: self.fingerprint,
+            expires: now + IDEMPOTENCY_SECS,
+            status: 200,
+            body: serde_json::to_string(answer)
+                .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?,
+        })
+    }
+}
+
+/// What to do with a request.
+#[derive(Debug)]
+pub(crate) enum Idem {
+    /// No `Idempotency-Key`, or its first use: proceed, holding the key (if any) while running.
+    Proceed(Option<Held>),
+    /// Seen before with the same request: answer this, apply nothing.
+    Replay(Response),
+}
+
+/// Looks at the request's `Idempotency-Key`: claims it, or finds its stored answer.
+/// `fp` is the request's [`fingerprint`]; it is not looked at when there is no key.
+pub(crate) async fn begin(app: &App, headers: &HeaderMap, fp: String) -> Result<Idem, ApiError> {
+    let Some(key) = headers.get(HEADER) else {
+        return Ok(Idem::Proceed(None));
+    };
+    let key = key
+        .to_str()
+        .ok()
+        .filter(|k| !k.is_empty() && k.len() <= 256)
+        .ok_or_else(|| {
+            ApiError::new(
+                ErrorCode::InvalidParameter,
+                "Idempotency-Key must be 1-256 visible ASCII characters",
+            )
+            .field("Idempotency-Key")
+        })?
+        .to_owned();
+    if !app.in_flight().claim(&key) {
+        return Err(ApiError::new(
+            ErrorCode::IdempotencyInProgress,
+            "a request with this Idempotency-Key is still being processed",
+        ));
+    }
+    let held = Held {
+        app: app.clone(),
+        ticket: Ticket {
+            key: key.clone(),
+            fingerprint: fp.clone(),
+        },
+    };
+    let seen = app
+        .blocking(move |app| Ok(app.store().idempotency(&key)?))
+        .await?;
+    match seen {
+        Some(r) if r.fingerprint == fp => Ok(Idem::Replay(replay(r.status, r.body))),
+        Some(_) => Err(ApiError::new(
+            ErrorCode::IdempotencyKeyReused,
+            "this Idempotency-Key was used for a different request",
+        )),
+        None => Ok(Idem::Proceed(Some(held))),
+    }
+}
+
+/// A stored answer, sent again as it was.
+fn replay(status: u16, body: String) -> Response {
+    let status = axum::http::StatusCode::from_u16(status).unwrap_or(axum::http::StatusCode::OK);
+    (
+        status,
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        body,
+    )
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fingerprints_are_pinned_because_they_are_stored() {
+        // A change here makes every stored key look "reused" after an upgrade.
+        assert_eq!(fingerprint(&[]), "cbf29ce484222325".to_owned() + "00000000");
+        assert_eq!(
+            fingerprint(&[b"POST /v1/events", &[0], b"[]"]),
+            fingerprint(&[b"POST /v1/events", &[0], b"[]"])
+        );
+        let a = fingerprint(&[b"ab", b"c"]);
+        assert_ne!(a, fingerprint(&[b"a", b"bc"]));
+        assert_ne!(a, fingerprint(&[b"abc"]));
+        assert_eq!(a.len(), 24);
+        assert!(a.bytes().all(|b| b.is_ascii_hexdigit()));
+    }
+
+    #[test]
+    fn a_key_is_held_by_one_request_at_a_time() {
+        let f = InFlight::default();
+        assert!(f.claim("k"));
+        assert!(!f.claim("k"));
+        assert!(f.claim("other"));
+        f.release("k");
+        assert!(f.claim("k"));
+    }
+
+    #[test]
+    fn a_record_keeps_the_answer_for_a_day() {
+        let t = Ticket {
+            key: "k".into(),
+            fingerprint: "fp".into(),
+        };
+        let answer = Accepted {
+            accepted: 3,
+            window: None,
+        };
+        let r = t.record(1000, &answer).unwrap();
+        assert_eq!(r.key, "k");
+        assert_eq!(r.fingerprint, "fp");
+        assert_eq!(r.expires, 1000 + 24 * 3600);
+        assert_eq!(r.status, 200);
+        assert_eq!(r.body, r#"{"accepted":3}"#);
+    }
+}
