@@ -1,26 +1,16 @@
-//! Writes: `POST /v1/events` (JSON array or NDJSON) and `POST /v1/ns/{ns}/keys/{key}/incr`,
-//! both all-or-nothing, both honouring `Idempotency-Key`.
+//! The events of a `POST /v1/events` body, a JSON array or NDJSON (blank lines ignored),
+//! into `RawEvent`s — or the exact error code and 0-based index of the first bad event.
+//!
+//! Two parsers, combined in [`parse_body`]: the fast one deserialises well-formed events
+//! straight from the bytes into borrowed strings, with no JSON value tree; a body it cannot
+//! take goes to the slow one, which walks a JSON value field by field to name the exact
+//! error. So a bad body is parsed twice and a good one once.
 
-use std::collections::BTreeSet;
-use std::sync::atomic::Ordering;
-
-use axum::Json;
-use axum::body::Body;
-use axum::extract::{Path, RawQuery, State};
-use axum::http::HeaderMap;
 use serde_json::Value;
 use tally_core::ErrorCode;
-use tally_core::ingest;
-use tally_core::model::{self, Duration, RawEvent};
-use tally_core::query::{self, Accepted};
+use tally_core::model::{self, RawEvent};
 
-use crate::app::App;
-use crate::auth;
-use crate::body::read_body;
-use crate::config::Action;
 use crate::error::ApiError;
-use crate::idempotency::{self, Held, Idem, Ticket};
-use crate::params;
 
 fn malformed(msg: impl Into<String>) -> ApiError {
     ApiError::new(ErrorCode::MalformedBody, msg)
@@ -223,7 +213,7 @@ fn parse_fast(body: &[u8], ndjson: bool) -> Option<Vec<Result<RawEvent, ApiError
 }
 
 /// The events of a body: a JSON array, or NDJSON (blank lines ignored).
-fn parse_body(body: &[u8], ndjson: bool, max: usize) -> Result<Vec<RawEvent>, ApiError> {
+pub(super) fn parse_body(body: &[u8], ndjson: bool, max: usize) -> Result<Vec<RawEvent>, ApiError> {
     if let Some(events) = parse_fast(body, ndjson) {
         if events.len() > max {
             return Err(ApiError::new(
@@ -277,183 +267,188 @@ fn parse_slow(body: &[u8], ndjson: bool, max: usize) -> Result<Vec<RawEvent>, Ap
         .collect()
 }
 
-/// Validates, remembers the answer if asked to, and applies — on the blocking pool.
-fn apply(
-    app: &App,
-    raws: Vec<RawEvent>,
-    idem: Option<Ticket>,
-    answer: impl FnOnce(&App, &tally_core::store::Batch) -> Result<Accepted, ApiError>,
-) -> Result<Accepted, ApiError> {
-    let now = app.now();
-    let events = raws.len() as u64;
-    let mut batch = ingest::prepare_owned(
-        &**app.store(),
-        raws,
-        now,
-        &app.settings().limits,
-        &app.settings().defaults,
-    )?;
-    let body = answer(app, &batch)?;
-    if let Some(ticket) = idem {
-        batch.idempotency = Some(ticket.record(now, &body)?);
-    }
-    app.store().apply(&batch)?;
-    app.metrics().events.fetch_add(events, Ordering::Relaxed);
-    app.metrics().batches.fetch_add(1, Ordering::Relaxed);
-    Ok(body)
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// Ingest a batch of events.
-#[utoipa::path(post, path = "/v1/events", tag = "events",
-    description = "A JSON array of events `{\"ns\", \"key\", \"ts\"?, \"n\"?, \"dims\"?}`, or NDJSON with `Content-Type: application/x-ndjson`. All or nothing: one bad event rejects the batch, naming its 0-based index. Answers once the batch is durable under the fsync policy.",
-    params(("Idempotency-Key" = Option<String>, Header, description = "Remember the answer for 24 h; a retry with the same body applies nothing.")),
-    request_body(content = String, content_type = "application/json"),
-    responses(
-        (status = 200, description = "`{\"accepted\": N}`"),
-        (status = 400, description = "malformed_body, invalid_name, invalid_key, invalid_dimension, unknown_dimension, too_many_dimensions, invalid_timestamp, timestamp_in_future, invalid_amount"),
-        (status = 401, description = "unauthorized"), (status = 403, description = "forbidden"),
-        (status = 404, description = "unknown_namespace (auto_create off)"),
-        (status = 409, description = "idempotency_in_progress"),
-        (status = 413, description = "body_too_large, batch_too_large"),
-        (status = 422, description = "idempotency_key_reused"),
-        (status = 503, description = "backend_unavailable"),
-    ))]
-pub async fn post_events(
-    State(app): State<App>,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<axum::response::Response, ApiError> {
-    use axum::response::IntoResponse;
-    let bytes = read_body(body, app.settings().limits.max_body_bytes).await?;
-    let ndjson = headers
-        .get(axum::http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/x-ndjson"));
-    let raws = parse_body(&bytes, ndjson, app.settings().limits.max_batch_events)?;
-    // Once per namespace, at its first event: that event's index is the one a refusal names.
-    let mut checked: std::collections::HashSet<&str> = std::collections::HashSet::new();
-    for (i, r) in raws.iter().enumerate() {
-        if checked.insert(r.ns.as_str()) {
-            auth::authorize(&app.settings().tokens, &headers, Action::Write, &r.ns)
-                .map_err(|e| e.index(i))?;
+    fn ev(ns: &str, key: &str, ts: Option<i64>, n: Option<i64>, dims: &[(&str, &str)]) -> RawEvent {
+        RawEvent {
+            ns: ns.into(),
+            key: key.into(),
+            ts,
+            n,
+            dims: dims
+                .iter()
+                .map(|(k, v)| ((*k).into(), (*v).into()))
+                .collect(),
         }
     }
-    let fp = if idempotency::requested(&headers) {
-        idempotency::fingerprint(&[b"POST /v1/events", &[u8::from(ndjson)], &bytes])
-    } else {
-        String::new()
-    };
-    let held = match idempotency::begin(&app, &headers, fp).await? {
-        Idem::Replay(answer) => return Ok(answer),
-        Idem::Proceed(held) => held,
-    };
-    let idem = held.as_ref().map(Held::ticket);
-    let n = raws.len() as u64;
-    let body = app
-        .blocking(move |app| {
-            apply(app, raws, idem, |_, _| {
-                Ok(Accepted {
-                    accepted: n,
-                    window: None,
-                })
-            })
-        })
-        .await?;
-    drop(held);
-    Ok(Json(body).into_response())
-}
 
-/// Increment one key from query parameters.
-#[utoipa::path(post, path = "/v1/ns/{ns}/keys/{key}/incr", tag = "events",
-    description = "One event from query parameters `n` (default 1), `ts` (default now), `dim.<name>=<value>`. `window=<duration>` adds the rolling count after the increment.",
-    params(
-        ("ns" = String, Path), ("key" = String, Path, description = "percent-encoded"),
-        ("n" = Option<i64>, Query), ("ts" = Option<String>, Query), ("window" = Option<String>, Query),
-        ("Idempotency-Key" = Option<String>, Header),
-    ),
-    responses((status = 200, description = "`{\"accepted\": 1}` or `{\"accepted\": 1, \"window\": {...}}`"), (status = 400, description = "invalid input")))]
-pub async fn incr(
-    State(app): State<App>,
-    Path((ns, key)): Path<(String, String)>,
-    RawQuery(query): RawQuery,
-    headers: HeaderMap,
-) -> Result<axum::response::Response, ApiError> {
-    use axum::response::IntoResponse;
-    auth::authorize(&app.settings().tokens, &headers, Action::Write, &ns)?;
-    let query = query.unwrap_or_default();
-    let pairs = params::pairs(&query)?;
-    let mut raw = RawEvent {
-        ns: ns.clone(),
-        key: key.clone(),
-        ..RawEvent::default()
-    };
-    let mut window = None;
-    // A repeat is refused where it appears, so a bad value before it is named first.
-    let mut seen = BTreeSet::new();
-    for (k, v) in &pairs {
-        if !seen.insert(k.as_str()) {
-            return Err(params::given_twice(k.clone()));
+    /// The answer of the public function, checked against the slow path's on the way.
+    fn parse(body: &str, ndjson: bool) -> Result<Vec<RawEvent>, ApiError> {
+        let got = parse_body(body.as_bytes(), ndjson, 1000);
+        if got.is_err() {
+            assert_eq!(got, parse_slow(body.as_bytes(), ndjson, 1000), "{body}");
         }
-        match k.as_str() {
-            "n" => {
-                raw.n = Some(v.parse().map_err(|_| {
-                    ApiError::new(
-                        ErrorCode::InvalidAmount,
-                        format!("n {v:?} is not an integer"),
-                    )
-                    .field("n")
-                })?)
-            }
-            "ts" => {
-                raw.ts = Some(model::parse_timestamp(v).map_err(|e| ApiError::from(e).field("ts"))?)
-            }
-            "window" => {
-                window = Some(Duration::new(v).map_err(|e| ApiError::from(e).field("window"))?)
-            }
-            _ => match k.strip_prefix("dim.") {
-                Some(d) => raw.dims.push((d.to_owned(), v.clone())),
-                None => {
-                    return Err(ApiError::new(
-                        ErrorCode::InvalidParameter,
-                        format!("unknown parameter {k:?} (incr takes n, ts, window, dim.<name>)"),
-                    )
-                    .field(k.clone()));
-                }
-            },
+        got
+    }
+
+    fn refusal(body: &str, ndjson: bool) -> (ErrorCode, Option<usize>, Option<String>) {
+        let e = parse(body, ndjson).unwrap_err();
+        (e.code, e.index, e.field)
+    }
+
+    #[test]
+    fn well_formed_events_take_the_fast_path() {
+        let body = r#"[{"ns": "clicks", "key": "a\"b\u00e9", "ts": 1795176000, "n": -2,
+            "dims": {"country": "US", "device": "ios"}},
+            {"key": "k", "ns": "c", "ts": "2026-11-20T12:00:00Z", "dims": null, "n": null},
+            {"ns": "c", "key": "k", "ts": null}]"#;
+        assert!(parse_fast(body.as_bytes(), false).is_some());
+        assert_eq!(
+            parse(body, false).unwrap(),
+            [
+                ev(
+                    "clicks",
+                    "a\"bé",
+                    Some(1_795_176_000),
+                    Some(-2),
+                    &[("country", "US"), ("device", "ios")]
+                ),
+                ev("c", "k", Some(1_795_176_000), None, &[]),
+                ev("c", "k", None, None, &[]),
+            ]
+        );
+        assert_eq!(parse("[]", false).unwrap(), []);
+    }
+
+    #[test]
+    fn ndjson_skips_blank_lines_and_counts_the_others() {
+        let body = "\n{\"ns\": \"a\", \"key\": \"1\"}\r\n \t\n\n{\"ns\": \"a\", \"key\": \"2\"}";
+        assert_eq!(
+            parse(body, true).unwrap(),
+            [ev("a", "1", None, None, &[]), ev("a", "2", None, None, &[])]
+        );
+        let bad = "{\"ns\": \"a\", \"key\": \"1\"}\n\n\n{\"ns\": \"a\", \"key\": 2}\n";
+        assert_eq!(
+            refusal(bad, true),
+            (ErrorCode::MalformedBody, Some(1), Some("key".into()))
+        );
+        assert_eq!(
+            refusal("{\"ns\": \"a\", \"key\": \"1\"}\n{oops}", true),
+            (ErrorCode::MalformedBody, Some(1), None)
+        );
+        let not_utf8 = parse_body(b"{\"ns\": \"a\", \"key\": \"\xff\"}", true, 1000);
+        assert_eq!(not_utf8.unwrap_err().message, "the body is not UTF-8");
+    }
+
+    #[test]
+    fn each_bad_field_has_its_code_field_and_index() {
+        let cases: &[(&str, ErrorCode, &str)] = &[
+            (r#"{"key": "k"}"#, ErrorCode::MalformedBody, "ns"),
+            (r#"{"ns": 5, "key": "k"}"#, ErrorCode::MalformedBody, "ns"),
+            (
+                r#"{"ns": "a", "key": "k", "extra": 1}"#,
+                ErrorCode::MalformedBody,
+                "extra",
+            ),
+            (
+                r#"{"ns": "a", "key": "k", "ts": "yesterday"}"#,
+                ErrorCode::InvalidTimestamp,
+                "ts",
+            ),
+            (
+                r#"{"ns": "a", "key": "k", "ts": 1.5}"#,
+                ErrorCode::InvalidTimestamp,
+                "ts",
+            ),
+            (
+                r#"{"ns": "a", "key": "k", "ts": true}"#,
+                ErrorCode::MalformedBody,
+                "ts",
+            ),
+            (
+                r#"{"ns": "a", "key": "k", "n": 1.5}"#,
+                ErrorCode::InvalidAmount,
+                "n",
+            ),
+            (
+                r#"{"ns": "a", "key": "k", "n": "1"}"#,
+                ErrorCode::InvalidAmount,
+                "n",
+            ),
+            (
+                r#"{"ns": "a", "key": "k", "dims": {"d": 5}}"#,
+                ErrorCode::InvalidDimension,
+                "dims",
+            ),
+            (
+                r#"{"ns": "a", "key": "k", "dims": ["d"]}"#,
+                ErrorCode::MalformedBody,
+                "dims",
+            ),
+        ];
+        for (bad, code, field) in cases {
+            let body = format!(r#"[{{"ns": "a", "key": "ok"}}, {bad}]"#);
+            assert_eq!(
+                refusal(&body, false),
+                (*code, Some(1), Some((*field).into())),
+                "{body}"
+            );
+            let lines = format!("{{\"ns\": \"a\", \"key\": \"ok\"}}\n{bad}");
+            assert_eq!(
+                refusal(&lines, true),
+                (*code, Some(1), Some((*field).into())),
+                "{lines}"
+            );
         }
     }
-    let fp = idempotency::fingerprint(&[
-        b"POST incr ",
-        ns.as_bytes(),
-        b"/",
-        key.as_bytes(),
-        b"?",
-        query.as_bytes(),
-    ]);
-    let held = match idempotency::begin(&app, &headers, fp).await? {
-        Idem::Replay(answer) => return Ok(answer),
-        Idem::Proceed(held) => held,
-    };
-    let idem = held.as_ref().map(Held::ticket);
-    let body = app
-        .blocking(move |app| {
-            apply(app, vec![raw], idem, |app, batch| {
-                let window = match window {
-                    Some(last) => Some(query::window_after(
-                        app.store().as_ref(),
-                        app.now(),
-                        batch,
-                        last,
-                    )?),
-                    None => None,
-                };
-                Ok(Accepted {
-                    accepted: 1,
-                    window,
-                })
-            })
-        })
-        .await?;
-    drop(held);
-    Ok(Json(body).into_response())
+
+    #[test]
+    fn a_body_of_the_wrong_shape_has_no_index() {
+        for body in ["", "{}", "null", "[", "[{}] x", "{\"events\": []}"] {
+            let e = parse(body, false).unwrap_err();
+            assert_eq!(
+                (e.code, e.index),
+                (ErrorCode::MalformedBody, None),
+                "{body}"
+            );
+        }
+        assert_eq!(
+            refusal("[5]", false),
+            (ErrorCode::MalformedBody, Some(0), None)
+        );
+    }
+
+    #[test]
+    fn too_many_events_are_counted_before_any_is_checked() {
+        let body = r#"[{"ns": "a", "key": "k"}, {"ns": "a", "key": "k", "ts": "no"}, 5]"#;
+        for (body, ndjson) in [(body, false), ("{}\n\n{}\n{}", true)] {
+            let e = parse_body(body.as_bytes(), ndjson, 2).unwrap_err();
+            assert_eq!((e.code, e.index), (ErrorCode::BatchTooLarge, None));
+            assert_eq!(e.message, "a batch holds at most 2 events, got 3");
+        }
+    }
+
+    #[test]
+    fn repeated_names_part_the_two_paths() {
+        // A repeated dimension: the fast path keeps both (ingest then refuses the event), the
+        // slow path's JSON object keeps the last value. A repeated field: the fast path
+        // refuses, so the slow path answers, keeping the last value.
+        let dims = r#"[{"ns": "a", "key": "k", "dims": {"d": "1", "d": "2"}}]"#;
+        assert_eq!(
+            parse(dims, false).unwrap(),
+            [ev("a", "k", None, None, &[("d", "1"), ("d", "2")])]
+        );
+        assert_eq!(
+            parse_slow(dims.as_bytes(), false, 1000).unwrap(),
+            [ev("a", "k", None, None, &[("d", "2")])]
+        );
+        let field = r#"[{"ns": "a", "key": "k", "ns": "b"}]"#;
+        assert!(parse_fast(field.as_bytes(), false).is_none());
+        assert_eq!(
+            parse(field, false).unwrap(),
+            [ev("b", "k", None, None, &[])]
+        );
+    }
 }
