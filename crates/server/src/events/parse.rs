@@ -452,3 +452,411 @@ mod tests {
         );
     }
 }
+
+/// The fast and the slow path against each other, on generated bodies.
+///
+/// [`parse_body`] takes the fast path's answer whenever that path can read the whole body,
+/// and the slow path's otherwise. So the property is:
+/// - when the fast path accepts (every event read, none refused, not too many), the public
+///   answer is its events, and the slow path accepts the same events — up to a dimension
+///   named twice in one event, where the slow path's JSON object keeps only the last value
+///   (`ingest` refuses the fast path's two entries, so such a batch is refused);
+/// - when the fast path reads the body but refuses it (a timestamp it cannot parse, too many
+///   events), the slow path refuses it too, and the public error is the slow path's: same
+///   code, index, field and message;
+/// - when the fast path cannot read the body, the public answer is the slow path's, whatever
+///   it is. It is a refusal except for a field given twice in one event, which the fast path
+///   refuses and the slow path reads as its last value.
+///
+/// So whenever either path refuses, the public error is the one the slow path names.
+#[cfg(test)]
+mod props {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// Timestamps the fast path must read as text and `parse_timestamp` accepts.
+    const GOOD_TS: [&str; 5] = [
+        "2026-11-20T12:00:00Z",
+        "2026-11-20T17:30:00+05:30",
+        "1795176000",
+        " 0 ",
+        "2106-02-07T06:28:15Z",
+    ];
+
+    /// Timestamp strings that are JSON strings but no timestamp.
+    const BAD_TS: [&str; 7] = [
+        r#""yesterday""#,
+        r#""""#,
+        r#""99999999999999999999""#,
+        r#""-1""#,
+        r#""2106-02-07T06:28:16Z""#,
+        r#""2026-11-20 12:00""#,
+        r#""\u0031\u0032x""#,
+    ];
+
+    /// JSON values that are wrong for some field, or right for one and wrong for others.
+    const ODD_VALUES: [&str; 28] = [
+        "5",
+        "-0",
+        "1.5",
+        "1e3",
+        "18446744073709551615",
+        "9223372036854775808",
+        "-9223372036854775809",
+        "null",
+        "true",
+        r#""yesterday""#,
+        r#""""#,
+        r#""99999999999999999999""#,
+        r#"" 12 ""#,
+        r#""2026-11-20T12:00:00Z""#,
+        r#""\u00e9""#,
+        "[]",
+        r#"["a"]"#,
+        "{}",
+        r#"{"a": 5}"#,
+        r#"{"a": null}"#,
+        r#"{"a": "x", "a": "y"}"#,
+        r#"{"a": "x", "b": "y"}"#,
+        r#"{"a": ["x"]}"#,
+        r#""\ud800""#,
+        "tru",
+        r#""unterminated"#,
+        r#"{"a": "x""#,
+        "01",
+    ];
+
+    /// Whole events that are not an event object.
+    const NOT_EVENTS: [&str; 7] = ["5", r#""x""#, "null", "[]", "[{}]", "{}", r#"{"ns": "a""#];
+
+    const FIELDS: [&str; 5] = ["ns", "key", "ts", "n", "dims"];
+
+    /// A JSON string literal for `s`: plain, or every character as a `\u` escape, so that
+    /// the fast path meets both borrowed and owned strings.
+    fn quote(s: &str, escape: bool) -> String {
+        if !escape {
+            return serde_json::to_string(s).unwrap();
+        }
+        let mut out = String::from("\"");
+        for u in s.encode_utf16() {
+            out.push_str(&format!("\\u{u:04x}"));
+        }
+        out.push('"');
+        out
+    }
+
+    /// A name or value: short, sometimes with quotes, backslashes, controls, non-ASCII.
+    fn text() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "[a-z][a-z0-9_]{0,5}",
+            "[ -~]{0,4}",
+            "[\\x00-\\x1f\"\\\\/é€😀 ]{0,3}",
+        ]
+    }
+
+    /// An event as `(field name literal, value literal)` pieces, and what it means.
+    #[derive(Debug, Clone)]
+    struct Event {
+        pieces: Vec<(String, String)>,
+        means: RawEvent,
+    }
+
+    impl Event {
+        fn render(&self) -> String {
+            let fields: Vec<String> = self
+                .pieces
+                .iter()
+                .map(|(k, v)| format!("{k}: {v}"))
+                .collect();
+            format!("{{{}}}", fields.join(", "))
+        }
+    }
+
+    fn good_ts() -> impl Strategy<Value = Option<(String, Option<i64>)>> {
+        prop_oneof![
+            Just(None),
+            Just(Some(("null".to_owned(), None))),
+            any::<i64>().prop_map(|t| Some((t.to_string(), Some(t)))),
+            (prop::sample::select(&GOOD_TS[..]), any::<bool>()).prop_map(|(t, e)| {
+                Some((quote(t, e), Some(model::parse_timestamp(t).unwrap())))
+            }),
+        ]
+    }
+
+    fn good_n() -> impl Strategy<Value = Option<(String, Option<i64>)>> {
+        prop_oneof![
+            Just(None),
+            Just(Some(("null".to_owned(), None))),
+            any::<i64>().prop_map(|n| Some((n.to_string(), Some(n)))),
+        ]
+    }
+
+    fn good_dims() -> impl Strategy<Value = Option<(String, Vec<(String, String)>)>> {
+        let map = prop::collection::btree_map(text(), (text(), any::<bool>()), 0..4);
+        prop_oneof![
+            Just(None),
+            Just(Some(("null".to_owned(), Vec::new()))),
+            (map, any::<bool>()).prop_map(|(m, escape_names)| {
+                let lit: Vec<String> = m
+                    .iter()
+                    .map(|(k, (v, e))| format!("{}: {}", quote(k, escape_names), quote(v, *e)))
+                    .collect();
+                let dims = m.into_iter().map(|(k, (v, _))| (k, v)).collect();
+                Some((format!("{{{}}}", lit.join(", ")), dims))
+            }),
+        ]
+    }
+
+    /// A well-formed event in any field order, field names sometimes escaped.
+    fn good_event() -> impl Strategy<Value = Event> {
+        (
+            (text(), any::<bool>()),
+            (text(), any::<bool>()),
+            good_ts(),
+            good_n(),
+            good_dims(),
+            any::<bool>(),
+        )
+            .prop_flat_map(|((ns, ens), (key, ekey), ts, n, dims, escape_names)| {
+                let name = |f: &str| quote(f, escape_names);
+                let mut pieces = vec![
+                    (name("ns"), quote(&ns, ens)),
+                    (name("key"), quote(&key, ekey)),
+                ];
+                let mut means = RawEvent {
+                    ns,
+                    key,
+                    ..RawEvent::default()
+                };
+                if let Some((lit, t)) = ts {
+                    pieces.push((name("ts"), lit));
+                    means.ts = t;
+                }
+                if let Some((lit, n)) = n {
+                    pieces.push((name("n"), lit));
+                    means.n = n;
+                }
+                if let Some((lit, d)) = dims {
+                    pieces.push((name("dims"), lit));
+                    means.dims = d;
+                }
+                Just(pieces).prop_shuffle().prop_map(move |pieces| Event {
+                    pieces,
+                    means: means.clone(),
+                })
+            })
+    }
+
+    /// What turns a good event into a near-valid or invalid one.
+    #[derive(Debug, Clone)]
+    enum Change {
+        /// A field (added if absent) takes an odd value.
+        Set(&'static str, &'static str),
+        Remove(&'static str),
+        /// A timestamp string the fast path reads and `parse_timestamp` refuses.
+        BadTs(&'static str),
+        /// A field the event does not have.
+        Unknown(&'static str),
+        /// A field given a second time.
+        Repeat(&'static str, &'static str),
+        /// A dimension named twice.
+        RepeatDim,
+        NotAnEvent(&'static str),
+    }
+
+    fn change() -> impl Strategy<Value = Change> {
+        let field = || prop::sample::select(&FIELDS[..]);
+        let odd = || prop::sample::select(&ODD_VALUES[..]);
+        prop_oneof![
+            4 => (field(), odd()).prop_map(|(f, v)| Change::Set(f, v)),
+            2 => prop::sample::select(&BAD_TS[..]).prop_map(Change::BadTs),
+            1 => field().prop_map(Change::Remove),
+            1 => prop::sample::select(&[r#""extra""#, r#""NS""#, r#""dims ""#, r#""""#][..])
+                .prop_map(Change::Unknown),
+            1 => (field(), odd()).prop_map(|(f, v)| Change::Repeat(f, v)),
+            1 => Just(Change::RepeatDim),
+            1 => prop::sample::select(&NOT_EVENTS[..]).prop_map(Change::NotAnEvent),
+        ]
+    }
+
+    fn changed(mut e: Event, c: &Change) -> String {
+        let is = |k: &str, f: &str| serde_json::from_str::<String>(k).is_ok_and(|k| k == f);
+        match c {
+            Change::Set(f, v) => match e.pieces.iter_mut().find(|(k, _)| is(k, f)) {
+                Some(p) => p.1 = (*v).to_owned(),
+                None => e.pieces.push((quote(f, false), (*v).to_owned())),
+            },
+            Change::BadTs(t) => return changed(e, &Change::Set("ts", t)),
+            Change::Remove(f) => e.pieces.retain(|(k, _)| !is(k, f)),
+            Change::Unknown(k) => e.pieces.insert(0, ((*k).to_owned(), "1".to_owned())),
+            Change::Repeat(f, v) => e.pieces.push((quote(f, false), (*v).to_owned())),
+            Change::RepeatDim => e.pieces.push((
+                quote("dims", false),
+                r#"{"d": "1", "e": "x", "d": "2"}"#.to_owned(),
+            )),
+            Change::NotAnEvent(t) => return (*t).to_owned(),
+        }
+        e.render()
+    }
+
+    /// Good events, some of them changed: at any index, one or several.
+    fn events() -> impl Strategy<Value = Vec<String>> {
+        (
+            prop::collection::vec(good_event(), 1..6),
+            prop::collection::vec((any::<prop::sample::Index>(), change()), 0..3),
+        )
+            .prop_map(|(good, changes)| {
+                let mut out: Vec<String> = good.iter().map(Event::render).collect();
+                if !good.is_empty() {
+                    for (i, c) in changes {
+                        let i = i.index(good.len());
+                        out[i] = changed(good[i].clone(), &c);
+                    }
+                }
+                out
+            })
+    }
+
+    /// What may happen to a whole body.
+    #[derive(Debug, Clone)]
+    enum Damage {
+        None,
+        /// Cut at this fraction of its length (in 1/256ths).
+        Truncate(u8),
+        /// A byte that cannot appear in UTF-8, at this fraction.
+        NotUtf8(u8),
+        Append(&'static str),
+        /// The events in an object, not an array (JSON only).
+        Wrapped,
+        Replaced(&'static str),
+    }
+
+    fn damage() -> impl Strategy<Value = Damage> {
+        prop_oneof![
+            12 => Just(Damage::None),
+            1 => any::<u8>().prop_map(Damage::Truncate),
+            1 => any::<u8>().prop_map(Damage::NotUtf8),
+            1 => prop::sample::select(&[" x", "]", "\n{}", "\n\n", "\n  ", ",{}"][..])
+                .prop_map(Damage::Append),
+            1 => Just(Damage::Wrapped),
+            1 => prop::sample::select(&["", " ", "null", "{}", "[", "]", "\n"][..])
+                .prop_map(Damage::Replaced),
+        ]
+    }
+
+    /// NDJSON line breaks, with blank and whitespace-only lines among them.
+    const BREAKS: [&str; 5] = ["\n", "\r\n", "\n\n", "\n \t\n", "\r\n\r\n"];
+
+    fn assemble(events: &[String], ndjson: bool, breaks: &[usize], d: &Damage) -> Vec<u8> {
+        let mut body = if ndjson {
+            let mut s = String::new();
+            for (i, e) in events.iter().enumerate() {
+                s.push_str(e);
+                s.push_str(BREAKS[breaks[i % breaks.len()]]);
+            }
+            s
+        } else {
+            let sep = if breaks[0].is_multiple_of(2) {
+                ","
+            } else {
+                ",\n "
+            };
+            format!("[{}]", events.join(sep))
+        };
+        let at = |f: u8, len: usize| len * usize::from(f) / 256;
+        match d {
+            Damage::None => {}
+            Damage::Truncate(f) => {
+                let mut cut = at(*f, body.len());
+                while !body.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                body.truncate(cut);
+            }
+            Damage::NotUtf8(f) => {
+                let mut bytes = body.into_bytes();
+                bytes.insert(at(*f, bytes.len()), 0xff);
+                return bytes;
+            }
+            Damage::Append(t) => body.push_str(t),
+            Damage::Wrapped if !ndjson => body = format!(r#"{{"events": {body}}}"#),
+            Damage::Wrapped => {}
+            Damage::Replaced(t) => body = (*t).to_owned(),
+        }
+        body.into_bytes()
+    }
+
+    /// What the slow path makes of an event's dimensions: a JSON object keeps one entry per
+    /// name, in the place of its first appearance, with its last value.
+    fn last_value_per_name(mut e: RawEvent) -> RawEvent {
+        let mut dims: Vec<(String, String)> = Vec::new();
+        for (k, v) in e.dims {
+            match dims.iter_mut().find(|(seen, _)| *seen == k) {
+                Some(d) => d.1 = v,
+                None => dims.push((k, v)),
+            }
+        }
+        e.dims = dims;
+        e
+    }
+
+    fn check(body: &[u8], ndjson: bool, max: usize) -> Result<(), TestCaseError> {
+        let public = parse_body(body, ndjson, max);
+        let slow = parse_slow(body, ndjson, max);
+        match parse_fast(body, ndjson) {
+            Some(fast) if fast.len() <= max && fast.iter().all(Result::is_ok) => {
+                let fast: Vec<RawEvent> = fast.into_iter().flatten().collect();
+                prop_assert_eq!(public.as_ref().ok(), Some(&fast));
+                let expected: Vec<RawEvent> = fast.into_iter().map(last_value_per_name).collect();
+                prop_assert_eq!(
+                    slow,
+                    Ok(expected),
+                    "the slow path refused what the fast path took"
+                );
+            }
+            Some(_) => {
+                // Read, but refused: an event's timestamp, or too many events.
+                let (Err(p), Err(s)) = (&public, &slow) else {
+                    return Err(TestCaseError::fail(format!(
+                        "the fast path refused; public {public:?}, slow {slow:?}"
+                    )));
+                };
+                prop_assert_eq!((p.code, p.index), (s.code, s.index));
+                prop_assert_eq!(p, s);
+            }
+            // Not read: the slow path's answer, refusal or not, is the answer.
+            None => prop_assert_eq!(public, slow),
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        #[test]
+        fn fast_and_slow_paths_agree(
+            events in events(),
+            ndjson in any::<bool>(),
+            breaks in prop::collection::vec(0..BREAKS.len(), 1..4),
+            damage in damage(),
+            max in prop_oneof![3 => Just(1000usize), 1 => 1usize..5],
+        ) {
+            check(&assemble(&events, ndjson, &breaks, &damage), ndjson, max)?;
+        }
+
+        #[test]
+        fn good_bodies_give_their_events_by_both_paths(
+            events in prop::collection::vec(good_event(), 0..6),
+            ndjson in any::<bool>(),
+            breaks in prop::collection::vec(0..BREAKS.len(), 1..4),
+        ) {
+            let text: Vec<String> = events.iter().map(Event::render).collect();
+            let body = assemble(&text, ndjson, &breaks, &Damage::None);
+            let means: Vec<RawEvent> = events.into_iter().map(|e| e.means).collect();
+            prop_assert!(parse_fast(&body, ndjson).is_some(), "the fast path could not read it");
+            prop_assert_eq!(parse_body(&body, ndjson, 1000), Ok(means.clone()));
+            prop_assert_eq!(parse_slow(&body, ndjson, 1000), Ok(means));
+        }
+    }
+}
