@@ -48,9 +48,21 @@ pub(crate) fn caller<'t>(
         })?;
     tokens
         .iter()
-        .find(|t| t.secret == given)
+        .find(|t| same_secret(t.secret.as_bytes(), given.as_bytes()))
         .map(Some)
         .ok_or_else(|| ApiError::new(ErrorCode::Unauthorized, "unknown token"))
+}
+
+/// Compares two secrets without stopping at the first differing byte, so the time a wrong
+/// token takes does not tell a caller how much of a secret it guessed (SPEC §3: constant
+/// time). A secret's length can still show; it is not the secret.
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    // Keeps the optimiser from turning the fold back into an early exit.
+    std::hint::black_box(diff) == 0
 }
 
 #[cfg(test)]
@@ -72,6 +84,16 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(axum::http::header::AUTHORIZATION, v.parse().unwrap());
         h
+    }
+
+    #[test]
+    fn secrets_match_only_whole() {
+        assert!(same_secret(b"s3cret", b"s3cret"));
+        assert!(same_secret(b"", b""));
+        assert!(!same_secret(b"s3cret", b"s3creT"));
+        assert!(!same_secret(b"s3cret", b"s3cre"));
+        assert!(!same_secret(b"s3cret", b"s3crets"));
+        assert!(!same_secret(b"", b"s"));
     }
 
     #[test]
