@@ -3,7 +3,7 @@
 //! their causes) and exit non-zero; a closed pipe is success.
 
 mod client;
-mod serve;
+mod cmd;
 
 use std::process::ExitCode;
 
@@ -19,7 +19,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the server (the embedded engine on ./tally-data by default).
-    Serve(serve::ServeArgs),
+    Serve(cmd::serve::ServeArgs),
     /// Add to a key's count.
     Incr(client::IncrArgs),
     /// Ask a running server.
@@ -32,7 +32,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Serve(args) => serve::run(args),
+        Command::Serve(args) => cmd::serve::run(args),
         Command::Incr(args) => client::incr(args),
         Command::Query(q) => client::query(q),
         Command::Keys(args) => client::keys(args),
