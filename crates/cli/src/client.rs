@@ -3,8 +3,9 @@
 
 use std::io::Write;
 
-use anyhow::{Context, bail};
 use serde_json::Value;
+
+use crate::http::{Client, Route};
 
 #[derive(Debug, clap::Args)]
 pub struct Conn {
@@ -152,68 +153,10 @@ pub struct KeysArgs {
     conn: Conn,
 }
 
-/// Percent-encodes a path segment or a query value.
-fn enc(s: &str) -> String {
-    let mut out = String::new();
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
+impl Conn {
+    fn client(&self) -> Client {
+        Client::new(&self.server, self.token.as_deref())
     }
-    out
-}
-
-fn query_string(params: &[(&str, Option<String>)]) -> String {
-    let parts: Vec<String> = params
-        .iter()
-        .filter_map(|(k, v)| v.as_ref().map(|v| format!("{}={}", enc(k), enc(v))))
-        .collect();
-    if parts.is_empty() {
-        String::new()
-    } else {
-        format!("?{}", parts.join("&"))
-    }
-}
-
-fn call(conn: &Conn, method: &str, path_and_query: &str) -> anyhow::Result<Value> {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .build()
-        .into();
-    let url = format!("{}{}", conn.server.trim_end_matches('/'), path_and_query);
-    let auth = conn.token.as_ref().map(|t| format!("Bearer {t}"));
-    let resp = match method {
-        "POST" => {
-            let mut r = agent.post(&url);
-            if let Some(a) = &auth {
-                r = r.header("Authorization", a);
-            }
-            r.send_empty()
-        }
-        _ => {
-            let mut r = agent.get(&url);
-            if let Some(a) = &auth {
-                r = r.header("Authorization", a);
-            }
-            r.call()
-        }
-    };
-    let mut resp = resp.with_context(|| format!("cannot reach the server at {}", conn.server))?;
-    let status = resp.status().as_u16();
-    let text = resp
-        .body_mut()
-        .read_to_string()
-        .context("reading the answer")?;
-    let v: Value = serde_json::from_str(&text)
-        .with_context(|| format!("the server answered {status} with non-JSON: {text}"))?;
-    if status >= 400 {
-        let code = v["error"]["code"].as_str().unwrap_or("error");
-        let msg = v["error"]["message"].as_str().unwrap_or("");
-        bail!("{code}: {msg} (HTTP {status})");
-    }
-    Ok(v)
 }
 
 fn out() -> std::io::StdoutLock<'static> {
@@ -258,28 +201,18 @@ fn table(rows: &[Vec<String>]) -> anyhow::Result<()> {
 }
 
 pub fn incr(a: IncrArgs) -> anyhow::Result<()> {
-    let mut params: Vec<(String, Option<String>)> = vec![
-        ("n".into(), a.n.map(|n| n.to_string())),
-        ("ts".into(), a.ts.clone()),
-        ("window".into(), a.window.clone()),
-    ];
-    for (k, v) in &a.dims {
-        params.push((format!("dim.{k}"), Some(v.clone())));
+    let mut route = Route::key(&a.ns, &a.key, "incr")
+        .opt("n", a.n)
+        .opt("ts", a.ts.as_deref())
+        .opt("window", a.window.as_deref());
+    for (name, value) in &a.dims {
+        route = route.param(&format!("dim.{name}"), value);
     }
-    let borrowed: Vec<(&str, Option<String>)> = params
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.clone()))
-        .collect();
-    let path = format!(
-        "/v1/ns/{}/keys/{}/incr{}",
-        enc(&a.ns),
-        enc(&a.key),
-        query_string(&borrowed)
-    );
-    let v = call(&a.conn, "POST", &path)?;
+    let answer = a.conn.client().post::<Value>(&route)?;
     if a.conn.json {
-        return print_json(&v);
+        return print_json(answer.json());
     }
+    let v = answer.typed()?;
     let mut o = out();
     writeln!(o, "accepted {}", s(&v["accepted"]))?;
     if let Some(w) = v.get("window") {
@@ -316,33 +249,17 @@ fn breakdown_table(v: &Value) -> anyhow::Result<()> {
 }
 
 impl Range {
-    /// `from`, `to`, `tz`, then the query's own parameters.
-    fn with(
-        &self,
-        own: Vec<(&'static str, Option<String>)>,
-    ) -> Vec<(&'static str, Option<String>)> {
-        let mut p = vec![
-            ("from", Some(self.from.clone())),
-            ("to", Some(self.to.clone())),
-            ("tz", self.tz.clone()),
-        ];
-        p.extend(own);
-        p
+    /// Adds `from`, `to` and `tz` to a query's route.
+    fn on(&self, route: Route) -> Route {
+        route
+            .param("from", &self.from)
+            .param("to", &self.to)
+            .opt("tz", self.tz.as_deref())
     }
 }
 
-/// One query's route: the namespace, the key for per-key kinds, and the parameters.
-struct Route<'a> {
-    conn: &'a Conn,
-    ns: &'a str,
-    key: Option<&'a str>,
-    kind: &'static str,
-    params: Vec<(&'static str, Option<String>)>,
-}
-
 pub fn query(q: QueryCommand) -> anyhow::Result<()> {
-    let num = |x: &Option<u32>| x.map(|v| v.to_string());
-    let r = match &q {
+    let (conn, kind, route) = match &q {
         QueryCommand::Series {
             ns,
             key,
@@ -352,18 +269,16 @@ pub fn query(q: QueryCommand) -> anyhow::Result<()> {
             dim,
             value,
             conn,
-        } => Route {
+        } => (
             conn,
-            ns,
-            key: Some(key),
-            kind: "series",
-            params: range.with(vec![
-                ("unit", Some(unit.clone())),
-                ("every", num(every)),
-                ("dim", dim.clone()),
-                ("value", value.clone()),
-            ]),
-        },
+            "series",
+            range
+                .on(Route::key(ns, key, "series"))
+                .param("unit", unit)
+                .opt("every", *every)
+                .opt("dim", dim.as_deref())
+                .opt("value", value.as_deref()),
+        ),
         QueryCommand::Breakdown {
             ns,
             key,
@@ -372,29 +287,25 @@ pub fn query(q: QueryCommand) -> anyhow::Result<()> {
             unit,
             limit,
             conn,
-        } => Route {
+        } => (
             conn,
-            ns,
-            key: Some(key),
-            kind: "breakdown",
-            params: range.with(vec![
-                ("dim", Some(dim.clone())),
-                ("unit", unit.clone()),
-                ("limit", num(limit)),
-            ]),
-        },
+            "breakdown",
+            range
+                .on(Route::key(ns, key, "breakdown"))
+                .param("dim", dim)
+                .opt("unit", unit.as_deref())
+                .opt("limit", *limit),
+        ),
         QueryCommand::Window {
             ns,
             key,
             last,
             conn,
-        } => Route {
+        } => (
             conn,
-            ns,
-            key: Some(key),
-            kind: "window",
-            params: vec![("last", Some(last.clone()))],
-        },
+            "window",
+            Route::key(ns, key, "window").param("last", last),
+        ),
         QueryCommand::Dashboard {
             ns,
             key,
@@ -403,17 +314,15 @@ pub fn query(q: QueryCommand) -> anyhow::Result<()> {
             every,
             limit,
             conn,
-        } => Route {
+        } => (
             conn,
-            ns,
-            key: Some(key),
-            kind: "dashboard",
-            params: range.with(vec![
-                ("unit", Some(unit.clone())),
-                ("every", num(every)),
-                ("limit", num(limit)),
-            ]),
-        },
+            "dashboard",
+            range
+                .on(Route::key(ns, key, "dashboard"))
+                .param("unit", unit)
+                .opt("every", *every)
+                .opt("limit", *limit),
+        ),
         QueryCommand::Top {
             ns,
             range,
@@ -422,33 +331,22 @@ pub fn query(q: QueryCommand) -> anyhow::Result<()> {
             dim,
             value,
             conn,
-        } => Route {
+        } => (
             conn,
-            ns,
-            key: None,
-            kind: "top",
-            params: range.with(vec![
-                ("unit", unit.clone()),
-                ("limit", num(limit)),
-                ("dim", dim.clone()),
-                ("value", value.clone()),
-            ]),
-        },
-    };
-    let (conn, kind) = (r.conn, r.kind);
-    let path = match r.key {
-        Some(k) => format!(
-            "/v1/ns/{}/keys/{}/{kind}{}",
-            enc(r.ns),
-            enc(k),
-            query_string(&r.params)
+            "top",
+            range
+                .on(Route::namespace(ns, "top"))
+                .opt("unit", unit.as_deref())
+                .opt("limit", *limit)
+                .opt("dim", dim.as_deref())
+                .opt("value", value.as_deref()),
         ),
-        None => format!("/v1/ns/{}/{kind}{}", enc(r.ns), query_string(&r.params)),
     };
-    let v = call(conn, "GET", &path)?;
+    let answer = conn.client().get::<Value>(&route)?;
     if conn.json {
-        return print_json(&v);
+        return print_json(answer.json());
     }
+    let v = answer.typed()?;
     match kind {
         "series" => points_table(&v, "points"),
         "breakdown" => breakdown_table(&v),
@@ -484,19 +382,15 @@ pub fn query(q: QueryCommand) -> anyhow::Result<()> {
 }
 
 pub fn keys(a: KeysArgs) -> anyhow::Result<()> {
-    let path = format!(
-        "/v1/ns/{}/keys{}",
-        enc(&a.ns),
-        query_string(&[
-            ("prefix", a.prefix.clone()),
-            ("after", a.after.clone()),
-            ("limit", a.limit.map(|l| l.to_string()))
-        ])
-    );
-    let v = call(&a.conn, "GET", &path)?;
+    let route = Route::namespace(&a.ns, "keys")
+        .opt("prefix", a.prefix.as_deref())
+        .opt("after", a.after.as_deref())
+        .opt("limit", a.limit);
+    let answer = a.conn.client().get::<Value>(&route)?;
     if a.conn.json {
-        return print_json(&v);
+        return print_json(answer.json());
     }
+    let v = answer.typed()?;
     let mut o = out();
     for k in v["keys"].as_array().into_iter().flatten() {
         writeln!(o, "{}", s(k))?;

@@ -4,6 +4,7 @@
 
 mod client;
 mod cmd;
+mod http;
 
 use std::process::ExitCode;
 
