@@ -3,9 +3,13 @@
 
 use std::io::Write;
 
-use serde_json::Value;
+use serde::de::DeserializeOwned;
+use tally_core::query::{
+    Accepted, BreakdownAnswer, DashboardAnswer, KeysAnswer, SeriesAnswer, TopAnswer, WindowAnswer,
+};
 
-use crate::http::{Client, Route};
+use crate::http::{Answer, Client, Route};
+use crate::table::Render;
 
 #[derive(Debug, clap::Args)]
 pub struct Conn {
@@ -154,50 +158,32 @@ pub struct KeysArgs {
 }
 
 impl Conn {
+    /// GETs `route` and prints the answer, read as a `T`.
+    fn get<T: DeserializeOwned + Render>(&self, route: &Route) -> anyhow::Result<()> {
+        self.print(self.client().get::<T>(route)?)
+    }
+
+    /// POSTs to `route` and prints the answer, read as a `T`.
+    fn post<T: DeserializeOwned + Render>(&self, route: &Route) -> anyhow::Result<()> {
+        self.print(self.client().post::<T>(route)?)
+    }
+
     fn client(&self) -> Client {
         Client::new(&self.server, self.token.as_deref())
     }
-}
 
-fn out() -> std::io::StdoutLock<'static> {
-    std::io::stdout().lock()
-}
-
-fn print_json(v: &Value) -> anyhow::Result<()> {
-    writeln!(out(), "{}", serde_json::to_string_pretty(v)?)?;
-    Ok(())
-}
-
-fn s(v: &Value) -> String {
-    match v {
-        Value::String(s) => s.clone(),
-        Value::Null => "-".into(),
-        other => other.to_string(),
+    /// With `--json` the server's JSON as it came (pretty-printed), else a table.
+    fn print<T: DeserializeOwned + Render>(&self, answer: Answer<T>) -> anyhow::Result<()> {
+        let text = if self.json {
+            let mut text = serde_json::to_string_pretty(answer.json())?;
+            text.push('\n');
+            text
+        } else {
+            answer.typed()?.render()
+        };
+        std::io::stdout().lock().write_all(text.as_bytes())?;
+        Ok(())
     }
-}
-
-/// Prints rows as left-aligned columns.
-fn table(rows: &[Vec<String>]) -> anyhow::Result<()> {
-    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
-    let widths: Vec<usize> = (0..cols)
-        .map(|c| {
-            rows.iter()
-                .filter_map(|r| r.get(c))
-                .map(|x| x.chars().count())
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    let mut o = out();
-    for r in rows {
-        let line: Vec<String> = r
-            .iter()
-            .enumerate()
-            .map(|(i, x)| format!("{x:<w$}", w = widths[i]))
-            .collect();
-        writeln!(o, "{}", line.join("  ").trim_end())?;
-    }
-    Ok(())
 }
 
 pub fn incr(a: IncrArgs) -> anyhow::Result<()> {
@@ -208,44 +194,7 @@ pub fn incr(a: IncrArgs) -> anyhow::Result<()> {
     for (name, value) in &a.dims {
         route = route.param(&format!("dim.{name}"), value);
     }
-    let answer = a.conn.client().post::<Value>(&route)?;
-    if a.conn.json {
-        return print_json(answer.json());
-    }
-    let v = answer.typed()?;
-    let mut o = out();
-    writeln!(o, "accepted {}", s(&v["accepted"]))?;
-    if let Some(w) = v.get("window") {
-        writeln!(
-            o,
-            "last {}: {} (from {}, {} buckets)",
-            s(&w["last"]),
-            s(&w["n"]),
-            s(&w["from_t"]),
-            s(&w["resolution"])
-        )?;
-    }
-    Ok(())
-}
-
-fn points_table(v: &Value, field: &str) -> anyhow::Result<()> {
-    let mut rows = vec![vec!["t".to_owned(), "n".to_owned()]];
-    for p in v[field].as_array().into_iter().flatten() {
-        rows.push(vec![s(&p["t"]), s(&p["n"])]);
-    }
-    rows.push(vec!["total".into(), s(&v["total"])]);
-    table(&rows)
-}
-
-fn breakdown_table(v: &Value) -> anyhow::Result<()> {
-    let mut rows = vec![vec![s(&v["dim"]), "n".to_owned()]];
-    for x in v["values"].as_array().into_iter().flatten() {
-        rows.push(vec![s(&x["value"]), s(&x["n"])]);
-    }
-    rows.push(vec!["(other)".into(), s(&v["other"])]);
-    rows.push(vec!["(unset)".into(), s(&v["unset"])]);
-    rows.push(vec!["total".into(), s(&v["total"])]);
-    table(&rows)
+    a.conn.post::<Accepted>(&route)
 }
 
 impl Range {
@@ -259,7 +208,7 @@ impl Range {
 }
 
 pub fn query(q: QueryCommand) -> anyhow::Result<()> {
-    let (conn, kind, route) = match &q {
+    match &q {
         QueryCommand::Series {
             ns,
             key,
@@ -269,10 +218,8 @@ pub fn query(q: QueryCommand) -> anyhow::Result<()> {
             dim,
             value,
             conn,
-        } => (
-            conn,
-            "series",
-            range
+        } => conn.get::<SeriesAnswer>(
+            &range
                 .on(Route::key(ns, key, "series"))
                 .param("unit", unit)
                 .opt("every", *every)
@@ -287,10 +234,8 @@ pub fn query(q: QueryCommand) -> anyhow::Result<()> {
             unit,
             limit,
             conn,
-        } => (
-            conn,
-            "breakdown",
-            range
+        } => conn.get::<BreakdownAnswer>(
+            &range
                 .on(Route::key(ns, key, "breakdown"))
                 .param("dim", dim)
                 .opt("unit", unit.as_deref())
@@ -301,11 +246,7 @@ pub fn query(q: QueryCommand) -> anyhow::Result<()> {
             key,
             last,
             conn,
-        } => (
-            conn,
-            "window",
-            Route::key(ns, key, "window").param("last", last),
-        ),
+        } => conn.get::<WindowAnswer>(&Route::key(ns, key, "window").param("last", last)),
         QueryCommand::Dashboard {
             ns,
             key,
@@ -314,10 +255,8 @@ pub fn query(q: QueryCommand) -> anyhow::Result<()> {
             every,
             limit,
             conn,
-        } => (
-            conn,
-            "dashboard",
-            range
+        } => conn.get::<DashboardAnswer>(
+            &range
                 .on(Route::key(ns, key, "dashboard"))
                 .param("unit", unit)
                 .opt("every", *every)
@@ -331,53 +270,14 @@ pub fn query(q: QueryCommand) -> anyhow::Result<()> {
             dim,
             value,
             conn,
-        } => (
-            conn,
-            "top",
-            range
+        } => conn.get::<TopAnswer>(
+            &range
                 .on(Route::namespace(ns, "top"))
                 .opt("unit", unit.as_deref())
                 .opt("limit", *limit)
                 .opt("dim", dim.as_deref())
                 .opt("value", value.as_deref()),
         ),
-    };
-    let answer = conn.client().get::<Value>(&route)?;
-    if conn.json {
-        return print_json(answer.json());
-    }
-    let v = answer.typed()?;
-    match kind {
-        "series" => points_table(&v, "points"),
-        "breakdown" => breakdown_table(&v),
-        "window" => {
-            writeln!(
-                out(),
-                "last {}: {} (from {}, {} buckets)",
-                s(&v["last"]),
-                s(&v["n"]),
-                s(&v["from_t"]),
-                s(&v["resolution"])
-            )?;
-            Ok(())
-        }
-        "dashboard" => {
-            points_table(&v, "timeline")?;
-            for (_, b) in v["breakdowns"].as_object().into_iter().flatten() {
-                writeln!(out())?;
-                breakdown_table(b)?;
-            }
-            Ok(())
-        }
-        _ => {
-            let mut rows = vec![vec!["key".to_owned(), "n".to_owned()]];
-            for k in v["keys"].as_array().into_iter().flatten() {
-                rows.push(vec![s(&k["key"]), s(&k["n"])]);
-            }
-            rows.push(vec!["(other)".into(), s(&v["other"])]);
-            rows.push(vec!["total".into(), s(&v["total"])]);
-            table(&rows)
-        }
     }
 }
 
@@ -386,17 +286,5 @@ pub fn keys(a: KeysArgs) -> anyhow::Result<()> {
         .opt("prefix", a.prefix.as_deref())
         .opt("after", a.after.as_deref())
         .opt("limit", a.limit);
-    let answer = a.conn.client().get::<Value>(&route)?;
-    if a.conn.json {
-        return print_json(answer.json());
-    }
-    let v = answer.typed()?;
-    let mut o = out();
-    for k in v["keys"].as_array().into_iter().flatten() {
-        writeln!(o, "{}", s(k))?;
-    }
-    if let Some(next) = v["next"].as_str() {
-        writeln!(o, "(more: --after {next})")?;
-    }
-    Ok(())
+    a.conn.get::<KeysAnswer>(&route)
 }

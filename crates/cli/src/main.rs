@@ -5,6 +5,7 @@
 mod client;
 mod cmd;
 mod http;
+mod table;
 
 use std::process::ExitCode;
 
