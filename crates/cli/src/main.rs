@@ -1,8 +1,8 @@
-//! `tally`: runs the server (`tally serve`) and talks to one (`incr`, `query`, `keys`).
-//! Arguments are parsed and validated before anything runs; errors print as one line (with
-//! their causes) and exit non-zero; a closed pipe is success.
+//! `tally`: runs the server (`tally serve`) and talks to one (`incr`, `query …`, `keys`).
+//! This file is glue: clap parses and checks every argument before anything runs, `cmd` runs
+//! the subcommand, and an error prints as one line with its causes and exits 1 (clap's own
+//! refusals exit 2). A closed pipe is success.
 
-mod client;
 mod cmd;
 mod http;
 mod table;
@@ -23,21 +23,20 @@ enum Command {
     /// Run the server (the embedded engine on ./tally-data by default).
     Serve(cmd::serve::ServeArgs),
     /// Add to a key's count.
-    Incr(client::IncrArgs),
+    Incr(cmd::incr::IncrArgs),
     /// Ask a running server.
     #[command(subcommand)]
-    Query(client::QueryCommand),
+    Query(cmd::query::QueryCommand),
     /// List a namespace's keys.
-    Keys(client::KeysArgs),
+    Keys(cmd::keys::KeysArgs),
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let result = match cli.command {
+    let result = match Cli::parse().command {
         Command::Serve(args) => cmd::serve::run(args),
-        Command::Incr(args) => client::incr(args),
-        Command::Query(q) => client::query(q),
-        Command::Keys(args) => client::keys(args),
+        Command::Incr(args) => cmd::incr::run(args),
+        Command::Query(query) => cmd::query::run(query),
+        Command::Keys(args) => cmd::keys::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
