@@ -1,7 +1,7 @@
 //! `tally`: runs the server (`tally serve`) and talks to one (`incr`, `query …`, `keys`).
 //! This file is glue: clap parses and checks every argument before anything runs, `cmd` runs
 //! the subcommand, and an error prints as one line with its causes and exits 1 (clap's own
-//! refusals exit 2). A closed pipe is success.
+//! refusals exit 2). A closed stdout is success.
 
 mod cmd;
 mod http;
@@ -40,17 +40,10 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
+        Err(e) if e.chain().any(|c| c.is::<cmd::StdoutClosed>()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("tally: {e:#}");
             ExitCode::FAILURE
         }
     }
-}
-
-fn is_broken_pipe(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| {
-        c.downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-    })
 }

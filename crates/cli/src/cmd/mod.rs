@@ -1,13 +1,14 @@
 //! The subcommands, one module each, and what the client commands (`incr`, `query …`,
 //! `keys`) share: the connection flags ([`Conn`]) and printing an answer — the server's JSON
-//! with `--json`, else the answer's table.
+//! with `--json`, else the answer's table — to a stdout its reader may close ([`StdoutClosed`]).
 
 pub mod incr;
 pub mod keys;
 pub mod query;
 pub mod serve;
 
-use std::io::Write;
+use std::fmt;
+use std::io::{self, Write};
 
 use serde::de::DeserializeOwned;
 
@@ -57,7 +58,28 @@ impl Conn {
         } else {
             answer.typed()?.render()
         };
-        std::io::stdout().lock().write_all(text.as_bytes())?;
-        Ok(())
+        write_stdout(&text)
+    }
+}
+
+/// Stdout's reader went away before the answer was written (`tally query … | head`). It has
+/// what it wanted, so this is success, not an error: `main` exits 0 without a word.
+#[derive(Debug)]
+pub struct StdoutClosed;
+
+impl fmt::Display for StdoutClosed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("stdout was closed")
+    }
+}
+
+impl std::error::Error for StdoutClosed {}
+
+/// Only a write to stdout can be [`StdoutClosed`]: a broken pipe anywhere else (the server's
+/// connection, say) is a real error.
+fn write_stdout(text: &str) -> anyhow::Result<()> {
+    match io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Err(StdoutClosed.into()),
+        written => Ok(written?),
     }
 }
