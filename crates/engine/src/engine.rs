@@ -20,7 +20,7 @@ use crate::memtable::{Memtable, Shard, split_key};
 use crate::wal::payload::{self, BatchView, Payload};
 use crate::wal::reader::{self, TornTail};
 use crate::wal::writer::{self, Start, WalStats, Writer};
-use crate::wal::{FILE_HEADER_LEN, WalError, file_name, list_files};
+use crate::wal::{Corruption, FILE_HEADER_LEN, FileProblem, WalError, file_name, list_files};
 use tally_core::store::FsyncPolicy;
 
 /// How to open an engine.
@@ -70,7 +70,8 @@ impl Config {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum OpenError {
-    #[error("{}: {source}", path.display())]
+    /// The cause is the `source`, printed after the path in an error chain (`{:#}`).
+    #[error("{}", path.display())]
     Io {
         path: PathBuf,
         source: std::io::Error,
@@ -148,7 +149,7 @@ impl Core {
             let mut cat = self.write_cat();
             for (ns, schema) in &view.creates {
                 let name = Namespace::new(view.str(*ns))
-                    .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                    .map_err(|e| StoreError::corrupt("a logged namespace name").because(e))?;
                 if cat.ns_id(name.as_str()).is_none() {
                     cat.put_schema(&name, schema)?;
                 }
@@ -158,7 +159,7 @@ impl Core {
             let mut str_cache: Vec<Option<u32>> = vec![None; view.strings.len()];
             for inc in &view.incs {
                 if !(0..MAX_TS).contains(&inc.ts) {
-                    return Err(StoreError::Corrupt(format!(
+                    return Err(StoreError::corrupt(format!(
                         "timestamp {} out of range",
                         inc.ts
                     )));
@@ -168,7 +169,7 @@ impl Core {
                     None => {
                         let name = view.str(inc.ns);
                         let id = cat.ns_id(name).ok_or_else(|| {
-                            StoreError::Internal(format!("namespace {name} is unknown"))
+                            StoreError::internal(format!("namespace {name} is unknown"))
                         })?;
                         if let Some(slot) = ns_cache.get_mut(inc.ns as usize) {
                             *slot = Some(id);
@@ -505,23 +506,24 @@ impl Engine {
             if *named_seq != next_seq {
                 return Err(WalError::BadFile {
                     file: path.clone(),
-                    why: format!(
-                        "named for sequence {named_seq}, but the log continues at {next_seq}"
-                    ),
+                    why: FileProblem::NamedSequence {
+                        named: *named_seq,
+                        expected: next_seq,
+                    },
                 }
                 .into());
             }
             let bytes = std::fs::read(path).map_err(io_at(path))?;
             recovery.log_bytes += bytes.len() as u64;
             let is_last = i + 1 == files.len();
-            let mut visit = |_seq: u64, bytes: &[u8]| -> Result<(), String> {
-                match payload::decode(bytes).map_err(|e| e.to_string())? {
+            let mut visit = |_seq: u64, bytes: &[u8]| -> Result<(), Corruption> {
+                match payload::decode(bytes).map_err(Corruption::Payload)? {
                     Payload::Batch(view) => {
                         recovery.events += view.incs.len() as u64;
-                        core.apply_view(&view, now).map_err(|e| e.to_string())
+                        core.apply_view(&view, now).map_err(Corruption::Apply)
                     }
                     Payload::Schema(ns, schema) => {
-                        core.apply_schema(&ns, &schema).map_err(|e| e.to_string())
+                        core.apply_schema(&ns, &schema).map_err(Corruption::Apply)
                     }
                 }
             };
@@ -609,8 +611,8 @@ impl Engine {
         self.wal.close();
     }
 
-    /// The first I/O error, once the log writer is poisoned.
-    pub fn poisoned(&self) -> Option<String> {
+    /// The first I/O failure, once the log writer is poisoned.
+    pub fn poisoned(&self) -> Option<StoreError> {
         self.wal.poisoned()
     }
 
@@ -688,7 +690,7 @@ impl Store for Engine {
             .range::<str, _>((start, Bound::Unbounded))
             .take_while(|(k, _)| k.starts_with(prefix))
             .take(list.limit)
-            .map(|(k, _)| Key::new(k).map_err(|e| StoreError::Corrupt(e.to_string())))
+            .map(|(k, _)| Key::new(k).map_err(|e| StoreError::corrupt("a stored key").because(e)))
             .collect()
     }
 
@@ -723,7 +725,8 @@ impl Store for Engine {
                 window.collect(&shard, sid).iter().map(|(_, n)| n).sum()
             };
             if sum != 0 {
-                let key = Key::new(name).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                let key =
+                    Key::new(name).map_err(|e| StoreError::corrupt("a stored key").because(e))?;
                 visit(&key, sum);
             }
         }
@@ -732,7 +735,7 @@ impl Store for Engine {
 
     fn health(&self) -> Result<(), StoreError> {
         match self.wal.poisoned() {
-            Some(why) => Err(StoreError::Poisoned(why)),
+            Some(e) => Err(e),
             None => Ok(()),
         }
     }
