@@ -10,6 +10,7 @@
 pub mod catalog;
 pub mod engine;
 pub mod io;
+pub mod manifest;
 pub mod memtable;
 mod recovery;
 mod state;
