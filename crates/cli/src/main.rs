@@ -1,9 +1,11 @@
-//! `tally`: runs the server (`tally serve`) and talks to one (`incr`, `query`, `keys`).
-//! Arguments are parsed and validated before anything runs; errors print as one line (with
-//! their causes) and exit non-zero; a closed pipe is success.
+//! `tally`: runs the server (`tally serve`) and talks to one (`incr`, `query …`, `keys`).
+//! This file is glue: clap parses and checks every argument before anything runs, `cmd` runs
+//! the subcommand, and an error prints as one line with its causes and exits 1 (clap's own
+//! refusals exit 2). A closed stdout is success.
 
-mod client;
-mod serve;
+mod cmd;
+mod http;
+mod table;
 
 use std::process::ExitCode;
 
@@ -19,37 +21,29 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the server (the embedded engine on ./tally-data by default).
-    Serve(serve::ServeArgs),
+    Serve(cmd::serve::ServeArgs),
     /// Add to a key's count.
-    Incr(client::IncrArgs),
+    Incr(cmd::incr::IncrArgs),
     /// Ask a running server.
     #[command(subcommand)]
-    Query(client::QueryCommand),
+    Query(cmd::query::QueryCommand),
     /// List a namespace's keys.
-    Keys(client::KeysArgs),
+    Keys(cmd::keys::KeysArgs),
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let result = match cli.command {
-        Command::Serve(args) => serve::run(args),
-        Command::Incr(args) => client::incr(args),
-        Command::Query(q) => client::query(q),
-        Command::Keys(args) => client::keys(args),
+    let result = match Cli::parse().command {
+        Command::Serve(args) => cmd::serve::run(args),
+        Command::Incr(args) => cmd::incr::run(args),
+        Command::Query(query) => cmd::query::run(query),
+        Command::Keys(args) => cmd::keys::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
+        Err(e) if e.chain().any(|c| c.is::<cmd::StdoutClosed>()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("tally: {e:#}");
             ExitCode::FAILURE
         }
     }
-}
-
-fn is_broken_pipe(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| {
-        c.downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-    })
 }

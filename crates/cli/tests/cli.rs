@@ -289,3 +289,29 @@ fn serve_answers_the_client_and_stops_cleanly_on_sigterm() {
         "cannot reach the server",
     );
 }
+
+#[test]
+fn a_closed_stdout_is_success() {
+    let data = tempfile::tempdir().unwrap();
+    let s = serve(data.path());
+    stdout(&client(&s.url, &["incr", "clicks", "k"]));
+    // 5000 hourly points: far more than a pipe buffer, so writing must meet the closed end.
+    let mut child = tally()
+        .args([
+            "query", "series", "clicks", "k", "--from", "0", "--to", "18000000", "--unit", "hour",
+            "--server", &s.url,
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success() && out.stderr.is_empty(),
+        "{}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    sigterm_and_wait(s);
+}

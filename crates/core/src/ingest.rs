@@ -45,7 +45,7 @@ impl Default for Defaults {
 }
 
 /// Why a batch was refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum IngestError {
     #[error("event {index}: {source}")]

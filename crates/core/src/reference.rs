@@ -51,7 +51,7 @@ impl MemStore {
     fn lock(&self) -> Result<MutexGuard<'_, Inner>, StoreError> {
         self.inner
             .lock()
-            .map_err(|_| StoreError::Internal("reference store lock poisoned".into()))
+            .map_err(|_| StoreError::internal("reference store lock poisoned"))
     }
 }
 
@@ -107,7 +107,7 @@ impl Store for MemStore {
         }
         for inc in &batch.increments {
             let Some(schema) = inner.schemas.get(&inc.ns).cloned() else {
-                return Err(StoreError::Internal(format!(
+                return Err(StoreError::internal(format!(
                     "namespace {} vanished",
                     inc.ns
                 )));

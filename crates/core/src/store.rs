@@ -7,6 +7,8 @@
 //! applies a [`Batch`] so that a read of one key sees each event wholly or not at all.
 
 pub use crate::durability::{FsyncPolicy, InvalidFsync};
+use std::sync::Arc;
+
 use crate::error::ErrorCode;
 use crate::model::{Duration, Key, Namespace, Schema, Subtotal};
 
@@ -106,27 +108,100 @@ pub struct KeyList<'a> {
     pub limit: usize,
 }
 
-/// A backend failure. The query layer passes it through; the server maps its code.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// The underlying error a backend failure keeps: an `io::Error`, a decoder's error, a Redis
+/// client's error. Shared, so the error stays `Clone` (a poisoned writer hands the same
+/// cause to every later caller).
+pub type Cause = Arc<dyn std::error::Error + Send + Sync + 'static>;
+
+/// A backend failure. The query layer passes it through; the server maps its code. The
+/// message says what failed; the cause, when there is one, is the error's `source`.
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
-    #[error("backend unavailable: {0}")]
-    Unavailable(String),
-    #[error("corrupt data: {0}")]
-    Corrupt(String),
-    #[error("the writer is poisoned after an I/O failure and accepts no writes: {0}")]
-    Poisoned(String),
-    #[error("internal error: {0}")]
-    Internal(String),
+    /// The backend cannot serve now (its log writer stopped, Redis is down).
+    #[error("backend unavailable: {what}")]
+    Unavailable {
+        what: String,
+        #[source]
+        cause: Option<Cause>,
+    },
+    /// Stored bytes do not decode, or break an invariant.
+    #[error("corrupt data: {what}")]
+    Corrupt {
+        what: String,
+        #[source]
+        cause: Option<Cause>,
+    },
+    /// A write or fsync failed earlier; nothing more is acknowledged.
+    #[error("the writer is poisoned after an I/O failure and accepts no writes: {what}")]
+    Poisoned {
+        what: String,
+        #[source]
+        cause: Option<Cause>,
+    },
+    /// A bug: a state the backend should never reach.
+    #[error("internal error: {what}")]
+    Internal { what: String },
 }
 
 impl StoreError {
+    pub fn unavailable(what: impl Into<String>) -> Self {
+        StoreError::Unavailable {
+            what: what.into(),
+            cause: None,
+        }
+    }
+
+    pub fn corrupt(what: impl Into<String>) -> Self {
+        StoreError::Corrupt {
+            what: what.into(),
+            cause: None,
+        }
+    }
+
+    pub fn poisoned(what: impl Into<String>, cause: Option<Cause>) -> Self {
+        StoreError::Poisoned {
+            what: what.into(),
+            cause,
+        }
+    }
+
+    pub fn internal(what: impl Into<String>) -> Self {
+        StoreError::Internal { what: what.into() }
+    }
+
+    /// The same failure, caused by `cause`.
+    pub fn because(self, cause: impl std::error::Error + Send + Sync + 'static) -> Self {
+        let cause: Option<Cause> = Some(Arc::new(cause));
+        match self {
+            StoreError::Unavailable { what, .. } => StoreError::Unavailable { what, cause },
+            StoreError::Corrupt { what, .. } => StoreError::Corrupt { what, cause },
+            StoreError::Poisoned { what, .. } => StoreError::Poisoned { what, cause },
+            StoreError::Internal { what } => StoreError::Internal { what },
+        }
+    }
+
     pub fn code(&self) -> ErrorCode {
         match self {
-            StoreError::Unavailable(_) | StoreError::Poisoned(_) => ErrorCode::BackendUnavailable,
-            StoreError::Corrupt(_) => ErrorCode::CorruptData,
-            StoreError::Internal(_) => ErrorCode::Internal,
+            StoreError::Unavailable { .. } | StoreError::Poisoned { .. } => {
+                ErrorCode::BackendUnavailable
+            }
+            StoreError::Corrupt { .. } => ErrorCode::CorruptData,
+            StoreError::Internal { .. } => ErrorCode::Internal,
         }
+    }
+
+    /// The message followed by each cause, `: `-joined, on one line: what an HTTP answer or
+    /// a log line shows.
+    pub fn detail(&self) -> String {
+        let mut out = self.to_string();
+        let mut cause = std::error::Error::source(self);
+        while let Some(c) = cause {
+            out.push_str(": ");
+            out.push_str(&c.to_string());
+            cause = c.source();
+        }
+        out
     }
 }
 

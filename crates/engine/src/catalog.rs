@@ -74,7 +74,7 @@ pub struct Catalog {
 }
 
 fn full(what: &str) -> StoreError {
-    StoreError::Internal(format!("the embedded engine ran out of {what} ids (2^31)"))
+    StoreError::internal(format!("the embedded engine ran out of {what} ids (2^31)"))
 }
 
 impl Catalog {
@@ -190,7 +190,7 @@ impl Catalog {
         let entry = self
             .ns
             .get_mut(ns as usize)
-            .ok_or_else(|| StoreError::Internal("unknown namespace id".into()))?;
+            .ok_or_else(|| StoreError::internal("unknown namespace id"))?;
         let name: Arc<str> = key.into();
         entry.keys.insert(name.clone(), id);
         entry.ordered.insert(name, id);
@@ -229,7 +229,7 @@ impl Catalog {
             .keys
             .get(key as usize)
             .map(|k| k.ns)
-            .ok_or_else(|| StoreError::Internal("unknown key id".into()))?;
+            .ok_or_else(|| StoreError::internal("unknown key id"))?;
         let id = self.new_series(ns | SUBTOTAL)?;
         self.subs.insert((key, d, v), id);
         if let Some(k) = self.keys.get_mut(key as usize) {

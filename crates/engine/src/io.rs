@@ -93,3 +93,45 @@ impl LogFile {
 pub fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
+
+/// The file-system operations that publish archive state (segments, manifests, `CURRENT`),
+/// behind a trait so tests can crash the engine at any of them and check that what is left
+/// on disk is a consistent state (see `tests/it/crash_publish.rs`).
+pub trait Fs: Send + Sync + std::fmt::Debug {
+    /// Creates `path` (which must not exist) holding `bytes`, and fsyncs the file. Its name
+    /// is durable only once its directory is synced.
+    fn write_new(&self, path: &Path, bytes: &[u8]) -> io::Result<()>;
+    /// Renames atomically, replacing `to`; durable once the directory is synced.
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+    /// Makes the names created, renamed or removed in `dir` durable.
+    fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+    /// Removes a file; a missing one is not an error.
+    fn remove(&self, path: &Path) -> io::Result<()>;
+}
+
+/// The real file system.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct OsFs;
+
+impl Fs for OsFs {
+    fn write_new(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        let mut f = OpenOptions::new().write(true).create_new(true).open(path)?;
+        f.write_all(bytes)?;
+        f.sync_all()
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        std::fs::rename(from, to)
+    }
+
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        sync_dir(dir)
+    }
+
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        match std::fs::remove_file(path) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            other => other,
+        }
+    }
+}

@@ -1,6 +1,7 @@
 //! tally's embedded engine: the default backend.
 //!
 //! - [`engine`]: open a data directory, recover, serve the `Store` trait.
+//! - `recovery`: replay the log into memory; `state`: the memory state and its one apply path.
 //! - [`catalog`]: namespaces, schemas, and interned keys, dimensions and values.
 //! - [`memtable`]: sharded in-memory counters (the realtime tier).
 //! - [`wal`]: the write-ahead log: format, group-commit writer, recovery scan.
@@ -9,8 +10,12 @@
 pub mod catalog;
 pub mod engine;
 pub mod io;
+pub mod manifest;
 pub mod memtable;
+mod recovery;
+mod state;
 pub mod wal;
 
-pub use engine::{Config, Engine, EngineStats, OpenError, Recovery};
+pub use engine::{Config, Engine, EngineStats, OpenError};
+pub use recovery::Recovery;
 pub use tally_core::store::FsyncPolicy;

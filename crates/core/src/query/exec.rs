@@ -79,7 +79,7 @@ pub(super) fn sum(buckets: &Buckets) -> i64 {
 pub(super) fn read_one(store: &dyn Store, read: KeyRead<'_>) -> Result<KeyData, QueryError> {
     let mut data = store.read(&[read])?;
     data.pop()
-        .ok_or_else(|| StoreError::Internal("a read returned no answer".into()).into())
+        .ok_or_else(|| StoreError::internal("a read returned no answer").into())
 }
 
 /// The exact, unit-less range `[from, to)` of breakdown and top, or the floored/ceiled one.

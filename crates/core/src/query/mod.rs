@@ -31,7 +31,7 @@ pub const MAX_LIMIT: usize = 10_000;
 pub const DEFAULT_MAX_POINTS: usize = 100_000;
 
 /// A query failure; `code()` gives the SPEC's error code, `field()` the parameter at fault.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum QueryError {
     #[error("{field}: {source}")]

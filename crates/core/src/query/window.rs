@@ -104,7 +104,7 @@ pub fn window_after(
     last: Duration,
 ) -> Result<WindowCount, QueryError> {
     let Some(first) = batch.increments.first() else {
-        return Err(StoreError::Internal("window_after of an empty batch".into()).into());
+        return Err(StoreError::internal("window_after of an empty batch").into());
     };
     let (ns, key) = (&first.ns, &first.key);
     let created = batch.create.iter().find(|(n, _)| n == ns).map(|(_, s)| s);

@@ -33,35 +33,49 @@ pub enum Version {
 }
 
 impl Version {
-    pub fn parse(magic: [u8; 4]) -> Result<Self, WalError> {
+    pub fn parse(magic: [u8; 4]) -> Result<Self, FileProblem> {
         match magic {
             MAGIC_V1 => Ok(Version::V1),
-            [b'T', b'L', b'W', got] => Err(WalError::UnsupportedVersion { got }),
-            _ => Err(WalError::BadMagic),
+            [b'T', b'L', b'W', got] => Err(FileProblem::UnsupportedVersion { got }),
+            _ => Err(FileProblem::BadMagic),
         }
     }
 }
 
-/// A log failure found on recovery.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// A log failure found on recovery: which file, and what is wrong with it as a typed value.
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum WalError {
-    #[error("not a tally log file (bad magic bytes)")]
-    BadMagic,
-    #[error("log format version {got} is not supported by this build (it reads version 1)")]
-    UnsupportedVersion { got: u8 },
-    #[error("{file}: corrupt record at offset {offset}: {why}")]
+    #[error("{}: corrupt record at offset {offset}: {why}", file.display())]
     Corrupt {
         file: PathBuf,
         offset: u64,
         why: Corruption,
     },
-    #[error("{file}: {why}")]
-    BadFile { file: PathBuf, why: String },
+    #[error("{}: {why}", file.display())]
+    BadFile { file: PathBuf, why: FileProblem },
+}
+
+/// What is wrong with a log file as a whole (its header, its place in the sequence).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FileProblem {
+    #[error("not a tally log file (bad magic bytes)")]
+    BadMagic,
+    #[error("log format version {got} is not supported by this build (it reads version 1)")]
+    UnsupportedVersion { got: u8 },
+    #[error("incomplete file header")]
+    IncompleteHeader,
+    #[error("file header checksum mismatch (expected {expected:#010x}, got {got:#010x})")]
+    HeaderChecksum { expected: u32, got: u32 },
+    #[error("file starts at sequence {got}, expected {expected}")]
+    FirstSequence { expected: u64, got: u64 },
+    #[error("named for sequence {named}, but the log continues at {expected}")]
+    NamedSequence { named: u64, expected: u64 },
 }
 
 /// What is wrong with a record that is not the log's tail.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum Corruption {
     #[error("frame header checksum mismatch (expected {expected:#010x}, got {got:#010x})")]
@@ -75,7 +89,12 @@ pub enum Corruption {
     #[error("payload length {0} exceeds the maximum")]
     TooLong(u64),
     #[error("undecodable payload: {0}")]
-    Payload(String),
+    Payload(payload::PayloadError),
+    /// The payload decodes but cannot be applied (a name that breaks the model's rules, a
+    /// timestamp out of range): the bytes were damaged before their checksum was computed,
+    /// or written by a buggy build.
+    #[error("the record does not apply: {0}")]
+    Apply(tally_core::store::StoreError),
 }
 
 pub(crate) fn read_u32(b: &[u8], at: usize) -> u32 {

@@ -227,15 +227,15 @@ pub fn decode(bytes: &[u8]) -> Result<Payload<'_>, PayloadError> {
     }
 }
 
-fn zigzag(n: i64) -> u64 {
+pub(crate) fn zigzag(n: i64) -> u64 {
     ((n << 1) ^ (n >> 63)) as u64
 }
 
-fn unzigzag(v: u64) -> i64 {
+pub(crate) fn unzigzag(v: u64) -> i64 {
     ((v >> 1) as i64) ^ -((v & 1) as i64)
 }
 
-fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+pub(crate) fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {
         out.push((v as u8) | 0x80);
         v >>= 7;
@@ -243,12 +243,12 @@ fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     out.push(v as u8);
 }
 
-fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+pub(crate) fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
     put_varint(out, b.len() as u64);
     out.extend_from_slice(b);
 }
 
-fn put_strings(out: &mut Vec<u8>, list: &[String]) {
+pub(crate) fn put_strings(out: &mut Vec<u8>, list: &[String]) {
     put_varint(out, list.len() as u64);
     for s in list {
         put_bytes(out, s.as_bytes());
@@ -256,7 +256,7 @@ fn put_strings(out: &mut Vec<u8>, list: &[String]) {
 }
 
 /// A schema as its canonical wire strings: re-validated when read back.
-fn put_schema(out: &mut Vec<u8>, schema: &Schema) {
+pub(crate) fn put_schema(out: &mut Vec<u8>, schema: &Schema) {
     let doc = schema.to_doc();
     put_strings(out, &doc.tiers);
     put_strings(out, &doc.breakdown_tiers.unwrap_or_default());
@@ -269,19 +269,30 @@ fn put_schema(out: &mut Vec<u8>, schema: &Schema) {
     }
 }
 
-struct Reader<'a> {
+/// A bounded reader over encoded bytes (log payloads, the manifest): every length is
+/// checked against the bytes left, and nothing it reads can panic.
+pub(crate) struct Reader<'a> {
     bytes: &'a [u8],
     pos: usize,
 }
 
 impl<'a> Reader<'a> {
-    fn u8(&mut self) -> Result<u8, PayloadError> {
+    pub(crate) fn new(bytes: &'a [u8]) -> Self {
+        Reader { bytes, pos: 0 }
+    }
+
+    /// Bytes not read yet.
+    pub(crate) fn left(&self) -> usize {
+        self.bytes.len() - self.pos
+    }
+
+    pub(crate) fn u8(&mut self) -> Result<u8, PayloadError> {
         let b = *self.bytes.get(self.pos).ok_or(PayloadError::Truncated)?;
         self.pos += 1;
         Ok(b)
     }
 
-    fn varint(&mut self) -> Result<u64, PayloadError> {
+    pub(crate) fn varint(&mut self) -> Result<u64, PayloadError> {
         let mut v = 0u64;
         for shift in (0..70).step_by(7) {
             let b = self.u8()?;
@@ -297,7 +308,7 @@ impl<'a> Reader<'a> {
     }
 
     /// A count, bounded by the bytes left so a corrupt count cannot reserve huge memory.
-    fn len(&mut self) -> Result<usize, PayloadError> {
+    pub(crate) fn len(&mut self) -> Result<usize, PayloadError> {
         let n = self.varint()?;
         if n > (self.bytes.len() - self.pos) as u64 {
             return Err(PayloadError::Truncated);
@@ -305,20 +316,20 @@ impl<'a> Reader<'a> {
         Ok(n as usize)
     }
 
-    fn str(&mut self) -> Result<&'a str, PayloadError> {
+    pub(crate) fn str(&mut self) -> Result<&'a str, PayloadError> {
         let n = self.len()?;
         let b = &self.bytes[self.pos..self.pos + n];
         self.pos += n;
         std::str::from_utf8(b).map_err(|_| PayloadError::NotUtf8)
     }
 
-    fn strings(&mut self) -> Result<Vec<String>, PayloadError> {
+    pub(crate) fn strings(&mut self) -> Result<Vec<String>, PayloadError> {
         (0..self.len()?)
             .map(|_| self.str().map(str::to_owned))
             .collect()
     }
 
-    fn schema(&mut self) -> Result<Schema, PayloadError> {
+    pub(crate) fn schema(&mut self) -> Result<Schema, PayloadError> {
         let tiers = self.strings()?;
         let breakdown_tiers = Some(self.strings()?);
         let dimensions = match self.u8()? {

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use super::{
     Corruption, FILE_FIRST_SEQ_OFFSET, FILE_HEADER_CRC_OFFSET, FILE_HEADER_LEN,
     FRAME_HEADER_CRC_OFFSET, FRAME_HEADER_LEN, FRAME_LEN_OFFSET, FRAME_PAYLOAD_CRC_OFFSET,
-    FRAME_SEQ_OFFSET, MAX_PAYLOAD_LEN, Version, WalError, read_u32, read_u64,
+    FRAME_SEQ_OFFSET, FileProblem, MAX_PAYLOAD_LEN, Version, WalError, read_u32, read_u64,
 };
 
 /// A torn tail found and dropped.
@@ -40,7 +40,7 @@ fn corrupt(file: &Path, offset: usize, why: Corruption) -> WalError {
 }
 
 /// Receives each valid record's `(seq, payload)`; an `Err` marks the payload undecodable.
-pub type Visit<'a> = dyn FnMut(u64, &[u8]) -> Result<(), String> + 'a;
+pub type Visit<'a> = dyn FnMut(u64, &[u8]) -> Result<(), Corruption> + 'a;
 
 /// Scans one file's bytes. `expected_seq` is the sequence number its first record must
 /// carry; `is_last` allows a torn tail. `visit` gets `(seq, payload)` of every valid record
@@ -69,27 +69,31 @@ pub fn scan(
         }
         return Err(WalError::BadFile {
             file: file.to_owned(),
-            why: "incomplete file header".into(),
+            why: FileProblem::IncompleteHeader,
         });
     }
     let mut magic = [0u8; 4];
     magic.copy_from_slice(&bytes[..4]);
-    Version::parse(magic).map_err(|e| WalError::BadFile {
+    Version::parse(magic).map_err(|why| WalError::BadFile {
         file: file.to_owned(),
-        why: e.to_string(),
+        why,
     })?;
-    let hcrc = read_u32(bytes, FILE_HEADER_CRC_OFFSET);
-    if crc32c::crc32c(&bytes[..FILE_HEADER_CRC_OFFSET]) != hcrc {
+    let expected = read_u32(bytes, FILE_HEADER_CRC_OFFSET);
+    let got = crc32c::crc32c(&bytes[..FILE_HEADER_CRC_OFFSET]);
+    if got != expected {
         return Err(WalError::BadFile {
             file: file.to_owned(),
-            why: "file header checksum mismatch".into(),
+            why: FileProblem::HeaderChecksum { expected, got },
         });
     }
     let first = read_u64(bytes, FILE_FIRST_SEQ_OFFSET);
     if first != expected_seq {
         return Err(WalError::BadFile {
             file: file.to_owned(),
-            why: format!("file starts at sequence {first}, expected {expected_seq}"),
+            why: FileProblem::FirstSequence {
+                expected: expected_seq,
+                got: first,
+            },
         });
     }
     let mut pos = FILE_HEADER_LEN;
@@ -159,7 +163,7 @@ pub fn scan(
                 },
             ));
         }
-        visit(seq, payload).map_err(|why| corrupt(file, pos, Corruption::Payload(why)))?;
+        visit(seq, payload).map_err(|why| corrupt(file, pos, why))?;
         records += 1;
         seq += 1;
         pos += end;

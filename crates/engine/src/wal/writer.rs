@@ -1,8 +1,8 @@
 //! The log writer: a dedicated thread that takes records from any number of writers,
 //! writes everything waiting in one `write`, fsyncs once for all of them (group commit)
 //! per the policy, and only then answers. An I/O failure poisons it: every later append
-//! fails with the first error's message, because after a failed fsync nothing written can
-//! be assumed durable.
+//! fails with the first error (its `io::Error` kept as the cause), because after a failed
+//! fsync nothing written can be assumed durable.
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
@@ -47,7 +47,7 @@ pub struct WalStats {
 pub struct Writer {
     tx: Mutex<Option<Sender<Req>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
-    poisoned: Arc<Mutex<Option<String>>>,
+    poisoned: Arc<Mutex<Option<StoreError>>>,
     stats: Arc<Mutex<WalStats>>,
 }
 
@@ -86,17 +86,17 @@ impl Writer {
 
     fn send<T>(&self, make: impl FnOnce(Reply<T>) -> Req) -> Result<T, StoreError> {
         if let Some(p) = lock(&self.poisoned).as_ref() {
-            return Err(StoreError::Poisoned(p.clone()));
+            return Err(p.clone());
         }
         let (reply, done) = mpsc::sync_channel(1);
         match lock(&self.tx).as_ref() {
             Some(tx) => tx
                 .send(make(reply))
-                .map_err(|_| StoreError::Unavailable("the log writer has stopped".into()))?,
-            None => return Err(StoreError::Unavailable("the log is closed".into())),
+                .map_err(|_| StoreError::unavailable("the log writer has stopped"))?,
+            None => return Err(StoreError::unavailable("the log is closed")),
         }
         done.recv()
-            .map_err(|_| StoreError::Unavailable("the log writer has stopped".into()))?
+            .map_err(|_| StoreError::unavailable("the log writer has stopped"))?
     }
 
     /// Appends one record payload; returns its sequence number once the policy is met.
@@ -109,8 +109,8 @@ impl Writer {
         self.send(Req::Sync)
     }
 
-    /// The first I/O error, if the writer is poisoned.
-    pub fn poisoned(&self) -> Option<String> {
+    /// The first I/O failure, if the writer is poisoned.
+    pub fn poisoned(&self) -> Option<StoreError> {
         lock(&self.poisoned).clone()
     }
 
@@ -140,7 +140,7 @@ struct State {
     policy: FsyncPolicy,
     max_file_bytes: u64,
     faults: Option<Arc<Faults>>,
-    poisoned: Arc<Mutex<Option<String>>>,
+    poisoned: Arc<Mutex<Option<StoreError>>>,
     stats: Arc<Mutex<WalStats>>,
     /// Written since the last fsync.
     dirty: bool,
@@ -179,20 +179,22 @@ impl State {
             && self.poisoned().is_none()
             && let Err(e) = self.sync()
         {
-            self.poison(format!("fsync on close: {e}"));
+            self.poison("fsync on close", e);
         }
     }
 
-    fn poisoned(&self) -> Option<String> {
+    fn poisoned(&self) -> Option<StoreError> {
         lock(&self.poisoned).clone()
     }
 
-    fn poison(&self, why: String) {
+    /// Records the first I/O failure (later ones are consequences) and returns it.
+    fn poison(&self, during: &str, e: std::io::Error) -> StoreError {
         let mut p = lock(&self.poisoned);
-        if p.is_none() {
-            tracing::error!(error = %why, "write-ahead log failed; refusing further writes");
-            *p = Some(why);
-        }
+        p.get_or_insert_with(|| {
+            tracing::error!(error = %e, during, "write-ahead log failed; refusing further writes");
+            StoreError::poisoned(during, Some(Arc::new(e)))
+        })
+        .clone()
     }
 
     fn sync(&mut self) -> std::io::Result<()> {
@@ -238,18 +240,17 @@ impl State {
             && self.file.len() >= self.max_file_bytes
             && let Err(e) = self.rotate()
         {
-            self.poison(format!("rotating the log: {e}"));
+            self.poison("rotating the log", e);
         }
     }
 
     fn commit(&mut self, buf: &[u8], records: u64, want_sync: bool) -> Result<(), StoreError> {
         if let Some(p) = self.poisoned() {
-            return Err(StoreError::Poisoned(p));
+            return Err(p);
         }
         if !buf.is_empty() {
             if let Err(e) = self.file.write_all(buf) {
-                self.poison(format!("writing the log: {e}"));
-                return Err(StoreError::Poisoned(format!("writing the log: {e}")));
+                return Err(self.poison("writing the log", e));
             }
             self.dirty = true;
             let mut s = lock(&self.stats);
@@ -265,8 +266,7 @@ impl State {
             && (want_sync || due)
             && let Err(e) = self.sync()
         {
-            self.poison(format!("fsync of the log: {e}"));
-            return Err(StoreError::Poisoned(format!("fsync of the log: {e}")));
+            return Err(self.poison("fsync of the log", e));
         }
         Ok(())
     }

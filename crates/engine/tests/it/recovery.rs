@@ -7,8 +7,11 @@ use std::sync::atomic::Ordering;
 
 use tally_core::store::{KeyList, Store, StoreError};
 use tally_engine::io::Faults;
+use tally_engine::wal::payload::PayloadError;
 use tally_engine::wal::reader::TornTail;
-use tally_engine::wal::{Corruption, FILE_HEADER_LEN, FRAME_HEADER_LEN, WalError, list_files};
+use tally_engine::wal::{
+    Corruption, FILE_HEADER_LEN, FRAME_HEADER_LEN, FileProblem, WalError, list_files, put_frame,
+};
 use tally_engine::{Config, Engine, FsyncPolicy, OpenError};
 
 use crate::{NOW, clock, open, raw, total, write};
@@ -248,8 +251,41 @@ fn an_unknown_format_version_is_refused() {
     let mut bytes = std::fs::read(&file).unwrap();
     bytes[3] = 9;
     std::fs::write(&file, bytes).unwrap();
-    let e = reopen(dir.path()).unwrap_err().to_string();
+    let err = reopen(dir.path()).unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            OpenError::Wal(WalError::BadFile {
+                why: FileProblem::UnsupportedVersion { got: 9 },
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+    let e = err.to_string();
     assert!(e.contains("version 9 is not supported"), "{e}");
+}
+
+/// A record whose checksums hold but whose payload does not decode (written by a buggy
+/// build, or damaged before its checksum was computed) stops recovery with the decoder's
+/// typed error, not a string.
+#[test]
+fn an_undecodable_payload_is_reported_with_its_decoder_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let bounds = fill(dir.path(), 2);
+    let file = only_file(dir.path());
+    let mut bytes = std::fs::read(&file).unwrap();
+    bytes.truncate(bounds[1].0 as usize);
+    put_frame(&mut bytes, 2, &[0xEE, 1, 2, 3]);
+    std::fs::write(&file, bytes).unwrap();
+    match reopen(dir.path()) {
+        Err(OpenError::Wal(WalError::Corrupt {
+            offset,
+            why: Corruption::Payload(PayloadError::UnknownKind(0xEE)),
+            ..
+        })) => assert_eq!(offset, bounds[1].0),
+        other => panic!("expected an undecodable payload, got {other:?}"),
+    }
 }
 
 #[test]
@@ -283,8 +319,17 @@ fn an_fsync_failure_poisons_the_writer() {
     faults.fail_syncs.store(true, Ordering::SeqCst);
     let err = write(&e, NOW, &[raw("clicks", "b", NOW, 1, &[])]).unwrap_err();
     assert!(
-        matches!(&err, StoreError::Poisoned(m) if m.contains("injected fsync failure")),
-        "{err}"
+        matches!(&err, StoreError::Poisoned { what, cause: Some(c) }
+            if what == "fsync of the log"
+                && c.as_ref().downcast_ref::<std::io::Error>()
+                    .is_some_and(|io| io.to_string().contains("injected fsync failure"))),
+        "{err:?}"
+    );
+    assert!(
+        err.detail()
+            .contains("fsync of the log: injected fsync failure"),
+        "{}",
+        err.detail()
     );
     assert_eq!(err.code(), tally_core::ErrorCode::BackendUnavailable);
     // Not acknowledged, so not applied; and the writer stays poisoned once the disk recovers.
@@ -292,7 +337,7 @@ fn an_fsync_failure_poisons_the_writer() {
     faults.fail_syncs.store(false, Ordering::SeqCst);
     assert!(matches!(
         write(&e, NOW, &[raw("clicks", "c", NOW, 1, &[])]),
-        Err(StoreError::Poisoned(_))
+        Err(StoreError::Poisoned { .. })
     ));
     assert!(e.poisoned().is_some());
     assert_eq!(total(&e, "clicks", "a", 3600), 1);
@@ -310,7 +355,7 @@ fn a_write_failure_poisons_the_writer() {
     faults.fail_writes.store(true, Ordering::SeqCst);
     assert!(matches!(
         write(&e, NOW, &[raw("clicks", "b", NOW, 1, &[])]),
-        Err(StoreError::Poisoned(_))
+        Err(StoreError::Poisoned { .. })
     ));
     assert!(e.store_is_empty());
 }

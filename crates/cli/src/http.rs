@@ -1,0 +1,253 @@
+//! The HTTP side of the client commands, in one place: the routes of SPEC §3 with every path
+//! segment and query value percent-encoded ([`Route`]), the base URL and bearer token
+//! ([`Client`]), and what comes back — a successful answer kept as the server's JSON and read
+//! as a typed answer on demand ([`Answer`]), or an error answer `{"error": {code, message}}`
+//! turned into a [`ServerError`].
+
+use std::fmt;
+use std::marker::PhantomData;
+
+use anyhow::Context;
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+/// A request's path and query string, each part encoded as it is added.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    path: String,
+    query: Vec<String>,
+}
+
+impl Route {
+    /// `/v1/ns/{ns}/{what}`: a namespace's `top` or `keys`.
+    pub fn namespace(ns: &str, what: &str) -> Route {
+        Route {
+            path: format!("/v1/ns/{}/{}", enc(ns), enc(what)),
+            query: Vec::new(),
+        }
+    }
+
+    /// `/v1/ns/{ns}/keys/{key}/{what}`: one key's `incr`, `series`, `breakdown` …
+    pub fn key(ns: &str, key: &str, what: &str) -> Route {
+        Route {
+            path: format!("/v1/ns/{}/keys/{}/{}", enc(ns), enc(key), enc(what)),
+            query: Vec::new(),
+        }
+    }
+
+    /// Adds `name=value` to the query string.
+    pub fn param(mut self, name: &str, value: impl fmt::Display) -> Route {
+        self.query
+            .push(format!("{}={}", enc(name), enc(&value.to_string())));
+        self
+    }
+
+    /// Adds `name=value` when there is a value.
+    pub fn opt(self, name: &str, value: Option<impl fmt::Display>) -> Route {
+        match value {
+            Some(v) => self.param(name, v),
+            None => self,
+        }
+    }
+
+    fn path_and_query(&self) -> String {
+        if self.query.is_empty() {
+            self.path.clone()
+        } else {
+            format!("{}?{}", self.path, self.query.join("&"))
+        }
+    }
+}
+
+/// Percent-encodes a path segment or a query name or value: everything but RFC 3986's
+/// unreserved characters, so a key's `/` stays inside its segment (`%2F`).
+fn enc(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// A connection to one server: its base URL and, when it requires one, a bearer token.
+pub struct Client {
+    agent: ureq::Agent,
+    /// As the user gave it, for messages.
+    server: String,
+    authorization: Option<String>,
+}
+
+/// Leaves the token out: it is a secret.
+impl fmt::Debug for Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Client")
+            .field("server", &self.server)
+            .field("token", &self.authorization.as_ref().map(|_| "…"))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Client {
+    pub fn new(server: &str, token: Option<&str>) -> Client {
+        Client {
+            // Error statuses are answers too: their body says what went wrong.
+            agent: ureq::Agent::config_builder()
+                .http_status_as_error(false)
+                .build()
+                .into(),
+            server: server.to_owned(),
+            authorization: token.map(|t| format!("Bearer {t}")),
+        }
+    }
+
+    pub fn get<T: DeserializeOwned>(&self, route: &Route) -> anyhow::Result<Answer<T>> {
+        let mut req = self.agent.get(self.url(route));
+        if let Some(a) = &self.authorization {
+            req = req.header("Authorization", a);
+        }
+        self.answer(req.call())
+    }
+
+    /// A POST with an empty body (the parameters are in the route).
+    pub fn post<T: DeserializeOwned>(&self, route: &Route) -> anyhow::Result<Answer<T>> {
+        let mut req = self.agent.post(self.url(route));
+        if let Some(a) = &self.authorization {
+            req = req.header("Authorization", a);
+        }
+        self.answer(req.send_empty())
+    }
+
+    fn url(&self, route: &Route) -> String {
+        format!(
+            "{}{}",
+            self.server.trim_end_matches('/'),
+            route.path_and_query()
+        )
+    }
+
+    fn answer<T>(
+        &self,
+        sent: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
+    ) -> anyhow::Result<Answer<T>> {
+        let mut resp =
+            sent.with_context(|| format!("cannot reach the server at {}", self.server))?;
+        let status = resp.status().as_u16();
+        let text = resp
+            .body_mut()
+            .read_to_string()
+            .context("reading the answer")?;
+        let json: Value = serde_json::from_str(&text)
+            .with_context(|| format!("the server answered {status} with non-JSON: {text}"))?;
+        if status >= 400 {
+            return Err(ServerError::new(status, json).into());
+        }
+        Ok(Answer {
+            json,
+            answer: PhantomData,
+        })
+    }
+}
+
+/// A successful answer. It stays the server's JSON until read as `T`, so `--json` prints
+/// exactly what the server said (every field, in its order) and only tables need `T`'s shape.
+#[derive(Debug)]
+pub struct Answer<T> {
+    json: Value,
+    answer: PhantomData<fn() -> T>,
+}
+
+impl<T: DeserializeOwned> Answer<T> {
+    pub fn json(&self) -> &Value {
+        &self.json
+    }
+
+    pub fn typed(self) -> anyhow::Result<T> {
+        serde_json::from_value(self.json).context("the server's answer has an unexpected shape")
+    }
+}
+
+/// An error answer: `{"error": {"code", "message", …}}` with a status of 400 or more.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerError {
+    pub status: u16,
+    pub code: String,
+    pub message: String,
+}
+
+impl ServerError {
+    /// Reads the error body; one of another shape still gives the status.
+    fn new(status: u16, json: Value) -> ServerError {
+        #[derive(Deserialize)]
+        struct Body {
+            error: Detail,
+        }
+        #[derive(Deserialize)]
+        struct Detail {
+            code: Option<String>,
+            message: Option<String>,
+        }
+        let detail = serde_json::from_value::<Body>(json).ok().map(|b| b.error);
+        let (code, message) = detail.map_or((None, None), |d| (d.code, d.message));
+        ServerError {
+            status,
+            code: code.unwrap_or_else(|| "error".to_owned()),
+            message: message.unwrap_or_default(),
+        }
+    }
+}
+
+impl fmt::Display for ServerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {} (HTTP {})", self.code, self.message, self.status)
+    }
+}
+
+impl std::error::Error for ServerError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_encode_every_segment_and_value_in_order() {
+        let r = Route::key("clicks", "lnk/1 ü", "series")
+            .param("from", 0)
+            .opt("tz", None::<&str>)
+            .opt("dim.country", Some("US|mobile"))
+            .param("every", 5);
+        assert_eq!(
+            r.path_and_query(),
+            "/v1/ns/clicks/keys/lnk%2F1%20%C3%BC/series?from=0&dim.country=US%7Cmobile&every=5"
+        );
+        assert_eq!(
+            Route::namespace("api.hits", "keys").path_and_query(),
+            "/v1/ns/api.hits/keys"
+        );
+    }
+
+    #[test]
+    fn the_base_url_may_end_in_a_slash() {
+        let c = Client::new("http://127.0.0.1:7070/", Some("s3cret"));
+        assert_eq!(
+            c.url(&Route::namespace("clicks", "top").param("limit", 1)),
+            "http://127.0.0.1:7070/v1/ns/clicks/top?limit=1"
+        );
+        assert!(!format!("{c:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn error_answers_become_one_line_with_code_message_and_status() {
+        let e = ServerError::new(
+            400,
+            serde_json::json!({"error": {"code": "invalid_unit", "message": "unit: bad", "field": "unit"}}),
+        );
+        assert_eq!(e.to_string(), "invalid_unit: unit: bad (HTTP 400)");
+        let e = ServerError::new(502, serde_json::json!({"oops": 1}));
+        assert_eq!(e.to_string(), "error:  (HTTP 502)");
+    }
+}

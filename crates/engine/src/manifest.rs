@@ -1,0 +1,327 @@
+//! The manifest: which archive segments make up the archive, from which log record recovery
+//! must replay, and the checkpoint of what truncated log records carried (schemas as of that
+//! record, unexpired idempotency answers). A new manifest is published by writing a new
+//! numbered file and then atomically replacing `CURRENT`, the one-line file that names it
+//! (docs/format.md, "Manifest"). Whatever `CURRENT` names is the archive; every other
+//! segment or manifest file is left over from a crash or a compaction and may be removed.
+
+use std::path::{Path, PathBuf};
+
+use tally_core::model::{Namespace, Schema};
+use tally_core::store::IdemRecord;
+
+use crate::io::Fs;
+use crate::wal::payload::{PayloadError, Reader, put_bytes, put_schema, put_varint};
+
+/// Magic bytes of a manifest file, with the format version in the last byte.
+pub const MANIFEST_MAGIC_V1: [u8; 4] = *b"TLM\x01";
+/// Bytes before the payload: magic (4), payload length (4), CRC32C of the payload (4).
+pub const MANIFEST_HEADER_LEN: usize = 12;
+pub const MANIFEST_MAGIC_OFFSET: usize = 0;
+pub const MANIFEST_LEN_OFFSET: usize = 4;
+pub const MANIFEST_CRC_OFFSET: usize = 8;
+/// The pointer file.
+pub const CURRENT: &str = "CURRENT";
+
+/// One published segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SegmentEntry {
+    pub id: u64,
+    /// A delta holds late increments to a period that already has a segment; reads add it.
+    pub delta: bool,
+    /// Tier resolution in seconds.
+    pub resolution: u32,
+    pub period_start: i64,
+    pub period_end: i64,
+    /// Every increment to this period from log records up to this sequence number is in
+    /// this segment or in an earlier one of the same period; replay skips them.
+    pub flushed_seq: u64,
+}
+
+/// A published archive state.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Manifest {
+    /// Grows by one per publication; names the file.
+    pub number: u64,
+    pub next_segment_id: u64,
+    /// The first log record recovery replays; whole files before it may be deleted.
+    pub wal_start: u64,
+    pub segments: Vec<SegmentEntry>,
+    /// Every namespace's schema as of record `wal_start - 1`.
+    pub schemas: Vec<(Namespace, Schema)>,
+    /// Idempotency answers that had not expired when this manifest was written.
+    pub idempotency: Vec<IdemRecord>,
+}
+
+/// Why the manifest could not be read.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ManifestError {
+    #[error("{}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: not a tally manifest (bad magic bytes)", path.display())]
+    BadMagic { path: PathBuf },
+    #[error("{}: manifest format version {got} is not supported by this build (it reads version 1)", path.display())]
+    UnsupportedVersion { path: PathBuf, got: u8 },
+    #[error("{}: manifest checksum mismatch (expected {expected:#010x}, got {got:#010x})", path.display())]
+    Checksum {
+        path: PathBuf,
+        expected: u32,
+        got: u32,
+    },
+    #[error("{}: undecodable manifest: {why}", path.display())]
+    Corrupt { path: PathBuf, why: PayloadError },
+    #[error("{}: {why}", path.display())]
+    BadCurrent { path: PathBuf, why: &'static str },
+}
+
+/// The file name of manifest `number`: `MANIFEST-` and 20 digits.
+pub fn file_name(dir: &Path, number: u64) -> PathBuf {
+    dir.join(format!("MANIFEST-{number:020}"))
+}
+
+impl Manifest {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut p = Vec::new();
+        put_varint(&mut p, self.number);
+        put_varint(&mut p, self.next_segment_id);
+        put_varint(&mut p, self.wal_start);
+        put_varint(&mut p, self.segments.len() as u64);
+        for s in &self.segments {
+            put_varint(&mut p, s.id);
+            p.push(u8::from(s.delta));
+            put_varint(&mut p, u64::from(s.resolution));
+            put_varint(&mut p, s.period_start as u64);
+            put_varint(&mut p, s.period_end as u64);
+            put_varint(&mut p, s.flushed_seq);
+        }
+        put_varint(&mut p, self.schemas.len() as u64);
+        for (ns, schema) in &self.schemas {
+            put_bytes(&mut p, ns.as_str().as_bytes());
+            put_schema(&mut p, schema);
+        }
+        put_varint(&mut p, self.idempotency.len() as u64);
+        for r in &self.idempotency {
+            put_bytes(&mut p, r.key.as_bytes());
+            put_bytes(&mut p, r.fingerprint.as_bytes());
+            put_varint(&mut p, r.expires as u64);
+            put_varint(&mut p, u64::from(r.status));
+            put_bytes(&mut p, r.body.as_bytes());
+        }
+        let mut out = Vec::with_capacity(MANIFEST_HEADER_LEN + p.len());
+        out.extend_from_slice(&MANIFEST_MAGIC_V1);
+        out.extend_from_slice(&(p.len() as u32).to_le_bytes());
+        out.extend_from_slice(&crc32c::crc32c(&p).to_le_bytes());
+        out.extend_from_slice(&p);
+        out
+    }
+
+    /// Decodes a manifest file's bytes; never panics, whatever the bytes.
+    pub fn decode(path: &Path, bytes: &[u8]) -> Result<Manifest, ManifestError> {
+        let path = || path.to_owned();
+        if bytes.len() < MANIFEST_HEADER_LEN {
+            return Err(ManifestError::Corrupt {
+                path: path(),
+                why: PayloadError::Truncated,
+            });
+        }
+        match bytes[..4] {
+            [b'T', b'L', b'M', 1] => {}
+            [b'T', b'L', b'M', got] => {
+                return Err(ManifestError::UnsupportedVersion { path: path(), got });
+            }
+            _ => return Err(ManifestError::BadMagic { path: path() }),
+        }
+        let u32_at =
+            |o: usize| u32::from_le_bytes([bytes[o], bytes[o + 1], bytes[o + 2], bytes[o + 3]]);
+        let len = u32_at(MANIFEST_LEN_OFFSET) as usize;
+        let expected = u32_at(MANIFEST_CRC_OFFSET);
+        let payload = &bytes[MANIFEST_HEADER_LEN..];
+        let got = crc32c::crc32c(payload);
+        if payload.len() != len || got != expected {
+            return Err(ManifestError::Checksum {
+                path: path(),
+                expected,
+                got,
+            });
+        }
+        Self::decode_payload(payload).map_err(|why| ManifestError::Corrupt { path: path(), why })
+    }
+
+    fn decode_payload(payload: &[u8]) -> Result<Manifest, PayloadError> {
+        let mut r = Reader::new(payload);
+        let mut m = Manifest {
+            number: r.varint()?,
+            next_segment_id: r.varint()?,
+            wal_start: r.varint()?,
+            ..Manifest::default()
+        };
+        for _ in 0..r.len()? {
+            let id = r.varint()?;
+            let delta = r.u8()? != 0;
+            let resolution = u32::try_from(r.varint()?).map_err(|_| PayloadError::BadVarint)?;
+            m.segments.push(SegmentEntry {
+                id,
+                delta,
+                resolution,
+                period_start: r.varint()? as i64,
+                period_end: r.varint()? as i64,
+                flushed_seq: r.varint()?,
+            });
+        }
+        for _ in 0..r.len()? {
+            let name = r.str()?;
+            let ns = Namespace::new(name).map_err(|e| PayloadError::Schema(e.to_string()))?;
+            m.schemas.push((ns, r.schema()?));
+        }
+        for _ in 0..r.len()? {
+            m.idempotency.push(IdemRecord {
+                key: r.str()?.to_owned(),
+                fingerprint: r.str()?.to_owned(),
+                expires: r.varint()? as i64,
+                status: u16::try_from(r.varint()?).map_err(|_| PayloadError::BadVarint)?,
+                body: r.str()?.to_owned(),
+            });
+        }
+        match r.left() {
+            0 => Ok(m),
+            n => Err(PayloadError::Trailing(n)),
+        }
+    }
+}
+
+/// Reads the manifest `CURRENT` names; `None` when there is no `CURRENT` (a directory that
+/// has never flushed). A `CURRENT` naming a missing or damaged manifest is an error: the
+/// archive it describes cannot be found, and starting without it would lose data.
+pub fn load(dir: &Path) -> Result<Option<Manifest>, ManifestError> {
+    let current = dir.join(CURRENT);
+    let text = match std::fs::read_to_string(&current) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(ManifestError::Io {
+                path: current,
+                source,
+            });
+        }
+    };
+    let name = text.strip_suffix('\n').unwrap_or(&text);
+    let number = name
+        .strip_prefix("MANIFEST-")
+        .filter(|n| n.len() == 20)
+        .and_then(|n| n.parse::<u64>().ok())
+        .ok_or(ManifestError::BadCurrent {
+            path: current.clone(),
+            why: "does not name a manifest (expected MANIFEST-<20 digits>)",
+        })?;
+    let path = file_name(dir, number);
+    let bytes = std::fs::read(&path).map_err(|source| ManifestError::Io {
+        path: path.clone(),
+        source,
+    })?;
+    let m = Manifest::decode(&path, &bytes)?;
+    if m.number != number {
+        return Err(ManifestError::BadCurrent {
+            path,
+            why: "the manifest's number differs from its file name",
+        });
+    }
+    Ok(Some(m))
+}
+
+/// Publishes `m` durably: the manifest file (fsynced), its directory, then `CURRENT`
+/// replaced by rename and the directory synced again. A crash at any point leaves `CURRENT`
+/// naming either the previous manifest or this one, each whole.
+pub fn publish(fs: &dyn Fs, dir: &Path, m: &Manifest) -> std::io::Result<()> {
+    let path = file_name(dir, m.number);
+    fs.remove(&path)?;
+    fs.write_new(&path, &m.encode())?;
+    fs.sync_dir(dir)?;
+    let tmp = dir.join("CURRENT.tmp");
+    fs.remove(&tmp)?;
+    let name = format!("MANIFEST-{:020}\n", m.number);
+    fs.write_new(&tmp, name.as_bytes())?;
+    fs.rename(&tmp, &dir.join(CURRENT))?;
+    fs.sync_dir(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::OsFs;
+
+    fn sample() -> Manifest {
+        Manifest {
+            number: 7,
+            next_segment_id: 12,
+            wal_start: 4242,
+            segments: vec![SegmentEntry {
+                id: 11,
+                delta: true,
+                resolution: 3600,
+                period_start: 1_795_132_800,
+                period_end: 1_795_219_200,
+                flushed_seq: 4000,
+            }],
+            schemas: vec![(Namespace::new("clicks").unwrap(), Schema::default())],
+            idempotency: vec![IdemRecord {
+                key: "k".into(),
+                fingerprint: "f".into(),
+                expires: 1_795_300_000,
+                status: 200,
+                body: "{\"accepted\":1}".into(),
+            }],
+        }
+    }
+
+    #[test]
+    fn manifests_round_trip_through_current() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(load(dir.path()).unwrap(), None);
+        let m = sample();
+        publish(&OsFs, dir.path(), &m).unwrap();
+        assert_eq!(load(dir.path()).unwrap(), Some(m.clone()));
+        let next = Manifest { number: 8, ..m };
+        publish(&OsFs, dir.path(), &next).unwrap();
+        assert_eq!(load(dir.path()).unwrap(), Some(next));
+    }
+
+    #[test]
+    fn damage_is_refused_never_guessed() {
+        let p = Path::new("MANIFEST-x");
+        let bytes = sample().encode();
+        for i in 0..bytes.len() {
+            let mut b = bytes.clone();
+            b[i] ^= 0x10;
+            assert!(
+                Manifest::decode(p, &b).is_err(),
+                "flip at {i} went unnoticed"
+            );
+        }
+        for cut in 0..bytes.len() {
+            assert!(Manifest::decode(p, &bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut v2 = bytes.clone();
+        v2[3] = 2;
+        assert!(matches!(
+            Manifest::decode(p, &v2),
+            Err(ManifestError::UnsupportedVersion { got: 2, .. })
+        ));
+    }
+
+    #[test]
+    fn a_current_naming_a_missing_manifest_stops_recovery() {
+        let dir = tempfile::tempdir().unwrap();
+        publish(&OsFs, dir.path(), &sample()).unwrap();
+        std::fs::remove_file(file_name(dir.path(), 7)).unwrap();
+        assert!(matches!(load(dir.path()), Err(ManifestError::Io { .. })));
+        std::fs::write(dir.path().join(CURRENT), "garbage\n").unwrap();
+        assert!(matches!(
+            load(dir.path()),
+            Err(ManifestError::BadCurrent { .. })
+        ));
+    }
+}
