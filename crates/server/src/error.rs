@@ -100,7 +100,11 @@ impl IntoResponse for ApiError {
 
 impl From<QueryError> for ApiError {
     fn from(e: QueryError) -> Self {
-        let a = ApiError::new(e.code(), e.to_string());
+        let message = match &e {
+            QueryError::Store(s) => s.detail(),
+            _ => e.to_string(),
+        };
+        let a = ApiError::new(e.code(), message);
         match e.field() {
             Some(f) => a.field(f),
             None => a,
@@ -114,15 +118,21 @@ impl From<ModelError> for ApiError {
     }
 }
 
+/// A backend failure's message carries its cause (the OS error of a failed fsync, the
+/// damaged block of a segment), so an operator reading the answer or the log sees why.
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
-        ApiError::new(e.code(), e.to_string())
+        ApiError::new(e.code(), e.detail())
     }
 }
 
 impl From<IngestError> for ApiError {
     fn from(e: IngestError) -> Self {
-        let a = ApiError::new(e.code(), e.to_string());
+        let message = match &e {
+            IngestError::Store(s) => s.detail(),
+            _ => e.to_string(),
+        };
+        let a = ApiError::new(e.code(), message);
         match e.index() {
             Some(i) => a.index(i),
             None => a,

@@ -55,6 +55,8 @@ fn decode(s: &str) -> Result<String, ApiError> {
             b'%' => {
                 let hex = bytes
                     .get(i + 1..i + 3)
+                    // Two hex digits exactly: from_str_radix alone would take `+1`.
+                    .filter(|h| h.iter().all(u8::is_ascii_hexdigit))
                     .and_then(|h| std::str::from_utf8(h).ok())
                     .and_then(|h| u8::from_str_radix(h, 16).ok());
                 match hex {
@@ -138,7 +140,8 @@ mod tests {
     #[test]
     fn bad_escapes_are_refused() {
         for q in [
-            "a=%", "a=%4", "a=1%", "a=%zz", "a=%G1", "a=%%41", "a=%é1", "%=1", "%x=1",
+            "a=%", "a=%4", "a=1%", "a=%zz", "a=%G1", "a=%%41", "a=%é1", "%=1", "%x=1", "a=%+1",
+            "a=%-1",
         ] {
             let e = pairs(q).unwrap_err();
             assert_eq!(e.code, ErrorCode::InvalidParameter, "{q}");
