@@ -4,6 +4,7 @@
 //! refusals exit 2). A closed stdout is success.
 
 mod cmd;
+mod conn;
 mod http;
 mod table;
 
@@ -40,7 +41,7 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) if e.chain().any(|c| c.is::<cmd::StdoutClosed>()) => ExitCode::SUCCESS,
+        Err(e) if e.chain().any(|c| c.is::<conn::StdoutClosed>()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("tally: {e:#}");
             ExitCode::FAILURE

@@ -3,7 +3,7 @@
 
 use tally_core::query::KeysAnswer;
 
-use super::Conn;
+use crate::conn::Conn;
 use crate::http::Route;
 
 #[derive(Debug, clap::Args)]
