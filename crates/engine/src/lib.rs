@@ -12,6 +12,7 @@ pub mod engine;
 pub mod io;
 pub mod memtable;
 mod recovery;
+pub mod segment;
 mod state;
 pub mod wal;
 

@@ -7,6 +7,7 @@ mod fixtures;
 mod format_doc;
 mod model;
 mod recovery;
+mod segment;
 mod visibility;
 
 use std::path::Path;
