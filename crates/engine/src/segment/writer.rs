@@ -32,7 +32,7 @@ pub struct WriteOptions {
 }
 
 impl Default for WriteOptions {
-    /// zstd level 3 and 32 KiB blocks: see docs/format.md, "Compression", for the numbers.
+    /// zstd level 3 and 64 KiB blocks: see docs/format.md, "Compression", for the numbers.
     fn default() -> Self {
         WriteOptions {
             codec: Codec::Zstd { level: 3 },
