@@ -8,6 +8,7 @@ mod format_doc;
 mod model;
 mod recovery;
 mod segment;
+mod segment_fixture;
 mod segment_format_doc;
 mod segment_measure;
 mod visibility;
