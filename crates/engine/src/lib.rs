@@ -13,6 +13,7 @@ pub mod io;
 pub mod manifest;
 pub mod memtable;
 mod recovery;
+pub mod segment;
 mod state;
 pub mod wal;
 

@@ -7,6 +7,10 @@ mod fixtures;
 mod format_doc;
 mod model;
 mod recovery;
+mod segment;
+mod segment_fixture;
+mod segment_format_doc;
+mod segment_measure;
 mod visibility;
 
 use std::path::Path;

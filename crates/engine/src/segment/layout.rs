@@ -1,0 +1,214 @@
+//! The segment's byte layout as named constants (docs/format.md, "Archive segments", whose
+//! tables a test holds against these), and the fixed-size parts: header, block table entry,
+//! footer.
+//!
+//! ```text
+//! header (4) | block 0 | block 1 | ... | index: fst map, block table | footer (80)
+//! ```
+
+use super::{SegmentKind, SegmentMeta};
+
+/// Magic bytes of a segment file, with the format version in the last byte. The file starts
+/// and ends with them.
+pub const MAGIC_V1: [u8; 4] = *b"TLS\x01";
+/// Bytes before the first block: the magic.
+pub const HEADER_LEN: usize = 4;
+
+pub const FOOTER_ID_OFFSET: usize = 0;
+pub const FOOTER_KIND_OFFSET: usize = 8;
+pub const FOOTER_CODEC_OFFSET: usize = 9;
+pub const FOOTER_RESERVED_OFFSET: usize = 10;
+pub const FOOTER_RESOLUTION_OFFSET: usize = 12;
+pub const FOOTER_PERIOD_START_OFFSET: usize = 16;
+pub const FOOTER_PERIOD_END_OFFSET: usize = 24;
+pub const FOOTER_KEYS_OFFSET: usize = 32;
+pub const FOOTER_POINTS_OFFSET: usize = 40;
+pub const FOOTER_INDEX_OFFSET_OFFSET: usize = 48;
+pub const FOOTER_FST_LEN_OFFSET: usize = 56;
+pub const FOOTER_BLOCKS_OFFSET: usize = 64;
+pub const FOOTER_INDEX_CRC_OFFSET: usize = 68;
+pub const FOOTER_CRC_OFFSET: usize = 72;
+pub const FOOTER_MAGIC_OFFSET: usize = 76;
+/// Bytes of the footer, the last bytes of the file.
+pub const FOOTER_LEN: usize = 80;
+
+pub const BLOCK_OFFSET_OFFSET: usize = 0;
+pub const BLOCK_STORED_LEN_OFFSET: usize = 8;
+pub const BLOCK_RAW_LEN_OFFSET: usize = 12;
+pub const BLOCK_CRC_OFFSET: usize = 16;
+pub const BLOCK_KEYS_OFFSET: usize = 20;
+/// Bytes of one block table entry.
+pub const BLOCK_ENTRY_LEN: usize = 24;
+
+/// The largest uncompressed block payload (a sanity bound on a length read from the file; a
+/// single key's record larger than this is refused by the writer).
+pub const MAX_BLOCK_RAW_LEN: usize = 64 << 20;
+/// The writer's default target for a block's uncompressed payload.
+pub const DEFAULT_BLOCK_TARGET: usize = 64 << 10;
+
+/// Block payload codec byte: stored as is.
+pub const CODEC_NONE: u8 = 0;
+/// Block payload codec byte: one zstd frame.
+pub const CODEC_ZSTD: u8 = 1;
+
+/// A segment format version this build reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Version {
+    V1,
+}
+
+/// What is wrong with a magic number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MagicProblem {
+    BadMagic,
+    UnsupportedVersion { got: u8 },
+}
+
+impl Version {
+    pub fn parse(magic: [u8; 4]) -> Result<Self, MagicProblem> {
+        match magic {
+            MAGIC_V1 => Ok(Version::V1),
+            [b'T', b'L', b'S', got] => Err(MagicProblem::UnsupportedVersion { got }),
+            _ => Err(MagicProblem::BadMagic),
+        }
+    }
+}
+
+/// Where a block's stored bytes are and what they should check and decode to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockEntry {
+    pub offset: u64,
+    pub stored_len: u32,
+    pub raw_len: u32,
+    pub crc: u32,
+    pub keys: u32,
+}
+
+impl BlockEntry {
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.offset.to_le_bytes());
+        out.extend_from_slice(&self.stored_len.to_le_bytes());
+        out.extend_from_slice(&self.raw_len.to_le_bytes());
+        out.extend_from_slice(&self.crc.to_le_bytes());
+        out.extend_from_slice(&self.keys.to_le_bytes());
+    }
+
+    /// `b` is exactly [`BLOCK_ENTRY_LEN`] bytes.
+    pub fn decode(b: &[u8; BLOCK_ENTRY_LEN]) -> Self {
+        BlockEntry {
+            offset: u64_at(b, BLOCK_OFFSET_OFFSET),
+            stored_len: u32_at(b, BLOCK_STORED_LEN_OFFSET),
+            raw_len: u32_at(b, BLOCK_RAW_LEN_OFFSET),
+            crc: u32_at(b, BLOCK_CRC_OFFSET),
+            keys: u32_at(b, BLOCK_KEYS_OFFSET),
+        }
+    }
+}
+
+/// The footer's fields.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Footer {
+    pub meta: SegmentMeta,
+    pub codec: u8,
+    pub keys: u64,
+    pub data_points: u64,
+    pub index_offset: u64,
+    pub fst_len: u64,
+    pub blocks: u32,
+    pub index_crc: u32,
+}
+
+impl Footer {
+    pub fn encode(&self) -> [u8; FOOTER_LEN] {
+        let mut f = [0u8; FOOTER_LEN];
+        put(&mut f, FOOTER_ID_OFFSET, &self.meta.id.to_le_bytes());
+        f[FOOTER_KIND_OFFSET] = self.meta.kind.to_byte();
+        f[FOOTER_CODEC_OFFSET] = self.codec;
+        put(
+            &mut f,
+            FOOTER_RESOLUTION_OFFSET,
+            &self.meta.resolution.to_le_bytes(),
+        );
+        put(
+            &mut f,
+            FOOTER_PERIOD_START_OFFSET,
+            &self.meta.period_start.to_le_bytes(),
+        );
+        put(
+            &mut f,
+            FOOTER_PERIOD_END_OFFSET,
+            &self.meta.period_end.to_le_bytes(),
+        );
+        put(&mut f, FOOTER_KEYS_OFFSET, &self.keys.to_le_bytes());
+        put(
+            &mut f,
+            FOOTER_POINTS_OFFSET,
+            &self.data_points.to_le_bytes(),
+        );
+        put(
+            &mut f,
+            FOOTER_INDEX_OFFSET_OFFSET,
+            &self.index_offset.to_le_bytes(),
+        );
+        put(&mut f, FOOTER_FST_LEN_OFFSET, &self.fst_len.to_le_bytes());
+        put(&mut f, FOOTER_BLOCKS_OFFSET, &self.blocks.to_le_bytes());
+        put(
+            &mut f,
+            FOOTER_INDEX_CRC_OFFSET,
+            &self.index_crc.to_le_bytes(),
+        );
+        let crc = crc32c::crc32c(&f[..FOOTER_CRC_OFFSET]);
+        put(&mut f, FOOTER_CRC_OFFSET, &crc.to_le_bytes());
+        put(&mut f, FOOTER_MAGIC_OFFSET, &MAGIC_V1);
+        f
+    }
+
+    /// The footer's fields, once its magic and checksum were checked. `Err` names a field
+    /// whose value cannot be.
+    pub fn decode(f: &[u8; FOOTER_LEN]) -> Result<Self, String> {
+        let kind = SegmentKind::from_byte(f[FOOTER_KIND_OFFSET])
+            .ok_or_else(|| format!("unknown segment kind {}", f[FOOTER_KIND_OFFSET]))?;
+        let codec = f[FOOTER_CODEC_OFFSET];
+        if codec != CODEC_NONE && codec != CODEC_ZSTD {
+            return Err(format!("unknown block codec {codec}"));
+        }
+        let meta = SegmentMeta {
+            id: u64_at(f, FOOTER_ID_OFFSET),
+            kind,
+            resolution: u32_at(f, FOOTER_RESOLUTION_OFFSET),
+            period_start: u64_at(f, FOOTER_PERIOD_START_OFFSET) as i64,
+            period_end: u64_at(f, FOOTER_PERIOD_END_OFFSET) as i64,
+        };
+        if let Some(why) = meta.problem() {
+            return Err(format!("footer meta: {why}"));
+        }
+        Ok(Footer {
+            meta,
+            codec,
+            keys: u64_at(f, FOOTER_KEYS_OFFSET),
+            data_points: u64_at(f, FOOTER_POINTS_OFFSET),
+            index_offset: u64_at(f, FOOTER_INDEX_OFFSET_OFFSET),
+            fst_len: u64_at(f, FOOTER_FST_LEN_OFFSET),
+            blocks: u32_at(f, FOOTER_BLOCKS_OFFSET),
+            index_crc: u32_at(f, FOOTER_INDEX_CRC_OFFSET),
+        })
+    }
+}
+
+fn put(f: &mut [u8], at: usize, bytes: &[u8]) {
+    f[at..at + bytes.len()].copy_from_slice(bytes);
+}
+
+/// The little-endian u32 at `at`; the caller guarantees `at + 4 <= b.len()`.
+pub(crate) fn u32_at(b: &[u8], at: usize) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(a)
+}
+
+/// The little-endian u64 at `at`; the caller guarantees `at + 8 <= b.len()`.
+pub(crate) fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(a)
+}

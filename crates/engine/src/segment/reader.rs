@@ -1,0 +1,406 @@
+//! [`Segment`]: an open segment file. Opening reads and checks the footer and the key index
+//! and keeps them in memory; blocks are read on demand with positional reads (no seek, no
+//! shared cursor), so one `Segment` behind an `Arc` serves any number of threads. No mmap
+//! in v1 (the workspace forbids `unsafe`): the index is in memory, blocks come from the page
+//! cache.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use fst::{IntoStreamer, Streamer};
+
+use super::codec::BlockReader;
+use super::layout::{
+    BLOCK_ENTRY_LEN, BlockEntry, CODEC_NONE, CODEC_ZSTD, FOOTER_CRC_OFFSET, FOOTER_LEN,
+    FOOTER_MAGIC_OFFSET, Footer, HEADER_LEN, MAGIC_V1, MAX_BLOCK_RAW_LEN, MagicProblem, Version,
+    u32_at,
+};
+use super::{KeyRecord, SegmentError, SegmentMeta, SegmentStats, index_key};
+
+/// Where a block is and what it holds, as the block table says.
+pub type BlockHandle = BlockEntry;
+
+/// An open, immutable segment file.
+#[derive(Debug)]
+pub struct Segment {
+    path: PathBuf,
+    file: File,
+    len: u64,
+    meta: SegmentMeta,
+    codec: u8,
+    keys: u64,
+    data_points: u64,
+    /// Index key (namespace, 0, key) → block number << 32 | position in the block.
+    index: fst::Map<Vec<u8>>,
+    blocks: Vec<BlockEntry>,
+}
+
+impl Segment {
+    /// Opens `path`, checking its magic, its footer and its key index (their checksums and
+    /// their structure). Blocks are checked when read, or all at once by [`Segment::verify`].
+    pub fn open(path: &Path) -> Result<Segment, SegmentError> {
+        let file = File::open(path).map_err(|e| SegmentError::io(path, e))?;
+        let len = file
+            .metadata()
+            .map_err(|e| SegmentError::io(path, e))?
+            .len();
+        let corrupt = |why: String| SegmentError::corrupt(path, why);
+        if len < HEADER_LEN as u64 {
+            return Err(corrupt(format!("file of {len} bytes is too short")));
+        }
+        let mut magic = [0u8; HEADER_LEN];
+        read_exact_at(&file, path, &mut magic, 0)?;
+        check_magic(path, magic)?;
+        if len < (HEADER_LEN + FOOTER_LEN) as u64 {
+            return Err(corrupt(format!(
+                "file of {len} bytes is too short for a footer (truncated or unfinished)"
+            )));
+        }
+        let mut f = [0u8; FOOTER_LEN];
+        read_exact_at(&file, path, &mut f, len - FOOTER_LEN as u64)?;
+        let mut tail = [0u8; 4];
+        tail.copy_from_slice(&f[FOOTER_MAGIC_OFFSET..]);
+        if tail != MAGIC_V1 {
+            return Err(corrupt(
+                "no footer at the end of the file (truncated or unfinished)".into(),
+            ));
+        }
+        let expected = u32_at(&f, FOOTER_CRC_OFFSET);
+        let got = crc32c::crc32c(&f[..FOOTER_CRC_OFFSET]);
+        if expected != got {
+            return Err(SegmentError::Checksum {
+                path: path.to_path_buf(),
+                block: None,
+                expected,
+                got,
+            });
+        }
+        let footer = Footer::decode(&f).map_err(&corrupt)?;
+
+        let index_len = u64::from(footer.blocks)
+            .checked_mul(BLOCK_ENTRY_LEN as u64)
+            .and_then(|t| t.checked_add(footer.fst_len));
+        let fits = index_len
+            .and_then(|l| l.checked_add(footer.index_offset))
+            .is_some_and(|end| end == len - FOOTER_LEN as u64);
+        if !fits || footer.index_offset < HEADER_LEN as u64 {
+            return Err(corrupt(format!(
+                "index at {} ({} bytes of key index, {} blocks) does not end at the footer",
+                footer.index_offset, footer.fst_len, footer.blocks
+            )));
+        }
+        // Fits in the file, so the file's real length bounds this allocation.
+        let index_len = (len - FOOTER_LEN as u64 - footer.index_offset) as usize;
+        let mut index = vec![0u8; index_len];
+        read_exact_at(&file, path, &mut index, footer.index_offset)?;
+        let got = crc32c::crc32c(&index);
+        if got != footer.index_crc {
+            return Err(SegmentError::Checksum {
+                path: path.to_path_buf(),
+                block: None,
+                expected: footer.index_crc,
+                got,
+            });
+        }
+        let table = index.split_off(footer.fst_len as usize);
+        let blocks: Vec<BlockEntry> = table
+            .chunks_exact(BLOCK_ENTRY_LEN)
+            .map(|c| {
+                let mut e = [0u8; BLOCK_ENTRY_LEN];
+                e.copy_from_slice(c);
+                BlockEntry::decode(&e)
+            })
+            .collect();
+        let mut at = HEADER_LEN as u64;
+        let mut keys = 0u64;
+        for (i, b) in blocks.iter().enumerate() {
+            if b.offset != at
+                || b.raw_len as usize > MAX_BLOCK_RAW_LEN
+                || (footer.codec == CODEC_NONE && b.stored_len != b.raw_len)
+                || b.keys == 0
+            {
+                return Err(corrupt(format!("block table entry {i} is inconsistent")));
+            }
+            at += u64::from(b.stored_len);
+            keys += u64::from(b.keys);
+        }
+        if at != footer.index_offset || keys != footer.keys {
+            return Err(corrupt(
+                "the block table does not cover the blocks or the keys".into(),
+            ));
+        }
+        let index = fst::Map::new(index).map_err(|e| corrupt(format!("key index: {e}")))?;
+        if index.len() as u64 != footer.keys {
+            return Err(corrupt(format!(
+                "key index holds {} keys, the footer says {}",
+                index.len(),
+                footer.keys
+            )));
+        }
+        Ok(Segment {
+            path: path.to_path_buf(),
+            file,
+            len,
+            meta: footer.meta,
+            codec: footer.codec,
+            keys: footer.keys,
+            data_points: footer.data_points,
+            index,
+            blocks,
+        })
+    }
+
+    pub fn meta(&self) -> &SegmentMeta {
+        &self.meta
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// What the footer says the segment holds (checked by [`Segment::verify`]).
+    pub fn stats(&self) -> SegmentStats {
+        SegmentStats {
+            keys: self.keys,
+            data_points: self.data_points,
+            bytes: self.len,
+        }
+    }
+
+    /// The block table.
+    pub fn blocks(&self) -> &[BlockHandle] {
+        &self.blocks
+    }
+
+    /// Bytes of the key index (the fst map) held in memory.
+    pub fn index_bytes(&self) -> usize {
+        self.index.as_fst().as_bytes().len()
+    }
+
+    /// Block `block`'s uncompressed payload, after its checksum was checked.
+    pub fn block_payload(&self, block: usize) -> Result<Vec<u8>, SegmentError> {
+        let Some(b) = self.blocks.get(block) else {
+            return Err(self.corrupt(format!("no block {block}")));
+        };
+        let mut stored = vec![0u8; b.stored_len as usize];
+        read_exact_at(&self.file, &self.path, &mut stored, b.offset)?;
+        let got = crc32c::crc32c(&stored);
+        if got != b.crc {
+            return Err(SegmentError::Checksum {
+                path: self.path.clone(),
+                block: Some(block as u64),
+                expected: b.crc,
+                got,
+            });
+        }
+        let raw = match self.codec {
+            CODEC_ZSTD => zstd::bulk::decompress(&stored, b.raw_len as usize)
+                .map_err(|e| self.corrupt(format!("block {block}: zstd: {e}")))?,
+            _ => stored,
+        };
+        if raw.len() != b.raw_len as usize {
+            return Err(self.corrupt(format!(
+                "block {block} holds {} bytes, the block table says {}",
+                raw.len(),
+                b.raw_len
+            )));
+        }
+        Ok(raw)
+    }
+
+    fn block(&self, block: usize) -> Result<BlockReader, SegmentError> {
+        let raw = self.block_payload(block)?;
+        BlockReader::new(raw, self.meta.first_bucket(), self.meta.end_bucket())
+            .map_err(|why| self.corrupt(format!("block {block}: {why}")))
+    }
+
+    fn corrupt(&self, why: String) -> SegmentError {
+        SegmentError::corrupt(&self.path, why)
+    }
+
+    /// The record of `key` in namespace `ns`, or `None` if the segment has none.
+    pub fn get(&self, ns: &str, key: &str) -> Result<Option<KeyRecord>, SegmentError> {
+        let Some(v) = self.index.get(index_key(ns, key)) else {
+            return Ok(None);
+        };
+        Cursor::default().record(self, v).map(Some)
+    }
+
+    /// Keys of `ns` in byte order that start with `prefix` and come strictly after `after`,
+    /// at most `limit` of them. Answered from the in-memory index alone.
+    pub fn keys(
+        &self,
+        ns: &str,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<String>, SegmentError> {
+        let mut out = Vec::new();
+        if limit == 0 {
+            return Ok(out);
+        }
+        let start = index_key(ns, prefix);
+        let after = after.map(|a| index_key(ns, a));
+        let range = self.index.range();
+        let range = match &after {
+            Some(a) if a.as_slice() >= start.as_slice() => range.gt(a),
+            _ => range.ge(&start),
+        };
+        let mut stream = range.into_stream();
+        let skip = ns.len() + 1;
+        while let Some((k, _)) = stream.next() {
+            if !k.starts_with(&start) {
+                break;
+            }
+            out.push(self.key_str(&k[skip..])?.to_owned());
+            if out.len() >= limit {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    fn key_str<'k>(&self, k: &'k [u8]) -> Result<&'k str, SegmentError> {
+        std::str::from_utf8(k).map_err(|_| self.corrupt("a key in the index is not UTF-8".into()))
+    }
+
+    /// Every key of `ns` with its record, in key order.
+    pub fn scan(
+        &self,
+        ns: &str,
+        visit: &mut dyn FnMut(&str, &KeyRecord) -> Result<(), SegmentError>,
+    ) -> Result<(), SegmentError> {
+        let mut lo = ns.as_bytes().to_vec();
+        lo.push(0);
+        let mut hi = ns.as_bytes().to_vec();
+        hi.push(1);
+        let mut stream = self.index.range().ge(&lo).lt(&hi).into_stream();
+        let mut cursor = Cursor::default();
+        while let Some((k, v)) = stream.next() {
+            let key = self.key_str(&k[lo.len()..])?;
+            let record = cursor.record(self, v)?;
+            visit(key, &record)?;
+        }
+        Ok(())
+    }
+
+    /// Every (namespace, key, record) in order.
+    pub fn scan_all(
+        &self,
+        visit: &mut dyn FnMut(&str, &str, &KeyRecord) -> Result<(), SegmentError>,
+    ) -> Result<(), SegmentError> {
+        let mut stream = self.index.stream();
+        let mut cursor = Cursor::default();
+        while let Some((k, v)) = stream.next() {
+            let (ns, key) = self.split_key(k)?;
+            let record = cursor.record(self, v)?;
+            visit(ns, key, &record)?;
+        }
+        Ok(())
+    }
+
+    fn split_key<'k>(&self, k: &'k [u8]) -> Result<(&'k str, &'k str), SegmentError> {
+        let Some(nul) = k.iter().position(|&b| b == 0) else {
+            return Err(self.corrupt("an index key has no namespace separator".into()));
+        };
+        Ok((self.key_str(&k[..nul])?, self.key_str(&k[nul + 1..])?))
+    }
+
+    /// Reads and checks every block and the whole index: each block's checksum and records,
+    /// every index entry pointing at the next record, and the footer's counts.
+    pub fn verify(&self) -> Result<SegmentStats, SegmentError> {
+        self.index
+            .as_fst()
+            .verify()
+            .map_err(|e| self.corrupt(format!("key index: {e}")))?;
+        let mut stream = self.index.stream();
+        let mut points = 0u64;
+        for (b, entry) in self.blocks.iter().enumerate() {
+            let mut r = self.block(b)?;
+            for ord in 0..entry.keys {
+                let Some((k, v)) = stream.next() else {
+                    return Err(self.corrupt("the key index ends before the blocks".into()));
+                };
+                if v != ((b as u64) << 32 | u64::from(ord)) {
+                    return Err(self.corrupt(format!(
+                        "index entry {v:#x} where block {b} record {ord} was expected"
+                    )));
+                }
+                self.split_key(k)?;
+                let rec = r
+                    .next_record()
+                    .map_err(|why| self.corrupt(format!("block {b}: {why}")))?;
+                points += rec.data_points();
+            }
+            if !r.at_end() {
+                return Err(self.corrupt(format!("block {b} has bytes after its last record")));
+            }
+        }
+        if stream.next().is_some() {
+            return Err(self.corrupt("the key index has keys past the last block".into()));
+        }
+        if points != self.data_points {
+            return Err(self.corrupt(format!(
+                "blocks hold {points} data points, the footer says {}",
+                self.data_points
+            )));
+        }
+        Ok(self.stats())
+    }
+}
+
+/// The block last read, for scans that visit its records in order.
+#[derive(Default)]
+struct Cursor {
+    at: Option<(usize, BlockReader, u32)>,
+}
+
+impl Cursor {
+    /// The record the index value `v` (block << 32 | position) points at.
+    fn record(&mut self, seg: &Segment, v: u64) -> Result<KeyRecord, SegmentError> {
+        let (block, ord) = ((v >> 32) as usize, v as u32);
+        if seg.blocks.get(block).is_none_or(|b| ord >= b.keys) {
+            return Err(seg.corrupt(format!("index points at block {block} record {ord}")));
+        }
+        let reuse = matches!(&self.at, Some((b, _, next)) if *b == block && *next <= ord);
+        if !reuse {
+            self.at = Some((block, seg.block(block)?, 0));
+        }
+        let Some((_, r, next)) = &mut self.at else {
+            return Err(seg.corrupt("no block".into()));
+        };
+        loop {
+            let rec = r
+                .next_record()
+                .map_err(|why| seg.corrupt(format!("block {block}: {why}")))?;
+            *next += 1;
+            if *next > ord {
+                return Ok(rec);
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for Cursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cursor").finish_non_exhaustive()
+    }
+}
+
+fn check_magic(path: &Path, magic: [u8; 4]) -> Result<Version, SegmentError> {
+    Version::parse(magic).map_err(|p| match p {
+        MagicProblem::BadMagic => SegmentError::BadMagic {
+            path: path.to_path_buf(),
+        },
+        MagicProblem::UnsupportedVersion { got } => SegmentError::UnsupportedVersion {
+            path: path.to_path_buf(),
+            got,
+        },
+    })
+}
+
+fn read_exact_at(file: &File, path: &Path, buf: &mut [u8], at: u64) -> Result<(), SegmentError> {
+    file.read_exact_at(buf, at)
+        .map_err(|e| SegmentError::io(path, e))
+}

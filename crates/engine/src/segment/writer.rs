@@ -1,0 +1,265 @@
+//! [`SegmentWriter`]: keys in (namespace, key) order in, a finished segment file out. Records
+//! are buffered until a block's estimated payload reaches its target, then the block is
+//! encoded, compressed, checksummed and appended; `finish` appends the key index and the
+//! footer and fsyncs the file.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use super::codec::{encode_block, estimate, record_problem};
+use super::layout::{
+    BlockEntry, CODEC_NONE, CODEC_ZSTD, DEFAULT_BLOCK_TARGET, Footer, HEADER_LEN, MAGIC_V1,
+    MAX_BLOCK_RAW_LEN,
+};
+use super::{KeyRecord, SegmentError, SegmentMeta, SegmentStats, index_key};
+
+/// How block payloads are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Codec {
+    /// As they are (for tests and measurements).
+    None,
+    /// One zstd frame per block at this level.
+    Zstd { level: i32 },
+}
+
+/// Writer settings; [`WriteOptions::default`] is what the engine uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriteOptions {
+    pub codec: Codec,
+    /// A block is cut once its estimated uncompressed payload reaches this many bytes.
+    pub block_target: usize,
+}
+
+impl Default for WriteOptions {
+    /// zstd level 3 and 64 KiB blocks: see docs/format.md, "Compression", for the numbers.
+    fn default() -> Self {
+        WriteOptions {
+            codec: Codec::Zstd { level: 3 },
+            block_target: DEFAULT_BLOCK_TARGET,
+        }
+    }
+}
+
+/// Writes one segment file. Keys must be added in strictly increasing (namespace, key) byte
+/// order. A file whose writer did not `finish` has no footer and never opens.
+pub struct SegmentWriter {
+    path: PathBuf,
+    file: File,
+    meta: SegmentMeta,
+    opts: WriteOptions,
+    first: u32,
+    end: u64,
+    /// Bytes written so far: where the next block starts.
+    offset: u64,
+    /// Records of the block being filled, and their estimated payload size.
+    pending: Vec<KeyRecord>,
+    pending_bytes: usize,
+    blocks: Vec<BlockEntry>,
+    index: fst::MapBuilder<Vec<u8>>,
+    last_key: Option<Vec<u8>>,
+    keys: u64,
+    data_points: u64,
+    poisoned: bool,
+}
+
+impl std::fmt::Debug for SegmentWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SegmentWriter")
+            .field("path", &self.path)
+            .field("meta", &self.meta)
+            .field("keys", &self.keys)
+            .field("blocks", &self.blocks.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl SegmentWriter {
+    /// Creates (or truncates) `path` and writes the header. The caller gives a temporary
+    /// name and renames the file once [`SegmentWriter::finish`] returned.
+    pub fn create(path: &Path, meta: SegmentMeta) -> Result<Self, SegmentError> {
+        Self::with_options(path, meta, WriteOptions::default())
+    }
+
+    pub fn with_options(
+        path: &Path,
+        meta: SegmentMeta,
+        opts: WriteOptions,
+    ) -> Result<Self, SegmentError> {
+        if let Some(why) = meta.problem() {
+            return Err(SegmentError::Invalid {
+                path: path.to_path_buf(),
+                ns: String::new(),
+                key: String::new(),
+                why: format!("segment meta: {why}"),
+            });
+        }
+        let mut file = File::create(path).map_err(|e| SegmentError::io(path, e))?;
+        file.write_all(&MAGIC_V1)
+            .map_err(|e| SegmentError::io(path, e))?;
+        Ok(SegmentWriter {
+            path: path.to_path_buf(),
+            file,
+            first: meta.first_bucket(),
+            end: meta.end_bucket(),
+            meta,
+            opts,
+            offset: HEADER_LEN as u64,
+            pending: Vec::new(),
+            pending_bytes: 0,
+            blocks: Vec::new(),
+            index: fst::MapBuilder::memory(),
+            last_key: None,
+            keys: 0,
+            data_points: 0,
+            poisoned: false,
+        })
+    }
+
+    /// Adds one key's record. Keys must come in strictly increasing (ns, key) byte order;
+    /// buckets must be strictly increasing, non-zero and inside the period; dimensions and
+    /// values sorted and unique.
+    pub fn add(&mut self, ns: &str, key: &str, record: &KeyRecord) -> Result<(), SegmentError> {
+        if self.poisoned {
+            return Err(SegmentError::Poisoned {
+                path: self.path.clone(),
+            });
+        }
+        let path = self.path.clone();
+        let invalid = |why: String| SegmentError::Invalid {
+            path: path.clone(),
+            ns: ns.to_owned(),
+            key: key.to_owned(),
+            why,
+        };
+        if ns.is_empty() || ns.as_bytes().contains(&0) {
+            return Err(invalid(
+                "a namespace is non-empty and has no NUL byte".into(),
+            ));
+        }
+        if let Some(why) = record_problem(record, self.first, self.end) {
+            return Err(invalid(why));
+        }
+        let k = index_key(ns, key);
+        if let Some(prev) = &self.last_key
+            && prev.as_slice() >= k.as_slice()
+        {
+            return Err(SegmentError::OutOfOrder {
+                path: self.path.clone(),
+                prev: String::from_utf8_lossy(prev).replace('\0', "/"),
+                next: format!("{ns}/{key}"),
+            });
+        }
+        let size = estimate(record);
+        if size > MAX_BLOCK_RAW_LEN / 2 {
+            return Err(invalid(format!(
+                "record of about {size} bytes is too large"
+            )));
+        }
+        if !self.pending.is_empty() && self.pending_bytes + size > self.opts.block_target {
+            self.flush_block()?;
+        }
+        let value = ((self.blocks.len() as u64) << 32) | self.pending.len() as u64;
+        if let Err(e) = self.index.insert(&k, value) {
+            self.poisoned = true;
+            return Err(invalid(format!("key index: {e}")));
+        }
+        self.pending.push(record.clone());
+        self.pending_bytes += size;
+        self.last_key = Some(k);
+        self.keys += 1;
+        self.data_points += record.data_points();
+        Ok(())
+    }
+
+    fn flush_block(&mut self) -> Result<(), SegmentError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let raw = encode_block(&self.pending, self.first);
+        let result = self.write_block(&raw);
+        if result.is_err() {
+            self.poisoned = true;
+        }
+        result
+    }
+
+    fn write_block(&mut self, raw: &[u8]) -> Result<(), SegmentError> {
+        let path = self.path.clone();
+        if raw.len() > MAX_BLOCK_RAW_LEN {
+            return Err(SegmentError::Invalid {
+                path,
+                ns: String::new(),
+                key: String::new(),
+                why: format!("block payload of {} bytes is too large", raw.len()),
+            });
+        }
+        let stored = match self.opts.codec {
+            Codec::None => raw.to_vec(),
+            Codec::Zstd { level } => {
+                zstd::bulk::compress(raw, level).map_err(|e| SegmentError::io(&path, e))?
+            }
+        };
+        let stored_len = u32::try_from(stored.len()).map_err(|_| {
+            SegmentError::corrupt(&path, "compressed block larger than 4 GiB".to_owned())
+        })?;
+        self.file
+            .write_all(&stored)
+            .map_err(|e| SegmentError::io(&path, e))?;
+        self.blocks.push(BlockEntry {
+            offset: self.offset,
+            stored_len,
+            raw_len: raw.len() as u32,
+            crc: crc32c::crc32c(&stored),
+            keys: self.pending.len() as u32,
+        });
+        self.offset += u64::from(stored_len);
+        self.pending.clear();
+        self.pending_bytes = 0;
+        Ok(())
+    }
+
+    /// Writes the last block, the key index and the footer, and fsyncs the file. The caller
+    /// renames it into place and fsyncs the directory.
+    pub fn finish(mut self) -> Result<SegmentStats, SegmentError> {
+        if self.poisoned {
+            return Err(SegmentError::Poisoned { path: self.path });
+        }
+        self.flush_block()?;
+        let path = self.path.clone();
+        let fst = self
+            .index
+            .into_inner()
+            .map_err(|e| SegmentError::corrupt(&path, format!("key index: {e}")))?;
+        let mut index = fst;
+        let fst_len = index.len() as u64;
+        for b in &self.blocks {
+            b.encode(&mut index);
+        }
+        let footer = Footer {
+            meta: self.meta,
+            codec: match self.opts.codec {
+                Codec::None => CODEC_NONE,
+                Codec::Zstd { .. } => CODEC_ZSTD,
+            },
+            keys: self.keys,
+            data_points: self.data_points,
+            index_offset: self.offset,
+            fst_len,
+            blocks: self.blocks.len() as u32,
+            index_crc: crc32c::crc32c(&index),
+        };
+        index.extend_from_slice(&footer.encode());
+        self.file
+            .write_all(&index)
+            .map_err(|e| SegmentError::io(&path, e))?;
+        self.file
+            .sync_all()
+            .map_err(|e| SegmentError::io(&path, e))?;
+        Ok(SegmentStats {
+            keys: self.keys,
+            data_points: self.data_points,
+            bytes: self.offset + index.len() as u64,
+        })
+    }
+}

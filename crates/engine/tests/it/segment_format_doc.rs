@@ -1,0 +1,207 @@
+//! docs/format.md's "Archive segments" tables must describe the bytes the code writes: they
+//! are parsed here and held against the code's constants and against a file really written.
+
+use tally_engine::segment::layout::*;
+use tally_engine::segment::{Codec, Segment, SegmentKind, WriteOptions};
+
+use crate::segment::{FIRST, Input, day_meta, rec, write_with};
+
+fn doc() -> String {
+    std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/format.md")).unwrap()
+}
+
+/// The rows of the first table after `heading`, as cells.
+fn table(doc: &str, heading: &str) -> Vec<Vec<String>> {
+    let start = doc
+        .find(heading)
+        .unwrap_or_else(|| panic!("no heading {heading:?}"));
+    doc[start..]
+        .lines()
+        .skip_while(|l| !l.starts_with('|'))
+        .take_while(|l| l.starts_with('|'))
+        .skip(2)
+        .map(|l| {
+            l.trim_matches('|')
+                .split('|')
+                .map(|c| c.trim().to_owned())
+                .collect()
+        })
+        .collect()
+}
+
+/// Checks a byte table is contiguous from 0 and returns (offset, size) of each row.
+fn layout(rows: &[Vec<String>]) -> Vec<(usize, usize)> {
+    let mut at = 0;
+    rows.iter()
+        .map(|r| {
+            let off: usize = r[0].parse().unwrap();
+            assert_eq!(off, at, "row {r:?} does not follow the previous one");
+            let size: usize = r[1].parse().unwrap();
+            at += size;
+            (off, size)
+        })
+        .collect()
+}
+
+#[test]
+fn segment_header_table_matches_the_code() {
+    let l = layout(&table(&doc(), "### Segment header"));
+    assert_eq!(l, vec![(0, 4)]);
+    assert_eq!(HEADER_LEN, 4);
+    assert_eq!(&MAGIC_V1[..3], b"TLS");
+    assert_eq!(MAGIC_V1[3], 1);
+}
+
+#[test]
+fn segment_footer_table_matches_the_code() {
+    let l = layout(&table(&doc(), "### Segment footer"));
+    assert_eq!(
+        l,
+        vec![
+            (FOOTER_ID_OFFSET, 8),
+            (FOOTER_KIND_OFFSET, 1),
+            (FOOTER_CODEC_OFFSET, 1),
+            (FOOTER_RESERVED_OFFSET, 2),
+            (FOOTER_RESOLUTION_OFFSET, 4),
+            (FOOTER_PERIOD_START_OFFSET, 8),
+            (FOOTER_PERIOD_END_OFFSET, 8),
+            (FOOTER_KEYS_OFFSET, 8),
+            (FOOTER_POINTS_OFFSET, 8),
+            (FOOTER_INDEX_OFFSET_OFFSET, 8),
+            (FOOTER_FST_LEN_OFFSET, 8),
+            (FOOTER_BLOCKS_OFFSET, 4),
+            (FOOTER_INDEX_CRC_OFFSET, 4),
+            (FOOTER_CRC_OFFSET, 4),
+            (FOOTER_MAGIC_OFFSET, 4),
+        ]
+    );
+    assert_eq!(l.iter().map(|(_, s)| s).sum::<usize>(), FOOTER_LEN);
+}
+
+#[test]
+fn block_table_entry_matches_the_code() {
+    let l = layout(&table(&doc(), "### Block table entry"));
+    assert_eq!(
+        l,
+        vec![
+            (BLOCK_OFFSET_OFFSET, 8),
+            (BLOCK_STORED_LEN_OFFSET, 4),
+            (BLOCK_RAW_LEN_OFFSET, 4),
+            (BLOCK_CRC_OFFSET, 4),
+            (BLOCK_KEYS_OFFSET, 4),
+        ]
+    );
+    assert_eq!(l.iter().map(|(_, s)| s).sum::<usize>(), BLOCK_ENTRY_LEN);
+}
+
+#[test]
+fn segment_constants_table_matches_the_code() {
+    let rows = table(&doc(), "### Segment constants");
+    let want = [
+        ("`HEADER_LEN`", HEADER_LEN),
+        ("`FOOTER_LEN`", FOOTER_LEN),
+        ("`BLOCK_ENTRY_LEN`", BLOCK_ENTRY_LEN),
+        ("`MAX_BLOCK_RAW_LEN`", MAX_BLOCK_RAW_LEN),
+        ("`DEFAULT_BLOCK_TARGET`", DEFAULT_BLOCK_TARGET),
+    ];
+    assert_eq!(rows.len(), want.len());
+    for (name, value) in want {
+        let row = rows
+            .iter()
+            .find(|r| r[0] == name)
+            .unwrap_or_else(|| panic!("{name} not documented"));
+        assert_eq!(row[1].parse::<usize>().unwrap(), value, "{name}");
+    }
+    assert_eq!((CODEC_NONE, CODEC_ZSTD), (0, 1));
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
+}
+
+#[test]
+fn a_real_segment_file_has_the_documented_layout() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("d.seg");
+    let mut input = Input::new();
+    input.insert(
+        ("clicks".into(), "k".into()),
+        rec(&[(2, 3), (5, -1)], &[("country", &[("US", &[(2, 3)])])]),
+    );
+    let stats = write_with(
+        &path,
+        &input,
+        WriteOptions {
+            codec: Codec::None,
+            block_target: 1 << 10,
+        },
+    );
+    let b = std::fs::read(&path).unwrap();
+    assert_eq!(stats.bytes, b.len() as u64);
+    assert_eq!(&b[..4], b"TLS\x01");
+    let f = &b[b.len() - FOOTER_LEN..];
+    assert_eq!(&f[76..], b"TLS\x01");
+    assert_eq!(u64_at(f, 0), 7);
+    assert_eq!(f[8], 0, "base");
+    assert_eq!(f[9], 0, "stored");
+    assert_eq!(&f[10..12], &[0, 0]);
+    let meta = day_meta(SegmentKind::Base);
+    assert_eq!(u32_at(f, 12), meta.resolution);
+    assert_eq!(u64_at(f, 16) as i64, meta.period_start);
+    assert_eq!(u64_at(f, 24) as i64, meta.period_end);
+    assert_eq!(u64_at(f, 32), 1, "keys");
+    assert_eq!(u64_at(f, 40), 3, "data points");
+    let index_at = u64_at(f, 48) as usize;
+    let fst_len = u64_at(f, 56) as usize;
+    assert_eq!(u32_at(f, 64), 1, "blocks");
+    let index = &b[index_at..b.len() - FOOTER_LEN];
+    assert_eq!(index.len(), fst_len + BLOCK_ENTRY_LEN);
+    assert_eq!(u32_at(f, 68), crc32c_of(index));
+    assert_eq!(u32_at(f, 72), crc32c_of(&f[..72]));
+
+    // The one block: at 4, stored as is, checksummed, one record.
+    let e = &index[fst_len..];
+    assert_eq!(u64_at(e, 0), 4);
+    let len = u32_at(e, 8) as usize;
+    assert_eq!(4 + len, index_at);
+    assert_eq!(u32_at(e, 12) as usize, len);
+    assert_eq!(u32_at(e, 16), crc32c_of(&b[4..4 + len]));
+    assert_eq!(u32_at(e, 20), 1);
+    // Dictionary ["country", "US"] (one use each, by bytes: "US" first), then the record:
+    // totals 2 pairs, gaps 2 and 2 (5 - 2 - 1), counts zigzag 3 -> 6, -1 -> 1; one dimension
+    // (id 1) with one value (id 0): 1 pair, gap 2, count 6.
+    let mut want = vec![2, 2];
+    want.extend_from_slice(b"US");
+    want.push(7);
+    want.extend_from_slice(b"country");
+    want.extend_from_slice(&[2, 2, 2, 6, 1, 1, 1, 1, 0, 1, 2, 6]);
+    assert_eq!(&b[4..4 + len], &want[..]);
+    // The key index maps "clicks\0k" to block 0, position 0.
+    let seg = Segment::open(&path).unwrap();
+    assert_eq!(seg.index_bytes(), fst_len);
+    assert_eq!(
+        seg.get("clicks", "k").unwrap(),
+        input.values().next().cloned()
+    );
+    assert_eq!(seg.meta().first_bucket(), FIRST);
+}
+
+fn crc32c_of(b: &[u8]) -> u32 {
+    // CRC32C by the textbook bitwise definition, independent of the crate the code uses.
+    let mut crc = !0u32;
+    for &byte in b {
+        crc ^= u32::from(byte);
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0x82F6_3B78
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
+}
