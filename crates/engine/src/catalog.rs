@@ -37,9 +37,36 @@ pub struct NsEntry {
     pub keys: Map<Arc<str>, KeyId>,
     /// The same keys in byte order, for listing.
     pub ordered: BTreeMap<Arc<str>, KeyId>,
+    /// Per tier resolution (seconds): archive segments flushed before these log records
+    /// hold data of a tier since removed (or of its subtotals), which reads must not show.
+    pub cutoffs: BTreeMap<u32, Cutoff>,
+}
+
+/// Log records before which the archive's data of one tier of a namespace is hidden.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Cutoff {
+    /// Totals and subtotals: the tier was removed at this record.
+    pub all: u64,
+    /// Subtotals only: the tier stopped keeping breakdowns (or was removed) here.
+    pub subtotals: u64,
+}
+
+impl Cutoff {
+    /// Whether a segment flushed through `flushed_seq` may show (totals, subtotals).
+    pub fn shows(&self, flushed_seq: u64) -> (bool, bool) {
+        (
+            flushed_seq >= self.all,
+            flushed_seq >= self.all.max(self.subtotals),
+        )
+    }
 }
 
 impl NsEntry {
+    /// The archive cutoff of one tier resolution (seconds).
+    pub fn cutoff(&self, res: u32) -> Cutoff {
+        self.cutoffs.get(&res).copied().unwrap_or_default()
+    }
+
     pub fn tier(&self, resolution: Duration) -> Option<TierPlan> {
         self.tiers
             .iter()
@@ -141,6 +168,7 @@ impl Catalog {
                     tiers,
                     keys: Map::default(),
                     ordered: BTreeMap::new(),
+                    cutoffs: BTreeMap::new(),
                 });
                 self.by_name.insert(name.clone(), id);
                 Ok((id, Vec::new(), Vec::new()))

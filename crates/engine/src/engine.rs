@@ -1,7 +1,6 @@
 //! The embedded engine: opens a data directory, replays its log into memory, then serves
 //! the `Store` trait — every batch logged first (group commit), applied to memory second.
 
-use std::collections::HashMap;
 use std::fs::{File, TryLockError};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
@@ -13,11 +12,13 @@ use tally_core::store::{
     StoreError, SystemClock,
 };
 
-use crate::catalog::Catalog;
+use crate::archive::{Archive, FlushPolicy};
 use crate::io::Faults;
-use crate::memtable::Memtable;
+use crate::io::{Fs, OsFs};
+use crate::manifest::{self, ManifestError};
 use crate::recovery::{self, Recovery};
-use crate::state::{Core, Window};
+use crate::segment::SegmentError;
+use crate::state::Core;
 use crate::wal::WalError;
 use crate::wal::payload::{self, BatchView};
 use crate::wal::writer::{Start, WalStats, Writer};
@@ -37,6 +38,10 @@ pub struct Config {
     /// `flock`, which a process that is exiting — or a child forked by another thread, until
     /// it execs — can hold for a moment after its owner closed it.
     pub lock_wait: StdDuration,
+    /// How counters are cut into periods, and when a closed period is flushed.
+    pub flush: FlushPolicy,
+    /// The file system archive publication goes through (tests crash it).
+    pub fs: Arc<dyn Fs>,
 }
 
 impl std::fmt::Debug for Config {
@@ -46,6 +51,7 @@ impl std::fmt::Debug for Config {
             .field("fsync", &self.fsync)
             .field("max_wal_file_bytes", &self.max_wal_file_bytes)
             .field("shards", &self.shards)
+            .field("flush", &self.flush)
             .finish_non_exhaustive()
     }
 }
@@ -61,6 +67,8 @@ impl Config {
             clock: Arc::new(SystemClock),
             faults: None,
             lock_wait: StdDuration::from_millis(500),
+            flush: FlushPolicy::default(),
+            fs: Arc::new(OsFs),
         }
     }
 }
@@ -79,6 +87,12 @@ pub enum OpenError {
     Locked { path: PathBuf },
     #[error(transparent)]
     Wal(#[from] WalError),
+    #[error(transparent)]
+    Manifest(#[from] ManifestError),
+    #[error(transparent)]
+    Segment(#[from] SegmentError),
+    #[error("flush periods must be positive multiples of an hour and the grace 0 or more: {0:?}")]
+    BadFlushPolicy(FlushPolicy),
 }
 
 pub(crate) fn io_at(path: &Path) -> impl Fn(std::io::Error) -> OpenError + '_ {
@@ -100,14 +114,20 @@ pub struct EngineStats {
 
 /// The embedded engine.
 pub struct Engine {
-    core: Core,
-    wal: Writer,
-    /// Batches hold it shared from log append to memory apply; a schema change holds it
-    /// exclusively, so memory sees batches and schema changes in log order.
-    gate: RwLock<()>,
-    clock: Arc<dyn Clock>,
+    pub(crate) core: Core,
+    pub(crate) wal: Writer,
+    /// Batches hold it shared from log append to memory apply; a schema change, and the
+    /// moments a flush fixes its log position, hold it exclusively, so memory sees batches
+    /// and schema changes in log order.
+    pub(crate) gate: RwLock<()>,
+    pub(crate) clock: Arc<dyn Clock>,
     recovery: Recovery,
-    dir: PathBuf,
+    pub(crate) dir: PathBuf,
+    pub(crate) wal_dir: PathBuf,
+    pub(crate) segments_dir: PathBuf,
+    pub(crate) fs: Arc<dyn Fs>,
+    /// One flush at a time.
+    pub(crate) flush_lock: Mutex<()>,
     _lock: File,
 }
 
@@ -142,15 +162,34 @@ impl Engine {
                 Err(TryLockError::Error(e)) => return Err(io_at(&lock_path)(e)),
             }
         }
+        if !config.flush.is_valid() {
+            return Err(OpenError::BadFlushPolicy(config.flush));
+        }
         let wal_dir = dir.join("wal");
         std::fs::create_dir_all(&wal_dir).map_err(io_at(&wal_dir))?;
-        let core = Core {
-            catalog: RwLock::new(Catalog::default()),
-            mem: Memtable::new(config.shards),
-            idem: Mutex::new(HashMap::new()),
+        let segments_dir = dir.join("segments");
+        std::fs::create_dir_all(&segments_dir).map_err(io_at(&segments_dir))?;
+        let (archive, wal_start) = match manifest::load(&dir)? {
+            Some(m) => {
+                let wal_start = m.wal_start;
+                (Archive::open(&segments_dir, m)?, wal_start)
+            }
+            None => (Archive::default(), 1),
         };
-        let (file, next_seq, mut recovery) =
-            recovery::replay(&wal_dir, &core, config.clock.now(), config.faults.clone())?;
+        recovery::remove_leftovers(&dir, &segments_dir, &archive.manifest).map_err(io_at(&dir))?;
+        let core = Core::new(config.shards, config.flush, Archive::default());
+        core.restore_checkpoint(&archive.manifest)
+            .map_err(|e| OpenError::Manifest(ManifestError::Checkpoint { source: e }))?;
+        let (file, next_seq, mut recovery) = recovery::replay(
+            &wal_dir,
+            &core,
+            config.clock.now(),
+            config.faults.clone(),
+            wal_start,
+            &archive,
+        )?;
+        recovery.segments = archive.segments.len();
+        *core.archive.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(archive);
         let wal = Writer::start(Start {
             dir: wal_dir.clone(),
             file,
@@ -174,6 +213,10 @@ impl Engine {
             clock: config.clock,
             recovery,
             dir,
+            wal_dir,
+            segments_dir,
+            fs: config.fs,
+            flush_lock: Mutex::new(()),
             _lock: lock,
         })
     }
@@ -247,8 +290,8 @@ impl Store for Engine {
         let _gate = self.gate.write().unwrap_or_else(PoisonError::into_inner);
         let mut bytes = Vec::new();
         payload::encode_schema(ns, schema, &mut bytes);
-        self.wal.append(bytes)?;
-        self.core.apply_schema(ns, schema)
+        let seq = self.wal.append(bytes)?;
+        self.core.apply_schema(ns, schema, seq)
     }
 
     fn apply(&self, batch: &Batch) -> Result<(), StoreError> {
@@ -256,72 +299,21 @@ impl Store for Engine {
         let view = BatchView::from_batch(batch);
         let mut bytes = Vec::with_capacity(64 + 16 * batch.increments.len());
         view.encode(&mut bytes);
-        self.wal.append(bytes)?;
-        self.core.apply_view(&view, self.clock.now())
+        let seq = self.wal.append(bytes)?;
+        self.core.apply_view(&view, self.clock.now(), seq, None)
     }
 
     fn read(&self, reads: &[KeyRead<'_>]) -> Result<Vec<KeyData>, StoreError> {
         let now = self.clock.now();
-        Ok(reads.iter().map(|r| self.core.read(r, now)).collect())
+        reads.iter().map(|r| self.core.read(r, now)).collect()
     }
 
     fn keys(&self, list: &KeyList<'_>) -> Result<Vec<Key>, StoreError> {
-        use std::ops::Bound;
-        let cat = self.core.read_cat();
-        let Some(id) = cat.ns_id(list.ns.as_str()) else {
-            return Ok(Vec::new());
-        };
-        let prefix = list.prefix;
-        let start: Bound<&str> = match list.after {
-            Some(a) if a >= prefix => Bound::Excluded(a),
-            _ => Bound::Included(prefix),
-        };
-        cat.ns[id as usize]
-            .ordered
-            .range::<str, _>((start, Bound::Unbounded))
-            .take_while(|(k, _)| k.starts_with(prefix))
-            .take(list.limit)
-            .map(|(k, _)| Key::new(k).map_err(|e| StoreError::corrupt("a stored key").because(e)))
-            .collect()
+        self.core.keys(list)
     }
 
     fn scan(&self, scan: &Scan<'_>, visit: &mut dyn FnMut(&Key, i64)) -> Result<(), StoreError> {
-        let now = self.clock.now();
-        let cat = self.core.read_cat();
-        let Some(ns) = cat.ns_id(scan.ns.as_str()) else {
-            return Ok(());
-        };
-        let Some(tier) = cat.ns[ns as usize].tier(scan.resolution) else {
-            return Ok(());
-        };
-        let value = match scan.value {
-            None => None,
-            Some(_) if !tier.breakdown => return Ok(()),
-            Some((d, v)) => match (cat.str_id(d), cat.str_id(v)) {
-                (Some(d), Some(v)) => Some((d, v)),
-                _ => return Ok(()),
-            },
-        };
-        let window = Window::new(&tier, scan.from, scan.to, now);
-        for (name, &key) in &cat.ns[ns as usize].ordered {
-            let sid = match value {
-                None => cat.keys[key as usize].total,
-                Some((d, v)) => match cat.sub_id(key, d, v) {
-                    Some(s) => s,
-                    None => continue,
-                },
-            };
-            let sum: i64 = {
-                let shard = self.core.mem.lock(self.core.mem.shard_of(key));
-                window.collect(&shard, sid).iter().map(|(_, n)| n).sum()
-            };
-            if sum != 0 {
-                let key =
-                    Key::new(name).map_err(|e| StoreError::corrupt("a stored key").because(e))?;
-                visit(&key, sum);
-            }
-        }
-        Ok(())
+        self.core.scan(scan, self.clock.now(), visit)
     }
 
     fn health(&self) -> Result<(), StoreError> {

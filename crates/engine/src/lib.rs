@@ -7,16 +7,21 @@
 //! - [`wal`]: the write-ahead log: format, group-commit writer, recovery scan.
 //! - [`io`]: the small file layer tests inject faults into.
 
+pub mod archive;
 pub mod catalog;
 pub mod engine;
+mod flush;
 pub mod io;
 pub mod manifest;
 pub mod memtable;
+mod read;
 mod recovery;
 pub mod segment;
 mod state;
 pub mod wal;
 
+pub use archive::FlushPolicy;
 pub use engine::{Config, Engine, EngineStats, OpenError};
+pub use flush::FlushReport;
 pub use recovery::Recovery;
 pub use tally_core::store::FsyncPolicy;

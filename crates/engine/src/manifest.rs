@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use tally_core::model::{Namespace, Schema};
 use tally_core::store::IdemRecord;
 
+use crate::catalog::Cutoff;
 use crate::io::Fs;
 use crate::wal::payload::{PayloadError, Reader, put_bytes, put_schema, put_varint};
 
@@ -51,6 +52,9 @@ pub struct Manifest {
     pub schemas: Vec<(Namespace, Schema)>,
     /// Idempotency answers that had not expired when this manifest was written.
     pub idempotency: Vec<IdemRecord>,
+    /// Per namespace and tier resolution, the log records before which archived data is
+    /// hidden (the tier, or its subtotals, was removed then).
+    pub cutoffs: Vec<(Namespace, u32, Cutoff)>,
 }
 
 /// Why the manifest could not be read.
@@ -76,6 +80,12 @@ pub enum ManifestError {
     Corrupt { path: PathBuf, why: PayloadError },
     #[error("{}: {why}", path.display())]
     BadCurrent { path: PathBuf, why: &'static str },
+    /// The checkpoint does not apply (a schema the catalog refuses).
+    #[error("the manifest's checkpoint does not apply")]
+    Checkpoint {
+        #[source]
+        source: tally_core::store::StoreError,
+    },
 }
 
 /// The file name of manifest `number`: `MANIFEST-` and 20 digits.
@@ -110,6 +120,13 @@ impl Manifest {
             put_varint(&mut p, r.expires as u64);
             put_varint(&mut p, u64::from(r.status));
             put_bytes(&mut p, r.body.as_bytes());
+        }
+        put_varint(&mut p, self.cutoffs.len() as u64);
+        for (ns, res, c) in &self.cutoffs {
+            put_bytes(&mut p, ns.as_str().as_bytes());
+            put_varint(&mut p, u64::from(*res));
+            put_varint(&mut p, c.all);
+            put_varint(&mut p, c.subtotals);
         }
         let mut out = Vec::with_capacity(MANIFEST_HEADER_LEN + p.len());
         out.extend_from_slice(&MANIFEST_MAGIC_V1);
@@ -185,6 +202,16 @@ impl Manifest {
                 status: u16::try_from(r.varint()?).map_err(|_| PayloadError::BadVarint)?,
                 body: r.str()?.to_owned(),
             });
+        }
+        for _ in 0..r.len()? {
+            let name = r.str()?;
+            let ns = Namespace::new(name).map_err(|e| PayloadError::Schema(e.to_string()))?;
+            let res = u32::try_from(r.varint()?).map_err(|_| PayloadError::BadVarint)?;
+            let c = Cutoff {
+                all: r.varint()?,
+                subtotals: r.varint()?,
+            };
+            m.cutoffs.push((ns, res, c));
         }
         match r.left() {
             0 => Ok(m),
@@ -274,6 +301,14 @@ mod tests {
                 status: 200,
                 body: "{\"accepted\":1}".into(),
             }],
+            cutoffs: vec![(
+                Namespace::new("clicks").unwrap(),
+                60,
+                Cutoff {
+                    all: 3,
+                    subtotals: 9,
+                },
+            )],
         }
     }
 

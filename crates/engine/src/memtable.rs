@@ -29,6 +29,9 @@ pub struct Shard {
     /// Per slot, the lowest and highest bucket index ever added (never shrunk): reads clamp
     /// their probes to it, so "all time" over recent data costs what the data spans.
     pub extent: Vec<(u32, u32)>,
+    /// Per slot, counters a flush is writing to a segment: still read from here until the
+    /// segment is published, then dropped (or put back if the flush fails).
+    pub frozen: Vec<Counters>,
 }
 
 impl Shard {
@@ -68,16 +71,49 @@ impl Shard {
         }
     }
 
+    /// A counter's value: live plus frozen.
     pub fn get(&self, slot: usize, series: SeriesId, bucket_index: u32) -> i64 {
-        self.maps
-            .get(slot)
-            .and_then(|m| m.get(&counter_key(series, bucket_index)))
-            .copied()
-            .unwrap_or(0)
+        let k = counter_key(series, bucket_index);
+        let of = |maps: &[Counters]| maps.get(slot).and_then(|m| m.get(&k)).copied().unwrap_or(0);
+        of(&self.maps) + of(&self.frozen)
     }
 
     pub fn live(&self) -> usize {
-        self.maps.iter().map(HashMap::len).sum()
+        self.maps.iter().chain(&self.frozen).map(HashMap::len).sum()
+    }
+
+    /// Moves a slot's counters with bucket index in `[lo, hi)` to its frozen map.
+    pub fn freeze(&mut self, slot: usize, lo: u32, hi: u32) {
+        self.map(slot);
+        if self.frozen.len() <= slot {
+            self.frozen.resize_with(slot + 1, Counters::default);
+        }
+        let (live, frozen) = (&mut self.maps[slot], &mut self.frozen[slot]);
+        live.retain(|k, n| {
+            let i = split_key(*k).1;
+            if lo <= i && i < hi {
+                *frozen.entry(*k).or_default() += *n;
+                false
+            } else {
+                true
+            }
+        });
+    }
+
+    /// Puts every frozen counter back (a flush failed).
+    pub fn thaw(&mut self) {
+        let frozen = std::mem::take(&mut self.frozen);
+        for (slot, map) in frozen.into_iter().enumerate() {
+            for (k, n) in map {
+                let (series, idx) = split_key(k);
+                self.add(slot, series, idx, n);
+            }
+        }
+    }
+
+    /// Drops every frozen counter (its segment is published).
+    pub fn drop_frozen(&mut self) {
+        self.frozen.clear();
     }
 }
 
@@ -153,5 +189,26 @@ mod tests {
         s.add(1, u32::MAX, u32::MAX, -3);
         assert_eq!(s.get(1, u32::MAX, u32::MAX), -3);
         assert_eq!(split_key(counter_key(u32::MAX, 9)), (u32::MAX, 9));
+    }
+
+    #[test]
+    fn frozen_counters_stay_readable_and_thaw_back() {
+        let mut s = Shard::default();
+        s.add(0, 1, 10, 2);
+        s.add(0, 1, 20, 3);
+        s.freeze(0, 0, 15);
+        assert_eq!((s.maps[0].len(), s.frozen[0].len()), (1, 1));
+        assert_eq!((s.get(0, 1, 10), s.get(0, 1, 20)), (2, 3));
+        s.add(0, 1, 10, 4);
+        assert_eq!(
+            s.get(0, 1, 10),
+            6,
+            "a late add lands beside the frozen counter"
+        );
+        s.thaw();
+        assert_eq!((s.maps[0].len(), s.get(0, 1, 10)), (2, 6));
+        s.freeze(0, 0, 100);
+        s.drop_frozen();
+        assert_eq!(s.live(), 0);
     }
 }

@@ -2,15 +2,51 @@
 //! one apply path that live writes and replay share, reads of one key, and the retention
 //! sweep.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use tally_core::model::{MAX_TS, Namespace, Retention, Schema};
-use tally_core::store::{IdemRecord, KeyData, KeyRead, StoreError, SubtotalBuckets, Want};
+use tally_core::store::{IdemRecord, StoreError};
 
+use crate::archive::{Archive, FlushPolicy};
 use crate::catalog::{Catalog, KeyId, NsId, SUBTOTAL, SeriesId, TierPlan};
-use crate::memtable::{Memtable, Shard, split_key};
+use crate::memtable::{Memtable, split_key};
 use crate::wal::payload::BatchView;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // These small locks guard plain data that every update leaves whole.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Schemas over log positions: what the checkpoint of a manifest needs (every namespace's
+/// schema as of the record before its `wal_start`).
+#[derive(Debug, Default)]
+pub(crate) struct SchemaLog {
+    /// Schemas as of the last published checkpoint.
+    pub(crate) base: BTreeMap<Namespace, Schema>,
+    /// Changes since, with the log record that made each.
+    pub(crate) changes: Vec<(u64, Namespace, Schema)>,
+}
+
+impl SchemaLog {
+    /// Every namespace's schema as of log record `seq` (inclusive).
+    pub(crate) fn as_of(&self, seq: u64) -> BTreeMap<Namespace, Schema> {
+        let mut out = self.base.clone();
+        for (s, ns, schema) in &self.changes {
+            if *s <= seq {
+                out.insert(ns.clone(), schema.clone());
+            }
+        }
+        out
+    }
+
+    /// Moves the base to `seq`, dropping the changes it now holds.
+    pub(crate) fn advance(&mut self, seq: u64) {
+        self.base = self.as_of(seq);
+        self.changes.retain(|(s, _, _)| *s > seq);
+    }
+}
 
 /// Memory state: the catalog and the counters. Live writes and replay share it.
 #[derive(Debug)]
@@ -19,6 +55,17 @@ pub(crate) struct Core {
     pub(crate) mem: Memtable,
     /// Remembered answers by idempotency key (restored by replay, freed by sweep).
     pub(crate) idem: Mutex<HashMap<String, IdemRecord>>,
+    pub(crate) flush: FlushPolicy,
+    /// The published archive. Readers hold it shared while they read memory (so what they
+    /// see frozen in a shard and what they see archived never overlap); a flush swaps it.
+    pub(crate) archive: RwLock<Arc<Archive>>,
+    /// `(memtable slot, period start)` of every period with counters in memory that are not
+    /// archived, with the first log record that added to it since: the log must be kept
+    /// from the smallest of them.
+    pub(crate) dirty: Mutex<HashMap<(usize, i64), u64>>,
+    pub(crate) schemas: Mutex<SchemaLog>,
+    /// The highest log record applied to memory.
+    pub(crate) last_seq: AtomicU64,
 }
 
 /// One increment resolved to ids.
@@ -42,8 +89,59 @@ impl Core {
         self.catalog.write().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Applies a batch to memory. The one path for live writes and for replay.
-    pub(crate) fn apply_view(&self, view: &BatchView<'_>, now: i64) -> Result<(), StoreError> {
+    pub(crate) fn new(shards: usize, flush: FlushPolicy, archive: Archive) -> Core {
+        Core {
+            catalog: RwLock::new(Catalog::default()),
+            mem: Memtable::new(shards),
+            idem: Mutex::new(HashMap::new()),
+            flush,
+            archive: RwLock::new(Arc::new(archive)),
+            dirty: Mutex::new(HashMap::new()),
+            schemas: Mutex::new(SchemaLog::default()),
+            last_seq: AtomicU64::new(0),
+        }
+    }
+
+    /// Loads a manifest's checkpoint: the schemas as of its `wal_start` and the remembered
+    /// answers. Runs before replay.
+    pub(crate) fn restore_checkpoint(
+        &self,
+        m: &crate::manifest::Manifest,
+    ) -> Result<(), StoreError> {
+        let mut cat = self.write_cat();
+        for (ns, schema) in &m.schemas {
+            cat.put_schema(ns, schema)?;
+        }
+        for (ns, res, cutoff) in &m.cutoffs {
+            if let Some(id) = cat.ns_id(ns.as_str()) {
+                cat.ns[id as usize].cutoffs.insert(*res, *cutoff);
+            }
+        }
+        lock(&self.schemas).base = m.schemas.iter().cloned().collect();
+        let mut idem = lock(&self.idem);
+        for r in &m.idempotency {
+            idem.insert(r.key.clone(), r.clone());
+        }
+        self.last_seq
+            .fetch_max(m.wal_start.saturating_sub(1), Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// The archive, held shared: see [`Core::archive`].
+    pub(crate) fn archive(&self) -> RwLockReadGuard<'_, Arc<Archive>> {
+        self.archive.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Applies log record `seq` (a batch) to memory. The one path for live writes and for
+    /// replay; in replay, `archived` skips the increments of periods the archive already
+    /// holds up to that record.
+    pub(crate) fn apply_view(
+        &self,
+        view: &BatchView<'_>,
+        now: i64,
+        seq: u64,
+        archived: Option<&Archive>,
+    ) -> Result<(), StoreError> {
         let mut resolved = Vec::with_capacity(view.incs.len());
         let mut sids: Vec<SeriesId> = Vec::with_capacity(view.subs.len());
         let mut plans: Vec<(NsId, Arc<[TierPlan]>)> = Vec::new();
@@ -54,6 +152,9 @@ impl Core {
                     .map_err(|e| StoreError::corrupt("a logged namespace name").because(e))?;
                 if cat.ns_id(name.as_str()).is_none() {
                     cat.put_schema(&name, schema)?;
+                    lock(&self.schemas)
+                        .changes
+                        .push((seq, name.clone(), schema.clone()));
                 }
             }
             let mut ns_cache: Vec<Option<NsId>> = vec![None; view.strings.len()];
@@ -131,6 +232,8 @@ impl Core {
         }
         // One critical section per shard: a key's whole share of the batch appears at once.
         resolved.sort_by_key(|r| r.shard);
+        // The periods this record adds to: few per batch, so a short list.
+        let mut touched: Vec<(usize, i64)> = Vec::new();
         for group in resolved.chunk_by(|a, b| a.shard == b.shard) {
             let mut shard = self.mem.lock(group[0].shard);
             for r in group {
@@ -142,6 +245,13 @@ impl Core {
                     if !t.retention.keeps_bucket(b, t.resolution, now) {
                         continue;
                     }
+                    let period = self.flush.period_of(t.res, b);
+                    if archived.is_some_and(|a| a.flushed_seq(t.res as u32, period) >= seq) {
+                        continue;
+                    }
+                    if !touched.contains(&(t.slot, period)) {
+                        touched.push((t.slot, period));
+                    }
                     let idx = (b / t.res) as u32;
                     shard.add(t.slot, r.total, idx, r.n);
                     if t.breakdown {
@@ -152,80 +262,65 @@ impl Core {
                 }
             }
         }
+        if !touched.is_empty() {
+            let mut dirty = lock(&self.dirty);
+            for k in touched {
+                let first = dirty.entry(k).or_insert(seq);
+                *first = (*first).min(seq);
+            }
+        }
+        self.last_seq.fetch_max(seq, Ordering::SeqCst);
         Ok(())
     }
 
     /// Sets a schema; a removed tier's counters, and the subtotals of a tier that stops
     /// keeping breakdowns, are dropped.
-    pub(crate) fn apply_schema(&self, ns: &Namespace, schema: &Schema) -> Result<(), StoreError> {
+    pub(crate) fn apply_schema(
+        &self,
+        ns: &Namespace,
+        schema: &Schema,
+        seq: u64,
+    ) -> Result<(), StoreError> {
         let mut cat = self.write_cat();
         let (id, removed, unbroken) = cat.put_schema(ns, schema)?;
+        lock(&self.schemas)
+            .changes
+            .push((seq, ns.clone(), schema.clone()));
+        self.last_seq.fetch_max(seq, Ordering::SeqCst);
         if removed.is_empty() && unbroken.is_empty() {
             return Ok(());
+        }
+        // The archive keeps what the dropped tier held; reads hide segments flushed before
+        // this record for it, so a tier added back starts empty.
+        for &slot in removed.iter().chain(&unbroken) {
+            if let Some(r) = cat.slots.get(slot).map(|r| r.secs() as u32) {
+                let c = cat.ns[id as usize].cutoffs.entry(r).or_default();
+                if removed.contains(&slot) {
+                    c.all = c.all.max(seq);
+                }
+                c.subtotals = c.subtotals.max(seq);
+            }
         }
         for s in 0..self.mem.shards() {
             let mut shard = self.mem.lock(s);
             for &slot in removed.iter().chain(&unbroken) {
                 let whole = removed.contains(&slot);
-                shard.map(slot).retain(|k, _| {
+                let dropped = |k: &u64| {
                     let info = cat
                         .series_info
                         .get(split_key(*k).0 as usize)
                         .copied()
                         .unwrap_or(0);
                     let mine = info & !SUBTOTAL == id;
-                    !(mine && (whole || info & SUBTOTAL != 0))
-                });
+                    mine && (whole || info & SUBTOTAL != 0)
+                };
+                shard.map(slot).retain(|k, _| !dropped(k));
+                if let Some(f) = shard.frozen.get_mut(slot) {
+                    f.retain(|k, _| !dropped(k));
+                }
             }
         }
         Ok(())
-    }
-
-    pub(crate) fn read(&self, r: &KeyRead<'_>, now: i64) -> KeyData {
-        let cat = self.read_cat();
-        let Some(ns) = cat.ns_id(r.ns.as_str()) else {
-            return KeyData::default();
-        };
-        let Some(tier) = cat.ns[ns as usize].tier(r.resolution) else {
-            return KeyData::default();
-        };
-        let Some(key) = cat.key_id(ns, r.key.as_str()) else {
-            return KeyData::default();
-        };
-        let entry = &cat.keys[key as usize];
-        let subs: Vec<(u32, u32, SeriesId)> = if !tier.breakdown {
-            Vec::new()
-        } else {
-            match r.want {
-                Want::Totals => Vec::new(),
-                Want::Value { dim, value } => match (cat.str_id(dim), cat.str_id(value)) {
-                    (Some(d), Some(v)) => cat
-                        .sub_id(key, d, v)
-                        .map(|s| (d, v, s))
-                        .into_iter()
-                        .collect(),
-                    _ => Vec::new(),
-                },
-                Want::Dim { dim } => match cat.str_id(dim) {
-                    Some(d) => entry.subs.iter().filter(|s| s.0 == d).copied().collect(),
-                    None => Vec::new(),
-                },
-                Want::All => entry.subs.clone(),
-            }
-        };
-        let shard = self.mem.lock(self.mem.shard_of(key));
-        let window = Window::new(&tier, r.from, r.to, now);
-        let totals = window.collect(&shard, entry.total);
-        let subtotals = subs
-            .into_iter()
-            .map(|(d, v, sid)| SubtotalBuckets {
-                dim: cat.str(d).to_owned(),
-                value: cat.str(v).to_owned(),
-                buckets: window.collect(&shard, sid),
-            })
-            .filter(|s| !s.buckets.is_empty())
-            .collect();
-        KeyData { totals, subtotals }
     }
 
     pub(crate) fn sweep(&self, now: i64) -> usize {
@@ -276,71 +371,5 @@ impl Core {
             }
         }
         removed
-    }
-}
-
-/// The buckets of one tier that a read covers.
-pub(crate) struct Window {
-    slot: usize,
-    res: i64,
-    lo: u32,
-    hi: u32,
-    tier: TierPlan,
-    now: i64,
-}
-
-impl Window {
-    pub(crate) fn new(tier: &TierPlan, from: i64, to: i64, now: i64) -> Self {
-        let idx = |t: i64| {
-            (t.max(0) + tier.res - 1)
-                .div_euclid(tier.res)
-                .min(i64::from(u32::MAX)) as u32
-        };
-        Window {
-            slot: tier.slot,
-            res: tier.res,
-            lo: idx(from),
-            hi: idx(to),
-            tier: *tier,
-            now,
-        }
-    }
-
-    pub(crate) fn collect(&self, shard: &Shard, sid: SeriesId) -> Vec<(i64, i64)> {
-        let keep = |idx: u32| {
-            let b = i64::from(idx) * self.res;
-            self.tier
-                .retention
-                .keeps_bucket(b, self.tier.resolution, self.now)
-        };
-        let (min, max) = shard.extent(self.slot);
-        let (lo, hi) = (self.lo.max(min), self.hi.min(max));
-        if lo >= hi {
-            return Vec::new();
-        }
-        let Some(map) = shard.maps.get(self.slot) else {
-            return Vec::new();
-        };
-        if ((hi - lo) as usize) <= map.len() {
-            (lo..hi)
-                .filter(|&i| keep(i))
-                .filter_map(|i| match shard.get(self.slot, sid, i) {
-                    0 => None,
-                    n => Some((i64::from(i) * self.res, n)),
-                })
-                .collect()
-        } else {
-            // A range longer than the map: scanning the map is cheaper than probing.
-            let mut out: Vec<(i64, i64)> = map
-                .iter()
-                .filter_map(|(k, n)| {
-                    let (s, i) = split_key(*k);
-                    (s == sid && i >= lo && i < hi && keep(i))
-                        .then_some((i64::from(i) * self.res, *n))
-                })
-                .collect();
-            out.sort_unstable();
-            out
-        }
     }
 }

@@ -72,6 +72,10 @@ pub enum FileProblem {
     FirstSequence { expected: u64, got: u64 },
     #[error("named for sequence {named}, but the log continues at {expected}")]
     NamedSequence { named: u64, expected: u64 },
+    #[error(
+        "the log starts at record {found}, but recovery needs every record from {needed} on: a log file was deleted or lost"
+    )]
+    MissingRecords { needed: u64, found: u64 },
 }
 
 /// What is wrong with a record that is not the log's tail.

@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use tally_core::store::{FsyncPolicy, StoreError};
 
-use super::{file_header, file_name, put_frame};
+use super::{FILE_HEADER_LEN, file_header, file_name, put_frame};
 use crate::io::{Faults, LogFile};
 
 type Reply<T> = SyncSender<Result<T, StoreError>>;
@@ -20,6 +20,8 @@ type Reply<T> = SyncSender<Result<T, StoreError>>;
 enum Req {
     Append(Vec<u8>, Reply<u64>),
     Sync(Reply<()>),
+    /// Close the current file (if it holds records) and start the next one.
+    Rotate(Reply<()>),
 }
 
 /// Where the writer starts: the file to append to and the next sequence number.
@@ -107,6 +109,12 @@ impl Writer {
     /// Makes everything written so far durable.
     pub fn sync(&self) -> Result<(), StoreError> {
         self.send(Req::Sync)
+    }
+
+    /// Starts a new file once everything sent before is written, so that the records
+    /// before it can later be removed as a whole file.
+    pub fn rotate(&self) -> Result<(), StoreError> {
+        self.send(Req::Rotate)
     }
 
     /// The first I/O failure, if the writer is poisoned.
@@ -213,6 +221,7 @@ impl State {
         buf.clear();
         let mut seqs = Vec::with_capacity(reqs.len());
         let mut want_sync = false;
+        let mut want_rotate = false;
         for r in reqs.iter() {
             match r {
                 Req::Append(payload, _) => {
@@ -221,9 +230,22 @@ impl State {
                     self.next_seq += 1;
                 }
                 Req::Sync(_) => want_sync = true,
+                Req::Rotate(_) => want_rotate = true,
             }
         }
         let outcome = self.commit(buf, seqs.len() as u64, want_sync);
+        // A failed rotation poisons the writer for later records, but the records of this
+        // round are already written (and synced per the policy): their answers stand.
+        let full = self.file.len() >= self.max_file_bytes;
+        let has_records = self.file.len() > FILE_HEADER_LEN as u64;
+        let mut rotated = Ok(());
+        if outcome.is_ok()
+            && (full || want_rotate)
+            && has_records
+            && let Err(e) = self.rotate()
+        {
+            rotated = Err(self.poison("rotating the log", e));
+        }
         let mut seqs = seqs.into_iter();
         for r in reqs.drain(..) {
             match r {
@@ -234,13 +256,10 @@ impl State {
                 Req::Sync(reply) => {
                     let _ = reply.send(outcome.clone());
                 }
+                Req::Rotate(reply) => {
+                    let _ = reply.send(outcome.clone().and(rotated.clone()));
+                }
             }
-        }
-        if outcome.is_ok()
-            && self.file.len() >= self.max_file_bytes
-            && let Err(e) = self.rotate()
-        {
-            self.poison("rotating the log", e);
         }
     }
 
@@ -282,7 +301,11 @@ impl State {
     }
 }
 
-/// Creates the first log file of an empty log.
-pub fn create_first(dir: &Path, faults: Option<Arc<Faults>>) -> std::io::Result<LogFile> {
-    LogFile::create(&file_name(dir, 1), &file_header(1), faults)
+/// Creates the first log file of an empty log, starting at record `first_seq`.
+pub fn create_first(
+    dir: &Path,
+    first_seq: u64,
+    faults: Option<Arc<Faults>>,
+) -> std::io::Result<LogFile> {
+    LogFile::create(&file_name(dir, first_seq), &file_header(first_seq), faults)
 }

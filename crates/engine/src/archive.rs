@@ -1,0 +1,237 @@
+//! The archive as readers see it: the published segments, opened, with the per-period
+//! bookkeeping that recovery needs (up to which log record a period is already archived).
+//! An `Archive` value never changes; publishing a flush swaps in a new one.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tally_core::store::StoreError;
+
+use crate::catalog::Cutoff;
+use crate::manifest::{Manifest, SegmentEntry};
+use crate::segment::{KeyRecord, Segment, SegmentError};
+
+/// Subtotal buckets summed by (dimension, value), then by bucket index.
+pub type SubSums = BTreeMap<(String, String), BTreeMap<u32, i64>>;
+
+/// How counters are cut into flushable periods.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlushPolicy {
+    /// Period of an hourly tier, seconds (default a UTC day).
+    pub hourly_period: i64,
+    /// Period of a finer tier, seconds (default an hour).
+    pub fine_period: i64,
+    /// How long after a period ends it is flushed, seconds: late events within it still
+    /// land in memory rather than in a delta segment.
+    pub grace: i64,
+}
+
+impl Default for FlushPolicy {
+    fn default() -> Self {
+        FlushPolicy {
+            hourly_period: 86_400,
+            fine_period: 3_600,
+            grace: 600,
+        }
+    }
+}
+
+impl FlushPolicy {
+    /// The period length of a tier of resolution `res` seconds. Every resolution divides an
+    /// hour or is one, and both periods are whole hours, so a period holds whole buckets.
+    pub fn period_len(&self, res: i64) -> i64 {
+        if res >= 3600 {
+            self.hourly_period
+        } else {
+            self.fine_period
+        }
+    }
+
+    /// The start of the period holding bucket start `b`.
+    pub fn period_of(&self, res: i64, b: i64) -> i64 {
+        let len = self.period_len(res);
+        b.div_euclid(len) * len
+    }
+
+    /// Whether both periods are positive multiples of an hour.
+    pub fn is_valid(&self) -> bool {
+        [self.hourly_period, self.fine_period]
+            .iter()
+            .all(|p| *p > 0 && p % 3600 == 0)
+            && self.grace >= 0
+    }
+}
+
+/// The segment file of id `id`.
+pub fn segment_path(dir: &Path, id: u64) -> PathBuf {
+    dir.join(format!("{id:020}.tls"))
+}
+
+/// The published archive.
+#[derive(Debug, Default)]
+pub struct Archive {
+    pub manifest: Manifest,
+    /// In manifest order, opened.
+    pub segments: Vec<(SegmentEntry, Arc<Segment>)>,
+    /// `(resolution, period start)` → the last log record whose increments to that period are
+    /// archived.
+    flushed: HashMap<(u32, i64), u64>,
+}
+
+/// A segment failure as the `Store` reports it: `corrupt_data` for damage, unavailable for
+/// I/O, the segment error kept as the cause.
+pub fn store_error(e: SegmentError) -> StoreError {
+    match e {
+        SegmentError::Io { .. } => StoreError::unavailable("reading an archive segment").because(e),
+        _ => StoreError::corrupt("an archive segment").because(e),
+    }
+}
+
+impl Archive {
+    /// Opens every segment a manifest lists; a missing or unreadable one is an error.
+    pub fn open(dir: &Path, manifest: Manifest) -> Result<Archive, SegmentError> {
+        let mut segments = Vec::with_capacity(manifest.segments.len());
+        for e in &manifest.segments {
+            segments.push((*e, Arc::new(Segment::open(&segment_path(dir, e.id))?)));
+        }
+        Ok(Archive::with(manifest, segments))
+    }
+
+    /// An archive of already opened segments.
+    pub fn with(manifest: Manifest, segments: Vec<(SegmentEntry, Arc<Segment>)>) -> Archive {
+        let mut flushed: HashMap<(u32, i64), u64> = HashMap::new();
+        for (e, _) in &segments {
+            let f = flushed.entry((e.resolution, e.period_start)).or_default();
+            *f = (*f).max(e.flushed_seq);
+        }
+        Archive {
+            manifest,
+            segments,
+            flushed,
+        }
+    }
+
+    /// The last log record whose increments to this period are archived (0: none).
+    pub fn flushed_seq(&self, resolution: u32, period_start: i64) -> u64 {
+        self.flushed
+            .get(&(resolution, period_start))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Whether a base segment exists for this period (a new one is then a delta).
+    pub fn has_period(&self, resolution: u32, period_start: i64) -> bool {
+        self.flushed.contains_key(&(resolution, period_start))
+    }
+
+    /// Segments of one resolution overlapping `[from, to)`, with what a namespace's cutoff
+    /// lets each show: (totals, subtotals).
+    pub fn overlapping(
+        &self,
+        resolution: u32,
+        from: i64,
+        to: i64,
+        cutoff: Cutoff,
+    ) -> impl Iterator<Item = (&Arc<Segment>, (bool, bool))> + '_ {
+        self.segments
+            .iter()
+            .filter(move |(e, _)| {
+                e.resolution == resolution && e.period_start < to && from < e.period_end
+            })
+            .map(move |(e, s)| (s, cutoff.shows(e.flushed_seq)))
+            .filter(|(_, (totals, _))| *totals)
+    }
+
+    /// Every segment, for `tally check`.
+    pub fn all(&self) -> impl Iterator<Item = (&SegmentEntry, &Arc<Segment>)> + '_ {
+        self.segments.iter().map(|(e, s)| (e, s))
+    }
+
+    /// Sums one key's archived buckets of one resolution over `[lo, hi)` bucket indexes into
+    /// `totals` and, per `(dim, value)` that `want` accepts, into `subs`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_key(
+        &self,
+        resolution: u32,
+        (from, to): (i64, i64),
+        (ns, key): (&str, &str),
+        cutoff: Cutoff,
+        want: &dyn Fn(&str, &str) -> bool,
+        totals: &mut BTreeMap<u32, i64>,
+        subs: &mut SubSums,
+    ) -> Result<(), SegmentError> {
+        let (lo, hi) = index_range(resolution, from, to);
+        for (seg, (_, show_subs)) in self.overlapping(resolution, from, to, cutoff) {
+            if let Some(rec) = seg.get(ns, key)? {
+                let want_here = |d: &str, v: &str| show_subs && want(d, v);
+                add_record(&rec, (lo, hi), &want_here, totals, subs);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The bucket indexes `[lo, hi)` of a resolution that `[from, to)` covers.
+pub fn index_range(resolution: u32, from: i64, to: i64) -> (u32, u32) {
+    let r = i64::from(resolution.max(1));
+    let idx = |t: i64| ((t.max(0) + r - 1).div_euclid(r)).min(i64::from(u32::MAX)) as u32;
+    (idx(from), idx(to))
+}
+
+fn add_record(
+    rec: &KeyRecord,
+    (lo, hi): (u32, u32),
+    want: &dyn Fn(&str, &str) -> bool,
+    totals: &mut BTreeMap<u32, i64>,
+    subs: &mut SubSums,
+) {
+    let inside = |i: &u32| lo <= *i && *i < hi;
+    for (i, n) in rec.totals.iter().filter(|(i, _)| inside(i)) {
+        *totals.entry(*i).or_default() += n;
+    }
+    for d in &rec.dims {
+        for (value, buckets) in &d.values {
+            if !want(&d.dim, value) {
+                continue;
+            }
+            let mut within = buckets.iter().filter(|(i, _)| inside(i)).peekable();
+            if within.peek().is_none() {
+                continue;
+            }
+            let m = subs.entry((d.dim.clone(), value.clone())).or_default();
+            for (i, n) in within {
+                *m.entry(*i).or_default() += n;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn periods_hold_whole_buckets() {
+        let p = FlushPolicy::default();
+        assert!(p.is_valid());
+        assert_eq!(p.period_len(3600), 86_400);
+        assert_eq!(p.period_len(60), 3600);
+        assert_eq!(p.period_of(3600, 1_795_150_800), 1_795_132_800);
+        assert_eq!(p.period_of(60, 1_795_150_860), 1_795_150_800);
+        assert!(
+            !FlushPolicy {
+                fine_period: 60,
+                ..p
+            }
+            .is_valid()
+        );
+    }
+
+    #[test]
+    fn index_ranges_round_up() {
+        assert_eq!(index_range(3600, 0, 7200), (0, 2));
+        assert_eq!(index_range(3600, 1, 7201), (1, 3));
+        assert_eq!(index_range(60, -5, 0), (0, 0));
+    }
+}

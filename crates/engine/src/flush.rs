@@ -1,0 +1,386 @@
+//! Flush: closed periods of counters go from memory into immutable archive segments, a new
+//! manifest publishes them, and the log is truncated behind them.
+//!
+//! 1. Choose: periods with counters in memory whose end plus the grace is past.
+//! 2. Freeze, under the write gate (no batch between its log append and its apply): note the
+//!    last applied log record `S`, move the chosen periods' counters to each shard's frozen
+//!    map (still read from there), forget them as dirty.
+//! 3. Write one segment per (resolution, period) — a delta if the period is already archived —
+//!    fsync it, rename it into place, sync the directory.
+//! 4. Publish a manifest: the segments, each flushed through `S`; `wal_start` = the first log
+//!    record still needed (the smallest first record of a dirty period, computed under the
+//!    write gate); schemas as of `wal_start - 1`; unexpired idempotency answers.
+//! 5. Swap the archive in and drop the frozen counters, under the archive's write lock, so a
+//!    reader sees them in memory or in the archive, never both or neither.
+//! 6. Rotate the log and delete the files that end before `wal_start`.
+//!
+//! A failure before 5 puts the frozen counters back and the dirty periods with them; the
+//! log was not truncated, so nothing is lost, and the next flush tries again.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, PoisonError};
+
+use tally_core::store::StoreError;
+
+use crate::archive::{Archive, segment_path};
+use crate::catalog::SeriesId;
+use crate::engine::Engine;
+use crate::manifest::{self, Manifest, SegmentEntry};
+use crate::memtable::split_key;
+use crate::segment::{
+    Buckets, DimRecord, KeyRecord, Segment, SegmentKind, SegmentMeta, SegmentWriter,
+};
+use crate::wal::list_files;
+
+/// A period's records by (namespace, key).
+type Records = BTreeMap<(String, String), KeyRecord>;
+
+/// What one flush did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FlushReport {
+    pub segments: usize,
+    pub keys: u64,
+    pub data_points: u64,
+    pub bytes: u64,
+    /// The first log record kept.
+    pub wal_start: u64,
+    pub wal_files_removed: usize,
+}
+
+/// One period to flush.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Chosen {
+    slot: usize,
+    res: i64,
+    period: i64,
+    len: i64,
+}
+
+fn io(what: &'static str) -> impl Fn(std::io::Error) -> StoreError {
+    move |e| StoreError::unavailable(what).because(e)
+}
+
+impl Engine {
+    /// Flushes every period closed (plus the grace) at the engine clock's now.
+    pub fn flush(&self) -> Result<FlushReport, StoreError> {
+        self.flush_closed(self.clock.now())
+    }
+
+    /// Flushes every period that ends (plus the grace) at or before `now`.
+    pub fn flush_closed(&self, now: i64) -> Result<FlushReport, StoreError> {
+        let _one = self
+            .flush_lock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(e) = self.wal.poisoned() {
+            return Err(e);
+        }
+        let policy = self.core.flush;
+        let chosen: Vec<Chosen> = {
+            let slots = self.core.read_cat().slots.clone();
+            let dirty = self
+                .core
+                .dirty
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let mut c: Vec<Chosen> = dirty
+                .keys()
+                .filter_map(|&(slot, period)| {
+                    let res = slots.get(slot)?.secs_i64();
+                    let len = policy.period_len(res);
+                    (period + len + policy.grace <= now).then_some(Chosen {
+                        slot,
+                        res,
+                        period,
+                        len,
+                    })
+                })
+                .collect();
+            c.sort_by_key(|c| (c.res, c.period));
+            c
+        };
+        if chosen.is_empty() {
+            return Ok(FlushReport::default());
+        }
+        // 2. Freeze.
+        let (seq, taken) = {
+            let _gate = self.gate.write().unwrap_or_else(PoisonError::into_inner);
+            let seq = self.core.last_seq.load(Ordering::SeqCst);
+            let mut dirty = self
+                .core
+                .dirty
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let taken: Vec<((usize, i64), u64)> = chosen
+                .iter()
+                .filter_map(|c| {
+                    let k = (c.slot, c.period);
+                    dirty.remove(&k).map(|first| (k, first))
+                })
+                .collect();
+            drop(dirty);
+            for s in 0..self.core.mem.shards() {
+                let mut shard = self.core.mem.lock(s);
+                for c in &chosen {
+                    let lo = (c.period / c.res) as u32;
+                    let hi = ((c.period + c.len) / c.res).min(i64::from(u32::MAX)) as u32;
+                    shard.freeze(c.slot, lo, hi);
+                }
+            }
+            (seq, taken)
+        };
+        match self.write_and_publish(&chosen, seq, now) {
+            Ok(mut report) => {
+                report.wal_files_removed = self.truncate_log(report.wal_start)?;
+                Ok(report)
+            }
+            Err(e) => {
+                // Nothing was published: the counters go back to memory, still dirty.
+                for s in 0..self.core.mem.shards() {
+                    self.core.mem.lock(s).thaw();
+                }
+                let mut dirty = self
+                    .core
+                    .dirty
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                for (k, first) in taken {
+                    let f = dirty.entry(k).or_insert(first);
+                    *f = (*f).min(first);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn write_and_publish(
+        &self,
+        chosen: &[Chosen],
+        seq: u64,
+        now: i64,
+    ) -> Result<FlushReport, StoreError> {
+        let old = Arc::clone(&self.core.archive());
+        let mut next_id = old.manifest.next_segment_id.max(1);
+        let mut report = FlushReport::default();
+        let mut added: Vec<(SegmentEntry, Arc<Segment>)> = Vec::new();
+        for c in chosen {
+            let records = self.frozen_records(c)?;
+            if records.is_empty() {
+                continue;
+            }
+            let delta = old.has_period(c.res as u32, c.period)
+                || added
+                    .iter()
+                    .any(|(e, _)| e.resolution == c.res as u32 && e.period_start == c.period);
+            let entry = SegmentEntry {
+                id: next_id,
+                delta,
+                resolution: c.res as u32,
+                period_start: c.period,
+                period_end: c.period + c.len,
+                flushed_seq: seq,
+            };
+            next_id += 1;
+            let final_path = segment_path(&self.segments_dir, entry.id);
+            let tmp = final_path.with_extension("tmp");
+            self.fs
+                .remove(&tmp)
+                .map_err(io("removing a stale segment"))?;
+            let meta = SegmentMeta {
+                id: entry.id,
+                kind: if delta {
+                    SegmentKind::Delta
+                } else {
+                    SegmentKind::Base
+                },
+                resolution: entry.resolution,
+                period_start: entry.period_start,
+                period_end: entry.period_end,
+            };
+            let seg_err = |e| StoreError::unavailable("writing an archive segment").because(e);
+            let mut w = SegmentWriter::create(&tmp, meta).map_err(seg_err)?;
+            for ((ns, key), rec) in &records {
+                w.add(ns, key, rec).map_err(seg_err)?;
+            }
+            let stats = w.finish().map_err(seg_err)?;
+            self.fs
+                .rename(&tmp, &final_path)
+                .map_err(io("naming an archive segment"))?;
+            report.segments += 1;
+            report.keys += stats.keys;
+            report.data_points += stats.data_points;
+            report.bytes += stats.bytes;
+            let seg = Segment::open(&final_path).map_err(seg_err)?;
+            added.push((entry, Arc::new(seg)));
+        }
+        self.fs
+            .sync_dir(&self.segments_dir)
+            .map_err(io("syncing the segment directory"))?;
+        // 4. The manifest, with the log position and checkpoint taken under the write gate.
+        let mut m = {
+            let _gate = self.gate.write().unwrap_or_else(PoisonError::into_inner);
+            let wal_start = {
+                let dirty = self
+                    .core
+                    .dirty
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                dirty
+                    .values()
+                    .copied()
+                    .min()
+                    .unwrap_or_else(|| self.core.last_seq.load(Ordering::SeqCst) + 1)
+            };
+            let schemas = self
+                .core
+                .schemas
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .as_of(wal_start.saturating_sub(1));
+            let idempotency = self
+                .core
+                .idem
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .values()
+                .filter(|r| r.expires > now)
+                .cloned()
+                .collect();
+            let cutoffs = {
+                let cat = self.core.read_cat();
+                cat.ns
+                    .iter()
+                    .flat_map(|e| e.cutoffs.iter().map(|(r, c)| (e.name.clone(), *r, *c)))
+                    .collect()
+            };
+            Manifest {
+                cutoffs,
+                number: old.manifest.number + 1,
+                next_segment_id: next_id,
+                wal_start: wal_start.max(old.manifest.wal_start),
+                segments: old.manifest.segments.clone(),
+                schemas: schemas.into_iter().collect(),
+                idempotency,
+            }
+        };
+        m.segments.extend(added.iter().map(|(e, _)| *e));
+        manifest::publish(&*self.fs, &self.dir, &m).map_err(io("publishing the manifest"))?;
+        report.wal_start = m.wal_start;
+        // 5. Swap.
+        let mut segments: Vec<(SegmentEntry, Arc<Segment>)> = old.segments.clone();
+        segments.extend(added);
+        let archive = Archive::with(m.clone(), segments);
+        {
+            let mut g = self
+                .core
+                .archive
+                .write()
+                .unwrap_or_else(PoisonError::into_inner);
+            *g = Arc::new(archive);
+            for s in 0..self.core.mem.shards() {
+                self.core.mem.lock(s).drop_frozen();
+            }
+        }
+        self.core
+            .schemas
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .advance(m.wal_start.saturating_sub(1));
+        if old.manifest.number > 0 {
+            // The previous manifest is no longer named by CURRENT.
+            let _ = self
+                .fs
+                .remove(&manifest::file_name(&self.dir, old.manifest.number));
+        }
+        Ok(report)
+    }
+
+    /// The frozen counters of one period as segment records, by (namespace, key) in byte
+    /// order.
+    fn frozen_records(
+        &self,
+        c: &Chosen,
+    ) -> Result<BTreeMap<(String, String), KeyRecord>, StoreError> {
+        let lo = (c.period / c.res) as u32;
+        let hi = ((c.period + c.len) / c.res).min(i64::from(u32::MAX)) as u32;
+        let mut by_series: HashMap<SeriesId, Vec<(u32, i64)>> = HashMap::new();
+        for s in 0..self.core.mem.shards() {
+            let shard = self.core.mem.lock(s);
+            if let Some(map) = shard.frozen.get(c.slot) {
+                for (&k, &n) in map {
+                    let (sid, idx) = split_key(k);
+                    if lo <= idx && idx < hi && n != 0 {
+                        by_series.entry(sid).or_default().push((idx, n));
+                    }
+                }
+            }
+        }
+        let mut out = Records::new();
+        if by_series.is_empty() {
+            return Ok(out);
+        }
+        let cat = self.core.read_cat();
+        for (name, &ns) in &cat.by_name {
+            for (key, &kid) in &cat.ns[ns as usize].ordered {
+                let entry = &cat.keys[kid as usize];
+                let mut rec = KeyRecord {
+                    totals: take_sorted(&mut by_series, entry.total),
+                    dims: Vec::new(),
+                };
+                let mut dims: BTreeMap<&str, Vec<(String, Buckets)>> = BTreeMap::new();
+                for &(d, v, sid) in &entry.subs {
+                    let b = take_sorted(&mut by_series, sid);
+                    if !b.is_empty() {
+                        dims.entry(cat.str(d))
+                            .or_default()
+                            .push((cat.str(v).to_owned(), b));
+                    }
+                }
+                for (dim, mut values) in dims {
+                    values.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+                    rec.dims.push(DimRecord {
+                        dim: dim.to_owned(),
+                        values,
+                    });
+                }
+                if !rec.totals.is_empty() || !rec.dims.is_empty() {
+                    out.insert((name.as_str().to_owned(), key.to_string()), rec);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Rotates the log, then removes every file whose records all come before `wal_start`.
+    fn truncate_log(&self, wal_start: u64) -> Result<usize, StoreError> {
+        self.wal.rotate()?;
+        let files = list_files(&self.wal_dir).map_err(io("listing the log"))?;
+        let mut removed = 0;
+        for pair in files.windows(2) {
+            let ((_, path), (next_first, _)) = (&pair[0], &pair[1]);
+            if *next_first <= wal_start {
+                self.fs
+                    .remove(path)
+                    .map_err(io("removing a flushed log file"))?;
+                removed += 1;
+            }
+        }
+        if removed > 0 {
+            self.fs
+                .sync_dir(&self.wal_dir)
+                .map_err(io("syncing the log directory"))?;
+        }
+        Ok(removed)
+    }
+}
+
+/// A series' buckets, sorted by index, taken out of the map.
+fn take_sorted(
+    by_series: &mut HashMap<SeriesId, Vec<(u32, i64)>>,
+    sid: SeriesId,
+) -> Vec<(u32, i64)> {
+    let mut b = by_series.remove(&sid).unwrap_or_default();
+    b.sort_unstable();
+    b
+}

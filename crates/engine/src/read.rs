@@ -1,0 +1,312 @@
+//! Reads: one key's buckets, a namespace's sums per key (top), a page of its keys. Each
+//! sums memory (live and frozen counters) and the archive. A reader holds the archive's
+//! lock shared while it reads memory, so a flush's frozen counters are seen either in memory
+//! or in the archive, never both; the archive's segments are then read without any lock.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use tally_core::model::Key;
+use tally_core::store::{KeyData, KeyList, KeyRead, Scan, StoreError, SubtotalBuckets, Want};
+
+use crate::archive::{SubSums, index_range, store_error};
+use crate::catalog::{SeriesId, TierPlan};
+use crate::memtable::{Counters, Shard, split_key};
+use crate::state::Core;
+
+/// Which (dimension, value) subtotals a read wants.
+type Wanted<'a> = dyn Fn(&str, &str) -> bool + 'a;
+
+impl Core {
+    /// One key's buckets: memory (live and frozen counters) plus the archive, summed.
+    pub(crate) fn read(&self, r: &KeyRead<'_>, now: i64) -> Result<KeyData, StoreError> {
+        let cat = self.read_cat();
+        let Some(ns) = cat.ns_id(r.ns.as_str()) else {
+            return Ok(KeyData::default());
+        };
+        let Some(tier) = cat.ns[ns as usize].tier(r.resolution) else {
+            return Ok(KeyData::default());
+        };
+        let want: Box<Wanted<'_>> = match (tier.breakdown, r.want) {
+            (false, _) | (_, Want::Totals) => Box::new(|_, _| false),
+            (true, Want::Value { dim, value }) => Box::new(move |d, v| d == dim && v == value),
+            (true, Want::Dim { dim }) => Box::new(move |d, _| d == dim),
+            (true, Want::All) => Box::new(|_, _| true),
+        };
+        let window = Window::new(&tier, r.from, r.to, now);
+        let res = r.resolution.secs() as u32;
+        let cutoff = cat.ns[ns as usize].cutoff(res);
+        let mut totals = BTreeMap::new();
+        let mut subs = SubSums::new();
+        let archive = {
+            let archive = self.archive();
+            if let Some(key) = cat.key_id(ns, r.key.as_str()) {
+                let entry = &cat.keys[key as usize];
+                let shard = self.mem.lock(self.mem.shard_of(key));
+                window.add_into(&shard, entry.total, &mut totals);
+                for &(d, v, sid) in &entry.subs {
+                    let (d, v) = (cat.str(d), cat.str(v));
+                    if want(d, v) {
+                        let m = subs.entry((d.to_owned(), v.to_owned())).or_default();
+                        window.add_into(&shard, sid, m);
+                    }
+                }
+            }
+            Arc::clone(&archive)
+        };
+        drop(cat);
+        archive
+            .add_key(
+                res,
+                (r.from, r.to),
+                (r.ns.as_str(), r.key.as_str()),
+                cutoff,
+                &*want,
+                &mut totals,
+                &mut subs,
+            )
+            .map_err(store_error)?;
+        let buckets = |m: BTreeMap<u32, i64>| -> Vec<(i64, i64)> {
+            m.into_iter()
+                .filter(|&(i, n)| n != 0 && window.keeps(i))
+                .map(|(i, n)| (i64::from(i) * window.res, n))
+                .collect()
+        };
+        Ok(KeyData {
+            totals: buckets(totals),
+            subtotals: subs
+                .into_iter()
+                .map(|((dim, value), m)| SubtotalBuckets {
+                    dim,
+                    value,
+                    buckets: buckets(m),
+                })
+                .filter(|s| !s.buckets.is_empty())
+                .collect(),
+        })
+    }
+
+    /// Every key of a namespace with its sum over the scan's range (memory plus archive);
+    /// `visit` gets the non-zero ones.
+    pub(crate) fn scan(
+        &self,
+        scan: &Scan<'_>,
+        now: i64,
+        visit: &mut dyn FnMut(&Key, i64),
+    ) -> Result<(), StoreError> {
+        let cat = self.read_cat();
+        let Some(ns) = cat.ns_id(scan.ns.as_str()) else {
+            return Ok(());
+        };
+        let Some(tier) = cat.ns[ns as usize].tier(scan.resolution) else {
+            return Ok(());
+        };
+        if scan.value.is_some() && !tier.breakdown {
+            return Ok(());
+        }
+        let value = scan
+            .value
+            .and_then(|(d, v)| Some((cat.str_id(d)?, cat.str_id(v)?)));
+        let window = Window::new(&tier, scan.from, scan.to, now);
+        let res = scan.resolution.secs() as u32;
+        let cutoff = cat.ns[ns as usize].cutoff(res);
+        let mut sums: BTreeMap<String, i64> = BTreeMap::new();
+        let archive = {
+            let archive = self.archive();
+            for (name, &key) in &cat.ns[ns as usize].ordered {
+                let sid = match (scan.value, value) {
+                    (None, _) => cat.keys[key as usize].total,
+                    (Some(_), Some((d, v))) => match cat.sub_id(key, d, v) {
+                        Some(s) => s,
+                        None => continue,
+                    },
+                    (Some(_), None) => break,
+                };
+                let sum: i64 = {
+                    let shard = self.mem.lock(self.mem.shard_of(key));
+                    window.collect(&shard, sid).iter().map(|(_, n)| n).sum()
+                };
+                if sum != 0 {
+                    sums.insert(name.to_string(), sum);
+                }
+            }
+            Arc::clone(&archive)
+        };
+        drop(cat);
+        let (lo, hi) = index_range(res, scan.from, scan.to);
+        let in_range = |i: u32| lo <= i && i < hi && window.keeps(i);
+        for (seg, (_, show_subs)) in archive.overlapping(res, scan.from, scan.to, cutoff) {
+            if scan.value.is_some() && !show_subs {
+                continue;
+            }
+            seg.scan(scan.ns.as_str(), &mut |key, rec| {
+                let n: i64 = match scan.value {
+                    None => rec
+                        .totals
+                        .iter()
+                        .filter(|(i, _)| in_range(*i))
+                        .map(|(_, n)| n)
+                        .sum(),
+                    Some((d, v)) => rec
+                        .dims
+                        .iter()
+                        .filter(|r| r.dim == d)
+                        .flat_map(|r| r.values.iter().filter(|(value, _)| value == v))
+                        .flat_map(|(_, b)| b.iter().filter(|(i, _)| in_range(*i)))
+                        .map(|(_, n)| n)
+                        .sum(),
+                };
+                if n != 0 {
+                    *sums.entry(key.to_owned()).or_default() += n;
+                }
+                Ok(())
+            })
+            .map_err(store_error)?;
+        }
+        for (name, n) in sums {
+            if n != 0 {
+                let key = Key::from_string(name)
+                    .map_err(|e| StoreError::corrupt("a stored key").because(e))?;
+                visit(&key, n);
+            }
+        }
+        Ok(())
+    }
+
+    /// A page of a namespace's keys: those in memory and those in the archive, merged.
+    pub(crate) fn keys(&self, list: &KeyList<'_>) -> Result<Vec<Key>, StoreError> {
+        use std::ops::Bound;
+        let mut page: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
+        let prefix = list.prefix;
+        let archive = {
+            let cat = self.read_cat();
+            if let Some(id) = cat.ns_id(list.ns.as_str()) {
+                let start: Bound<&str> = match list.after {
+                    Some(a) if a >= prefix => Bound::Excluded(a),
+                    _ => Bound::Included(prefix),
+                };
+                page.extend(
+                    cat.ns[id as usize]
+                        .ordered
+                        .range::<str, _>((start, Bound::Unbounded))
+                        .take_while(|(k, _)| k.starts_with(prefix))
+                        .take(list.limit)
+                        .map(|(k, _)| k.to_string()),
+                );
+            }
+            Arc::clone(&self.archive())
+        };
+        for (_, seg) in archive.all() {
+            let keys = seg
+                .keys(list.ns.as_str(), prefix, list.after, list.limit)
+                .map_err(store_error)?;
+            page.extend(keys);
+            while page.len() > list.limit {
+                page.pop_last();
+            }
+        }
+        page.into_iter()
+            .take(list.limit)
+            .map(|k| {
+                Key::from_string(k).map_err(|e| StoreError::corrupt("a stored key").because(e))
+            })
+            .collect()
+    }
+}
+
+/// The buckets of one tier that a read covers.
+pub(crate) struct Window {
+    slot: usize,
+    pub(crate) res: i64,
+    lo: u32,
+    hi: u32,
+    tier: TierPlan,
+    now: i64,
+}
+
+impl Window {
+    pub(crate) fn new(tier: &TierPlan, from: i64, to: i64, now: i64) -> Self {
+        let idx = |t: i64| {
+            (t.max(0) + tier.res - 1)
+                .div_euclid(tier.res)
+                .min(i64::from(u32::MAX)) as u32
+        };
+        Window {
+            slot: tier.slot,
+            res: tier.res,
+            lo: idx(from),
+            hi: idx(to),
+            tier: *tier,
+            now,
+        }
+    }
+
+    /// Whether a bucket index is still within the tier's retention.
+    pub(crate) fn keeps(&self, idx: u32) -> bool {
+        let b = i64::from(idx) * self.res;
+        self.tier
+            .retention
+            .keeps_bucket(b, self.tier.resolution, self.now)
+    }
+
+    /// Adds one series' counters in memory (live and frozen) to `out`, by bucket index.
+    pub(crate) fn add_into(&self, shard: &Shard, sid: SeriesId, out: &mut BTreeMap<u32, i64>) {
+        for (b, n) in self.collect(shard, sid) {
+            *out.entry((b / self.res) as u32).or_default() += n;
+        }
+    }
+
+    pub(crate) fn collect(&self, shard: &Shard, sid: SeriesId) -> Vec<(i64, i64)> {
+        let keep = |idx: u32| {
+            let b = i64::from(idx) * self.res;
+            self.tier
+                .retention
+                .keeps_bucket(b, self.tier.resolution, self.now)
+        };
+        let (min, max) = shard.extent(self.slot);
+        let (lo, hi) = (self.lo.max(min), self.hi.min(max));
+        if lo >= hi {
+            return Vec::new();
+        }
+        let maps: Vec<&Counters> = [shard.maps.get(self.slot), shard.frozen.get(self.slot)]
+            .into_iter()
+            .flatten()
+            .filter(|m| !m.is_empty())
+            .collect();
+        let len: usize = maps.iter().map(|m| m.len()).sum();
+        if len == 0 {
+            return Vec::new();
+        }
+        if ((hi - lo) as usize) <= len {
+            (lo..hi)
+                .filter(|&i| keep(i))
+                .filter_map(|i| match shard.get(self.slot, sid, i) {
+                    0 => None,
+                    n => Some((i64::from(i) * self.res, n)),
+                })
+                .collect()
+        } else {
+            // A range longer than the maps: scanning them is cheaper than probing.
+            let mut out: Vec<(i64, i64)> = maps
+                .iter()
+                .flat_map(|m| m.iter())
+                .filter_map(|(k, n)| {
+                    let (s, i) = split_key(*k);
+                    (s == sid && i >= lo && i < hi && keep(i))
+                        .then_some((i64::from(i) * self.res, *n))
+                })
+                .collect();
+            out.sort_unstable();
+            // A counter can be both live (a late add) and frozen: one bucket, summed.
+            out.dedup_by(|later, first| {
+                let same = later.0 == first.0;
+                if same {
+                    first.1 += later.1;
+                }
+                same
+            });
+            out.retain(|(_, n)| *n != 0);
+            out
+        }
+    }
+}

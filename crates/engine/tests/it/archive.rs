@@ -1,0 +1,300 @@
+//! Flushes into archive segments: closed periods leave memory for segments, the log is
+//! truncated behind them, late events become delta segments, and after every step — and
+//! every restart — reads answer exactly what the reference store answers.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use tally_core::model::{Namespace, Schema, SchemaDoc};
+use tally_core::reference::MemStore;
+use tally_core::store::{Batch, IdemRecord, KeyList, ManualClock, Scan, Store};
+use tally_engine::manifest;
+use tally_engine::wal::{FileProblem, WalError, list_files};
+use tally_engine::{Config, Engine, FlushPolicy, FsyncPolicy, OpenError};
+
+use crate::{NOW, raw, read_all, write};
+
+const DAY: i64 = 86_400;
+
+pub fn open_with(dir: &Path, clock: &Arc<ManualClock>, flush: FlushPolicy) -> Engine {
+    let mut c = Config::new(dir);
+    c.clock = clock.clone();
+    c.fsync = FsyncPolicy::Never;
+    c.shards = 4;
+    c.flush = flush;
+    Engine::open(c).unwrap()
+}
+
+fn open(dir: &Path, clock: &Arc<ManualClock>) -> Engine {
+    open_with(dir, clock, FlushPolicy::default())
+}
+
+const KEYS: [&str; 3] = ["lnk_1", "lnk_2", "é/x"];
+
+/// Three days of events, hourly, every key, two dimensions.
+fn three_days(now: i64) -> Vec<tally_core::model::RawEvent> {
+    let mut out = Vec::new();
+    for h in 0..72 {
+        for (i, k) in KEYS.iter().enumerate() {
+            let ts = now - 3 * DAY + h * 3600 + 60 * i as i64;
+            let country = ["US", "DE", "JP"][(h as usize + i) % 3];
+            out.push(raw(
+                "clicks",
+                k,
+                ts,
+                1 + (h % 5),
+                &[("country", country), ("referrer", "news")],
+            ));
+        }
+    }
+    out
+}
+
+/// Everything a user can see of the namespace, from both stores, must agree.
+pub fn same(engine: &Engine, reference: &MemStore, now: i64) {
+    let ns = Namespace::new("clicks").unwrap();
+    let list = KeyList {
+        ns: &ns,
+        prefix: "",
+        after: None,
+        limit: 100,
+    };
+    assert_eq!(
+        engine.keys(&list).unwrap(),
+        reference.keys(&list).unwrap(),
+        "keys"
+    );
+    for k in KEYS {
+        for res in [60, 3600] {
+            assert_eq!(
+                read_all(engine, "clicks", k, res),
+                read_all(reference, "clicks", k, res),
+                "{k} at {res}s"
+            );
+        }
+    }
+    for value in [None, Some(("country", "US"))] {
+        let scan = Scan {
+            ns: &ns,
+            resolution: tally_core::model::Duration::from_secs(3600).unwrap(),
+            from: now - 5 * DAY,
+            to: now + DAY,
+            value,
+        };
+        let collect = |s: &dyn Store| {
+            let mut v = Vec::new();
+            s.scan(&scan, &mut |k, n| v.push((k.clone(), n))).unwrap();
+            v.sort();
+            v
+        };
+        assert_eq!(collect(engine), collect(reference), "scan {value:?}");
+    }
+}
+
+#[test]
+fn a_flush_archives_closed_days_and_truncates_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = crate::clock(NOW);
+    let reference = MemStore::new(clock.clone());
+    let e = open(dir.path(), &clock);
+    let events = three_days(NOW);
+    write(&e, NOW, &events).unwrap();
+    write(&reference, NOW, &events).unwrap();
+    let live_before = e.stats().live_counters;
+
+    let report = e.flush().unwrap();
+    // Three closed UTC days of the hourly tier; minute data of closed hours (48 h kept).
+    assert!(report.segments >= 3, "{report:?}");
+    assert!(report.data_points > 0);
+    assert!(
+        e.stats().live_counters < live_before,
+        "flushed counters left memory"
+    );
+    same(&e, &reference, NOW);
+    // A second flush with nothing closed does nothing.
+    assert_eq!(e.flush().unwrap().segments, 0);
+
+    // The log's first file only held flushed records: the next flush's rotation frees it.
+    write(&e, NOW, &[raw("clicks", "lnk_1", NOW, 1, &[])]).unwrap();
+    write(&reference, NOW, &[raw("clicks", "lnk_1", NOW, 1, &[])]).unwrap();
+    clock.advance(DAY + 3600);
+    let report = e.flush().unwrap();
+    assert!(report.wal_files_removed >= 1, "{report:?}");
+    let first = list_files(&dir.path().join("wal")).unwrap()[0].0;
+    assert!(first > 1, "the first log file is gone");
+    same(&e, &reference, clock_now(&clock));
+
+    drop(e);
+    let e = open(dir.path(), &clock);
+    assert!(e.recovery().segments >= 4);
+    same(&e, &reference, clock_now(&clock));
+}
+
+fn clock_now(c: &Arc<ManualClock>) -> i64 {
+    tally_core::store::Clock::now(&**c)
+}
+
+#[test]
+fn late_events_after_a_flush_are_delta_segments_summed_at_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = crate::clock(NOW);
+    let reference = MemStore::new(clock.clone());
+    let e = open(dir.path(), &clock);
+    let events = three_days(NOW);
+    write(&e, NOW, &events).unwrap();
+    write(&reference, NOW, &events).unwrap();
+    e.flush().unwrap();
+    // Late: two days ago, into an archived day.
+    let late = [raw(
+        "clicks",
+        "lnk_2",
+        NOW - 2 * DAY + 5,
+        7,
+        &[("country", "FR")],
+    )];
+    write(&e, NOW, &late).unwrap();
+    write(&reference, NOW, &late).unwrap();
+    same(&e, &reference, NOW);
+    // Restart before the delta is flushed: the late event is replayed, the archived
+    // records are not replayed twice.
+    drop(e);
+    let e = open(dir.path(), &clock);
+    same(&e, &reference, NOW);
+    // One delta for the hourly tier's day, one for the minute tier's hour.
+    let report = e.flush().unwrap();
+    assert_eq!(report.segments, 2, "{report:?}");
+    let m = manifest::load(dir.path()).unwrap().unwrap();
+    let deltas: Vec<_> = m.segments.iter().filter(|s| s.delta).collect();
+    assert_eq!(deltas.len(), 2, "{m:?}");
+    assert!(
+        deltas
+            .iter()
+            .any(|d| d.resolution == 3600 && d.period_start == NOW - 2 * DAY)
+    );
+    same(&e, &reference, NOW);
+    drop(e);
+    let e = open(dir.path(), &clock);
+    same(&e, &reference, NOW);
+}
+
+#[test]
+fn schemas_and_remembered_answers_survive_log_truncation() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = crate::clock(NOW);
+    let e = open(dir.path(), &clock);
+    let ns = Namespace::new("api").unwrap();
+    let schema = Schema::from_doc(&SchemaDoc {
+        tiers: vec!["1h:forever".into()],
+        breakdown_tiers: None,
+        dimensions: Some(vec!["status".into()]),
+    })
+    .unwrap();
+    e.put_schema(&ns, &schema).unwrap();
+    let mut batch = tally_core::ingest::prepare(
+        &e,
+        &[raw("api", "k", NOW - 2 * DAY, 3, &[("status", "200")])],
+        NOW,
+        &Default::default(),
+        &Default::default(),
+    )
+    .unwrap();
+    let answer = IdemRecord {
+        key: "idem-1".into(),
+        fingerprint: "fp".into(),
+        expires: NOW + DAY,
+        status: 200,
+        body: "{\"accepted\":1}".into(),
+    };
+    batch.idempotency = Some(answer.clone());
+    e.apply(&batch).unwrap();
+    e.apply(&Batch::default()).unwrap();
+    let report = e.flush().unwrap();
+    assert_eq!(report.segments, 1);
+    // Records 1 (the schema), 2 (the batch and its answer) and 3 are archived, and the
+    // file holding them is gone: what recovery knows of them comes from the checkpoint.
+    assert_eq!(report.wal_start, 4);
+    assert_eq!(report.wal_files_removed, 1);
+    drop(e);
+    let e = open(dir.path(), &clock);
+    assert_eq!(list_files(&dir.path().join("wal")).unwrap()[0].0, 4);
+    assert_eq!(e.schema(&ns).unwrap(), Some(schema));
+    assert_eq!(e.idempotency("idem-1").unwrap(), Some(answer));
+    assert_eq!(crate::total(&e, "api", "k", 3600), 3);
+}
+
+#[test]
+fn a_removed_tier_added_back_starts_empty_even_when_archived() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = crate::clock(NOW);
+    let reference = MemStore::new(clock.clone());
+    let e = open(dir.path(), &clock);
+    let events = three_days(NOW);
+    write(&e, NOW, &events).unwrap();
+    write(&reference, NOW, &events).unwrap();
+    e.flush().unwrap();
+    let ns = Namespace::new("clicks").unwrap();
+    let minute_only = Schema::from_doc(&SchemaDoc {
+        tiers: vec!["1m:2d".into()],
+        breakdown_tiers: None,
+        dimensions: None,
+    })
+    .unwrap();
+    for s in [&minute_only, &Schema::default()] {
+        e.put_schema(&ns, s).unwrap();
+        reference.put_schema(&ns, s).unwrap();
+        same(&e, &reference, NOW);
+    }
+    e.flush().unwrap();
+    drop(e);
+    let e = open(dir.path(), &clock);
+    same(&e, &reference, NOW);
+}
+
+#[test]
+fn a_missing_log_file_stops_recovery() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = crate::clock(NOW);
+    let mut c = Config::new(dir.path());
+    c.clock = clock.clone();
+    c.max_wal_file_bytes = 200;
+    let e = Engine::open(c).unwrap();
+    for i in 0..20 {
+        write(&e, NOW, &[raw("clicks", &format!("k{i}"), NOW, 1, &[])]).unwrap();
+    }
+    drop(e);
+    let files = list_files(&dir.path().join("wal")).unwrap();
+    assert!(files.len() > 2);
+    std::fs::remove_file(&files[0].1).unwrap();
+    let err = Engine::open(Config::new(dir.path())).unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            OpenError::Wal(WalError::BadFile {
+                why: FileProblem::MissingRecords { needed: 1, .. },
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn a_missing_segment_stops_recovery() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = crate::clock(NOW);
+    let e = open(dir.path(), &clock);
+    write(&e, NOW, &three_days(NOW)).unwrap();
+    e.flush().unwrap();
+    drop(e);
+    let seg = std::fs::read_dir(dir.path().join("segments"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    std::fs::remove_file(&seg).unwrap();
+    let mut c = Config::new(dir.path());
+    c.clock = clock.clone();
+    let err = Engine::open(c).unwrap_err();
+    assert!(matches!(err, OpenError::Segment(_)), "{err:?}");
+}
