@@ -1,6 +1,7 @@
-//! `tally serve`: open the engine (recovering its log), start the HTTP server, sweep expired
-//! counters every minute, and on SIGTERM/SIGINT stop accepting, finish in-flight requests,
-//! make the log durable and exit 0 — within 10 s.
+//! `tally serve`: open the engine (recovering its archive and log), start the HTTP server,
+//! every minute sweep expired counters and flush closed periods into archive segments, and on
+//! SIGTERM/SIGINT stop accepting, finish in-flight requests, make the log durable and exit
+//! 0 — within 10 s.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -72,8 +73,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         let addr = listener.local_addr()?;
         let rec = engine.recovery();
         tracing::info!(
-            "tally listening on http://{addr} (data {}, fsync {fsync}, recovered {} events in {} ms)",
+            "tally listening on http://{addr} (data {}, fsync {fsync}, {} archive segments, replayed {} events in {} ms)",
             args.data.display(),
+            rec.segments,
             rec.events,
             rec.elapsed.as_millis()
         );
@@ -84,7 +86,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 loop {
                     tick.tick().await;
                     let e = engine.clone();
-                    let _ = tokio::task::spawn_blocking(move || e.sweep()).await;
+                    let _ = tokio::task::spawn_blocking(move || maintain(&e)).await;
                 }
             })
         };
@@ -131,5 +133,24 @@ async fn shutdown_signal() {
     tokio::select! {
         () = ctrl_c => {},
         () = term => {},
+    }
+}
+
+/// The minute's housekeeping: expired counters out of memory, closed periods into the
+/// archive (and the log truncated behind them). A failed flush changes nothing and is tried
+/// again a minute later; it is logged, never fatal.
+fn maintain(engine: &Engine) {
+    engine.sweep();
+    match engine.flush() {
+        Ok(r) if r.segments > 0 => tracing::info!(
+            segments = r.segments,
+            keys = r.keys,
+            data_points = r.data_points,
+            bytes = r.bytes,
+            wal_files_removed = r.wal_files_removed,
+            "flushed closed periods into the archive"
+        ),
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e.detail(), "flush failed; will retry"),
     }
 }
