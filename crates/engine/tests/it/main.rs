@@ -4,6 +4,7 @@
 
 mod archive;
 mod crash;
+mod crash_publish;
 mod fixtures;
 mod format_doc;
 mod model;
