@@ -1,4 +1,5 @@
-//! `tally`: runs the server (`tally serve`) and talks to one (`incr`, `query …`, `keys`).
+//! `tally`: runs the server (`tally serve`), talks to one (`incr`, `query …`, `keys`), and
+//! looks after a data directory (`check`, `compact`).
 //! This file is glue: clap parses and checks every argument before anything runs, `cmd` runs
 //! the subcommand, and an error prints as one line with its causes and exits 1 (clap's own
 //! refusals exit 2). A closed stdout is success.
@@ -30,6 +31,10 @@ enum Command {
     Query(cmd::query::QueryCommand),
     /// List a namespace's keys.
     Keys(cmd::keys::KeysArgs),
+    /// Verify every checksum of a data directory; non-zero exit on damage.
+    Check(cmd::check::CheckArgs),
+    /// Flush every closed period of a stopped server's data directory into the archive.
+    Compact(cmd::compact::CompactArgs),
 }
 
 fn main() -> ExitCode {
@@ -38,6 +43,8 @@ fn main() -> ExitCode {
         Command::Incr(args) => cmd::incr::run(args),
         Command::Query(query) => cmd::query::run(query),
         Command::Keys(args) => cmd::keys::run(args),
+        Command::Check(args) => cmd::check::run(args),
+        Command::Compact(args) => cmd::compact::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

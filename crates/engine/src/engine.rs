@@ -317,8 +317,16 @@ impl Store for Engine {
     }
 
     fn health(&self) -> Result<(), StoreError> {
-        match self.wal.poisoned() {
-            Some(e) => Err(e),
+        if let Some(e) = self.wal.poisoned() {
+            return Err(e);
+        }
+        match &*self
+            .core
+            .damaged
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+        {
+            Some(e) => Err(e.clone()),
             None => Ok(()),
         }
     }

@@ -9,6 +9,7 @@
 
 pub mod archive;
 pub mod catalog;
+pub mod check;
 pub mod engine;
 mod flush;
 pub mod io;

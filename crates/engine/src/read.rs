@@ -9,7 +9,7 @@ use std::sync::Arc;
 use tally_core::model::Key;
 use tally_core::store::{KeyData, KeyList, KeyRead, Scan, StoreError, SubtotalBuckets, Want};
 
-use crate::archive::{SubSums, index_range, store_error};
+use crate::archive::{SubSums, index_range};
 use crate::catalog::{SeriesId, TierPlan};
 use crate::memtable::{Counters, Shard, split_key};
 use crate::state::Core;
@@ -65,7 +65,7 @@ impl Core {
                 &mut totals,
                 &mut subs,
             )
-            .map_err(store_error)?;
+            .map_err(|e| self.archive_error(e))?;
         let buckets = |m: BTreeMap<u32, i64>| -> Vec<(i64, i64)> {
             m.into_iter()
                 .filter(|&(i, n)| n != 0 && window.keeps(i))
@@ -161,7 +161,7 @@ impl Core {
                 }
                 Ok(())
             })
-            .map_err(store_error)?;
+            .map_err(|e| self.archive_error(e))?;
         }
         for (name, n) in sums {
             if n != 0 {
@@ -199,7 +199,7 @@ impl Core {
         for (_, seg) in archive.all() {
             let keys = seg
                 .keys(list.ns.as_str(), prefix, list.after, list.limit)
-                .map_err(store_error)?;
+                .map_err(|e| self.archive_error(e))?;
             page.extend(keys);
             while page.len() > list.limit {
                 page.pop_last();

@@ -9,9 +9,10 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, Rw
 use tally_core::model::{MAX_TS, Namespace, Retention, Schema};
 use tally_core::store::{IdemRecord, StoreError};
 
-use crate::archive::{Archive, FlushPolicy};
+use crate::archive::{Archive, FlushPolicy, store_error};
 use crate::catalog::{Catalog, KeyId, NsId, SUBTOTAL, SeriesId, TierPlan};
 use crate::memtable::{Memtable, split_key};
+use crate::segment::SegmentError;
 use crate::wal::payload::BatchView;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -66,6 +67,8 @@ pub(crate) struct Core {
     pub(crate) schemas: Mutex<SchemaLog>,
     /// The highest log record applied to memory.
     pub(crate) last_seq: AtomicU64,
+    /// The first damage a read found in the archive: `/healthz` reports it until restart.
+    pub(crate) damaged: Mutex<Option<StoreError>>,
 }
 
 /// One increment resolved to ids.
@@ -99,6 +102,7 @@ impl Core {
             dirty: Mutex::new(HashMap::new()),
             schemas: Mutex::new(SchemaLog::default()),
             last_seq: AtomicU64::new(0),
+            damaged: Mutex::new(None),
         }
     }
 
@@ -125,6 +129,17 @@ impl Core {
         self.last_seq
             .fetch_max(m.wal_start.saturating_sub(1), Ordering::SeqCst);
         Ok(())
+    }
+
+    /// A segment failure as the `Store` reports it; damage (not I/O) is remembered for
+    /// `/healthz`, naming the file and block.
+    pub(crate) fn archive_error(&self, e: SegmentError) -> StoreError {
+        let err = store_error(e);
+        if err.code() == tally_core::ErrorCode::CorruptData {
+            tracing::error!(error = %err.detail(), "damaged archive segment");
+            lock(&self.damaged).get_or_insert_with(|| err.clone());
+        }
+        err
     }
 
     /// The archive, held shared: see [`Core::archive`].

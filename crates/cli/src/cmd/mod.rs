@@ -1,5 +1,7 @@
 //! The subcommands, one module each; what the client commands share is in `conn`.
 
+pub mod check;
+pub mod compact;
 pub mod incr;
 pub mod keys;
 pub mod query;

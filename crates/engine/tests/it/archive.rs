@@ -298,3 +298,60 @@ fn a_missing_segment_stops_recovery() {
     let err = Engine::open(c).unwrap_err();
     assert!(matches!(err, OpenError::Segment(_)), "{err:?}");
 }
+
+#[test]
+fn a_damaged_block_fails_the_reads_that_touch_it_and_is_named_by_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = crate::clock(NOW);
+    let e = open(dir.path(), &clock);
+    write(&e, NOW, &three_days(NOW)).unwrap();
+    e.flush().unwrap();
+    let m = manifest::load(dir.path()).unwrap().unwrap();
+    // The hourly day two days back: one block holds all three keys.
+    let entry = m
+        .segments
+        .iter()
+        .find(|s| s.resolution == 3600 && s.period_start == NOW - 2 * DAY)
+        .unwrap();
+    let path = tally_engine::archive::segment_path(&dir.path().join("segments"), entry.id);
+    drop(e);
+    assert!(tally_engine::check::check(dir.path()).unwrap().is_whole());
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[tally_engine::segment::layout::MAGIC_V1.len() + 3] ^= 0x40;
+    std::fs::write(&path, bytes).unwrap();
+
+    let report = tally_engine::check::check(dir.path()).unwrap();
+    assert_eq!(report.damage.len(), 1, "{:?}", report.damage);
+    let named = report.damage[0].to_string();
+    assert!(
+        named.contains(&path.display().to_string()) && named.contains("block 0"),
+        "{named}"
+    );
+
+    let e = open(dir.path(), &clock);
+    assert_eq!(e.health().ok(), Some(()), "opening reads no block");
+    let ns = Namespace::new("clicks").unwrap();
+    let key = tally_core::model::Key::new("lnk_1").unwrap();
+    let read = tally_core::store::KeyRead {
+        ns: &ns,
+        key: &key,
+        resolution: tally_core::model::Duration::from_secs(3600).unwrap(),
+        from: NOW - 3 * DAY,
+        to: NOW,
+        want: tally_core::store::Want::All,
+    };
+    let err = e.read(&[read]).unwrap_err();
+    assert_eq!(err.code(), tally_core::ErrorCode::CorruptData, "{err}");
+    // A range that does not touch the damaged day still answers.
+    let elsewhere = tally_core::store::KeyRead {
+        from: NOW - DAY,
+        ..read
+    };
+    assert!(e.read(&[elsewhere]).is_ok());
+    let health = e.health().unwrap_err();
+    assert!(
+        health.detail().contains(&path.display().to_string()),
+        "{}",
+        health.detail()
+    );
+}
