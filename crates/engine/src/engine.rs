@@ -333,12 +333,29 @@ impl Store for Engine {
 
     fn gauges(&self) -> Vec<Gauge> {
         let s = self.stats();
+        let archive = Arc::clone(&self.core.archive());
         vec![
             Gauge {
                 name: "tally_live_counters",
                 help: "Counters held in memory.",
                 kind: "gauge",
                 value: s.live_counters as f64,
+            },
+            Gauge {
+                name: "tally_archive_segments",
+                help: "Archive segments published.",
+                kind: "gauge",
+                value: archive.segments.len() as f64,
+            },
+            Gauge {
+                name: "tally_archive_bytes",
+                help: "Bytes of the published archive segments.",
+                kind: "gauge",
+                value: archive
+                    .segments
+                    .iter()
+                    .map(|(_, s)| s.stats().bytes)
+                    .sum::<u64>() as f64,
             },
             Gauge {
                 name: "tally_keys",

@@ -279,6 +279,13 @@ fn health_metrics_openapi() {
     ] {
         assert!(m.contains(needle), "missing {needle:?} in:\n{m}");
     }
+    // The seeded hours closed before NOW: the harness flushed them into the archive.
+    let segments: f64 = m
+        .lines()
+        .find_map(|l| l.strip_prefix("tally_archive_segments "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0);
+    assert!(segments >= 1.0, "no archive segment in:\n{m}");
     let (st, doc) = s.get("/openapi.json");
     assert_eq!(st, 200);
     assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
