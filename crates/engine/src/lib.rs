@@ -10,6 +10,7 @@
 pub mod archive;
 pub mod catalog;
 pub mod check;
+pub mod compaction;
 pub mod engine;
 mod flush;
 pub mod io;
@@ -22,6 +23,7 @@ mod state;
 pub mod wal;
 
 pub use archive::FlushPolicy;
+pub use compaction::CompactReport;
 pub use engine::{Config, Engine, EngineStats, OpenError};
 pub use flush::FlushReport;
 pub use recovery::Recovery;

@@ -1,5 +1,6 @@
 //! `tally serve`: open the engine (recovering its archive and log), start the HTTP server,
-//! every minute sweep expired counters and flush closed periods into archive segments, and on
+//! every minute sweep expired counters, flush closed periods into archive segments and
+//! compact them, and on
 //! SIGTERM/SIGINT stop accepting, finish in-flight requests, make the log durable and exit
 //! 0 — within 10 s.
 
@@ -137,8 +138,9 @@ async fn shutdown_signal() {
 }
 
 /// The minute's housekeeping: expired counters out of memory, closed periods into the
-/// archive (and the log truncated behind them). A failed flush changes nothing and is tried
-/// again a minute later; it is logged, never fatal.
+/// archive (and the log truncated behind them), then compaction (deltas merged, segments
+/// past retention dropped). A failed step changes nothing and is tried again a minute
+/// later; it is logged, never fatal.
 fn maintain(engine: &Engine) {
     engine.sweep();
     match engine.flush() {
@@ -152,5 +154,15 @@ fn maintain(engine: &Engine) {
         ),
         Ok(_) => {}
         Err(e) => tracing::warn!(error = %e.detail(), "flush failed; will retry"),
+    }
+    match engine.compact() {
+        Ok(r) if r.dropped + r.merged > 0 => tracing::info!(
+            dropped = r.dropped,
+            merged = r.merged,
+            written = r.written,
+            "compacted the archive"
+        ),
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e.detail(), "compaction failed; will retry"),
     }
 }

@@ -355,3 +355,67 @@ fn a_damaged_block_fails_the_reads_that_touch_it_and_is_named_by_check() {
         health.detail()
     );
 }
+
+#[test]
+fn compaction_merges_deltas_and_retention_drops_expired_segments() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = crate::clock(NOW);
+    let reference = MemStore::new(clock.clone());
+    let e = open(dir.path(), &clock);
+    let events = three_days(NOW);
+    write(&e, NOW, &events).unwrap();
+    write(&reference, NOW, &events).unwrap();
+    e.flush().unwrap();
+    let late = [raw(
+        "clicks",
+        "lnk_2",
+        NOW - 2 * DAY + 5,
+        7,
+        &[("country", "FR")],
+    )];
+    write(&e, NOW, &late).unwrap();
+    write(&reference, NOW, &late).unwrap();
+    e.flush().unwrap();
+    let count = |dir: &Path| manifest::load(dir).unwrap().unwrap().segments;
+    let before = count(dir.path());
+    assert!(before.iter().any(|s| s.delta));
+    // The deltas' records are still the log's first needed ones: nothing may merge yet.
+    let r = e.compact().unwrap();
+    assert_eq!(r.merged, 0, "{r:?}");
+    // A day later the log has moved on: the deltas merge into their bases, and minute data
+    // older than its 48 h retention goes.
+    clock.advance(DAY + 3600);
+    write(
+        &e,
+        clock_now(&clock),
+        &[raw("clicks", "lnk_1", clock_now(&clock), 1, &[])],
+    )
+    .unwrap();
+    write(
+        &reference,
+        clock_now(&clock),
+        &[raw("clicks", "lnk_1", clock_now(&clock), 1, &[])],
+    )
+    .unwrap();
+    e.flush().unwrap();
+    let r = e.compact().unwrap();
+    assert!(r.merged >= 2 && r.written >= 1 && r.dropped >= 1, "{r:?}");
+    let after = count(dir.path());
+    assert!(!after.iter().any(|s| s.delta), "{after:?}");
+    assert!(
+        after
+            .iter()
+            .all(|s| s.resolution != 60 || s.period_end > clock_now(&clock) - 2 * DAY),
+        "{after:?}"
+    );
+    same(&e, &reference, clock_now(&clock));
+    // Only what the manifest names is left on disk.
+    let files = std::fs::read_dir(dir.path().join("segments"))
+        .unwrap()
+        .count();
+    assert_eq!(files, after.len());
+    drop(e);
+    let e = open(dir.path(), &clock);
+    same(&e, &reference, clock_now(&clock));
+    assert_eq!(e.compact().unwrap(), tally_engine::CompactReport::default());
+}

@@ -1,6 +1,6 @@
 //! Crash consistency of archive publication: the engine's `Fs` is made to fail at its n-th
 //! operation (a file write + fsync, a rename, a directory sync, a removal), for every n a
-//! flush — and a second flush of late events — performs; then the machine "loses power":
+//! flush — a second flush of late events, and a compaction — performs; then the machine "loses power":
 //! every name created, renamed or removed since its directory was last synced is undone.
 //! Reopened, the engine must find a consistent archive and exactly the acknowledged counts.
 
@@ -189,6 +189,15 @@ fn run(crash_at: usize) -> bool {
         clock.advance(86_400);
         crashed = e.flush().is_err();
     }
+    if !crashed {
+        // A day on, the deltas merge and expired minute segments go.
+        clock.advance(86_400);
+        let now = tally_core::store::Clock::now(&*clock);
+        let tick = [raw("clicks", "lnk_1", now, 1, &[])];
+        write(&e, now, &tick).unwrap();
+        write(&reference, now, &tick).unwrap();
+        crashed = e.flush().is_err() || e.compact().is_err();
+    }
     let now = tally_core::store::Clock::now(&*clock);
     if !crashed {
         same(&e, &reference, now);
@@ -197,8 +206,9 @@ fn run(crash_at: usize) -> bool {
     fs.lose_unsynced();
     let e = open(dir.path(), &clock, Arc::new(OsFs));
     same(&e, &reference, now);
-    // The recovered engine flushes on: its archive is whole.
+    // The recovered engine flushes and compacts on: its archive is whole.
     e.flush().unwrap();
+    e.compact().unwrap();
     same(&e, &reference, now);
     drop(e);
     let e = open(dir.path(), &clock, Arc::new(OsFs));
@@ -207,7 +217,7 @@ fn run(crash_at: usize) -> bool {
 }
 
 #[test]
-fn a_crash_at_any_step_of_a_flush_loses_nothing_and_doubles_nothing() {
+fn a_crash_at_any_step_of_a_flush_or_compaction_loses_nothing_and_doubles_nothing() {
     let mut crash_at = 0;
     while run(crash_at) {
         crash_at += 1;

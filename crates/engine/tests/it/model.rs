@@ -29,6 +29,8 @@ enum Op {
     Schema(usize, bool),
     /// Flush every closed hour into archive segments (and truncate the log).
     Flush,
+    /// Merge deltas, drop segments past retention.
+    Compact,
 }
 
 /// How long before now an event happened: mostly within the last two hours, so that one
@@ -45,6 +47,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => prop_oneof![0i64..7200, 0i64..2 * 86_400].prop_map(Op::Advance),
         1 => Just(Op::Sweep),
         3 => Just(Op::Flush),
+        2 => Just(Op::Compact),
         1 => (0..SCHEMAS.len(), any::<bool>()).prop_map(|(s, b)| Op::Schema(s, b)),
     ]
 }
@@ -184,6 +187,9 @@ proptest! {
                 }
                 Op::Flush => {
                     e.flush().unwrap();
+                }
+                Op::Compact => {
+                    e.compact().unwrap();
                 }
                 Op::Schema(i, b) => {
                     e.put_schema(&ns, &schema(i, b)).unwrap();
