@@ -1,6 +1,7 @@
 //! `tally compact --data DIR`: on a stopped server's data directory, flushes every closed
-//! period into the archive now (no grace) and truncates the log behind it. A running server
-//! holds the directory's lock, so this refuses to touch it.
+//! period into the archive now (no grace), truncates the log behind it, then compacts the
+//! archive (deltas merged, segments past retention dropped). A running server holds the
+//! directory's lock, so this refuses to touch it (a running server compacts every minute).
 
 use std::path::PathBuf;
 
@@ -26,12 +27,20 @@ pub fn run(args: CompactArgs) -> anyhow::Result<()> {
         .flush()
         .map_err(|e| anyhow::anyhow!("{}", e.detail()))
         .context("flushing")?;
+    println!(
+        "flushed {} segment(s): {} keys, {} data points, {} bytes; {} log file(s) removed; the log is kept from record {}",
+        r.segments, r.keys, r.data_points, r.bytes, r.wal_files_removed, r.wal_start
+    );
+    let c = engine
+        .compact()
+        .map_err(|e| anyhow::anyhow!("{}", e.detail()))
+        .context("compacting")?;
     engine
         .sync()
         .map_err(|e| anyhow::anyhow!("{}", e.detail()))?;
     println!(
-        "flushed {} segment(s): {} keys, {} data points, {} bytes; {} log file(s) removed; the log is kept from record {}",
-        r.segments, r.keys, r.data_points, r.bytes, r.wal_files_removed, r.wal_start
+        "compacted: {} segment(s) merged into {}, {} past retention dropped",
+        c.merged, c.written, c.dropped
     );
     Ok(())
 }
