@@ -361,6 +361,7 @@ fn compact_archives_history_and_check_names_damage() {
         said.starts_with("flushed ") && !said.starts_with("flushed 0 "),
         "{said}"
     );
+    assert!(said.contains("\ncompacted: "), "{said}");
 
     let out = run(&["check", "--data", d]);
     assert!(
