@@ -154,3 +154,24 @@ fn crc32c_of(b: &[u8]) -> u32 {
     }
     !crc
 }
+
+#[test]
+fn manifest_header_table_matches_the_code() {
+    use tally_engine::manifest::{
+        MANIFEST_CRC_OFFSET, MANIFEST_HEADER_LEN, MANIFEST_LEN_OFFSET, MANIFEST_MAGIC_OFFSET,
+        MANIFEST_MAGIC_V1,
+    };
+    let rows = table(&doc(), "### Manifest header");
+    let l = layout(&rows);
+    assert_eq!(
+        l,
+        vec![
+            (MANIFEST_MAGIC_OFFSET, Some(4)),
+            (MANIFEST_LEN_OFFSET, Some(4)),
+            (MANIFEST_CRC_OFFSET, Some(4)),
+            (MANIFEST_HEADER_LEN, None),
+        ]
+    );
+    assert!(rows[0][2].contains("`TLM`") && MANIFEST_MAGIC_V1.starts_with(b"TLM"));
+    assert_eq!(MANIFEST_MAGIC_V1[3], 1);
+}
