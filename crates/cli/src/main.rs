@@ -1,5 +1,5 @@
 //! `tally`: runs the server (`tally serve`), talks to one (`incr`, `query …`, `keys`), and
-//! looks after a data directory (`check`, `compact`).
+//! looks after a data directory (`check`, `compact`, `backup`).
 //! This file is glue: clap parses and checks every argument before anything runs, `cmd` runs
 //! the subcommand, and an error prints as one line with its causes and exits 1 (clap's own
 //! refusals exit 2). A closed stdout is success.
@@ -35,6 +35,8 @@ enum Command {
     Check(cmd::check::CheckArgs),
     /// Flush every closed period of a stopped server's data directory into the archive.
     Compact(cmd::compact::CompactArgs),
+    /// Copy a data directory consistently, even while a server runs on it.
+    Backup(cmd::backup::BackupArgs),
 }
 
 fn main() -> ExitCode {
@@ -45,6 +47,7 @@ fn main() -> ExitCode {
         Command::Keys(args) => cmd::keys::run(args),
         Command::Check(args) => cmd::check::run(args),
         Command::Compact(args) => cmd::compact::run(args),
+        Command::Backup(args) => cmd::backup::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -376,6 +376,26 @@ fn compact_archives_history_and_check_names_damage() {
     );
     assert!(!said.contains("BAD"), "{said}");
 
+    // A backup is a directory check finds whole.
+    let copy = dir.path().join("copy");
+    let out = run(&["backup", "--data", d, copy.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("backed up "));
+    let out = run(&["check", "--data", copy.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    refused(
+        &run(&["backup", "--data", d, copy.to_str().unwrap()]),
+        "is not an empty directory",
+    );
+
     // Damage one block of one segment: check names it and fails.
     let seg = std::fs::read_dir(data.join("segments"))
         .unwrap()

@@ -8,6 +8,7 @@
 //! - [`io`]: the small file layer tests inject faults into.
 
 pub mod archive;
+pub mod backup;
 pub mod catalog;
 pub mod check;
 pub mod compaction;

@@ -1,5 +1,6 @@
 //! The subcommands, one module each; what the client commands share is in `conn`.
 
+pub mod backup;
 pub mod check;
 pub mod compact;
 pub mod incr;
