@@ -75,3 +75,95 @@ fn a_reader_never_sees_half_an_event() {
         .sum();
     assert_eq!(crate::total(&*engine, "v", "hot", 3600), expected);
 }
+
+/// The same while flushes move counters into the archive under the readers: a count is seen
+/// in memory or in the archive, never both and never neither, and nothing is lost or doubled.
+#[test]
+fn flushes_under_readers_and_writers_neither_hide_nor_double_a_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = clock(NOW);
+    let engine = Arc::new(crate::archive::open_with(
+        dir.path(),
+        &c,
+        tally_engine::FlushPolicy {
+            hourly_period: 3600,
+            fine_period: 3600,
+            grace: 0,
+        },
+    ));
+    let stop = Arc::new(AtomicBool::new(false));
+    // Events spread over the last 20 hours: every flush finds closed hours, and later
+    // writes keep landing in hours already archived (delta segments).
+    let writers: Vec<_> = (0..2)
+        .map(|w| {
+            let engine = engine.clone();
+            std::thread::spawn(move || {
+                for i in 0..200i64 {
+                    let country = format!("c{}", (i + w) % 5);
+                    let raws: Vec<_> = (0..10)
+                        .map(|j| {
+                            raw(
+                                "v",
+                                "hot",
+                                NOW - 1 - (i * 10 + j) * 360 % 72_000,
+                                1,
+                                &[("country", &country)],
+                            )
+                        })
+                        .collect();
+                    write(&*engine, NOW, &raws).unwrap();
+                }
+            })
+        })
+        .collect();
+    let flusher = {
+        let engine = engine.clone();
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut segments = 0;
+            while !stop.load(Ordering::SeqCst) {
+                segments += engine.flush().unwrap().segments;
+                engine.compact().unwrap();
+            }
+            segments
+        })
+    };
+    let reader = {
+        let engine = engine.clone();
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let ns = Namespace::new("v").unwrap();
+            let key = Key::new("hot").unwrap();
+            let (mut checks, mut last) = (0u64, 0i64);
+            while !stop.load(Ordering::SeqCst) || checks == 0 {
+                let read = KeyRead {
+                    ns: &ns,
+                    key: &key,
+                    resolution: tally_core::model::Duration::from_secs(3600).unwrap(),
+                    from: 0,
+                    to: 1 << 32,
+                    want: Want::Dim { dim: "country" },
+                };
+                let d = engine.read(&[read]).unwrap().pop().unwrap();
+                let (total, subs) = crate::sums(&d);
+                assert_eq!(subs, total, "subtotals and total disagree mid-flush");
+                assert!(total >= last, "a count vanished: {total} after {last}");
+                last = total;
+                checks += 1;
+            }
+            checks
+        })
+    };
+    for w in writers {
+        w.join().unwrap();
+    }
+    stop.store(true, Ordering::SeqCst);
+    assert!(reader.join().unwrap() > 0);
+    let segments = flusher.join().unwrap();
+    assert!(segments > 0, "no flush happened under the test");
+    engine.flush().unwrap();
+    assert_eq!(crate::total(&*engine, "v", "hot", 3600), 2 * 200 * 10);
+    drop(engine);
+    let engine = open(dir.path(), &c, FsyncPolicy::Never);
+    assert_eq!(crate::total(&engine, "v", "hot", 3600), 2 * 200 * 10);
+}
