@@ -75,7 +75,7 @@ impl std::error::Error for StdoutClosed {}
 
 /// Only a write to stdout can be [`StdoutClosed`]: a broken pipe anywhere else (the server's
 /// connection, say) is a real error.
-fn write_stdout(text: &str) -> anyhow::Result<()> {
+pub(crate) fn write_stdout(text: &str) -> anyhow::Result<()> {
     match io::stdout().lock().write_all(text.as_bytes()) {
         Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Err(StdoutClosed.into()),
         written => Ok(written?),

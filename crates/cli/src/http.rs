@@ -28,6 +28,14 @@ impl Route {
         }
     }
 
+    /// `/v1/admin/{what}`: an operation on the whole server.
+    pub fn admin(what: &str) -> Route {
+        Route {
+            path: format!("/v1/admin/{}", enc(what)),
+            query: Vec::new(),
+        }
+    }
+
     /// `/v1/ns/{ns}/keys/{key}/{what}`: one key's `incr`, `series`, `breakdown` …
     pub fn key(ns: &str, key: &str, what: &str) -> Route {
         Route {

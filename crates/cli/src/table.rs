@@ -7,6 +7,7 @@ use tally_core::query::{
     Accepted, BreakdownAnswer, DashboardAnswer, KeysAnswer, Point, SeriesAnswer, TopAnswer,
     WindowAnswer, WindowCount,
 };
+use tally_core::store::Maintenance;
 
 /// An answer as the text a person reads, every line ending in `\n`.
 pub trait Render {
@@ -74,6 +75,20 @@ impl Render for KeysAnswer {
             text.push_str(&format!("(more: --after {next})\n"));
         }
         text
+    }
+}
+
+impl Render for Maintenance {
+    fn render(&self) -> String {
+        format!(
+            "flushed {} segment(s), {} data points; {} log file(s) removed\ncompacted: {} segment(s) merged into {}, {} past retention dropped\n",
+            self.flushed_segments,
+            self.flushed_points,
+            self.log_files_removed,
+            self.merged,
+            self.written,
+            self.dropped
+        )
     }
 }
 

@@ -252,6 +252,12 @@ fn serve_answers_the_client_and_stops_cleanly_on_sigterm() {
     assert_eq!(v["breakdowns"]["country"]["values"][0]["value"], "US");
     let out = stdout(&client(&s.url, &["keys", "clicks"]));
     assert_eq!(out, "lnk/1\n");
+    // A running server compacts on request.
+    let out = stdout(&client(&s.url, &["compact"]));
+    assert!(
+        out.starts_with("flushed ") && out.contains("\ncompacted: "),
+        "{out}"
+    );
     // A server-side refusal is one line and a non-zero exit.
     let bad = client(
         &s.url,

@@ -243,6 +243,29 @@ pub trait Store: Send + Sync {
     fn gauges(&self) -> Vec<Gauge> {
         Vec::new()
     }
+
+    /// Does now the housekeeping the backend otherwise does on its own schedule (the
+    /// embedded engine: flush closed periods into the archive, then compact it). A backend
+    /// with none answers a zero report.
+    fn maintain(&self) -> Result<Maintenance, StoreError> {
+        Ok(Maintenance::default())
+    }
+}
+
+/// What one round of housekeeping did (`POST /v1/admin/compact`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Maintenance {
+    /// Archive segments written by the flush.
+    pub flushed_segments: u64,
+    /// Data points they hold.
+    pub flushed_points: u64,
+    /// Log files removed behind the flush.
+    pub log_files_removed: u64,
+    /// Segments merged into others, and segments the merges wrote.
+    pub merged: u64,
+    pub written: u64,
+    /// Segments dropped past retention.
+    pub dropped: u64,
 }
 
 /// One figure a backend reports for `/metrics`.

@@ -8,8 +8,8 @@ use std::time::{Duration as StdDuration, Instant};
 
 use tally_core::model::{Key, Namespace, Schema};
 use tally_core::store::{
-    Batch, Clock, FsyncPolicy, Gauge, IdemRecord, KeyData, KeyList, KeyRead, Scan, Store,
-    StoreError, SystemClock,
+    Batch, Clock, FsyncPolicy, Gauge, IdemRecord, KeyData, KeyList, KeyRead, Maintenance, Scan,
+    Store, StoreError, SystemClock,
 };
 
 use crate::archive::{Archive, FlushPolicy};
@@ -388,6 +388,19 @@ impl Store for Engine {
                 value: s.wal.fsync_nanos as f64 / 1e9,
             },
         ]
+    }
+
+    fn maintain(&self) -> Result<Maintenance, StoreError> {
+        let f = self.flush()?;
+        let c = self.compact()?;
+        Ok(Maintenance {
+            flushed_segments: f.segments as u64,
+            flushed_points: f.data_points,
+            log_files_removed: f.wal_files_removed as u64,
+            merged: c.merged as u64,
+            written: c.written as u64,
+            dropped: c.dropped as u64,
+        })
     }
 
     fn idempotency(&self, key: &str) -> Result<Option<IdemRecord>, StoreError> {

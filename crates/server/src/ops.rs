@@ -1,13 +1,16 @@
 //! The operational routes: `/healthz` (200 once recovery is done and the backend takes
-//! writes), `/metrics` (Prometheus text) and `/openapi.json`. None needs a token, so a load
-//! balancer or a scraper can call them.
+//! writes), `/metrics` (Prometheus text) and `/openapi.json` — none needs a token, so a load
+//! balancer or a scraper can call them — and `POST /v1/admin/compact`, which needs `admin:*`.
 
 use axum::Json;
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::response::IntoResponse;
 use serde_json::Value;
 
 use crate::app::App;
+use crate::auth;
+use crate::config::Action;
 use crate::error::ApiError;
 
 /// 200 once recovery is done and the backend takes writes.
@@ -42,4 +45,21 @@ pub async fn openapi(State(app): State<App>) -> impl IntoResponse {
         [(axum::http::header::CONTENT_TYPE, "application/json")],
         doc,
     )
+}
+
+/// Flushes closed periods into the archive and compacts it now, instead of within the
+/// minute. Needs a token with the `admin:*` scope when tokens are configured.
+#[utoipa::path(post, path = "/v1/admin/compact", tag = "operations",
+    responses(
+        (status = 200, description = "`{\"flushed_segments\", \"flushed_points\", \"log_files_removed\", \"merged\", \"written\", \"dropped\"}`"),
+        (status = 401, description = "unauthorized"), (status = 403, description = "forbidden: admin:* is needed"),
+        (status = 503, description = "backend_unavailable"),
+    ))]
+pub async fn compact(
+    State(app): State<App>,
+    headers: HeaderMap,
+) -> Result<Json<tally_core::store::Maintenance>, ApiError> {
+    auth::authorize(&app.settings().tokens, &headers, Action::Admin, "*")?;
+    let report = app.blocking(|app| Ok(app.store().maintain()?)).await?;
+    Ok(Json(report))
 }

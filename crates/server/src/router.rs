@@ -30,6 +30,7 @@ pub fn router(app: App) -> (Router, utoipa::openapi::OpenApi) {
         .routes(routes!(ops::healthz))
         .routes(routes!(ops::metrics))
         .routes(routes!(ops::openapi))
+        .routes(routes!(ops::compact))
         .with_state(app.clone())
         .split_for_parts();
     api.info.title = "tally".into();

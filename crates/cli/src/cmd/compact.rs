@@ -1,21 +1,39 @@
-//! `tally compact --data DIR`: on a stopped server's data directory, flushes every closed
-//! period into the archive now (no grace), truncates the log behind it, then compacts the
-//! archive (deltas merged, segments past retention dropped). A running server holds the
-//! directory's lock, so this refuses to touch it (a running server compacts every minute).
+//! `tally compact`: flush every closed period into the archive and compact it, now.
+//! - `--data DIR`, on a stopped server's directory: flushes with no grace, truncates the
+//!   log, merges deltas and drops segments past retention. A directory a server holds is
+//!   refused (its lock).
+//! - `--server URL`: asks a running server to do its minute's housekeeping now
+//!   (`POST /v1/admin/compact`, which needs an `admin:*` token when tokens are configured).
 
 use std::path::PathBuf;
 
 use anyhow::Context;
+use tally_core::store::{Maintenance, Store};
 use tally_engine::{Config, Engine, FlushPolicy};
+
+use crate::conn::write_stdout;
+use crate::http::{Client, Route};
+use crate::table::Render;
 
 #[derive(Debug, clap::Args)]
 pub struct CompactArgs {
     /// Data directory (of a stopped server).
     #[arg(long, env = "TALLY_DATA", default_value = "tally-data")]
     pub data: PathBuf,
+    /// Ask this running server instead.
+    #[arg(long, conflicts_with = "data")]
+    pub server: Option<String>,
+    /// Bearer token for --server (needs the admin:* scope).
+    #[arg(long, env = "TALLY_TOKEN", requires = "server")]
+    pub token: Option<String>,
 }
 
 pub fn run(args: CompactArgs) -> anyhow::Result<()> {
+    if let Some(server) = &args.server {
+        let answer = Client::new(server, args.token.as_deref())
+            .post::<Maintenance>(&Route::admin("compact"))?;
+        return write_stdout(&answer.typed()?.render());
+    }
     let mut cfg = Config::new(&args.data);
     cfg.flush = FlushPolicy {
         grace: 0,
@@ -23,24 +41,12 @@ pub fn run(args: CompactArgs) -> anyhow::Result<()> {
     };
     let engine = Engine::open(cfg)
         .with_context(|| format!("opening data directory {}", args.data.display()))?;
-    let r = engine
-        .flush()
-        .map_err(|e| anyhow::anyhow!("{}", e.detail()))
-        .context("flushing")?;
-    println!(
-        "flushed {} segment(s): {} keys, {} data points, {} bytes; {} log file(s) removed; the log is kept from record {}",
-        r.segments, r.keys, r.data_points, r.bytes, r.wal_files_removed, r.wal_start
-    );
-    let c = engine
-        .compact()
+    let done = engine
+        .maintain()
         .map_err(|e| anyhow::anyhow!("{}", e.detail()))
         .context("compacting")?;
     engine
         .sync()
         .map_err(|e| anyhow::anyhow!("{}", e.detail()))?;
-    println!(
-        "compacted: {} segment(s) merged into {}, {} past retention dropped",
-        c.merged, c.written, c.dropped
-    );
-    Ok(())
+    write_stdout(&done.render())
 }

@@ -306,6 +306,7 @@ fn health_metrics_openapi() {
         ("/healthz", "get"),
         ("/metrics", "get"),
         ("/openapi.json", "get"),
+        ("/v1/admin/compact", "post"),
     ] {
         assert!(
             paths.get(path).and_then(|p| p.get(method)).is_some(),
@@ -314,7 +315,7 @@ fn health_metrics_openapi() {
     }
     assert_eq!(
         paths.len(),
-        14,
+        15,
         "a route in the document that the test does not know: {:?}",
         paths.keys().collect::<Vec<_>>()
     );

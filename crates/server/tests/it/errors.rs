@@ -414,6 +414,24 @@ scopes = ["admin:*", "read:*", "write:*"]
         403,
         "forbidden",
     );
+    // Compacting the archive is for admin:* alone.
+    err(
+        s.req("POST", "/v1/admin/compact", None, &w),
+        403,
+        "forbidden",
+    );
+    err(
+        s.req("POST", "/v1/admin/compact", None, &[]),
+        401,
+        "unauthorized",
+    );
+    assert_eq!(state(&s), before);
+    let (st, report) = s.req("POST", "/v1/admin/compact", None, &a);
+    assert_eq!(st, 200, "{report}");
+    assert!(
+        report["flushed_segments"].is_u64() && report["dropped"].is_u64(),
+        "{report}"
+    );
     assert_eq!(state(&s), before);
     // GET /v1/ns lists only readable namespaces; each batch entry is authorised on its own.
     let listed = s.req("GET", "/v1/ns", None, &w).1;
