@@ -77,6 +77,9 @@ pub struct Archive {
     /// `(resolution, period start)` → the last log record whose increments to that period are
     /// archived.
     flushed: HashMap<(u32, i64), u64>,
+    /// Per resolution, the period lengths its segments have (usually one or two), so that a
+    /// bucket's segments are found whatever flush policy wrote them.
+    lens: HashMap<u32, Vec<i64>>,
 }
 
 /// A segment failure as the `Store` reports it: `corrupt_data` for damage, unavailable for
@@ -101,14 +104,21 @@ impl Archive {
     /// An archive of already opened segments.
     pub fn with(manifest: Manifest, segments: Vec<(SegmentEntry, Arc<Segment>)>) -> Archive {
         let mut flushed: HashMap<(u32, i64), u64> = HashMap::new();
+        let mut lens: HashMap<u32, Vec<i64>> = HashMap::new();
         for (e, _) in &segments {
             let f = flushed.entry((e.resolution, e.period_start)).or_default();
             *f = (*f).max(e.flushed_seq);
+            let l = lens.entry(e.resolution).or_default();
+            let len = e.period_end - e.period_start;
+            if len > 0 && !l.contains(&len) {
+                l.push(len);
+            }
         }
         Archive {
             manifest,
             segments,
             flushed,
+            lens,
         }
     }
 
@@ -117,6 +127,19 @@ impl Archive {
         self.flushed
             .get(&(resolution, period_start))
             .copied()
+            .unwrap_or(0)
+    }
+
+    /// The last log record whose increments to bucket `b` of `resolution` are archived (0:
+    /// none): the largest over the segments whose period holds `b`. Each such segment holds
+    /// every increment to its whole period up to its record, so the largest bounds them all.
+    pub fn flushed_at(&self, resolution: u32, b: i64) -> u64 {
+        let Some(lens) = self.lens.get(&resolution) else {
+            return 0;
+        };
+        lens.iter()
+            .map(|len| self.flushed_seq(resolution, b.div_euclid(*len) * len))
+            .max()
             .unwrap_or(0)
     }
 

@@ -260,10 +260,10 @@ impl Core {
                     if !t.retention.keeps_bucket(b, t.resolution, now) {
                         continue;
                     }
-                    let period = self.flush.period_of(t.res, b);
-                    if archived.is_some_and(|a| a.flushed_seq(t.res as u32, period) >= seq) {
+                    if archived.is_some_and(|a| a.flushed_at(t.res as u32, b) >= seq) {
                         continue;
                     }
+                    let period = self.flush.period_of(t.res, b);
                     if !touched.contains(&(t.slot, period)) {
                         touched.push((t.slot, period));
                     }

@@ -483,3 +483,31 @@ fn a_backup_taken_while_writing_and_flushing_opens_to_a_consistent_prefix() {
     );
     assert!(tally_engine::check::check(&busy).unwrap().is_whole());
 }
+
+/// The flush policy is not stored: reopening with other periods must neither double nor drop
+/// what the archive holds (recovery finds a bucket's segments by their own periods).
+#[test]
+fn reopening_with_another_flush_policy_counts_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = crate::clock(NOW);
+    let reference = MemStore::new(clock.clone());
+    let hourly = FlushPolicy {
+        hourly_period: 3600,
+        fine_period: 3600,
+        grace: 0,
+    };
+    let e = open_with(dir.path(), &clock, hourly);
+    // One batch spanning archived hours and the open one.
+    let mut events = three_days(NOW);
+    events.push(raw("clicks", "lnk_1", NOW + 60, 3, &[("country", "US")]));
+    write(&e, NOW + 120, &events).unwrap();
+    write(&reference, NOW + 120, &events).unwrap();
+    e.flush().unwrap();
+    drop(e);
+    for policy in [FlushPolicy::default(), hourly] {
+        let e = open_with(dir.path(), &clock, policy);
+        same(&e, &reference, NOW);
+        e.flush().unwrap();
+        same(&e, &reference, NOW);
+    }
+}
