@@ -496,18 +496,22 @@ fn reopening_with_another_flush_policy_counts_the_same() {
         fine_period: 3600,
         grace: 0,
     };
+    clock.advance(2 * 3600);
+    let now = clock_now(&clock);
     let e = open_with(dir.path(), &clock, hourly);
-    // One batch spanning archived hours and the open one.
+    // One batch spanning archived hours (the day's first two among them) and the open one,
+    // whose day starts where an archived hour does.
     let mut events = three_days(NOW);
-    events.push(raw("clicks", "lnk_1", NOW + 60, 3, &[("country", "US")]));
-    write(&e, NOW + 120, &events).unwrap();
-    write(&reference, NOW + 120, &events).unwrap();
+    events.push(raw("clicks", "lnk_1", NOW + 60, 5, &[("country", "DE")]));
+    events.push(raw("clicks", "lnk_1", now + 60, 3, &[("country", "US")]));
+    write(&e, now + 120, &events).unwrap();
+    write(&reference, now + 120, &events).unwrap();
     e.flush().unwrap();
     drop(e);
     for policy in [FlushPolicy::default(), hourly] {
         let e = open_with(dir.path(), &clock, policy);
-        same(&e, &reference, NOW);
+        same(&e, &reference, now);
         e.flush().unwrap();
-        same(&e, &reference, NOW);
+        same(&e, &reference, now);
     }
 }
