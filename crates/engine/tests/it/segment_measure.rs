@@ -225,6 +225,47 @@ fn segment_bytes_per_data_point() {
             t.elapsed().as_millis(),
         );
     }
+
+    // The default options, and what one `get` costs on them.
+    let s = write_with(&path, &day, WriteOptions::default());
+    println!(
+        "default options: {} bytes, {:.3} B/point",
+        s.bytes,
+        s.bytes as f64 / points as f64
+    );
+    get_latency(&path, &day);
+}
+
+/// p50 / p90 / p99 of `Segment::get` over random present keys (uniform over the keys, the
+/// worst case for any cache), then the same keys again.
+fn get_latency(path: &std::path::Path, day: &Input) {
+    let seg = Segment::open(path).unwrap();
+    let keys: Vec<&(String, String)> = day.keys().collect();
+    let mut rng = Rng(7);
+    let picks: Vec<&(String, String)> = (0..20_000)
+        .map(|_| keys[(rng.next() % keys.len() as u64) as usize])
+        .collect();
+    for pass in ["first pass", "second pass"] {
+        let mut ns: Vec<u128> = picks
+            .iter()
+            .map(|(n, k)| {
+                let t = Instant::now();
+                let r = seg.get(n, k).unwrap();
+                let e = t.elapsed().as_nanos();
+                assert!(r.is_some());
+                e
+            })
+            .collect();
+        ns.sort_unstable();
+        let q = |p: f64| ns[((ns.len() - 1) as f64 * p) as usize] as f64 / 1000.0;
+        println!(
+            "get, {} random keys, {pass}: p50 {:.1} us  p90 {:.1} us  p99 {:.1} us",
+            picks.len(),
+            q(0.5),
+            q(0.9),
+            q(0.99)
+        );
+    }
 }
 
 /// Bytes of a block payload's dictionary (a varint count, then varint-length strings).
