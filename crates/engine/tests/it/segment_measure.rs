@@ -167,10 +167,11 @@ fn segment_bytes_per_data_point() {
             .map(|b| u64::from(b.stored_len))
             .sum::<u64>();
     println!(
-        "key index + footer: {index} bytes ({:.2} B/key, {:.3} B/point); fst {} bytes",
+        "index section + footer: {index} bytes ({:.2} B/key, {:.3} B/point); fst {} bytes, dictionary of {} strings",
         index as f64 / day.len() as f64,
         index as f64 / points as f64,
-        seg.index_bytes()
+        seg.index_bytes(),
+        seg.dictionary_strings()
     );
     let row = |name: &str, bytes: u64, blocks: usize, write_ms: u128, read_ms: u128| {
         println!(
@@ -179,19 +180,6 @@ fn segment_bytes_per_data_point() {
         );
     };
     row("none, 32 KiB", raw.bytes, seg.blocks().len(), 0, 0);
-    // What the per-block dictionaries cost: their raw bytes, and zstd 3 of them alone.
-    let (mut dict_raw, mut dict_zstd) = (0usize, 0usize);
-    for i in 0..seg.blocks().len() {
-        let p = seg.block_payload(i).unwrap();
-        let len = dictionary_len(&p);
-        dict_raw += len;
-        dict_zstd += zstd::bulk::compress(&p[..len], 3).unwrap().len();
-    }
-    println!(
-        "per-block dictionaries: {dict_raw} bytes raw ({:.3} B/point), {dict_zstd} with zstd 3 alone ({:.3} B/point)",
-        dict_raw as f64 / points as f64,
-        dict_zstd as f64 / points as f64
-    );
     let t = Instant::now();
     let lz4: u64 = (0..seg.blocks().len())
         .map(|i| lz4_flex::block::compress(&seg.block_payload(i).unwrap()).len() as u64)
@@ -268,25 +256,47 @@ fn get_latency(path: &std::path::Path, day: &Input) {
     }
 }
 
-/// Bytes of a block payload's dictionary (a varint count, then varint-length strings).
-fn dictionary_len(p: &[u8]) -> usize {
-    fn varint(p: &[u8], at: &mut usize) -> usize {
-        let mut v = 0usize;
-        let mut shift = 0;
-        loop {
-            let b = p[*at];
-            *at += 1;
-            v |= usize::from(b & 0x7f) << shift;
-            shift += 7;
-            if b & 0x80 == 0 {
-                return v;
-            }
+#[test]
+#[ignore = "a measurement"]
+fn fst_sizes() {
+    let day = realistic_day();
+    let keys: Vec<Vec<u8>> = day
+        .keys()
+        .map(|(n, k)| tally_engine::segment::index_key(n, k))
+        .collect();
+    for per_block in [500usize, 860, 1000, 2000] {
+        let mut a = fst::MapBuilder::memory();
+        let mut b = fst::MapBuilder::memory();
+        let mut c = fst::SetBuilder::memory();
+        for (i, k) in keys.iter().enumerate() {
+            let blk = (i / per_block) as u64;
+            a.insert(k, blk << 32 | (i % per_block) as u64).unwrap();
+            b.insert(k, blk).unwrap();
+            c.insert(k).unwrap();
         }
+        let a = a.into_inner().unwrap().len();
+        let b = b.into_inner().unwrap().len();
+        let c = c.into_inner().unwrap();
+        let cz = zstd::bulk::compress(&c, 19).unwrap().len();
+        let c = c.len();
+        // keys front-coded
+        let mut fc = Vec::new();
+        let mut prev: &[u8] = &[];
+        for k in &keys {
+            let p = prev
+                .iter()
+                .zip(k.iter())
+                .take_while(|(x, y)| x == y)
+                .count();
+            fc.push(p as u8);
+            fc.push((k.len() - p) as u8);
+            fc.extend_from_slice(&k[p..]);
+            prev = k;
+        }
+        let fcz = zstd::bulk::compress(&fc, 19).unwrap().len();
+        println!(
+            "per block {per_block}: block<<32|ord {a}, block {b}, set {c} (zstd {cz}), front-coded {} zstd {fcz}",
+            fc.len()
+        );
     }
-    let mut at = 0;
-    for _ in 0..varint(p, &mut at) {
-        let len = varint(p, &mut at);
-        at += len;
-    }
-    at
 }
