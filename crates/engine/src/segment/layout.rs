@@ -49,7 +49,7 @@ pub const MAX_DICT_RAW_LEN: usize = 1 << 30;
 /// single key's record larger than this is refused by the writer).
 pub const MAX_BLOCK_RAW_LEN: usize = 64 << 20;
 /// The writer's default target for a block's uncompressed payload.
-pub const DEFAULT_BLOCK_TARGET: usize = 64 << 10;
+pub const DEFAULT_BLOCK_TARGET: usize = 16 << 10;
 
 /// Block payload codec byte: stored as is.
 pub const CODEC_NONE: u8 = 0;

@@ -7,6 +7,7 @@
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use fst::{IntoStreamer, Streamer};
 
@@ -36,6 +37,53 @@ pub struct Segment {
     /// Index key (namespace, 0, key) → block number << 32 | position in the block.
     index: fst::Map<Vec<u8>>,
     blocks: Vec<BlockEntry>,
+    /// The blocks `get` decoded last.
+    cache: Mutex<BlockCache>,
+}
+
+/// How many decoded blocks one open segment keeps for `get`.
+pub const CACHED_BLOCKS: usize = 8;
+
+/// The last few blocks `get` decoded, least recently used first out.
+#[derive(Default)]
+struct BlockCache {
+    /// (block number, the block, when last used)
+    entries: Vec<(usize, Arc<Block>, u64)>,
+    clock: u64,
+}
+
+impl BlockCache {
+    fn get(&mut self, block: usize) -> Option<Arc<Block>> {
+        self.clock += 1;
+        let now = self.clock;
+        let e = self.entries.iter_mut().find(|e| e.0 == block)?;
+        e.2 = now;
+        Some(Arc::clone(&e.1))
+    }
+
+    fn put(&mut self, block: usize, b: Arc<Block>) {
+        self.clock += 1;
+        if self.entries.iter().any(|e| e.0 == block) {
+            return;
+        }
+        if self.entries.len() >= CACHED_BLOCKS
+            && let Some(oldest) = (0..self.entries.len()).min_by_key(|&i| self.entries[i].2)
+        {
+            self.entries.swap_remove(oldest);
+        }
+        self.entries.push((block, b, self.clock));
+    }
+}
+
+impl std::fmt::Debug for BlockCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BlockCache")
+            .field(
+                "blocks",
+                &self.entries.iter().map(|e| e.0).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
 }
 
 impl Segment {
@@ -163,6 +211,7 @@ impl Segment {
             data_points: footer.data_points,
             index,
             blocks,
+            cache: Mutex::default(),
         })
     }
 
@@ -245,7 +294,34 @@ impl Segment {
         let Some(v) = self.index.get(index_key(ns, key)) else {
             return Ok(None);
         };
-        Cursor::default().record(self, v).map(Some)
+        let (block, ord) = self.locate(v)?;
+        let cached = self.lock_cache().get(block);
+        let b = match cached {
+            Some(b) => b,
+            None => {
+                let b = Arc::new(self.block(block)?);
+                self.lock_cache().put(block, Arc::clone(&b));
+                b
+            }
+        };
+        b.record(ord, &self.dict, &self.period)
+            .map(Some)
+            .map_err(|why| self.corrupt(format!("block {block}: {why}")))
+    }
+
+    fn lock_cache(&self) -> std::sync::MutexGuard<'_, BlockCache> {
+        // The cache is only ever a copy of what the file holds: one a panic left half-updated
+        // is still consistent (entries are pushed whole).
+        self.cache.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The block and position the index value `v` (block << 32 | position) points at.
+    fn locate(&self, v: u64) -> Result<(usize, usize), SegmentError> {
+        let (block, ord) = ((v >> 32) as usize, v as u32);
+        if self.blocks.get(block).is_none_or(|b| ord >= b.keys) {
+            return Err(self.corrupt(format!("index points at block {block} record {ord}")));
+        }
+        Ok((block, ord as usize))
     }
 
     /// Keys of `ns` in byte order that start with `prefix` and come strictly after `after`,
@@ -377,17 +453,14 @@ struct Cursor {
 impl Cursor {
     /// The record the index value `v` (block << 32 | position) points at.
     fn record(&mut self, seg: &Segment, v: u64) -> Result<KeyRecord, SegmentError> {
-        let (block, ord) = ((v >> 32) as usize, v as u32);
-        if seg.blocks.get(block).is_none_or(|b| ord >= b.keys) {
-            return Err(seg.corrupt(format!("index points at block {block} record {ord}")));
-        }
+        let (block, ord) = seg.locate(v)?;
         if !matches!(&self.at, Some((b, _)) if *b == block) {
             self.at = Some((block, seg.block(block)?));
         }
         let Some((_, r)) = &self.at else {
             return Err(seg.corrupt("no block".into()));
         };
-        r.record(ord as usize, &seg.dict, &seg.period)
+        r.record(ord, &seg.dict, &seg.period)
             .map_err(|why| seg.corrupt(format!("block {block}: {why}")))
     }
 }

@@ -32,10 +32,10 @@ pub struct WriteOptions {
 }
 
 impl Default for WriteOptions {
-    /// zstd level 3 and 64 KiB blocks: see docs/format.md, "Compression", for the numbers.
+    /// zstd level 9 and 16 KiB blocks: see docs/format.md, "Compression", for the numbers.
     fn default() -> Self {
         WriteOptions {
-            codec: Codec::Zstd { level: 3 },
+            codec: Codec::Zstd { level: 9 },
             block_target: DEFAULT_BLOCK_TARGET,
         }
     }

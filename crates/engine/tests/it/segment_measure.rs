@@ -196,6 +196,8 @@ fn segment_bytes_per_data_point() {
         (3, 16 << 10),
         (3, 32 << 10),
         (3, 64 << 10),
+        (6, 32 << 10),
+        (9, 16 << 10),
         (9, 32 << 10),
         (19, 32 << 10),
     ] {
@@ -214,26 +216,48 @@ fn segment_bytes_per_data_point() {
         );
     }
 
-    // The default options, and what one `get` costs on them.
-    let s = write_with(&path, &day, WriteOptions::default());
-    println!(
-        "default options: {} bytes, {:.3} B/point",
-        s.bytes,
-        s.bytes as f64 / points as f64
-    );
-    get_latency(&path, &day);
+    // What one `get` costs, by block size.
+    for target in [8 << 10, 16 << 10, 32 << 10, 64 << 10] {
+        let s = write_with(&path, &day, opts(Codec::Zstd { level: 9 }, target));
+        let seg = Segment::open(&path).unwrap();
+        let raw: u64 = seg.blocks().iter().map(|b| u64::from(b.raw_len)).sum();
+        println!(
+            "zstd 9, {} KiB target: {} bytes, {:.3} B/point, {} blocks of {} raw bytes on average",
+            target >> 10,
+            s.bytes,
+            s.bytes as f64 / points as f64,
+            seg.blocks().len(),
+            raw / seg.blocks().len() as u64
+        );
+        let t = Instant::now();
+        for i in 0..seg.blocks().len() {
+            seg.block_payload(i).unwrap();
+        }
+        println!(
+            "  read + check + decompress one block: {:.1} us on average",
+            t.elapsed().as_secs_f64() * 1e6 / seg.blocks().len() as f64
+        );
+        get_latency(&path, &day);
+    }
 }
 
-/// p50 / p90 / p99 of `Segment::get` over random present keys (uniform over the keys, the
-/// worst case for any cache), then the same keys again.
+/// p50 / p90 / p99 of `Segment::get` over random present keys: uniform over the keys (the
+/// worst case for any cache), then weighted by their traffic (as reads of popular links are),
+/// each on a freshly opened segment (an empty block cache).
 fn get_latency(path: &std::path::Path, day: &Input) {
-    let seg = Segment::open(path).unwrap();
     let keys: Vec<&(String, String)> = day.keys().collect();
+    let weight = Pick::weights(
+        day.values()
+            .map(|r| r.totals.iter().map(|b| b.1 as f64).sum()),
+    );
     let mut rng = Rng(7);
-    let picks: Vec<&(String, String)> = (0..20_000)
+    let uniform: Vec<&(String, String)> = (0..20_000)
         .map(|_| keys[(rng.next() % keys.len() as u64) as usize])
         .collect();
-    for pass in ["first pass", "second pass"] {
+    let by_traffic: Vec<&(String, String)> =
+        (0..20_000).map(|_| keys[weight.sample(&mut rng)]).collect();
+    for (pass, picks) in [("uniform", uniform), ("by traffic", by_traffic)] {
+        let seg = Segment::open(path).unwrap();
         let mut ns: Vec<u128> = picks
             .iter()
             .map(|(n, k)| {
@@ -254,10 +278,25 @@ fn get_latency(path: &std::path::Path, day: &Input) {
             q(0.99)
         );
     }
+    // A cache hit: one small key again and again.
+    let seg = Segment::open(path).unwrap();
+    let (n, k) = keys.iter().find(|k| day[**k].data_points() <= 4).unwrap();
+    seg.get(n, k).unwrap();
+    let t = Instant::now();
+    for _ in 0..10_000 {
+        seg.get(n, k).unwrap();
+    }
+    println!(
+        "get of one small key again and again (a cache hit): {:.2} us",
+        t.elapsed().as_secs_f64() * 1e6 / 10_000.0
+    );
 }
 
+/// What the key index could cost: the day's keys as fst maps with the values v1 stores and
+/// with the block alone, as an fst set, and front-coded (zstd 19) — docs/format.md,
+/// "Compression". Run like the test above, with `fst_sizes` for its name.
 #[test]
-#[ignore = "a measurement"]
+#[ignore = "a measurement: run by hand, see the module doc"]
 fn fst_sizes() {
     let day = realistic_day();
     let keys: Vec<Vec<u8>> = day
