@@ -1,6 +1,7 @@
-//! A block's uncompressed payload (docs/format.md, "Block payload"): a dictionary of the
-//! dimension names and values its records use, most frequent first, then its records in key
-//! order. Bucket indexes are delta-coded varints, counts zigzag varints.
+//! The segment's variable-length parts (docs/format.md, "Dictionary" and "Block payload"):
+//! the segment dictionary of dimension names and values, and a block's payload, its records
+//! cut into separate streams (shapes, totals buckets, totals counts, value ids, subtotal
+//! buckets, subtotal counts) so that the compressor sees similar bytes together.
 //!
 //! Decoding never trusts a length: every count is checked against the bytes left before
 //! anything is allocated for it, and every problem is an `Err(why)`, never a panic.
@@ -70,214 +71,542 @@ pub(crate) fn record_problem(record: &KeyRecord, first: u32, end: u64) -> Option
     None
 }
 
-/// A rough size of `record` in a block, for cutting blocks near their target.
-pub(crate) fn estimate(record: &KeyRecord) -> usize {
-    let mut n = 2 + record.totals.len() * 3;
+/// A rough size of `record` in a block's payload, for cutting blocks near their target.
+pub(crate) fn estimate(record: &KeyRecord, period: &Period) -> usize {
+    let series = |n: usize| {
+        if period.bitmap() {
+            period.bitmap_len()
+        } else {
+            1 + n
+        }
+    };
+    let mut size = 1 + series(record.totals.len()) + record.totals.len();
     for d in &record.dims {
-        n += 2;
+        size += 2;
         for (_, b) in &d.values {
-            n += 3 + b.len() * 3;
+            size += 2 + b.len();
         }
     }
-    n
+    size
 }
 
-/// The payload of a block holding `records` (already validated), bucket indexes relative to
-/// `first`.
-pub(crate) fn encode_block(records: &[KeyRecord], first: u32) -> Vec<u8> {
-    // Most frequent strings get the smallest ids: one-byte varints, and a skewed byte
-    // distribution that the compressor codes in few bits.
-    let mut freq: HashMap<&str, u64, foldhash::fast::FixedState> = HashMap::default();
-    for r in records {
-        for d in &r.dims {
-            *freq.entry(d.dim.as_str()).or_default() += 1;
-            for (v, _) in &d.values {
-                *freq.entry(v.as_str()).or_default() += 1;
-            }
-        }
-    }
-    let mut dict: Vec<(&str, u64)> = freq.into_iter().collect();
-    dict.sort_unstable_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(b.0)));
-    let ids: HashMap<&str, u64, foldhash::fast::FixedState> = dict
-        .iter()
-        .enumerate()
-        .map(|(i, (s, _))| (*s, i as u64))
-        .collect();
+/// The bucket indexes `[first, end)` of a segment's period, and how a series of them is
+/// written: a bitmap when the period has at most 64 buckets, index gaps otherwise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Period {
+    pub first: u32,
+    pub end: u64,
+}
 
-    let mut out = Vec::new();
-    put_varint(&mut out, dict.len() as u64);
-    for (s, _) in &dict {
-        put_varint(&mut out, s.len() as u64);
-        out.extend_from_slice(s.as_bytes());
+impl Period {
+    pub(crate) fn bitmap(&self) -> bool {
+        self.end - u64::from(self.first) <= 64
     }
-    let id = |s: &str| ids.get(s).copied().unwrap_or(0);
-    for r in records {
-        put_buckets(&mut out, &r.totals, first);
-        put_varint(&mut out, r.dims.len() as u64);
-        for d in &r.dims {
-            put_varint(&mut out, id(&d.dim));
-            put_varint(&mut out, d.values.len() as u64);
-            for (v, b) in &d.values {
-                put_varint(&mut out, id(v));
-                put_buckets(&mut out, b, first);
+
+    /// Bytes of a bucket bitmap of the whole period.
+    pub(crate) fn bitmap_len(&self) -> usize {
+        (self.end - u64::from(self.first)).div_ceil(8) as usize
+    }
+}
+
+// ---- the dictionary ---------------------------------------------------------------------
+
+/// The writer's dictionary: dimension names and, per dimension, its values, each numbered in
+/// the order first met (the segment's first keys meet the common values first, so they get
+/// the small, one-byte ids).
+#[derive(Debug, Default)]
+pub(crate) struct DictBuilder {
+    dims: Vec<(String, Vec<String>)>,
+    dim_ids: HashMap<String, u32, foldhash::fast::FixedState>,
+    value_ids: HashMap<(u32, String), u32, foldhash::fast::FixedState>,
+}
+
+impl DictBuilder {
+    fn dim(&mut self, name: &str) -> u32 {
+        if let Some(&id) = self.dim_ids.get(name) {
+            return id;
+        }
+        let id = self.dims.len() as u32;
+        self.dims.push((name.to_owned(), Vec::new()));
+        self.dim_ids.insert(name.to_owned(), id);
+        id
+    }
+
+    fn value(&mut self, dim: u32, v: &str) -> u32 {
+        // Look up without allocating; insert (rarely) with one.
+        let key = (dim, v.to_owned());
+        if let Some(&id) = self.value_ids.get(&key) {
+            return id;
+        }
+        let values = &mut self.dims[dim as usize].1;
+        let id = values.len() as u32;
+        values.push(v.to_owned());
+        self.value_ids.insert(key, id);
+        id
+    }
+
+    /// The dictionary's bytes: varint dimension count; per dimension its name, a varint value
+    /// count and the values; a string is a varint byte length and UTF-8 bytes.
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        put_varint(&mut out, self.dims.len() as u64);
+        for (name, values) in &self.dims {
+            put_str(&mut out, name);
+            put_varint(&mut out, values.len() as u64);
+            for v in values {
+                put_str(&mut out, v);
             }
         }
+        out
+    }
+}
+
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    put_varint(out, s.len() as u64);
+    out.extend_from_slice(s.as_bytes());
+}
+
+/// The reader's dictionary.
+#[derive(Debug, Default)]
+pub(crate) struct Dictionary {
+    dims: Vec<(String, Vec<String>)>,
+}
+
+impl Dictionary {
+    pub(crate) fn decode(buf: &[u8]) -> Result<Self, String> {
+        let mut c = Cur::new(buf, "dictionary");
+        let n = c.count(2)?;
+        let mut dims = Vec::with_capacity(n);
+        for _ in 0..n {
+            let name = c.string()?;
+            let nv = c.count(1)?;
+            let mut values = Vec::with_capacity(nv);
+            for _ in 0..nv {
+                values.push(c.string()?);
+            }
+            dims.push((name, values));
+        }
+        if !c.at_end() {
+            return Err("dictionary: bytes after its last string".into());
+        }
+        Ok(Dictionary { dims })
+    }
+
+    /// Dimension names and values held.
+    pub(crate) fn strings(&self) -> usize {
+        self.dims.iter().map(|(_, v)| 1 + v.len()).sum()
+    }
+}
+
+// ---- block payload ------------------------------------------------------------------------
+
+/// The streams of a block payload, in the order they are stored.
+const SHAPE: usize = 0;
+const TBITS: usize = 1;
+const TCOUNTS: usize = 2;
+const IDS: usize = 3;
+const SBITS: usize = 4;
+const SCOUNTS: usize = 5;
+pub(crate) const STREAMS: usize = 6;
+
+/// Whether `sub` is non-empty and every one of its indexes is in `totals`.
+fn subset_of(sub: &[(u32, i64)], totals: &[(u32, i64)]) -> bool {
+    let mut t = totals.iter();
+    !sub.is_empty() && sub.iter().all(|(i, _)| t.any(|(j, _)| j == i))
+}
+
+/// `sub`'s indexes as bits over the positions of `totals` (a subset, at most 64 long).
+fn mask_in(sub: &[(u32, i64)], totals: &[(u32, i64)]) -> u64 {
+    let mut mask = 0u64;
+    let mut pos = 0;
+    for (i, _) in sub {
+        while totals[pos].0 != *i {
+            pos += 1;
+        }
+        mask |= 1 << pos;
+    }
+    mask
+}
+
+fn put_bits(out: &mut Vec<u8>, mask: u64, len: usize) {
+    out.extend_from_slice(&mask.to_le_bytes()[..len]);
+}
+
+/// A series' indexes, as a bitmap of the period or as a count and gaps.
+fn put_series(out: &mut Vec<u8>, b: &[(u32, i64)], period: &Period) {
+    if period.bitmap() {
+        let mask = b.iter().fold(0u64, |m, (i, _)| m | 1 << (i - period.first));
+        put_bits(out, mask, period.bitmap_len());
+    } else {
+        put_varint(out, b.len() as u64);
+        let mut next = period.first;
+        for &(i, _) in b {
+            put_varint(out, u64::from(i - next));
+            next = i.wrapping_add(1);
+        }
+    }
+}
+
+/// The payload of a block holding `records` (already validated), naming dimensions and
+/// values by their ids in `dict`, which grows as needed.
+pub(crate) fn encode_block(
+    records: &[KeyRecord],
+    dict: &mut DictBuilder,
+    period: &Period,
+) -> Vec<u8> {
+    let mut s: [Vec<u8>; STREAMS] = Default::default();
+    for r in records {
+        let k = r.totals.len();
+        let relative = k <= 64
+            && r.dims
+                .iter()
+                .all(|d| d.values.iter().all(|(_, b)| subset_of(b, &r.totals)));
+        put_varint(
+            &mut s[SHAPE],
+            (r.dims.len() as u64) << 1 | u64::from(relative),
+        );
+        put_series(&mut s[TBITS], &r.totals, period);
+        for &(_, n) in &r.totals {
+            put_varint(&mut s[TCOUNTS], zigzag(n));
+        }
+        for d in &r.dims {
+            let dim = dict.dim(&d.dim);
+            put_varint(&mut s[SHAPE], u64::from(dim));
+            put_varint(&mut s[SHAPE], d.values.len() as u64);
+            for (v, b) in &d.values {
+                put_varint(&mut s[IDS], u64::from(dict.value(dim, v)));
+                if !relative {
+                    put_series(&mut s[SBITS], b, period);
+                } else if k > 1 {
+                    put_bits(&mut s[SBITS], mask_in(b, &r.totals), k.div_ceil(8));
+                }
+                for &(_, n) in b {
+                    put_varint(&mut s[SCOUNTS], zigzag(n));
+                }
+            }
+        }
+    }
+    let mut out = Vec::with_capacity(s.iter().map(Vec::len).sum::<usize>() + 16);
+    for stream in &s[..STREAMS - 1] {
+        put_varint(&mut out, stream.len() as u64);
+    }
+    for stream in &s {
+        out.extend_from_slice(stream);
     }
     out
 }
 
-fn put_buckets(out: &mut Vec<u8>, b: &[(u32, i64)], first: u32) {
-    put_varint(out, b.len() as u64);
-    let mut next = first;
-    for &(i, _) in b {
-        put_varint(out, u64::from(i - next));
-        next = i.wrapping_add(1);
-    }
-    for &(_, n) in b {
-        put_varint(out, zigzag(n));
-    }
+/// A block payload, parsed: where each record starts in each stream.
+#[derive(Debug)]
+pub(crate) struct Block {
+    raw: Vec<u8>,
+    /// Per record, its first byte in each stream.
+    starts: Vec<[u32; STREAMS]>,
+    /// Where each stream ends.
+    ends: [u32; STREAMS],
 }
 
-/// Reads a block payload's records one after the other.
-pub(crate) struct BlockReader {
-    buf: Vec<u8>,
-    pos: usize,
-    dict: Vec<String>,
-    first: u32,
-    end: u64,
-}
-
-impl BlockReader {
-    /// Reads the dictionary; records follow with [`BlockReader::next_record`].
-    pub(crate) fn new(buf: Vec<u8>, first: u32, end: u64) -> Result<Self, String> {
-        let mut r = BlockReader {
-            buf,
-            pos: 0,
-            dict: Vec::new(),
-            first,
-            end,
-        };
-        let n = r.count(1, "dictionary")?;
-        let mut dict = Vec::with_capacity(n);
-        for _ in 0..n {
-            let len = r.count(1, "dictionary string")?;
-            let bytes = r.take(len)?;
-            let s = std::str::from_utf8(bytes).map_err(|_| "dictionary string is not UTF-8")?;
-            dict.push(s.to_owned());
+impl Block {
+    /// Checks that the payload holds exactly `records` records and notes where each starts.
+    pub(crate) fn parse(raw: Vec<u8>, records: u32, period: &Period) -> Result<Block, String> {
+        let mut head = Cur::new(&raw, "stream lengths");
+        let mut ends = [0u32; STREAMS];
+        let mut at = 0u64;
+        for end in &mut ends[..STREAMS - 1] {
+            at = at.saturating_add(head.varint()?);
+            *end = u32::try_from(at).map_err(|_| "stream lengths overflow")?;
         }
-        r.dict = dict;
-        Ok(r)
+        let base = head.pos as u64;
+        if base + at > raw.len() as u64 {
+            return Err("stream lengths run past the end of the block".into());
+        }
+        ends = ends.map(|e| e + base as u32);
+        ends[STREAMS - 1] = raw.len() as u32;
+        let mut c: [Cur; STREAMS] = std::array::from_fn(|i| {
+            let start = if i == 0 {
+                base as usize
+            } else {
+                ends[i - 1] as usize
+            };
+            Cur::new(&raw[..ends[i] as usize], STREAM_NAMES[i]).at(start)
+        });
+        // A record takes at least one byte of the shape stream.
+        if u64::from(records) > u64::from(ends[SHAPE]) - base {
+            return Err(format!("{records} records cannot fit the shape stream"));
+        }
+        let mut starts = Vec::with_capacity(records as usize);
+        for _ in 0..records {
+            starts.push(c.each_ref().map(|c| c.pos as u32));
+            let head = c[SHAPE].varint()?;
+            let (ndims, relative) = (head >> 1, head & 1 == 1);
+            let k = c[TBITS].skip_series(period)?;
+            c[TCOUNTS].skip_varints(k)?;
+            if relative && k > 64 {
+                return Err(format!("a record of {k} totals has subtotals by position"));
+            }
+            for _ in 0..ndims {
+                c[SHAPE].varint()?;
+                let nvalues = c[SHAPE].varint()?;
+                c[IDS].skip_varints(nvalues)?;
+                for _ in 0..nvalues {
+                    let n = if !relative {
+                        c[SBITS].skip_series(period)?
+                    } else if k > 1 {
+                        u64::from(c[SBITS].bits(k as usize)?.count_ones())
+                    } else {
+                        1
+                    };
+                    c[SCOUNTS].skip_varints(n)?;
+                }
+            }
+        }
+        if let Some(c) = c.iter().find(|c| !c.at_end()) {
+            return Err(format!("{}: bytes after the last record", c.what));
+        }
+        Ok(Block { raw, starts, ends })
     }
 
-    pub(crate) fn at_end(&self) -> bool {
-        self.pos == self.buf.len()
-    }
-
-    pub(crate) fn next_record(&mut self) -> Result<KeyRecord, String> {
-        let totals = self.buckets()?;
-        let ndims = self.count(2, "dimensions")?;
-        let mut dims: Vec<DimRecord> = Vec::with_capacity(ndims);
+    /// Record `j` (< `len()`), its names from `dict`.
+    pub(crate) fn record(
+        &self,
+        j: usize,
+        dict: &Dictionary,
+        period: &Period,
+    ) -> Result<KeyRecord, String> {
+        let Some(starts) = self.starts.get(j) else {
+            return Err(format!("no record {j}"));
+        };
+        let mut c: [Cur; STREAMS] = std::array::from_fn(|i| {
+            Cur::new(&self.raw[..self.ends[i] as usize], STREAM_NAMES[i]).at(starts[i] as usize)
+        });
+        let head = c[SHAPE].varint()?;
+        let (ndims, relative) = (head >> 1, head & 1 == 1);
+        let idx = c[TBITS].series(period)?;
+        let totals = c[TCOUNTS].counts(&idx)?;
+        let k = totals.len();
+        let ndims = usize::try_from(ndims).map_err(|_| "dimension count overflows")?;
+        let mut dims: Vec<DimRecord> = Vec::with_capacity(ndims.min(c[SHAPE].left() / 2));
         for _ in 0..ndims {
-            let dim = self.string()?;
+            let id = c[SHAPE].varint()?;
+            let Some((dim, names)) = usize::try_from(id).ok().and_then(|i| dict.dims.get(i)) else {
+                return Err(format!("dimension id {id} is not in the dictionary"));
+            };
             if dims
                 .last()
                 .is_some_and(|p| p.dim.as_bytes() >= dim.as_bytes())
             {
                 return Err(format!("dimension {dim:?} out of order"));
             }
-            let nvalues = self.count(2, "values")?;
-            let mut values: Vec<(String, Buckets)> = Vec::with_capacity(nvalues);
+            let nvalues = c[SHAPE].varint()?;
+            let nvalues = usize::try_from(nvalues).map_err(|_| "value count overflows")?;
+            let mut values: Vec<(String, Buckets)> = Vec::with_capacity(nvalues.min(c[IDS].left()));
             for _ in 0..nvalues {
-                let v = self.string()?;
+                let id = c[IDS].varint()?;
+                let Some(v) = usize::try_from(id).ok().and_then(|i| names.get(i)) else {
+                    return Err(format!("value id {id} of {dim:?} is not in the dictionary"));
+                };
                 if values
                     .last()
                     .is_some_and(|p| p.0.as_bytes() >= v.as_bytes())
                 {
                     return Err(format!("value {v:?} of {dim:?} out of order"));
                 }
-                let b = self.buckets()?;
-                values.push((v, b));
+                let idx = if !relative {
+                    c[SBITS].series(period)?
+                } else {
+                    let mask = match k {
+                        0 => return Err("subtotals by position in no totals".into()),
+                        1 => 1,
+                        _ => c[SBITS].bits(k)?,
+                    };
+                    if mask == 0 {
+                        return Err(format!("value {v:?} of {dim:?} has no buckets"));
+                    }
+                    (0..k)
+                        .filter(|p| mask >> p & 1 == 1)
+                        .map(|p| totals[p].0)
+                        .collect()
+                };
+                values.push((v.clone(), c[SCOUNTS].counts(&idx)?));
             }
-            dims.push(DimRecord { dim, values });
+            dims.push(DimRecord {
+                dim: dim.clone(),
+                values,
+            });
         }
         Ok(KeyRecord { totals, dims })
     }
+}
 
-    fn string(&mut self) -> Result<String, String> {
-        let id = self.varint()?;
-        usize::try_from(id)
-            .ok()
-            .and_then(|i| self.dict.get(i))
-            .cloned()
-            .ok_or_else(|| format!("dictionary id {id} out of range"))
+const STREAM_NAMES: [&str; STREAMS] = [
+    "shape stream",
+    "totals bucket stream",
+    "totals count stream",
+    "value id stream",
+    "subtotal bucket stream",
+    "subtotal count stream",
+];
+
+/// A reading position in a byte slice; every read is checked against its end.
+#[derive(Debug, Clone)]
+struct Cur<'a> {
+    buf: &'a [u8],
+    pos: usize,
+    what: &'static str,
+}
+
+impl<'a> Cur<'a> {
+    fn new(buf: &'a [u8], what: &'static str) -> Self {
+        Cur { buf, pos: 0, what }
     }
 
-    fn buckets(&mut self) -> Result<Buckets, String> {
-        let n = self.count(2, "buckets")?;
-        let mut b = Vec::with_capacity(n);
-        let mut next = u64::from(self.first);
-        for _ in 0..n {
-            let i = next
-                .checked_add(self.varint()?)
-                .filter(|&i| i < self.end)
-                .ok_or("bucket index outside the segment's period")?;
-            b.push((i as u32, 0));
-            next = i + 1;
-        }
-        for slot in &mut b {
-            let c = unzigzag(self.varint()?);
-            if c == 0 {
-                return Err(format!("bucket {} has a zero count", slot.0));
-            }
-            slot.1 = c;
-        }
-        Ok(b)
+    fn at(mut self, pos: usize) -> Self {
+        self.pos = pos.min(self.buf.len());
+        self
     }
 
-    /// A varint count of things that take at least `min_bytes` each, checked against the
-    /// bytes left.
-    fn count(&mut self, min_bytes: usize, what: &str) -> Result<usize, String> {
-        let n = self.varint()?;
-        let left = (self.buf.len() - self.pos) as u64;
-        if n.saturating_mul(min_bytes as u64) > left {
-            return Err(format!("{what}: count {n} runs past the end of the block"));
-        }
-        Ok(n as usize)
+    fn left(&self) -> usize {
+        self.buf.len() - self.pos
     }
 
-    fn take(&mut self, len: usize) -> Result<&[u8], String> {
-        let end = self
-            .pos
-            .checked_add(len)
-            .filter(|&e| e <= self.buf.len())
-            .ok_or("string runs past the end of the block")?;
-        let s = &self.buf[self.pos..end];
-        self.pos = end;
-        Ok(s)
+    fn at_end(&self) -> bool {
+        self.pos == self.buf.len()
     }
 
     fn varint(&mut self) -> Result<u64, String> {
         let mut v = 0u64;
         for shift in (0..64).step_by(7) {
             let Some(&b) = self.buf.get(self.pos) else {
-                return Err("block ends inside a varint".into());
+                return Err(format!("{} ends inside a varint", self.what));
             };
             self.pos += 1;
             if shift == 63 && b > 1 {
-                return Err("varint overflows 64 bits".into());
+                return Err(format!("{}: varint overflows 64 bits", self.what));
             }
             v |= u64::from(b & 0x7f) << shift;
             if b & 0x80 == 0 {
                 return Ok(v);
             }
         }
-        Err("varint longer than 10 bytes".into())
+        Err(format!("{}: varint longer than 10 bytes", self.what))
+    }
+
+    /// Skips `n` varints: past the `n`-th byte without its high bit.
+    fn skip_varints(&mut self, n: u64) -> Result<(), String> {
+        if n == 0 {
+            return Ok(());
+        }
+        if n > self.left() as u64 {
+            return Err(format!("{}: {n} varints run past its end", self.what));
+        }
+        let mut left = n;
+        for (i, &b) in self.buf[self.pos..].iter().enumerate() {
+            if b < 0x80 {
+                left -= 1;
+                if left == 0 {
+                    self.pos += i + 1;
+                    return Ok(());
+                }
+            }
+        }
+        Err(format!("{}: {n} varints run past its end", self.what))
+    }
+
+    /// A varint count of things taking at least `min_bytes` each, checked against the bytes
+    /// left.
+    fn count(&mut self, min_bytes: u64) -> Result<usize, String> {
+        let n = self.varint()?;
+        if n.saturating_mul(min_bytes) > self.left() as u64 {
+            return Err(format!("{}: count {n} runs past its end", self.what));
+        }
+        Ok(n as usize)
+    }
+
+    fn take(&mut self, len: usize) -> Result<&'a [u8], String> {
+        let end = self
+            .pos
+            .checked_add(len)
+            .filter(|&e| e <= self.buf.len())
+            .ok_or_else(|| format!("{}: {len} bytes run past its end", self.what))?;
+        let s = &self.buf[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+
+    fn string(&mut self) -> Result<String, String> {
+        let len = self.count(1)?;
+        let bytes = self.take(len)?;
+        let s = std::str::from_utf8(bytes)
+            .map_err(|_| format!("{}: a string is not UTF-8", self.what))?;
+        Ok(s.to_owned())
+    }
+
+    /// A bitmap of `bits` (at most 64) bits, with no bit set past them.
+    fn bits(&mut self, bits: usize) -> Result<u64, String> {
+        let b = self.take(bits.div_ceil(8))?;
+        let mut a = [0u8; 8];
+        a[..b.len()].copy_from_slice(b);
+        let mask = u64::from_le_bytes(a);
+        if bits < 64 && mask >> bits != 0 {
+            return Err(format!(
+                "{}: a bit set past the {bits} bits of a bitmap",
+                self.what
+            ));
+        }
+        Ok(mask)
+    }
+
+    /// Skips a series' indexes, returning how many there are.
+    fn skip_series(&mut self, period: &Period) -> Result<u64, String> {
+        if period.bitmap() {
+            let bits = (period.end - u64::from(period.first)) as usize;
+            return Ok(u64::from(self.bits(bits)?.count_ones()));
+        }
+        let n = self.count(1)? as u64;
+        self.skip_varints(n)?;
+        Ok(n)
+    }
+
+    /// A series' indexes, checked to lie in the period.
+    fn series(&mut self, period: &Period) -> Result<Vec<u32>, String> {
+        if period.bitmap() {
+            let bits = (period.end - u64::from(period.first)) as usize;
+            let mask = self.bits(bits)?;
+            return Ok((0..bits as u32)
+                .filter(|b| mask >> b & 1 == 1)
+                .map(|b| period.first + b)
+                .collect());
+        }
+        let n = self.count(1)?;
+        let mut out = Vec::with_capacity(n);
+        let mut next = u64::from(period.first);
+        for _ in 0..n {
+            let i = next
+                .checked_add(self.varint()?)
+                .filter(|&i| i < period.end)
+                .ok_or_else(|| format!("{}: bucket index outside the period", self.what))?;
+            out.push(i as u32);
+            next = i + 1;
+        }
+        Ok(out)
+    }
+
+    /// One non-zero zigzag count per index.
+    fn counts(&mut self, idx: &[u32]) -> Result<Buckets, String> {
+        idx.iter()
+            .map(|&i| match unzigzag(self.varint()?) {
+                0 => Err(format!("{}: bucket {i} has a zero count", self.what)),
+                n => Ok((i, n)),
+            })
+            .collect()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const DAY: Period = Period { first: 10, end: 34 };
 
     #[test]
     fn zigzag_round_trips_the_extremes() {
@@ -294,38 +623,18 @@ mod tests {
         for v in [0, 127, 128, 300, u64::MAX] {
             put_varint(&mut out, v);
         }
-        let mut r = BlockReader {
-            buf: out,
-            pos: 0,
-            dict: vec![],
-            first: 0,
-            end: 0,
-        };
+        let mut r = Cur::new(&out, "test");
         for v in [0, 127, 128, 300, u64::MAX] {
             assert_eq!(r.varint().unwrap(), v);
         }
         assert!(r.at_end());
-        let mut bad = BlockReader {
-            buf: vec![0xff; 11],
-            pos: 0,
-            dict: vec![],
-            first: 0,
-            end: 0,
-        };
-        assert!(bad.varint().is_err());
-        let mut over = BlockReader {
-            buf: vec![0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02],
-            pos: 0,
-            dict: vec![],
-            first: 0,
-            end: 0,
-        };
-        assert!(over.varint().is_err());
+        assert!(Cur::new(&[0xff; 11], "test").varint().is_err());
+        let over = [0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02];
+        assert!(Cur::new(&over, "test").varint().is_err());
     }
 
-    #[test]
-    fn a_block_round_trips_and_its_dictionary_is_by_frequency() {
-        let recs = vec![
+    fn recs() -> Vec<KeyRecord> {
+        vec![
             KeyRecord {
                 totals: vec![(10, 5), (12, -1)],
                 dims: vec![DimRecord {
@@ -333,26 +642,86 @@ mod tests {
                     values: vec![("DE".into(), vec![(10, 1)]), ("US".into(), vec![(10, 4)])],
                 }],
             },
+            // A subtotal outside the totals: this record's subtotals are stored by index.
             KeyRecord {
                 totals: vec![(11, 1)],
                 dims: vec![DimRecord {
                     dim: "country".into(),
-                    values: vec![("US".into(), vec![(11, 1)])],
+                    values: vec![("US".into(), vec![(11, 1), (33, 2)])],
                 }],
             },
+        ]
+    }
+
+    #[test]
+    fn a_block_round_trips_in_both_period_encodings() {
+        for period in [
+            DAY,
+            Period {
+                first: 10,
+                end: 1000,
+            },
+        ] {
+            let mut dict = DictBuilder::default();
+            let b = encode_block(&recs(), &mut dict, &period);
+            let d = Dictionary::decode(&dict.encode()).unwrap();
+            assert_eq!(d.strings(), 3);
+            let block = Block::parse(b.clone(), 2, &period).unwrap();
+            assert!(block.record(2, &d, &period).is_err());
+            for (j, r) in recs().iter().enumerate() {
+                assert_eq!(&block.record(j, &d, &period).unwrap(), r);
+            }
+            assert!(Block::parse(b.clone(), 3, &period).is_err());
+            assert!(Block::parse(b, 1, &period).is_err());
+        }
+    }
+
+    #[test]
+    fn the_streams_are_as_documented() {
+        let mut dict = DictBuilder::default();
+        let b = encode_block(&recs(), &mut dict, &DAY);
+        // The dictionary: dimension "country" with "DE" then "US", in the order first met.
+        assert_eq!(dict.encode(), b"\x01\x07country\x02\x02DE\x02US");
+        let want: [&[u8]; STREAMS] = [
+            // one dimension, by position | id 0, 2 values | one dimension, by index | id 0, 1
+            &[0b11, 0, 2, 0b10, 0, 1],
+            // hours 0 and 2 | hour 1, over 24 bits
+            &[0b101, 0, 0, 0b10, 0, 0],
+            // 5, -1 | 1
+            &[10, 1, 2],
+            // DE, US | US
+            &[0, 1, 1],
+            // DE and US at the first of the 2 totals | US at hours 1 and 23
+            &[0b01, 0b01, 0b10, 0, 0x80],
+            // 1 | 4 | 1, 2
+            &[2, 8, 2, 4],
         ];
-        let b = encode_block(&recs, 10);
-        // dictionary: 3 strings, "US" and "country" (2 uses each, by bytes) before "DE".
-        assert_eq!(&b[..4], b"\x03\x02US");
-        assert_eq!(&b[4..12], b"\x07country");
-        assert_eq!(&b[12..15], b"\x02DE");
-        let mut r = BlockReader::new(b, 10, 34).unwrap();
-        assert_eq!(r.next_record().unwrap(), recs[0]);
-        assert_eq!(r.next_record().unwrap(), recs[1]);
-        assert!(r.at_end());
-        // The same bytes read for a period that ends earlier are refused, not misread.
-        let b = encode_block(&recs, 10);
-        let mut r = BlockReader::new(b, 10, 12).unwrap();
-        assert!(r.next_record().is_err());
+        let mut expect = Vec::new();
+        for s in &want[..STREAMS - 1] {
+            put_varint(&mut expect, s.len() as u64);
+        }
+        expect.extend(want.concat());
+        assert_eq!(b, expect);
+    }
+
+    #[test]
+    fn damaged_payloads_are_errors() {
+        let mut dict = DictBuilder::default();
+        let b = encode_block(&recs(), &mut dict, &DAY);
+        let d = Dictionary::decode(&dict.encode()).unwrap();
+        for at in 0..b.len() {
+            for bit in 0..8 {
+                let mut bad = b.clone();
+                bad[at] ^= 1 << bit;
+                if let Ok(block) = Block::parse(bad, 2, &DAY) {
+                    for j in 0..2 {
+                        let _ = block.record(j, &d, &DAY);
+                    }
+                }
+            }
+        }
+        // Read for a period that ends earlier, the same bytes are refused, not misread.
+        let short = Period { first: 10, end: 12 };
+        assert!(Block::parse(b, 2, &short).is_err());
     }
 }

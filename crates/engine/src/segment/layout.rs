@@ -3,7 +3,7 @@
 //! footer.
 //!
 //! ```text
-//! header (4) | block 0 | block 1 | ... | index: fst map, block table | footer (80)
+//! header (4) | block 0 | block 1 | ... | index: dictionary, fst map, block table | footer (80)
 //! ```
 
 use super::{SegmentKind, SegmentMeta};
@@ -24,7 +24,8 @@ pub const FOOTER_PERIOD_END_OFFSET: usize = 24;
 pub const FOOTER_KEYS_OFFSET: usize = 32;
 pub const FOOTER_POINTS_OFFSET: usize = 40;
 pub const FOOTER_INDEX_OFFSET_OFFSET: usize = 48;
-pub const FOOTER_FST_LEN_OFFSET: usize = 56;
+pub const FOOTER_DICT_LEN_OFFSET: usize = 56;
+pub const FOOTER_FST_LEN_OFFSET: usize = 60;
 pub const FOOTER_BLOCKS_OFFSET: usize = 64;
 pub const FOOTER_INDEX_CRC_OFFSET: usize = 68;
 pub const FOOTER_CRC_OFFSET: usize = 72;
@@ -40,11 +41,15 @@ pub const BLOCK_KEYS_OFFSET: usize = 20;
 /// Bytes of one block table entry.
 pub const BLOCK_ENTRY_LEN: usize = 24;
 
+/// Bytes before the dictionary's stored bytes: its uncompressed length (u32).
+pub const DICT_HEADER_LEN: usize = 4;
+/// The largest uncompressed dictionary.
+pub const MAX_DICT_RAW_LEN: usize = 1 << 30;
 /// The largest uncompressed block payload (a sanity bound on a length read from the file; a
 /// single key's record larger than this is refused by the writer).
 pub const MAX_BLOCK_RAW_LEN: usize = 64 << 20;
 /// The writer's default target for a block's uncompressed payload.
-pub const DEFAULT_BLOCK_TARGET: usize = 64 << 10;
+pub const DEFAULT_BLOCK_TARGET: usize = 16 << 10;
 
 /// Block payload codec byte: stored as is.
 pub const CODEC_NONE: u8 = 0;
@@ -113,7 +118,9 @@ pub struct Footer {
     pub keys: u64,
     pub data_points: u64,
     pub index_offset: u64,
-    pub fst_len: u64,
+    /// Stored bytes of the dictionary, the first part of the index section.
+    pub dict_len: u32,
+    pub fst_len: u32,
     pub blocks: u32,
     pub index_crc: u32,
 }
@@ -150,6 +157,7 @@ impl Footer {
             FOOTER_INDEX_OFFSET_OFFSET,
             &self.index_offset.to_le_bytes(),
         );
+        put(&mut f, FOOTER_DICT_LEN_OFFSET, &self.dict_len.to_le_bytes());
         put(&mut f, FOOTER_FST_LEN_OFFSET, &self.fst_len.to_le_bytes());
         put(&mut f, FOOTER_BLOCKS_OFFSET, &self.blocks.to_le_bytes());
         put(
@@ -188,7 +196,8 @@ impl Footer {
             keys: u64_at(f, FOOTER_KEYS_OFFSET),
             data_points: u64_at(f, FOOTER_POINTS_OFFSET),
             index_offset: u64_at(f, FOOTER_INDEX_OFFSET_OFFSET),
-            fst_len: u64_at(f, FOOTER_FST_LEN_OFFSET),
+            dict_len: u32_at(f, FOOTER_DICT_LEN_OFFSET),
+            fst_len: u32_at(f, FOOTER_FST_LEN_OFFSET),
             blocks: u32_at(f, FOOTER_BLOCKS_OFFSET),
             index_crc: u32_at(f, FOOTER_INDEX_CRC_OFFSET),
         })

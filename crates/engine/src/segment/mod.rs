@@ -4,7 +4,7 @@
 //! dimension (each value with its buckets), as bitly's Clickatron keeps its archive.
 //!
 //! - [`layout`]: the byte layout as named constants, the header and footer codecs.
-//! - `codec`: varints and the block payload (dictionary, records).
+//! - `codec`: varints, the segment dictionary and the block payload (records in streams).
 //! - [`writer`]: [`SegmentWriter`] writes keys in order, block by block.
 //! - [`reader`]: [`Segment`] keeps the footer and the key index in memory and reads blocks
 //!   on demand with positional reads, so one open segment serves many readers at once.

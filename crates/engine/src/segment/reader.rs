@@ -7,14 +7,15 @@
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use fst::{IntoStreamer, Streamer};
 
-use super::codec::BlockReader;
+use super::codec::{Block, Dictionary, Period};
 use super::layout::{
-    BLOCK_ENTRY_LEN, BlockEntry, CODEC_NONE, CODEC_ZSTD, FOOTER_CRC_OFFSET, FOOTER_LEN,
-    FOOTER_MAGIC_OFFSET, Footer, HEADER_LEN, MAGIC_V1, MAX_BLOCK_RAW_LEN, MagicProblem, Version,
-    u32_at,
+    BLOCK_ENTRY_LEN, BlockEntry, CODEC_NONE, CODEC_ZSTD, DICT_HEADER_LEN, FOOTER_CRC_OFFSET,
+    FOOTER_LEN, FOOTER_MAGIC_OFFSET, Footer, HEADER_LEN, MAGIC_V1, MAX_BLOCK_RAW_LEN,
+    MAX_DICT_RAW_LEN, MagicProblem, Version, u32_at,
 };
 use super::{KeyRecord, SegmentError, SegmentMeta, SegmentStats, index_key};
 
@@ -28,12 +29,61 @@ pub struct Segment {
     file: File,
     len: u64,
     meta: SegmentMeta,
+    period: Period,
     codec: u8,
+    dict: Dictionary,
     keys: u64,
     data_points: u64,
     /// Index key (namespace, 0, key) → block number << 32 | position in the block.
     index: fst::Map<Vec<u8>>,
     blocks: Vec<BlockEntry>,
+    /// The blocks `get` decoded last.
+    cache: Mutex<BlockCache>,
+}
+
+/// How many decoded blocks one open segment keeps for `get`.
+pub const CACHED_BLOCKS: usize = 8;
+
+/// The last few blocks `get` decoded, least recently used first out.
+#[derive(Default)]
+struct BlockCache {
+    /// (block number, the block, when last used)
+    entries: Vec<(usize, Arc<Block>, u64)>,
+    clock: u64,
+}
+
+impl BlockCache {
+    fn get(&mut self, block: usize) -> Option<Arc<Block>> {
+        self.clock += 1;
+        let now = self.clock;
+        let e = self.entries.iter_mut().find(|e| e.0 == block)?;
+        e.2 = now;
+        Some(Arc::clone(&e.1))
+    }
+
+    fn put(&mut self, block: usize, b: Arc<Block>) {
+        self.clock += 1;
+        if self.entries.iter().any(|e| e.0 == block) {
+            return;
+        }
+        if self.entries.len() >= CACHED_BLOCKS
+            && let Some(oldest) = (0..self.entries.len()).min_by_key(|&i| self.entries[i].2)
+        {
+            self.entries.swap_remove(oldest);
+        }
+        self.entries.push((block, b, self.clock));
+    }
+}
+
+impl std::fmt::Debug for BlockCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BlockCache")
+            .field(
+                "blocks",
+                &self.entries.iter().map(|e| e.0).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
 }
 
 impl Segment {
@@ -80,14 +130,19 @@ impl Segment {
 
         let index_len = u64::from(footer.blocks)
             .checked_mul(BLOCK_ENTRY_LEN as u64)
-            .and_then(|t| t.checked_add(footer.fst_len));
+            .and_then(|t| t.checked_add(u64::from(footer.fst_len)))
+            .and_then(|t| t.checked_add(u64::from(footer.dict_len)));
         let fits = index_len
             .and_then(|l| l.checked_add(footer.index_offset))
             .is_some_and(|end| end == len - FOOTER_LEN as u64);
-        if !fits || footer.index_offset < HEADER_LEN as u64 {
+        if !fits
+            || footer.index_offset < HEADER_LEN as u64
+            || (footer.dict_len as usize) < DICT_HEADER_LEN
+        {
             return Err(corrupt(format!(
-                "index at {} ({} bytes of key index, {} blocks) does not end at the footer",
-                footer.index_offset, footer.fst_len, footer.blocks
+                "index at {} ({} bytes of dictionary, {} of key index, {} blocks) does not end \
+                 at the footer",
+                footer.index_offset, footer.dict_len, footer.fst_len, footer.blocks
             )));
         }
         // Fits in the file, so the file's real length bounds this allocation.
@@ -103,6 +158,9 @@ impl Segment {
                 got,
             });
         }
+        let fst_and_table = index.split_off(footer.dict_len as usize);
+        let dict = decode_dictionary(&index, footer.codec).map_err(&corrupt)?;
+        let mut index = fst_and_table;
         let table = index.split_off(footer.fst_len as usize);
         let blocks: Vec<BlockEntry> = table
             .chunks_exact(BLOCK_ENTRY_LEN)
@@ -142,12 +200,18 @@ impl Segment {
             path: path.to_path_buf(),
             file,
             len,
+            period: Period {
+                first: footer.meta.first_bucket(),
+                end: footer.meta.end_bucket(),
+            },
             meta: footer.meta,
             codec: footer.codec,
+            dict,
             keys: footer.keys,
             data_points: footer.data_points,
             index,
             blocks,
+            cache: Mutex::default(),
         })
     }
 
@@ -209,10 +273,16 @@ impl Segment {
         Ok(raw)
     }
 
-    fn block(&self, block: usize) -> Result<BlockReader, SegmentError> {
+    fn block(&self, block: usize) -> Result<Block, SegmentError> {
         let raw = self.block_payload(block)?;
-        BlockReader::new(raw, self.meta.first_bucket(), self.meta.end_bucket())
+        let records = self.blocks.get(block).map_or(0, |b| b.keys);
+        Block::parse(raw, records, &self.period)
             .map_err(|why| self.corrupt(format!("block {block}: {why}")))
+    }
+
+    /// Dimension names and values in the segment's dictionary.
+    pub fn dictionary_strings(&self) -> usize {
+        self.dict.strings()
     }
 
     fn corrupt(&self, why: String) -> SegmentError {
@@ -224,7 +294,34 @@ impl Segment {
         let Some(v) = self.index.get(index_key(ns, key)) else {
             return Ok(None);
         };
-        Cursor::default().record(self, v).map(Some)
+        let (block, ord) = self.locate(v)?;
+        let cached = self.lock_cache().get(block);
+        let b = match cached {
+            Some(b) => b,
+            None => {
+                let b = Arc::new(self.block(block)?);
+                self.lock_cache().put(block, Arc::clone(&b));
+                b
+            }
+        };
+        b.record(ord, &self.dict, &self.period)
+            .map(Some)
+            .map_err(|why| self.corrupt(format!("block {block}: {why}")))
+    }
+
+    fn lock_cache(&self) -> std::sync::MutexGuard<'_, BlockCache> {
+        // The cache is only ever a copy of what the file holds: one a panic left half-updated
+        // is still consistent (entries are pushed whole).
+        self.cache.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The block and position the index value `v` (block << 32 | position) points at.
+    fn locate(&self, v: u64) -> Result<(usize, usize), SegmentError> {
+        let (block, ord) = ((v >> 32) as usize, v as u32);
+        if self.blocks.get(block).is_none_or(|b| ord >= b.keys) {
+            return Err(self.corrupt(format!("index points at block {block} record {ord}")));
+        }
+        Ok((block, ord as usize))
     }
 
     /// Keys of `ns` in byte order that start with `prefix` and come strictly after `after`,
@@ -317,7 +414,7 @@ impl Segment {
         let mut stream = self.index.stream();
         let mut points = 0u64;
         for (b, entry) in self.blocks.iter().enumerate() {
-            let mut r = self.block(b)?;
+            let r = self.block(b)?;
             for ord in 0..entry.keys {
                 let Some((k, v)) = stream.next() else {
                     return Err(self.corrupt("the key index ends before the blocks".into()));
@@ -329,12 +426,9 @@ impl Segment {
                 }
                 self.split_key(k)?;
                 let rec = r
-                    .next_record()
+                    .record(ord as usize, &self.dict, &self.period)
                     .map_err(|why| self.corrupt(format!("block {b}: {why}")))?;
                 points += rec.data_points();
-            }
-            if !r.at_end() {
-                return Err(self.corrupt(format!("block {b} has bytes after its last record")));
             }
         }
         if stream.next().is_some() {
@@ -353,32 +447,21 @@ impl Segment {
 /// The block last read, for scans that visit its records in order.
 #[derive(Default)]
 struct Cursor {
-    at: Option<(usize, BlockReader, u32)>,
+    at: Option<(usize, Block)>,
 }
 
 impl Cursor {
     /// The record the index value `v` (block << 32 | position) points at.
     fn record(&mut self, seg: &Segment, v: u64) -> Result<KeyRecord, SegmentError> {
-        let (block, ord) = ((v >> 32) as usize, v as u32);
-        if seg.blocks.get(block).is_none_or(|b| ord >= b.keys) {
-            return Err(seg.corrupt(format!("index points at block {block} record {ord}")));
+        let (block, ord) = seg.locate(v)?;
+        if !matches!(&self.at, Some((b, _)) if *b == block) {
+            self.at = Some((block, seg.block(block)?));
         }
-        let reuse = matches!(&self.at, Some((b, _, next)) if *b == block && *next <= ord);
-        if !reuse {
-            self.at = Some((block, seg.block(block)?, 0));
-        }
-        let Some((_, r, next)) = &mut self.at else {
+        let Some((_, r)) = &self.at else {
             return Err(seg.corrupt("no block".into()));
         };
-        loop {
-            let rec = r
-                .next_record()
-                .map_err(|why| seg.corrupt(format!("block {block}: {why}")))?;
-            *next += 1;
-            if *next > ord {
-                return Ok(rec);
-            }
-        }
+        r.record(ord, &seg.dict, &seg.period)
+            .map_err(|why| seg.corrupt(format!("block {block}: {why}")))
     }
 }
 
@@ -386,6 +469,31 @@ impl std::fmt::Debug for Cursor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Cursor").finish_non_exhaustive()
     }
+}
+
+/// The dictionary section: its uncompressed length (u32), then its bytes as the codec stores
+/// them.
+fn decode_dictionary(section: &[u8], codec: u8) -> Result<Dictionary, String> {
+    let raw_len = u32_at(section, 0) as usize;
+    let stored = &section[DICT_HEADER_LEN..];
+    if raw_len > MAX_DICT_RAW_LEN || (codec == CODEC_NONE && raw_len != stored.len()) {
+        return Err(format!(
+            "dictionary of {raw_len} bytes is not what is stored"
+        ));
+    }
+    let raw = match codec {
+        CODEC_ZSTD => {
+            zstd::bulk::decompress(stored, raw_len).map_err(|e| format!("dictionary: zstd: {e}"))?
+        }
+        _ => stored.to_vec(),
+    };
+    if raw.len() != raw_len {
+        return Err(format!(
+            "dictionary holds {} bytes, its header says {raw_len}",
+            raw.len()
+        ));
+    }
+    Dictionary::decode(&raw)
 }
 
 fn check_magic(path: &Path, magic: [u8; 4]) -> Result<Version, SegmentError> {

@@ -7,10 +7,10 @@ use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use super::codec::{encode_block, estimate, record_problem};
+use super::codec::{DictBuilder, Period, encode_block, estimate, record_problem};
 use super::layout::{
-    BlockEntry, CODEC_NONE, CODEC_ZSTD, DEFAULT_BLOCK_TARGET, Footer, HEADER_LEN, MAGIC_V1,
-    MAX_BLOCK_RAW_LEN,
+    BlockEntry, CODEC_NONE, CODEC_ZSTD, DEFAULT_BLOCK_TARGET, DICT_HEADER_LEN, Footer, HEADER_LEN,
+    MAGIC_V1, MAX_BLOCK_RAW_LEN, MAX_DICT_RAW_LEN,
 };
 use super::{KeyRecord, SegmentError, SegmentMeta, SegmentStats, index_key};
 
@@ -32,10 +32,10 @@ pub struct WriteOptions {
 }
 
 impl Default for WriteOptions {
-    /// zstd level 3 and 64 KiB blocks: see docs/format.md, "Compression", for the numbers.
+    /// zstd level 9 and 16 KiB blocks: see docs/format.md, "Compression", for the numbers.
     fn default() -> Self {
         WriteOptions {
-            codec: Codec::Zstd { level: 3 },
+            codec: Codec::Zstd { level: 9 },
             block_target: DEFAULT_BLOCK_TARGET,
         }
     }
@@ -48,8 +48,8 @@ pub struct SegmentWriter {
     file: File,
     meta: SegmentMeta,
     opts: WriteOptions,
-    first: u32,
-    end: u64,
+    period: Period,
+    dict: DictBuilder,
     /// Bytes written so far: where the next block starts.
     offset: u64,
     /// Records of the block being filled, and their estimated payload size.
@@ -100,8 +100,11 @@ impl SegmentWriter {
         Ok(SegmentWriter {
             path: path.to_path_buf(),
             file,
-            first: meta.first_bucket(),
-            end: meta.end_bucket(),
+            period: Period {
+                first: meta.first_bucket(),
+                end: meta.end_bucket(),
+            },
+            dict: DictBuilder::default(),
             meta,
             opts,
             offset: HEADER_LEN as u64,
@@ -137,7 +140,7 @@ impl SegmentWriter {
                 "a namespace is non-empty and has no NUL byte".into(),
             ));
         }
-        if let Some(why) = record_problem(record, self.first, self.end) {
+        if let Some(why) = record_problem(record, self.period.first, self.period.end) {
             return Err(invalid(why));
         }
         let k = index_key(ns, key);
@@ -150,7 +153,7 @@ impl SegmentWriter {
                 next: format!("{ns}/{key}"),
             });
         }
-        let size = estimate(record);
+        let size = estimate(record, &self.period);
         if size > MAX_BLOCK_RAW_LEN / 2 {
             return Err(invalid(format!(
                 "record of about {size} bytes is too large"
@@ -176,12 +179,21 @@ impl SegmentWriter {
         if self.pending.is_empty() {
             return Ok(());
         }
-        let raw = encode_block(&self.pending, self.first);
+        let raw = encode_block(&self.pending, &mut self.dict, &self.period);
         let result = self.write_block(&raw);
         if result.is_err() {
             self.poisoned = true;
         }
         result
+    }
+
+    fn compress(&self, raw: &[u8]) -> Result<Vec<u8>, SegmentError> {
+        match self.opts.codec {
+            Codec::None => Ok(raw.to_vec()),
+            Codec::Zstd { level } => {
+                zstd::bulk::compress(raw, level).map_err(|e| SegmentError::io(&self.path, e))
+            }
+        }
     }
 
     fn write_block(&mut self, raw: &[u8]) -> Result<(), SegmentError> {
@@ -194,12 +206,7 @@ impl SegmentWriter {
                 why: format!("block payload of {} bytes is too large", raw.len()),
             });
         }
-        let stored = match self.opts.codec {
-            Codec::None => raw.to_vec(),
-            Codec::Zstd { level } => {
-                zstd::bulk::compress(raw, level).map_err(|e| SegmentError::io(&path, e))?
-            }
-        };
+        let stored = self.compress(raw)?;
         let stored_len = u32::try_from(stored.len()).map_err(|_| {
             SegmentError::corrupt(&path, "compressed block larger than 4 GiB".to_owned())
         })?;
@@ -227,12 +234,26 @@ impl SegmentWriter {
         }
         self.flush_block()?;
         let path = self.path.clone();
+        let dict = self.dict.encode();
+        let too_large = |what: &str, len: usize| SegmentError::Invalid {
+            path: path.clone(),
+            ns: String::new(),
+            key: String::new(),
+            why: format!("{what} of {len} bytes is too large"),
+        };
+        if dict.len() > MAX_DICT_RAW_LEN {
+            return Err(too_large("dictionary", dict.len()));
+        }
+        let mut index = (dict.len() as u32).to_le_bytes().to_vec();
+        index.extend(self.compress(&dict)?);
+        let dict_len = index.len() as u32;
+        debug_assert!(index.len() >= DICT_HEADER_LEN);
         let fst = self
             .index
             .into_inner()
             .map_err(|e| SegmentError::corrupt(&path, format!("key index: {e}")))?;
-        let mut index = fst;
-        let fst_len = index.len() as u64;
+        let fst_len = u32::try_from(fst.len()).map_err(|_| too_large("key index", fst.len()))?;
+        index.extend(fst);
         for b in &self.blocks {
             b.encode(&mut index);
         }
@@ -245,6 +266,7 @@ impl SegmentWriter {
             keys: self.keys,
             data_points: self.data_points,
             index_offset: self.offset,
+            dict_len,
             fst_len,
             blocks: self.blocks.len() as u32,
             index_crc: crc32c::crc32c(&index),

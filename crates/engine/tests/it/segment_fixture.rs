@@ -67,7 +67,7 @@ fn write_segment_v1_fixture() {
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     let opts = WriteOptions {
         codec: Codec::Zstd { level: 3 },
-        block_target: 500,
+        block_target: 330,
     };
     let mut w = SegmentWriter::with_options(&path, meta(), opts).unwrap();
     for ((ns, key), r) in &contents() {

@@ -68,7 +68,8 @@ fn segment_footer_table_matches_the_code() {
             (FOOTER_KEYS_OFFSET, 8),
             (FOOTER_POINTS_OFFSET, 8),
             (FOOTER_INDEX_OFFSET_OFFSET, 8),
-            (FOOTER_FST_LEN_OFFSET, 8),
+            (FOOTER_DICT_LEN_OFFSET, 4),
+            (FOOTER_FST_LEN_OFFSET, 4),
             (FOOTER_BLOCKS_OFFSET, 4),
             (FOOTER_INDEX_CRC_OFFSET, 4),
             (FOOTER_CRC_OFFSET, 4),
@@ -102,6 +103,8 @@ fn segment_constants_table_matches_the_code() {
         ("`FOOTER_LEN`", FOOTER_LEN),
         ("`BLOCK_ENTRY_LEN`", BLOCK_ENTRY_LEN),
         ("`MAX_BLOCK_RAW_LEN`", MAX_BLOCK_RAW_LEN),
+        ("`DICT_HEADER_LEN`", DICT_HEADER_LEN),
+        ("`MAX_DICT_RAW_LEN`", MAX_DICT_RAW_LEN),
         ("`DEFAULT_BLOCK_TARGET`", DEFAULT_BLOCK_TARGET),
     ];
     assert_eq!(rows.len(), want.len());
@@ -156,33 +159,51 @@ fn a_real_segment_file_has_the_documented_layout() {
     assert_eq!(u64_at(f, 32), 1, "keys");
     assert_eq!(u64_at(f, 40), 3, "data points");
     let index_at = u64_at(f, 48) as usize;
-    let fst_len = u64_at(f, 56) as usize;
+    let dict_len = u32_at(f, 56) as usize;
+    let fst_len = u32_at(f, 60) as usize;
     assert_eq!(u32_at(f, 64), 1, "blocks");
     let index = &b[index_at..b.len() - FOOTER_LEN];
-    assert_eq!(index.len(), fst_len + BLOCK_ENTRY_LEN);
+    assert_eq!(index.len(), dict_len + fst_len + BLOCK_ENTRY_LEN);
     assert_eq!(u32_at(f, 68), crc32c_of(index));
     assert_eq!(u32_at(f, 72), crc32c_of(&f[..72]));
 
+    // The dictionary, stored as is: its length, one dimension "country" with one value "US".
+    let mut dict = vec![13, 0, 0, 0, 1, 7];
+    dict.extend_from_slice(b"country");
+    dict.extend_from_slice(&[1, 2]);
+    dict.extend_from_slice(b"US");
+    assert_eq!(&index[..dict_len], &dict[..]);
+
     // The one block: at 4, stored as is, checksummed, one record.
-    let e = &index[fst_len..];
+    let e = &index[dict_len + fst_len..];
     assert_eq!(u64_at(e, 0), 4);
     let len = u32_at(e, 8) as usize;
     assert_eq!(4 + len, index_at);
     assert_eq!(u32_at(e, 12) as usize, len);
     assert_eq!(u32_at(e, 16), crc32c_of(&b[4..4 + len]));
     assert_eq!(u32_at(e, 20), 1);
-    // Dictionary ["country", "US"] (one use each, by bytes: "US" first), then the record:
-    // totals 2 pairs, gaps 2 and 2 (5 - 2 - 1), counts zigzag 3 -> 6, -1 -> 1; one dimension
-    // (id 1) with one value (id 0): 1 pair, gap 2, count 6.
-    let mut want = vec![2, 2];
-    want.extend_from_slice(b"US");
-    want.push(7);
-    want.extend_from_slice(b"country");
-    want.extend_from_slice(&[2, 2, 2, 6, 1, 1, 1, 1, 0, 1, 2, 6]);
+    // Five stream lengths, then the streams:
+    #[rustfmt::skip]
+    let want = [
+        3, 3, 2, 1, 1,
+        // shape: 1 dimension, subtotals by position (1 << 1 | 1); dimension id 0, 1 value
+        3, 0, 1,
+        // totals buckets: hours 2 and 5 of the 24 as a 3-byte bitmap
+        0b10_0100, 0, 0,
+        // totals counts: zigzag 3 -> 6, -1 -> 1
+        6, 1,
+        // value ids: "US" is value 0 of "country"
+        0,
+        // subtotal buckets: the first of the 2 totals buckets
+        0b01,
+        // subtotal counts: 6
+        6,
+    ];
     assert_eq!(&b[4..4 + len], &want[..]);
     // The key index maps "clicks\0k" to block 0, position 0.
     let seg = Segment::open(&path).unwrap();
     assert_eq!(seg.index_bytes(), fst_len);
+    assert_eq!(seg.dictionary_strings(), 2);
     assert_eq!(
         seg.get("clicks", "k").unwrap(),
         input.values().next().cloned()

@@ -167,10 +167,11 @@ fn segment_bytes_per_data_point() {
             .map(|b| u64::from(b.stored_len))
             .sum::<u64>();
     println!(
-        "key index + footer: {index} bytes ({:.2} B/key, {:.3} B/point); fst {} bytes",
+        "index section + footer: {index} bytes ({:.2} B/key, {:.3} B/point); fst {} bytes, dictionary of {} strings",
         index as f64 / day.len() as f64,
         index as f64 / points as f64,
-        seg.index_bytes()
+        seg.index_bytes(),
+        seg.dictionary_strings()
     );
     let row = |name: &str, bytes: u64, blocks: usize, write_ms: u128, read_ms: u128| {
         println!(
@@ -179,19 +180,6 @@ fn segment_bytes_per_data_point() {
         );
     };
     row("none, 32 KiB", raw.bytes, seg.blocks().len(), 0, 0);
-    // What the per-block dictionaries cost: their raw bytes, and zstd 3 of them alone.
-    let (mut dict_raw, mut dict_zstd) = (0usize, 0usize);
-    for i in 0..seg.blocks().len() {
-        let p = seg.block_payload(i).unwrap();
-        let len = dictionary_len(&p);
-        dict_raw += len;
-        dict_zstd += zstd::bulk::compress(&p[..len], 3).unwrap().len();
-    }
-    println!(
-        "per-block dictionaries: {dict_raw} bytes raw ({:.3} B/point), {dict_zstd} with zstd 3 alone ({:.3} B/point)",
-        dict_raw as f64 / points as f64,
-        dict_zstd as f64 / points as f64
-    );
     let t = Instant::now();
     let lz4: u64 = (0..seg.blocks().len())
         .map(|i| lz4_flex::block::compress(&seg.block_payload(i).unwrap()).len() as u64)
@@ -208,6 +196,8 @@ fn segment_bytes_per_data_point() {
         (3, 16 << 10),
         (3, 32 << 10),
         (3, 64 << 10),
+        (6, 32 << 10),
+        (9, 16 << 10),
         (9, 32 << 10),
         (19, 32 << 10),
     ] {
@@ -225,27 +215,127 @@ fn segment_bytes_per_data_point() {
             t.elapsed().as_millis(),
         );
     }
+
+    // What one `get` costs, by block size.
+    for target in [8 << 10, 16 << 10, 32 << 10, 64 << 10] {
+        let s = write_with(&path, &day, opts(Codec::Zstd { level: 9 }, target));
+        let seg = Segment::open(&path).unwrap();
+        let raw: u64 = seg.blocks().iter().map(|b| u64::from(b.raw_len)).sum();
+        println!(
+            "zstd 9, {} KiB target: {} bytes, {:.3} B/point, {} blocks of {} raw bytes on average",
+            target >> 10,
+            s.bytes,
+            s.bytes as f64 / points as f64,
+            seg.blocks().len(),
+            raw / seg.blocks().len() as u64
+        );
+        let t = Instant::now();
+        for i in 0..seg.blocks().len() {
+            seg.block_payload(i).unwrap();
+        }
+        println!(
+            "  read + check + decompress one block: {:.1} us on average",
+            t.elapsed().as_secs_f64() * 1e6 / seg.blocks().len() as f64
+        );
+        get_latency(&path, &day);
+    }
 }
 
-/// Bytes of a block payload's dictionary (a varint count, then varint-length strings).
-fn dictionary_len(p: &[u8]) -> usize {
-    fn varint(p: &[u8], at: &mut usize) -> usize {
-        let mut v = 0usize;
-        let mut shift = 0;
-        loop {
-            let b = p[*at];
-            *at += 1;
-            v |= usize::from(b & 0x7f) << shift;
-            shift += 7;
-            if b & 0x80 == 0 {
-                return v;
-            }
+/// p50 / p90 / p99 of `Segment::get` over random present keys: uniform over the keys (the
+/// worst case for any cache), then weighted by their traffic (as reads of popular links are),
+/// each on a freshly opened segment (an empty block cache).
+fn get_latency(path: &std::path::Path, day: &Input) {
+    let keys: Vec<&(String, String)> = day.keys().collect();
+    let weight = Pick::weights(
+        day.values()
+            .map(|r| r.totals.iter().map(|b| b.1 as f64).sum()),
+    );
+    let mut rng = Rng(7);
+    let uniform: Vec<&(String, String)> = (0..20_000)
+        .map(|_| keys[(rng.next() % keys.len() as u64) as usize])
+        .collect();
+    let by_traffic: Vec<&(String, String)> =
+        (0..20_000).map(|_| keys[weight.sample(&mut rng)]).collect();
+    for (pass, picks) in [("uniform", uniform), ("by traffic", by_traffic)] {
+        let seg = Segment::open(path).unwrap();
+        let mut ns: Vec<u128> = picks
+            .iter()
+            .map(|(n, k)| {
+                let t = Instant::now();
+                let r = seg.get(n, k).unwrap();
+                let e = t.elapsed().as_nanos();
+                assert!(r.is_some());
+                e
+            })
+            .collect();
+        ns.sort_unstable();
+        let q = |p: f64| ns[((ns.len() - 1) as f64 * p) as usize] as f64 / 1000.0;
+        println!(
+            "get, {} random keys, {pass}: p50 {:.1} us  p90 {:.1} us  p99 {:.1} us",
+            picks.len(),
+            q(0.5),
+            q(0.9),
+            q(0.99)
+        );
+    }
+    // A cache hit: one small key again and again.
+    let seg = Segment::open(path).unwrap();
+    let (n, k) = keys.iter().find(|k| day[**k].data_points() <= 4).unwrap();
+    seg.get(n, k).unwrap();
+    let t = Instant::now();
+    for _ in 0..10_000 {
+        seg.get(n, k).unwrap();
+    }
+    println!(
+        "get of one small key again and again (a cache hit): {:.2} us",
+        t.elapsed().as_secs_f64() * 1e6 / 10_000.0
+    );
+}
+
+/// What the key index could cost: the day's keys as fst maps with the values v1 stores and
+/// with the block alone, as an fst set, and front-coded (zstd 19) — docs/format.md,
+/// "Compression". Run like the test above, with `fst_sizes` for its name.
+#[test]
+#[ignore = "a measurement: run by hand, see the module doc"]
+fn fst_sizes() {
+    let day = realistic_day();
+    let keys: Vec<Vec<u8>> = day
+        .keys()
+        .map(|(n, k)| tally_engine::segment::index_key(n, k))
+        .collect();
+    for per_block in [500usize, 860, 1000, 2000] {
+        let mut a = fst::MapBuilder::memory();
+        let mut b = fst::MapBuilder::memory();
+        let mut c = fst::SetBuilder::memory();
+        for (i, k) in keys.iter().enumerate() {
+            let blk = (i / per_block) as u64;
+            a.insert(k, blk << 32 | (i % per_block) as u64).unwrap();
+            b.insert(k, blk).unwrap();
+            c.insert(k).unwrap();
         }
+        let a = a.into_inner().unwrap().len();
+        let b = b.into_inner().unwrap().len();
+        let c = c.into_inner().unwrap();
+        let cz = zstd::bulk::compress(&c, 19).unwrap().len();
+        let c = c.len();
+        // keys front-coded
+        let mut fc = Vec::new();
+        let mut prev: &[u8] = &[];
+        for k in &keys {
+            let p = prev
+                .iter()
+                .zip(k.iter())
+                .take_while(|(x, y)| x == y)
+                .count();
+            fc.push(p as u8);
+            fc.push((k.len() - p) as u8);
+            fc.extend_from_slice(&k[p..]);
+            prev = k;
+        }
+        let fcz = zstd::bulk::compress(&fc, 19).unwrap().len();
+        println!(
+            "per block {per_block}: block<<32|ord {a}, block {b}, set {c} (zstd {cz}), front-coded {} zstd {fcz}",
+            fc.len()
+        );
     }
-    let mut at = 0;
-    for _ in 0..varint(p, &mut at) {
-        let len = varint(p, &mut at);
-        at += len;
-    }
-    at
 }
