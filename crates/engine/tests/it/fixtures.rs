@@ -124,3 +124,132 @@ fn format_v1_fixture_still_opens() {
         Some("{\"accepted\":3}".to_owned())
     );
 }
+
+fn archive_fixture_dir() -> PathBuf {
+    PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/archive-v1"
+    ))
+}
+
+/// A whole data directory of manifest format 1 and segment format 1: three days of events
+/// flushed into base segments, a late event flushed into a delta, a schema and a remembered
+/// answer known only from the manifest's checkpoint (their log records are truncated), and
+/// a log tail not yet flushed.
+fn write_archive_fixture(dir: &Path) {
+    let c = clock(NOW);
+    let mut cfg = Config::new(dir);
+    cfg.clock = c.clone();
+    cfg.fsync = FsyncPolicy::Always;
+    let e = Engine::open(cfg).unwrap();
+    let doc = SchemaDoc {
+        tiers: vec!["1h:forever".into()],
+        breakdown_tiers: None,
+        dimensions: Some(vec!["status".into()]),
+    };
+    e.put_schema(
+        &Namespace::new("api").unwrap(),
+        &Schema::from_doc(&doc).unwrap(),
+    )
+    .unwrap();
+    let mut b = tally_core::ingest::prepare(
+        &e,
+        &[raw("api", "k", NOW - 2 * 86_400, 4, &[("status", "200")])],
+        NOW,
+        &Default::default(),
+        &Default::default(),
+    )
+    .unwrap();
+    b.idempotency = Some(IdemRecord {
+        key: "archive-1".into(),
+        fingerprint: "f".into(),
+        expires: i64::MAX / 2,
+        status: 200,
+        body: "{\"accepted\":1}".into(),
+    });
+    e.apply(&b).unwrap();
+    for h in 0..72 {
+        let country = ["US", "DE", "JP"][h as usize % 3];
+        write(
+            &e,
+            NOW,
+            &[raw(
+                "clicks",
+                "lnk_1",
+                NOW - 3 * 86_400 + h * 3600,
+                1 + h % 4,
+                &[("country", country)],
+            )],
+        )
+        .unwrap();
+    }
+    c.advance(3600);
+    e.flush().unwrap();
+    write(
+        &e,
+        NOW,
+        &[raw(
+            "clicks",
+            "lnk_1",
+            NOW - 2 * 86_400 + 7,
+            10,
+            &[("country", "FR")],
+        )],
+    )
+    .unwrap();
+    c.advance(3600);
+    e.flush().unwrap();
+    write(&e, NOW, &[raw("clicks", "lnk_1", NOW + 60, 2, &[])]).unwrap();
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let p = entry.unwrap().path();
+        let dest = to.join(p.file_name().unwrap());
+        if p.is_dir() {
+            copy_tree(&p, &dest);
+        } else {
+            std::fs::copy(&p, &dest).unwrap();
+        }
+    }
+}
+
+#[test]
+fn archive_v1_fixture_still_opens() {
+    let dir = archive_fixture_dir();
+    if std::env::var("TALLY_WRITE_FIXTURES").is_ok() {
+        let _ = std::fs::remove_dir_all(&dir);
+        write_archive_fixture(&dir);
+        let _ = std::fs::remove_file(dir.join("LOCK"));
+    }
+    assert!(tally_engine::check::check(&dir).unwrap().is_whole());
+    let copy = tempfile::tempdir().unwrap();
+    copy_tree(&dir, copy.path());
+    let mut cfg = Config::new(copy.path());
+    cfg.clock = clock(NOW + 7200);
+    let e = Engine::open(cfg).unwrap();
+    assert!(e.recovery().segments >= 4, "{:?}", e.recovery());
+    let expected: i64 = (0..72).map(|h| 1 + h % 4).sum::<i64>() + 10 + 2;
+    assert_eq!(total(&e, "clicks", "lnk_1", 3600), expected);
+    let fr: i64 = read_all(&e, "clicks", "lnk_1", 3600)
+        .subtotals
+        .iter()
+        .filter(|s| s.value == "FR")
+        .flat_map(|s| s.buckets.iter().map(|(_, n)| n))
+        .sum();
+    assert_eq!(fr, 10);
+    assert_eq!(total(&e, "api", "k", 3600), 4);
+    assert_eq!(
+        e.schema(&Namespace::new("api").unwrap())
+            .unwrap()
+            .unwrap()
+            .to_doc()
+            .dimensions,
+        Some(vec!["status".to_owned()])
+    );
+    assert_eq!(
+        e.idempotency("archive-1").unwrap().map(|r| r.body),
+        Some("{\"accepted\":1}".to_owned())
+    );
+}
