@@ -108,10 +108,14 @@ impl Archive {
         for (e, _) in &segments {
             let f = flushed.entry((e.resolution, e.period_start)).or_default();
             *f = (*f).max(e.flushed_seq);
-            let l = lens.entry(e.resolution).or_default();
-            let len = e.period_end - e.period_start;
-            if len > 0 && !l.contains(&len) {
-                l.push(len);
+            // Only a segment flushed at or after wal_start can hold increments of a record
+            // recovery replays; the others (merged months among them) need no lookup.
+            if e.flushed_seq >= manifest.wal_start {
+                let l = lens.entry(e.resolution).or_default();
+                let len = e.period_end - e.period_start;
+                if len > 0 && !l.contains(&len) {
+                    l.push(len);
+                }
             }
         }
         Archive {

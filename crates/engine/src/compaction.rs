@@ -6,9 +6,11 @@
 //! - **Merge**: the segments of one period (a base and its deltas) become one base segment,
 //!   summed, with whatever a removed tier's cutoff hides left out.
 //!
+//! - **Months**: the day segments of an hourly (or coarser) tier in a UTC month over for a
+//!   day become one month segment, so a long range reads one segment a month.
+//!
 //! Only segments whose every log record is before `wal_start` are merged: recovery never
 //! needs their per-period log position again, so the merged segment can carry the largest.
-//! Merging days into months is not done yet (see docs/ARCHITECTURE.md).
 //!
 //! Readers are never blocked: they keep the archive they started with (segments stay
 //! readable through their open file even once removed), and the new archive is swapped in
@@ -34,8 +36,13 @@ pub enum Choice {
     Nothing,
     /// Remove these segments (by id): nothing in them is kept any more.
     Drop(Vec<u64>),
-    /// Sum these segments (by id), all of one resolution and period, into one.
-    Merge(Vec<u64>),
+    /// Sum these segments (by id), all of one resolution, into one segment of `period`:
+    /// a period's base and deltas into a base of that period, or the days of a closed UTC
+    /// month into one month.
+    Merge {
+        ids: Vec<u64>,
+        period: (i64, i64),
+    },
 }
 
 /// How long the namespaces keep one tier resolution, as the policy needs it: `None` when no
@@ -59,19 +66,80 @@ pub fn choose(segments: &[SegmentEntry], wal_start: u64, keeps: &Keeps<'_>, now:
     if !dead.is_empty() {
         return Choice::Drop(dead);
     }
+    // Only segments whose every record is before wal_start: recovery never needs their
+    // per-period log position again.
+    let settled = |e: &&SegmentEntry| e.flushed_seq < wal_start;
     let mut periods: BTreeMap<(i64, u32), Vec<&SegmentEntry>> = BTreeMap::new();
-    for e in segments {
+    for e in segments.iter().filter(settled) {
         periods
             .entry((e.period_start, e.resolution))
             .or_default()
             .push(e);
     }
-    for group in periods.values() {
-        if group.len() > 1 && group.iter().all(|e| e.flushed_seq < wal_start) {
-            return Choice::Merge(group.iter().map(|e| e.id).collect());
+    for ((start, _), group) in &periods {
+        if group.len() > 1 {
+            let end = group.iter().map(|e| e.period_end).max().unwrap_or(*start);
+            return Choice::Merge {
+                ids: group.iter().map(|e| e.id).collect(),
+                period: (*start, end),
+            };
+        }
+    }
+    // Days of hourly (or coarser) tiers into months, once the month has been over for a day:
+    // a long range then reads one segment a month instead of one a day.
+    let mut months: BTreeMap<(i64, u32), Vec<&SegmentEntry>> = BTreeMap::new();
+    for e in segments
+        .iter()
+        .filter(settled)
+        .filter(|e| e.resolution >= 3600)
+    {
+        let (ms, me) = month_of(e.period_start);
+        if e.period_end <= me && me + 86_400 <= now {
+            months.entry((ms, e.resolution)).or_default().push(e);
+        }
+    }
+    for ((ms, _), group) in &months {
+        if group.len() > 1 {
+            return Choice::Merge {
+                ids: group.iter().map(|e| e.id).collect(),
+                period: month_of(*ms),
+            };
         }
     }
     Choice::Nothing
+}
+
+/// The UTC calendar month `[start, end)` holding instant `t` (unix seconds).
+pub fn month_of(t: i64) -> (i64, i64) {
+    let (y, m, _) = civil_from_days(t.div_euclid(86_400));
+    let start = days_from_civil(y, m, 1) * 86_400;
+    let (ny, nm) = if m == 12 { (y + 1, 1) } else { (y, m + 1) };
+    (start, days_from_civil(ny, nm, 1) * 86_400)
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's algorithm).
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// The date of a day count since 1970-01-01 (H. Hinnant's algorithm).
+fn civil_from_days(z: i64) -> (i64, i64, i64) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400;
+    (if m <= 2 { y + 1 } else { y }, m, d)
 }
 
 /// What one compaction did.
@@ -165,8 +233,8 @@ impl Engine {
                     self.replace(&old, &ids, None)?;
                     report.dropped += ids.len();
                 }
-                Choice::Merge(ids) => {
-                    let merged = self.merge(&old, &ids)?;
+                Choice::Merge { ids, period } => {
+                    let merged = self.merge(&old, &ids, period)?;
                     self.replace(&old, &ids, merged)?;
                     report.merged += ids.len();
                     report.written += 1;
@@ -194,12 +262,15 @@ impl Engine {
         out
     }
 
-    /// Sums segments of one period into a new base segment (written and renamed into place,
-    /// not yet published); `None` when nothing is left in them.
+    /// Sums segments into a new base segment of `period` (written and renamed into place,
+    /// not yet published); `None` when nothing is left in them. Keys are merged in order,
+    /// one at a time, so memory holds one namespace's key list and one record, not the
+    /// segments; each input's blocks are then read in order, once each (its block cache).
     fn merge(
         &self,
         old: &Archive,
         ids: &[u64],
+        (period_start, period_end): (i64, i64),
     ) -> Result<Option<(SegmentEntry, Arc<Segment>)>, StoreError> {
         let inputs: Vec<&(SegmentEntry, Arc<Segment>)> = old
             .segments
@@ -209,35 +280,26 @@ impl Engine {
         let Some((first, _)) = inputs.first() else {
             return Ok(None);
         };
-        let cutoffs: BTreeMap<String, Cutoff> = {
+        let resolution = first.resolution;
+        let namespaces: Vec<(String, Cutoff)> = {
             let cat = self.core.read_cat();
-            cat.ns
+            cat.by_name
                 .iter()
-                .map(|n| (n.name.as_str().to_owned(), n.cutoff(first.resolution)))
+                .map(|(n, id)| {
+                    (
+                        n.as_str().to_owned(),
+                        cat.ns[*id as usize].cutoff(resolution),
+                    )
+                })
                 .collect()
         };
-        let mut acc: BTreeMap<(String, String), Acc> = BTreeMap::new();
-        for (entry, seg) in &inputs {
-            seg.scan_all(&mut |ns, key, rec| {
-                let shows = cutoffs
-                    .get(ns)
-                    .copied()
-                    .unwrap_or_default()
-                    .shows(entry.flushed_seq);
-                acc.entry((ns.to_owned(), key.to_owned()))
-                    .or_default()
-                    .add(rec, shows);
-                Ok(())
-            })
-            .map_err(|e| self.core.archive_error(e))?;
-        }
         let id = old.manifest.next_segment_id.max(1);
         let entry = SegmentEntry {
             id,
             delta: false,
-            resolution: first.resolution,
-            period_start: first.period_start,
-            period_end: first.period_end,
+            resolution,
+            period_start,
+            period_end,
             flushed_seq: inputs.iter().map(|(e, _)| e.flushed_seq).max().unwrap_or(0),
         };
         let path = segment_path(&self.segments_dir, id);
@@ -247,16 +309,29 @@ impl Engine {
         let meta = SegmentMeta {
             id,
             kind: SegmentKind::Base,
-            resolution: entry.resolution,
-            period_start: entry.period_start,
-            period_end: entry.period_end,
+            resolution,
+            period_start,
+            period_end,
         };
+        let damaged = |e| self.core.archive_error(e);
         let mut w = SegmentWriter::create(&tmp, meta).map_err(seg_err)?;
         let mut any = false;
-        for ((ns, key), a) in acc {
-            if let Some(rec) = a.finish() {
-                w.add(&ns, &key, &rec).map_err(seg_err)?;
-                any = true;
+        for (ns, cutoff) in &namespaces {
+            let mut keys: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
+            for (_, seg) in &inputs {
+                keys.extend(seg.keys(ns, "", None, usize::MAX).map_err(damaged)?);
+            }
+            for key in keys {
+                let mut acc = Acc::default();
+                for (e, seg) in &inputs {
+                    if let Some(rec) = seg.get(ns, &key).map_err(damaged)? {
+                        acc.add(&rec, cutoff.shows(e.flushed_seq));
+                    }
+                }
+                if let Some(rec) = acc.finish() {
+                    w.add(ns, &key, &rec).map_err(seg_err)?;
+                    any = true;
+                }
             }
         }
         w.finish().map_err(seg_err)?;
@@ -372,7 +447,10 @@ mod tests {
                     seg(2, 3600, NOW - 3 * DAY, DAY, 8),
                 ],
                 10,
-                Choice::Merge(vec![1, 2]),
+                Choice::Merge {
+                    ids: vec![1, 2],
+                    period: (NOW - 3 * DAY, NOW - 2 * DAY),
+                },
             ),
             (
                 "a delta recovery may still need (flushed at or after wal_start): wait",
@@ -405,5 +483,47 @@ mod tests {
         for (what, segments, wal_start, want) in table {
             assert_eq!(choose(&segments, wal_start, &keeps, NOW), want, "{what}");
         }
+    }
+
+    #[test]
+    fn months_are_utc_calendar_months() {
+        // 2026-11-20T00:00Z is in November 2026: 2026-11-01 .. 2026-12-01.
+        assert_eq!(month_of(NOW), (1_793_491_200, 1_796_083_200));
+        // February of a leap year, and a year's turn.
+        assert_eq!(month_of(1_709_251_199), (1_706_745_600, 1_709_251_200));
+        assert_eq!(month_of(1_767_225_599), (1_764_547_200, 1_767_225_600));
+        assert_eq!(month_of(0), (0, 2_678_400));
+        for t in (0..(1i64 << 32)).step_by(7_777_777) {
+            let (a, b) = month_of(t);
+            assert!(
+                a <= t && t < b && (28..=31).contains(&((b - a) / DAY)),
+                "{t}"
+            );
+            assert_eq!(month_of(b).0, b);
+        }
+    }
+
+    #[test]
+    fn the_days_of_a_closed_month_merge_into_it() {
+        let keeps = |_: u32| Some(Retention::Forever);
+        let (ms, me) = month_of(NOW - 40 * DAY);
+        let days: Vec<SegmentEntry> = (0..3)
+            .map(|i| seg(2 * i + 1, 3600, ms + i as i64 * DAY, DAY, 5))
+            .collect();
+        assert_eq!(
+            choose(&days, 10, &keeps, NOW),
+            Choice::Merge {
+                ids: vec![1, 3, 5],
+                period: (ms, me)
+            }
+        );
+        // Not while recovery may still need one of them, nor while the month is recent,
+        // nor for minute tiers.
+        assert_eq!(choose(&days, 5, &keeps, NOW), Choice::Nothing);
+        assert_eq!(choose(&days, 10, &keeps, me + 3600), Choice::Nothing);
+        let minutes: Vec<SegmentEntry> = (0..3)
+            .map(|i| seg(2 * i + 1, 60, ms + i as i64 * 3600, 3600, 5))
+            .collect();
+        assert_eq!(choose(&minutes, 10, &keeps, NOW), Choice::Nothing);
     }
 }

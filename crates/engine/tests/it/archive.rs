@@ -515,3 +515,62 @@ fn reopening_with_another_flush_policy_counts_the_same() {
         same(&e, &reference, now);
     }
 }
+
+#[test]
+fn the_days_of_a_closed_month_are_compacted_into_one_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = crate::clock(NOW);
+    let reference = MemStore::new(clock.clone());
+    let e = open(dir.path(), &clock);
+    let (oct_start, oct_end) = tally_engine::compaction::month_of(NOW - 30 * DAY);
+    let mut events = Vec::new();
+    let mut t = oct_start - 2 * DAY;
+    while t < NOW {
+        for (i, k) in KEYS.iter().enumerate() {
+            let country = ["US", "DE"][i % 2];
+            events.push(raw(
+                "clicks",
+                k,
+                t + 3600 * i as i64,
+                1 + i as i64,
+                &[("country", country)],
+            ));
+        }
+        t += DAY / 2;
+    }
+    write(&e, NOW, &events).unwrap();
+    write(&reference, NOW, &events).unwrap();
+    e.flush().unwrap();
+    // Let the log move past these records, then compact.
+    clock.advance(DAY);
+    let tick = [raw("clicks", "lnk_1", clock_now(&clock), 1, &[])];
+    write(&e, clock_now(&clock), &tick).unwrap();
+    write(&reference, clock_now(&clock), &tick).unwrap();
+    e.flush().unwrap();
+    let r = e.compact().unwrap();
+    assert!(r.merged >= 31 && r.written >= 2, "{r:?}");
+    let m = manifest::load(dir.path()).unwrap().unwrap();
+    let months: Vec<_> = m
+        .segments
+        .iter()
+        .filter(|s| s.resolution == 3600 && s.period_end - s.period_start > DAY)
+        .collect();
+    assert!(
+        months
+            .iter()
+            .any(|s| (s.period_start, s.period_end) == (oct_start, oct_end)),
+        "{m:?}"
+    );
+    // November has not been over for a day: its days stay.
+    assert!(
+        m.segments
+            .iter()
+            .any(|s| s.resolution == 3600 && s.period_end - s.period_start == DAY)
+    );
+    let now = clock_now(&clock);
+    same(&e, &reference, now);
+    // A 30-day series now reads the October month and November's days.
+    drop(e);
+    let e = open(dir.path(), &clock);
+    same(&e, &reference, now);
+}
