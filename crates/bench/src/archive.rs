@@ -91,6 +91,8 @@ struct Fed {
     flush: Duration,
     flushes: usize,
     slowest_flush: Duration,
+    /// Time in flush, per simulated day: does a flush get slower as the catalog grows?
+    flush_by_day: Vec<Duration>,
     flushed: FlushReport,
     sweep: Duration,
     rss_growth: u64,
@@ -121,6 +123,12 @@ fn feed(engine: &Engine, clock: &ManualClock, sc: &Scenario, flush: bool) -> Fed
             let r = engine.flush_closed(t1).expect("flush");
             let took = t.elapsed();
             fed.flush += took;
+            if h % 24 == 0 {
+                fed.flush_by_day.push(Duration::ZERO);
+            }
+            if let Some(d) = fed.flush_by_day.last_mut() {
+                *d += took;
+            }
             if r.segments > 0 {
                 fed.flushes += 1;
                 fed.slowest_flush = fed.slowest_flush.max(took);
@@ -169,6 +177,53 @@ fn segment_files(dir: &Path) -> std::collections::BTreeMap<u32, TierFiles> {
     out
 }
 
+/// Where a read of one key from one hourly segment spends its time: the segment of the
+/// middle day, every block read and decompressed, and `get` of keys spread over the file.
+fn segment_read_costs(dir: &Path, day: i64, keys: usize) -> Row {
+    let mut found = None;
+    for entry in std::fs::read_dir(dir.join("segments")).expect("segments dir") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_some_and(|e| e == "tls") {
+            let seg = Segment::open(&path).expect("segment");
+            if seg.meta().resolution == 3600 && seg.meta().period_start == day {
+                found = Some(seg);
+            }
+        }
+    }
+    let Some(seg) = found else {
+        return row("one hourly segment read", "no segment for that day", NA);
+    };
+    let blocks = seg.blocks();
+    let n = blocks.len();
+    let raw: u64 = blocks.iter().map(|b| u64::from(b.raw_len)).sum();
+    let stored: u64 = blocks.iter().map(|b| u64::from(b.stored_len)).sum();
+    let recs: u64 = blocks.iter().map(|b| u64::from(b.keys)).sum();
+    let t = Instant::now();
+    for i in 0..n {
+        std::hint::black_box(seg.block_payload(i).expect("block"));
+    }
+    let per_block = t.elapsed() / n.max(1) as u32;
+    let probes: Vec<String> = (0..200)
+        .map(|i| format!("lnk_{}", i * keys / 200))
+        .collect();
+    let t = Instant::now();
+    let mut hits = 0;
+    for k in &probes {
+        hits += usize::from(seg.get("clicks", k).expect("get").is_some());
+    }
+    let per_get = t.elapsed() / probes.len() as u32;
+    row(
+        "one hourly segment (the middle day): block read + checksum + zstd, then `Segment::get`",
+        format!(
+            "{n} blocks of {:.0} KiB raw / {:.0} KiB stored, {:.0} records each; {per_block:?} per block read; {per_get:?} per `get` ({hits} of 200 keys found)",
+            raw as f64 / n.max(1) as f64 / 1024.0,
+            stored as f64 / n.max(1) as f64 / 1024.0,
+            recs as f64 / n.max(1) as f64,
+        ),
+        NA,
+    )
+}
+
 fn dir_bytes(dir: &Path) -> u64 {
     std::fs::read_dir(dir)
         .map(|rd| {
@@ -178,6 +233,19 @@ fn dir_bytes(dir: &Path) -> u64 {
                 .sum()
         })
         .unwrap_or(0)
+}
+
+/// Time in flush on the first, middle and last simulated day.
+fn flush_days(fed: &Fed) -> String {
+    let d = &fed.flush_by_day;
+    if d.is_empty() {
+        return NA.into();
+    }
+    [0, d.len() / 2, d.len() - 1]
+        .iter()
+        .map(|&i| format!("day {}: {:.2} s", i + 1, d[i].as_secs_f64()))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn mib(b: u64) -> String {
@@ -435,7 +503,10 @@ pub fn bench(args: &[String]) {
     let astats = engine.stats();
     let alog = dir_bytes(&adir.join("wal"));
     drop(engine);
-    eprintln!("archive engine fed: {fed:?}");
+    eprintln!(
+        "archive engine fed: {:?} applying, {:?} flushing",
+        fed.apply, fed.flush
+    );
     let (engine, restart_tail) = restart(&adir, &clock);
     // Close the last day too: the archive then holds everything, the log nothing.
     let t = Instant::now();
@@ -455,6 +526,7 @@ pub fn bench(args: &[String]) {
     };
     let aq = q.run(&engine, &clock);
     drop(engine);
+    let costs = segment_read_costs(&adir, q.day, sc.shape.keys);
 
     // 2. The same events into an engine that never flushes.
     let ldir = root.path().join("log");
@@ -490,6 +562,11 @@ pub fn bench(args: &[String]) {
             mevents(sc.events as f64 / (lfed.apply + lfed.sweep).as_secs_f64()),
             lfed.sweep.as_secs_f64()
         ),
+    ));
+    rows.push(row(
+        "time in flush per simulated day (24 hourly flushes)",
+        flush_days(&fed),
+        NA,
     ));
     for (res, t) in &tiers {
         let name = if *res >= 3600 {
@@ -575,6 +652,7 @@ pub fn bench(args: &[String]) {
             mib(lfed.rss_growth)
         ),
     ));
+    rows.push(costs);
     for ((what, afig, aans), (_, lfig, lans)) in aq.iter().zip(&lq) {
         assert_eq!(aans, lans, "{what}: archive and memory answer differently");
         rows.push(row(what.clone(), afig.clone(), lfig.clone()));
@@ -613,7 +691,10 @@ pub fn year_bench(args: &[String]) {
     let engine = open(&dir, &clock);
     let fed = feed(&engine, &clock, &sc, true);
     drop(engine);
-    eprintln!("year engine fed: {fed:?}");
+    eprintln!(
+        "year engine fed: {:?} applying, {:?} flushing",
+        fed.apply, fed.flush
+    );
     let (engine, restart_tail) = restart(&dir, &clock);
     engine.flush_closed(sc.end() + grace).expect("flush");
     drop(engine);
@@ -643,6 +724,11 @@ pub fn year_bench(args: &[String]) {
         ),
         NA,
     )];
+    rows.push(row(
+        "time in flush per simulated day (24 hourly flushes)",
+        flush_days(&fed),
+        NA,
+    ));
     for (res, t) in &tiers {
         rows.push(row(
             format!("archive, resolution {res} s"),
