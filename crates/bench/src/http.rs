@@ -76,7 +76,7 @@ pub struct Running {
     pub engine: Arc<Engine>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
-    _dir: tempfile::TempDir,
+    _dir: Option<tempfile::TempDir>,
 }
 
 impl Running {
@@ -85,7 +85,15 @@ impl Running {
         let mut cfg = Config::new(dir.path());
         cfg.fsync = fsync;
         let engine = Arc::new(Engine::open(cfg).expect("open"));
-        let app = App::new(engine.clone(), Settings::default(), Arc::new(SystemClock));
+        let mut running = Running::over(engine, Arc::new(SystemClock));
+        running._dir = Some(dir);
+        running
+    }
+
+    /// A server over an engine the caller opened (and keeps the directory of), answering
+    /// with `clock`'s time.
+    pub fn over(engine: Arc<Engine>, clock: Arc<dyn Clock>) -> Running {
+        let app = App::new(engine.clone(), Settings::default(), clock);
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let (atx, arx) = std::sync::mpsc::channel();
         let thread = std::thread::spawn(move || {
@@ -110,7 +118,7 @@ impl Running {
             engine,
             stop: Some(tx),
             thread: Some(thread),
-            _dir: dir,
+            _dir: None,
         }
     }
 }

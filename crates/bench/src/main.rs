@@ -4,9 +4,12 @@
 //! ```sh
 //! cargo run --release -p tally-bench -- engine
 //! ```
+//!
+//! Subcommands: `engine`, `compare`, `http`, `archive`, `archive-year`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod archive;
 mod http;
 mod redis_peer;
 mod workload;
@@ -260,12 +263,18 @@ fn tally_hour_total(engine: &Engine, key: &str) -> i64 {
 }
 
 fn main() {
-    match std::env::args().nth(1).as_deref() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let rest = args.get(1..).unwrap_or_default();
+    match args.first().map(String::as_str) {
         Some("engine") | None => engine_bench(),
         Some("compare") => compare_bench(),
         Some("http") => http::bench(),
+        Some("archive") => archive::bench(rest),
+        Some("archive-year") => archive::year_bench(rest),
         Some(other) => {
-            eprintln!("unknown benchmark {other:?}; known: engine, compare, http");
+            eprintln!(
+                "unknown benchmark {other:?}; known: engine, compare, http, archive, archive-year"
+            );
             std::process::exit(2);
         }
     }

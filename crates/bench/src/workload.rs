@@ -1,6 +1,7 @@
 //! The clickstream workload of SPEC §6: Zipf-distributed keys, and country and referrer
-//! dimensions (themselves Zipf), timestamps spread over the last hour. Deterministic: the
-//! same seed gives the same events.
+//! dimensions (themselves Zipf), timestamps spread over the last hour — or, through
+//! [`Generator::span`], over any stretch of time, one piece at a time (the archive benchmark's
+//! 30 days). Deterministic: the same seed gives the same events.
 
 use tally_core::ingest::{self, Defaults, Limits};
 use tally_core::model::RawEvent;
@@ -76,28 +77,71 @@ impl Default for Shape {
     }
 }
 
-/// `batches` raw batches of clickstream events in namespace `clicks`.
+/// Draws clickstream events one at a time, so a long stream (days of traffic) need not be
+/// held in memory. The same seed gives the same events.
+#[derive(Debug, Clone)]
+pub struct Generator {
+    shape: Shape,
+    rng: Rng,
+    keys: Zipf,
+    countries: Zipf,
+    referrers: Zipf,
+}
+
+impl Generator {
+    pub fn new(shape: Shape, seed: u64) -> Self {
+        Generator {
+            shape,
+            rng: Rng::new(seed),
+            keys: Zipf::new(shape.keys, 1.1),
+            countries: Zipf::new(shape.countries, 1.3),
+            referrers: Zipf::new(shape.referrers, 1.1),
+        }
+    }
+
+    /// One event in namespace `clicks`; `ts` draws its timestamp from the same generator
+    /// (between the key and the dimensions, the order `raw_batches` always used).
+    pub fn event(&mut self, ts: impl FnOnce(&mut Rng) -> i64) -> RawEvent {
+        let key = format!("lnk_{}", self.keys.sample(&mut self.rng));
+        let ts = ts(&mut self.rng);
+        let country = format!("C{}", self.countries.sample(&mut self.rng));
+        let referrer = format!("r{}.example", self.referrers.sample(&mut self.rng));
+        RawEvent {
+            ns: "clicks".into(),
+            key,
+            ts: Some(ts),
+            n: Some(1),
+            dims: vec![("country".into(), country), ("referrer".into(), referrer)],
+        }
+    }
+
+    /// `events` events with timestamps uniform in `[start, start + len)`, in raw batches of
+    /// `shape.batch` (the last one shorter).
+    pub fn span(&mut self, start: i64, len: i64, events: usize) -> Vec<Vec<RawEvent>> {
+        let len = len.max(1) as u64;
+        let mut out = Vec::with_capacity(events.div_ceil(self.shape.batch));
+        let mut left = events;
+        while left > 0 {
+            let n = left.min(self.shape.batch);
+            out.push(
+                (0..n)
+                    .map(|_| self.event(|r| start + (r.next_u64() % len) as i64))
+                    .collect(),
+            );
+            left -= n;
+        }
+        out
+    }
+}
+
+/// `batches` raw batches of clickstream events in namespace `clicks`, timestamps spread over
+/// the hour before `now`.
 pub fn raw_batches(shape: Shape, batches: usize, now: i64, seed: u64) -> Vec<Vec<RawEvent>> {
-    let mut rng = Rng::new(seed);
-    let keys = Zipf::new(shape.keys, 1.1);
-    let countries = Zipf::new(shape.countries, 1.3);
-    let referrers = Zipf::new(shape.referrers, 1.1);
+    let mut g = Generator::new(shape, seed);
     (0..batches)
         .map(|_| {
             (0..shape.batch)
-                .map(|_| RawEvent {
-                    ns: "clicks".into(),
-                    key: format!("lnk_{}", keys.sample(&mut rng)),
-                    ts: Some(now - (rng.next_u64() % 3600) as i64),
-                    n: Some(1),
-                    dims: vec![
-                        ("country".into(), format!("C{}", countries.sample(&mut rng))),
-                        (
-                            "referrer".into(),
-                            format!("r{}.example", referrers.sample(&mut rng)),
-                        ),
-                    ],
-                })
+                .map(|_| g.event(|r| now - (r.next_u64() % 3600) as i64))
                 .collect()
         })
         .collect()
