@@ -78,6 +78,8 @@ impl NsEntry {
 #[derive(Debug)]
 pub struct KeyEntry {
     pub ns: NsId,
+    /// The key itself (shared with the namespace's maps).
+    pub name: Arc<str>,
     pub total: SeriesId,
     /// (dimension, value, series) of every subtotal this key has had.
     pub subs: Vec<(StrId, StrId, SeriesId)>,
@@ -94,7 +96,9 @@ pub struct Catalog {
     strs: Map<Arc<str>, StrId>,
     pub str_list: Vec<Arc<str>>,
     subs: Map<(KeyId, StrId, StrId), SeriesId>,
-    /// Per series: its namespace id, with [`SUBTOTAL`] set for subtotals.
+    /// Per series: the id of its key, with [`SUBTOTAL`] set for subtotals. (The key gives
+    /// the namespace; a flush finds the keys of the series it writes without a walk over
+    /// every key.)
     pub series_info: Vec<u32>,
     /// Resolution of each memtable slot.
     pub slots: Vec<Duration>,
@@ -208,20 +212,27 @@ impl Catalog {
         if let Some(id) = self.key_id(ns, key) {
             return Ok(id);
         }
-        let id = u32::try_from(self.keys.len()).map_err(|_| full("key"))?;
-        let total = self.new_series(ns)?;
+        let id = u32::try_from(self.keys.len())
+            .ok()
+            .filter(|id| *id < SUBTOTAL)
+            .ok_or_else(|| full("key"))?;
+        if self.ns.get(ns as usize).is_none() {
+            return Err(StoreError::internal("unknown namespace id"));
+        }
+        // Nothing can fail past this point: the key's series, its entry and its names appear
+        // together.
+        let total = self.new_series(id)?;
+        let name: Arc<str> = key.into();
+        if let Some(entry) = self.ns.get_mut(ns as usize) {
+            entry.keys.insert(name.clone(), id);
+            entry.ordered.insert(name.clone(), id);
+        }
         self.keys.push(KeyEntry {
             ns,
+            name,
             total,
             subs: Vec::new(),
         });
-        let entry = self
-            .ns
-            .get_mut(ns as usize)
-            .ok_or_else(|| StoreError::internal("unknown namespace id"))?;
-        let name: Arc<str> = key.into();
-        entry.keys.insert(name.clone(), id);
-        entry.ordered.insert(name, id);
         Ok(id)
     }
 
@@ -253,17 +264,33 @@ impl Catalog {
         if let Some(id) = self.sub_id(key, d, v) {
             return Ok(id);
         }
-        let ns = self
-            .keys
-            .get(key as usize)
-            .map(|k| k.ns)
-            .ok_or_else(|| StoreError::internal("unknown key id"))?;
-        let id = self.new_series(ns | SUBTOTAL)?;
+        if self.keys.get(key as usize).is_none() {
+            return Err(StoreError::internal("unknown key id"));
+        }
+        let id = self.new_series(key | SUBTOTAL)?;
         self.subs.insert((key, d, v), id);
         if let Some(k) = self.keys.get_mut(key as usize) {
             k.subs.push((d, v, id));
         }
         Ok(id)
+    }
+
+    /// The key of a series.
+    pub fn key_of_series(&self, sid: SeriesId) -> Option<KeyId> {
+        self.series_info.get(sid as usize).map(|i| i & !SUBTOTAL)
+    }
+
+    /// The namespace of a series.
+    pub fn ns_of_series(&self, sid: SeriesId) -> Option<NsId> {
+        let key = self.key_of_series(sid)?;
+        self.keys.get(key as usize).map(|k| k.ns)
+    }
+
+    /// Whether a series is a subtotal.
+    pub fn is_subtotal(&self, sid: SeriesId) -> bool {
+        self.series_info
+            .get(sid as usize)
+            .is_some_and(|i| i & SUBTOTAL != 0)
     }
 
     pub fn str(&self, id: StrId) -> &str {

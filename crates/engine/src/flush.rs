@@ -24,7 +24,7 @@ use std::sync::{Arc, PoisonError};
 use tally_core::store::StoreError;
 
 use crate::archive::{Archive, segment_path};
-use crate::catalog::SeriesId;
+use crate::catalog::{KeyId, SeriesId};
 use crate::engine::Engine;
 use crate::manifest::{self, Manifest, SegmentEntry};
 use crate::memtable::split_key;
@@ -55,6 +55,14 @@ struct Chosen {
     res: i64,
     period: i64,
     len: i64,
+}
+
+impl Chosen {
+    /// The bucket indexes `[lo, hi)` of the period.
+    fn index_range(&self) -> (u32, u32) {
+        let idx = |t: i64| (t / self.res).clamp(0, i64::from(u32::MAX)) as u32;
+        (idx(self.period), idx(self.period + self.len))
+    }
 }
 
 fn io(what: &'static str) -> impl Fn(std::io::Error) -> StoreError {
@@ -120,12 +128,14 @@ impl Engine {
                 })
                 .collect();
             drop(dirty);
+            let mut by_slot: BTreeMap<usize, Vec<(u32, u32)>> = BTreeMap::new();
+            for c in &chosen {
+                by_slot.entry(c.slot).or_default().push(c.index_range());
+            }
             for s in 0..self.core.mem.shards() {
                 let mut shard = self.core.mem.lock(s);
-                for c in &chosen {
-                    let lo = (c.period / c.res) as u32;
-                    let hi = ((c.period + c.len) / c.res).min(i64::from(u32::MAX)) as u32;
-                    shard.freeze(c.slot, lo, hi);
+                for (slot, ranges) in &by_slot {
+                    shard.freeze(*slot, ranges);
                 }
             }
             (seq, taken)
@@ -302,8 +312,7 @@ impl Engine {
         &self,
         c: &Chosen,
     ) -> Result<BTreeMap<(String, String), KeyRecord>, StoreError> {
-        let lo = (c.period / c.res) as u32;
-        let hi = ((c.period + c.len) / c.res).min(i64::from(u32::MAX)) as u32;
+        let (lo, hi) = c.index_range();
         let mut by_series: HashMap<SeriesId, Vec<(u32, i64)>> = HashMap::new();
         for s in 0..self.core.mem.shards() {
             let shard = self.core.mem.lock(s);
@@ -320,33 +329,44 @@ impl Engine {
         if by_series.is_empty() {
             return Ok(out);
         }
+        // Only the keys whose series have frozen counters: a flush costs what it writes, not
+        // what the catalog has ever seen.
         let cat = self.core.read_cat();
-        for (name, &ns) in &cat.by_name {
-            for (key, &kid) in &cat.ns[ns as usize].ordered {
-                let entry = &cat.keys[kid as usize];
-                let mut rec = KeyRecord {
-                    totals: take_sorted(&mut by_series, entry.total),
-                    dims: Vec::new(),
-                };
-                let mut dims: BTreeMap<&str, Vec<(String, Buckets)>> = BTreeMap::new();
-                for &(d, v, sid) in &entry.subs {
-                    let b = take_sorted(&mut by_series, sid);
-                    if !b.is_empty() {
-                        dims.entry(cat.str(d))
-                            .or_default()
-                            .push((cat.str(v).to_owned(), b));
-                    }
+        let mut keys: Vec<KeyId> = by_series
+            .keys()
+            .filter_map(|sid| cat.key_of_series(*sid))
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        for kid in keys {
+            let Some(entry) = cat.keys.get(kid as usize) else {
+                continue;
+            };
+            let Some(ns) = cat.ns.get(entry.ns as usize) else {
+                continue;
+            };
+            let mut rec = KeyRecord {
+                totals: take_sorted(&mut by_series, entry.total),
+                dims: Vec::new(),
+            };
+            let mut dims: BTreeMap<&str, Vec<(String, Buckets)>> = BTreeMap::new();
+            for &(d, v, sid) in &entry.subs {
+                let b = take_sorted(&mut by_series, sid);
+                if !b.is_empty() {
+                    dims.entry(cat.str(d))
+                        .or_default()
+                        .push((cat.str(v).to_owned(), b));
                 }
-                for (dim, mut values) in dims {
-                    values.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
-                    rec.dims.push(DimRecord {
-                        dim: dim.to_owned(),
-                        values,
-                    });
-                }
-                if !rec.totals.is_empty() || !rec.dims.is_empty() {
-                    out.insert((name.as_str().to_owned(), key.to_string()), rec);
-                }
+            }
+            for (dim, mut values) in dims {
+                values.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+                rec.dims.push(DimRecord {
+                    dim: dim.to_owned(),
+                    values,
+                });
+            }
+            if !rec.totals.is_empty() || !rec.dims.is_empty() {
+                out.insert((ns.name.as_str().to_owned(), entry.name.to_string()), rec);
             }
         }
         Ok(out)

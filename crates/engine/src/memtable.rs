@@ -82,8 +82,9 @@ impl Shard {
         self.maps.iter().chain(&self.frozen).map(HashMap::len).sum()
     }
 
-    /// Moves a slot's counters with bucket index in `[lo, hi)` to its frozen map.
-    pub fn freeze(&mut self, slot: usize, lo: u32, hi: u32) {
+    /// Moves a slot's counters whose bucket index lies in one of `ranges` (`[lo, hi)`) to its
+    /// frozen map, in one pass over the slot.
+    pub fn freeze(&mut self, slot: usize, ranges: &[(u32, u32)]) {
         self.map(slot);
         if self.frozen.len() <= slot {
             self.frozen.resize_with(slot + 1, Counters::default);
@@ -91,7 +92,7 @@ impl Shard {
         let (live, frozen) = (&mut self.maps[slot], &mut self.frozen[slot]);
         live.retain(|k, n| {
             let i = split_key(*k).1;
-            if lo <= i && i < hi {
+            if ranges.iter().any(|&(lo, hi)| lo <= i && i < hi) {
                 *frozen.entry(*k).or_default() += *n;
                 false
             } else {
@@ -196,7 +197,7 @@ mod tests {
         let mut s = Shard::default();
         s.add(0, 1, 10, 2);
         s.add(0, 1, 20, 3);
-        s.freeze(0, 0, 15);
+        s.freeze(0, &[(0, 15)]);
         assert_eq!((s.maps[0].len(), s.frozen[0].len()), (1, 1));
         assert_eq!((s.get(0, 1, 10), s.get(0, 1, 20)), (2, 3));
         s.add(0, 1, 10, 4);
@@ -207,7 +208,7 @@ mod tests {
         );
         s.thaw();
         assert_eq!((s.maps[0].len(), s.get(0, 1, 10)), (2, 6));
-        s.freeze(0, 0, 100);
+        s.freeze(0, &[(0, 100)]);
         s.drop_frozen();
         assert_eq!(s.live(), 0);
     }

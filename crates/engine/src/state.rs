@@ -10,7 +10,7 @@ use tally_core::model::{MAX_TS, Namespace, Retention, Schema};
 use tally_core::store::{IdemRecord, StoreError};
 
 use crate::archive::{Archive, FlushPolicy, store_error};
-use crate::catalog::{Catalog, KeyId, NsId, SUBTOTAL, SeriesId, TierPlan};
+use crate::catalog::{Catalog, KeyId, NsId, SeriesId, TierPlan};
 use crate::memtable::{Memtable, split_key};
 use crate::segment::SegmentError;
 use crate::wal::payload::BatchView;
@@ -321,13 +321,9 @@ impl Core {
             for &slot in removed.iter().chain(&unbroken) {
                 let whole = removed.contains(&slot);
                 let dropped = |k: &u64| {
-                    let info = cat
-                        .series_info
-                        .get(split_key(*k).0 as usize)
-                        .copied()
-                        .unwrap_or(0);
-                    let mine = info & !SUBTOTAL == id;
-                    mine && (whole || info & SUBTOTAL != 0)
+                    let sid = split_key(*k).0;
+                    let mine = cat.ns_of_series(sid) == Some(id);
+                    mine && (whole || cat.is_subtotal(sid))
                 };
                 shard.map(slot).retain(|k, _| !dropped(k));
                 if let Some(f) = shard.frozen.get_mut(slot) {
@@ -372,10 +368,7 @@ impl Core {
                 let before = map.len();
                 map.retain(|k, _| {
                     let (sid, idx) = split_key(*k);
-                    let ns = cat
-                        .series_info
-                        .get(sid as usize)
-                        .map_or(u32::MAX, |i| i & !SUBTOTAL);
+                    let ns = cat.ns_of_series(sid).unwrap_or(u32::MAX);
                     match cutoffs.get(ns as usize).and_then(|c| c.get(slot)) {
                         Some(Some(Some(first))) => idx >= *first,
                         Some(Some(None)) => true,
