@@ -98,8 +98,9 @@ struct Fed {
     rss_growth: u64,
 }
 
-/// Applies the scenario hour by hour, the clock at each hour's end; with `flush`, flushes
-/// after every hour (what a server's periodic flush would do), else sweeps once a day.
+/// Applies the scenario hour by hour, the clock at each hour's end; with `flush`, flushes and
+/// compacts after every hour (what a server's periodic housekeeping does), else sweeps once a
+/// day.
 fn feed(engine: &Engine, clock: &ManualClock, sc: &Scenario, flush: bool) -> Fed {
     let mut fed = Fed::default();
     let rss0 = rss_bytes();
@@ -121,6 +122,9 @@ fn feed(engine: &Engine, clock: &ManualClock, sc: &Scenario, flush: bool) -> Fed
         if flush {
             let t = Instant::now();
             let r = engine.flush_closed(t1).expect("flush");
+            // What a server does every minute after its flush: merge deltas, merge the days
+            // of a month over for a day, drop what retention no longer keeps.
+            engine.compact().expect("compact");
             let took = t.elapsed();
             fed.flush += took;
             if h % 24 == 0 {
@@ -511,6 +515,7 @@ pub fn bench(args: &[String]) {
     // Close the last day too: the archive then holds everything, the log nothing.
     let t = Instant::now();
     let last = engine.flush_closed(sc.end() + grace).expect("flush");
+    engine.compact().expect("compact");
     let last_flush = t.elapsed();
     drop(engine);
     clock.set(sc.end() + grace);

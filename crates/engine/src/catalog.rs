@@ -102,7 +102,13 @@ pub struct Catalog {
     pub series_info: Vec<u32>,
     /// Resolution of each memtable slot.
     pub slots: Vec<Duration>,
+    /// Ids of forgotten keys and series, reused before new ones are taken.
+    free_keys: Vec<KeyId>,
+    free_series: Vec<SeriesId>,
 }
+
+/// Marks a free slot in `series_info`.
+const VACANT: u32 = u32::MAX;
 
 fn full(what: &str) -> StoreError {
     StoreError::internal(format!("the embedded engine ran out of {what} ids (2^31)"))
@@ -196,12 +202,83 @@ impl Catalog {
     }
 
     fn new_series(&mut self, info: u32) -> Result<SeriesId, StoreError> {
+        if let Some(id) = self.free_series.pop() {
+            self.series_info[id as usize] = info;
+            return Ok(id);
+        }
         let id = u32::try_from(self.series_info.len())
             .ok()
             .filter(|id| *id < SUBTOTAL)
             .ok_or_else(|| full("series"))?;
         self.series_info.push(info);
         Ok(id)
+    }
+
+    /// Forgets every key and series with no counter in memory (`live` says which series
+    /// have one): what the archive holds of them is found by name, and a key written again
+    /// gets new ids. Keeps memory to what the realtime tier holds, not every key ever seen.
+    /// The caller must hold off writers and readers (the engine's gate and the catalog's
+    /// write lock). Returns the (keys, series) forgotten.
+    pub fn forget(&mut self, live: &dyn Fn(SeriesId) -> bool) -> (usize, usize) {
+        let (mut keys, mut series) = (0, 0);
+        for kid in 0..self.keys.len() {
+            let k = &mut self.keys[kid];
+            if k.total == VACANT {
+                continue;
+            }
+            let before = k.subs.len();
+            let mut dropped: Vec<(StrId, StrId, SeriesId)> = Vec::new();
+            k.subs.retain(|&(d, v, sid)| {
+                let keep = live(sid);
+                if !keep {
+                    dropped.push((d, v, sid));
+                }
+                keep
+            });
+            if k.subs.len() < before / 4 {
+                k.subs.shrink_to_fit();
+            }
+            for (d, v, sid) in dropped {
+                self.subs.remove(&(kid as KeyId, d, v));
+                self.series_info[sid as usize] = VACANT;
+                self.free_series.push(sid);
+                series += 1;
+            }
+            let k = &mut self.keys[kid];
+            if k.subs.is_empty() && !live(k.total) {
+                let (ns, total) = (k.ns, k.total);
+                let name = std::mem::replace(&mut k.name, Arc::from(""));
+                k.total = VACANT;
+                self.series_info[total as usize] = VACANT;
+                self.free_series.push(total);
+                if let Some(e) = self.ns.get_mut(ns as usize) {
+                    e.keys.remove(&*name);
+                    e.ordered.remove(&*name);
+                }
+                self.free_keys.push(kid as KeyId);
+                keys += 1;
+                series += 1;
+            }
+        }
+        if self.subs.len() < self.subs.capacity() / 4 {
+            self.subs.shrink_to_fit();
+        }
+        for e in &mut self.ns {
+            if e.keys.len() < e.keys.capacity() / 4 {
+                e.keys.shrink_to_fit();
+            }
+        }
+        (keys, series)
+    }
+
+    /// Keys in use (forgotten ones excluded).
+    pub fn live_keys(&self) -> usize {
+        self.keys.len() - self.free_keys.len()
+    }
+
+    /// Series in use (forgotten ones excluded).
+    pub fn live_series(&self) -> usize {
+        self.series_info.len() - self.free_series.len()
     }
 
     pub fn key_id(&self, ns: NsId, key: &str) -> Option<KeyId> {
@@ -212,13 +289,17 @@ impl Catalog {
         if let Some(id) = self.key_id(ns, key) {
             return Ok(id);
         }
-        let id = u32::try_from(self.keys.len())
-            .ok()
-            .filter(|id| *id < SUBTOTAL)
-            .ok_or_else(|| full("key"))?;
         if self.ns.get(ns as usize).is_none() {
             return Err(StoreError::internal("unknown namespace id"));
         }
+        let reused = self.free_keys.last().copied();
+        let id = match reused {
+            Some(id) => id,
+            None => u32::try_from(self.keys.len())
+                .ok()
+                .filter(|id| *id < SUBTOTAL)
+                .ok_or_else(|| full("key"))?,
+        };
         // Nothing can fail past this point: the key's series, its entry and its names appear
         // together.
         let total = self.new_series(id)?;
@@ -227,12 +308,19 @@ impl Catalog {
             entry.keys.insert(name.clone(), id);
             entry.ordered.insert(name.clone(), id);
         }
-        self.keys.push(KeyEntry {
+        let entry = KeyEntry {
             ns,
             name,
             total,
             subs: Vec::new(),
-        });
+        };
+        match reused {
+            Some(id) => {
+                self.free_keys.pop();
+                self.keys[id as usize] = entry;
+            }
+            None => self.keys.push(entry),
+        }
         Ok(id)
     }
 
@@ -275,9 +363,12 @@ impl Catalog {
         Ok(id)
     }
 
-    /// The key of a series.
+    /// The key of a series (`None` for a forgotten one).
     pub fn key_of_series(&self, sid: SeriesId) -> Option<KeyId> {
-        self.series_info.get(sid as usize).map(|i| i & !SUBTOTAL)
+        self.series_info
+            .get(sid as usize)
+            .filter(|i| **i != VACANT)
+            .map(|i| i & !SUBTOTAL)
     }
 
     /// The namespace of a series.
@@ -290,10 +381,44 @@ impl Catalog {
     pub fn is_subtotal(&self, sid: SeriesId) -> bool {
         self.series_info
             .get(sid as usize)
-            .is_some_and(|i| i & SUBTOTAL != 0)
+            .is_some_and(|i| *i != VACANT && i & SUBTOTAL != 0)
     }
 
     pub fn str(&self, id: StrId) -> &str {
         self.str_list.get(id as usize).map_or("", |s| s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forgotten_keys_and_series_free_their_ids_for_reuse() {
+        let mut c = Catalog::default();
+        let (ns, _, _) = c
+            .put_schema(&Namespace::new("n").unwrap(), &Schema::default())
+            .unwrap();
+        let a = c.key_or_insert(ns, "a").unwrap();
+        let b = c.key_or_insert(ns, "b").unwrap();
+        let a_us = c.sub_or_insert(a, "country", "US").unwrap();
+        let b_total = c.keys[b as usize].total;
+        // Only b's total has a counter left.
+        let (keys, series) = c.forget(&|sid| sid == b_total);
+        assert_eq!((keys, series), (1, 2));
+        assert_eq!(c.key_id(ns, "a"), None);
+        assert_eq!(c.key_of_series(a_us), None);
+        assert_eq!(c.key_id(ns, "b"), Some(b));
+        assert_eq!((c.live_keys(), c.live_series()), (1, 1));
+        // New ids come from the free lists, and say what they now are.
+        let x = c.key_or_insert(ns, "x").unwrap();
+        assert_eq!(x, a);
+        let x_total = c.keys[x as usize].total;
+        assert_eq!(c.key_of_series(x_total), Some(x));
+        let x_de = c.sub_or_insert(x, "country", "DE").unwrap();
+        assert!(c.is_subtotal(x_de) && !c.is_subtotal(x_total));
+        assert_eq!(c.ns_of_series(x_de), Some(ns));
+        assert_eq!((c.live_keys(), c.live_series()), (2, 3));
+        assert_eq!(c.series_info.len(), 3, "no id was taken anew");
     }
 }

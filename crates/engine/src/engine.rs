@@ -253,7 +253,7 @@ impl Engine {
     pub fn stats(&self) -> EngineStats {
         let (keys, series) = {
             let cat = self.core.read_cat();
-            (cat.keys.len(), cat.series_info.len())
+            (cat.live_keys(), cat.live_series())
         };
         EngineStats {
             live_counters: self.core.mem.live(),

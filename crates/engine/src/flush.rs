@@ -17,7 +17,7 @@
 //! A failure before 5 puts the frozen counters back and the dirty periods with them; the
 //! log was not truncated, so nothing is lost, and the next flush tries again.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError};
 
@@ -46,6 +46,8 @@ pub struct FlushReport {
     /// The first log record kept.
     pub wal_start: u64,
     pub wal_files_removed: usize,
+    /// Keys the catalog forgot: nothing of them is left in memory (the archive keeps them).
+    pub forgotten_keys: usize,
 }
 
 /// One period to flush.
@@ -142,6 +144,7 @@ impl Engine {
         };
         match self.write_and_publish(&chosen, seq, now) {
             Ok(mut report) => {
+                report.forgotten_keys = self.forget_archived();
                 report.wal_files_removed = self.truncate_log(report.wal_start)?;
                 Ok(report)
             }
@@ -370,6 +373,22 @@ impl Engine {
             }
         }
         Ok(out)
+    }
+
+    /// Forgets the catalog's keys and series that have no counter left in memory, under the
+    /// write gate (no batch is between resolving its ids and adding its counters) and the
+    /// catalog's write lock (no reader holds an id). Returns the keys forgotten.
+    fn forget_archived(&self) -> usize {
+        let _gate = self.gate.write().unwrap_or_else(PoisonError::into_inner);
+        let mut live: HashSet<SeriesId> = HashSet::new();
+        for s in 0..self.core.mem.shards() {
+            let shard = self.core.mem.lock(s);
+            for map in shard.maps.iter().chain(&shard.frozen) {
+                live.extend(map.keys().map(|k| split_key(*k).0));
+            }
+        }
+        let (keys, _) = self.core.write_cat().forget(&|sid| live.contains(&sid));
+        keys
     }
 
     /// Rotates the log, then removes every file whose records all come before `wal_start`.

@@ -99,6 +99,10 @@ impl Shard {
                 true
             }
         });
+        // A flush empties most of a map: give the memory back rather than keep the peak.
+        if live.len() < live.capacity() / 4 {
+            live.shrink_to_fit();
+        }
     }
 
     /// Puts every frozen counter back (a flush failed).

@@ -123,6 +123,20 @@ fn a_flush_archives_closed_days_and_truncates_the_log() {
     let first = list_files(&dir.path().join("wal")).unwrap()[0].0;
     assert!(first > 1, "the first log file is gone");
     same(&e, &reference, clock_now(&clock));
+    // Nothing is left in memory: the catalog forgot every key (the archive has them all).
+    assert_eq!(report.forgotten_keys, KEYS.len(), "{report:?}");
+    assert_eq!((e.stats().keys, e.stats().live_counters), (0, 0));
+    // A forgotten key written again gets new ids; its reads add memory and archive.
+    let again = [raw(
+        "clicks",
+        "lnk_2",
+        NOW - 2 * DAY,
+        4,
+        &[("country", "US")],
+    )];
+    write(&e, NOW, &again).unwrap();
+    write(&reference, NOW, &again).unwrap();
+    same(&e, &reference, clock_now(&clock));
 
     drop(e);
     let e = open(dir.path(), &clock);
