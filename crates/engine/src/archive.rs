@@ -12,6 +12,9 @@ use crate::catalog::Cutoff;
 use crate::manifest::{Manifest, SegmentEntry};
 use crate::segment::{KeyRecord, Segment, SegmentError};
 
+/// Which (dimension, value) subtotals a read wants.
+pub type Wants<'a> = dyn Fn(&str, &str) -> bool + 'a;
+
 /// Subtotal buckets summed by (dimension, value), then by bucket index.
 pub type SubSums = BTreeMap<(String, String), BTreeMap<u32, i64>>;
 
@@ -177,6 +180,8 @@ impl Archive {
 
     /// Sums one key's archived buckets of one resolution over `[lo, hi)` bucket indexes into
     /// `totals` and, per `(dim, value)` that `want` accepts, into `subs`.
+    /// Sums one key's archived buckets over `[from, to)`: totals always, and the subtotals
+    /// `want` accepts when `wants_subtotals` (false: the subtotals are not decoded at all).
     #[allow(clippy::too_many_arguments)]
     pub fn add_key(
         &self,
@@ -184,15 +189,21 @@ impl Archive {
         (from, to): (i64, i64),
         (ns, key): (&str, &str),
         cutoff: Cutoff,
-        want: &dyn Fn(&str, &str) -> bool,
+        (wants_subtotals, want): (bool, &Wants<'_>),
         totals: &mut BTreeMap<u32, i64>,
         subs: &mut SubSums,
     ) -> Result<(), SegmentError> {
         let (lo, hi) = index_range(resolution, from, to);
         for (seg, (_, show_subs)) in self.overlapping(resolution, from, to, cutoff) {
-            if let Some(rec) = seg.get(ns, key)? {
-                let want_here = |d: &str, v: &str| show_subs && want(d, v);
-                add_record(&rec, (lo, hi), &want_here, totals, subs);
+            if !(show_subs && wants_subtotals) {
+                // Totals alone: the key's subtotals are not even decoded.
+                if let Some(t) = seg.get_totals(ns, key)? {
+                    for (i, n) in t.iter().filter(|(i, _)| lo <= *i && *i < hi) {
+                        *totals.entry(*i).or_default() += n;
+                    }
+                }
+            } else if let Some(rec) = seg.get(ns, key)? {
+                add_record(&rec, (lo, hi), want, totals, subs);
             }
         }
         Ok(())

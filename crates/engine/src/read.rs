@@ -9,13 +9,10 @@ use std::sync::Arc;
 use tally_core::model::Key;
 use tally_core::store::{KeyData, KeyList, KeyRead, Scan, StoreError, SubtotalBuckets, Want};
 
-use crate::archive::{SubSums, index_range};
+use crate::archive::{SubSums, Wants, index_range};
 use crate::catalog::{SeriesId, TierPlan};
 use crate::memtable::{Counters, Shard, split_key};
 use crate::state::Core;
-
-/// Which (dimension, value) subtotals a read wants.
-type Wanted<'a> = dyn Fn(&str, &str) -> bool + 'a;
 
 impl Core {
     /// One key's buckets: memory (live and frozen counters) plus the archive, summed.
@@ -27,7 +24,8 @@ impl Core {
         let Some(tier) = cat.ns[ns as usize].tier(r.resolution) else {
             return Ok(KeyData::default());
         };
-        let want: Box<Wanted<'_>> = match (tier.breakdown, r.want) {
+        let wants_subtotals = tier.breakdown && !matches!(r.want, Want::Totals);
+        let want: Box<Wants<'_>> = match (tier.breakdown, r.want) {
             (false, _) | (_, Want::Totals) => Box::new(|_, _| false),
             (true, Want::Value { dim, value }) => Box::new(move |d, v| d == dim && v == value),
             (true, Want::Dim { dim }) => Box::new(move |d, _| d == dim),
@@ -61,7 +59,7 @@ impl Core {
                 (r.from, r.to),
                 (r.ns.as_str(), r.key.as_str()),
                 cutoff,
-                &*want,
+                (wants_subtotals, &*want),
                 &mut totals,
                 &mut subs,
             )
@@ -139,14 +137,25 @@ impl Core {
             if scan.value.is_some() && !show_subs {
                 continue;
             }
-            seg.scan(scan.ns.as_str(), &mut |key, rec| {
-                let n: i64 = match scan.value {
-                    None => rec
-                        .totals
+            if scan.value.is_none() {
+                // A top of keys by total: the subtotals are not decoded.
+                seg.scan_totals(scan.ns.as_str(), &mut |key, totals| {
+                    let n: i64 = totals
                         .iter()
                         .filter(|(i, _)| in_range(*i))
                         .map(|(_, n)| n)
-                        .sum(),
+                        .sum();
+                    if n != 0 {
+                        *sums.entry(key.to_owned()).or_default() += n;
+                    }
+                    Ok(())
+                })
+                .map_err(|e| self.archive_error(e))?;
+                continue;
+            }
+            seg.scan(scan.ns.as_str(), &mut |key, rec| {
+                let n: i64 = match scan.value {
+                    None => 0,
                     Some((d, v)) => rec
                         .dims
                         .iter()

@@ -436,6 +436,21 @@ impl Block {
         }
         Ok(KeyRecord { totals, dims })
     }
+
+    /// Only the totals of record `j`: what a series, a window or a top of keys needs. The
+    /// subtotal streams are not touched, so a key with thousands of subtotal values costs
+    /// what its totals cost.
+    pub(crate) fn totals(&self, j: usize, period: &Period) -> Result<Buckets, String> {
+        let Some(starts) = self.starts.get(j) else {
+            return Err(format!("no record {j}"));
+        };
+        let cur = |i: usize| {
+            Cur::new(&self.raw[..self.ends[i] as usize], STREAM_NAMES[i]).at(starts[i] as usize)
+        };
+        cur(SHAPE).varint()?;
+        let idx = cur(TBITS).series(period)?;
+        cur(TCOUNTS).counts(&idx)
+    }
 }
 
 const STREAM_NAMES: [&str; STREAMS] = [

@@ -17,7 +17,7 @@ use super::layout::{
     FOOTER_LEN, FOOTER_MAGIC_OFFSET, Footer, HEADER_LEN, MAGIC_V1, MAX_BLOCK_RAW_LEN,
     MAX_DICT_RAW_LEN, MagicProblem, Version, u32_at,
 };
-use super::{KeyRecord, SegmentError, SegmentMeta, SegmentStats, index_key};
+use super::{Buckets, KeyRecord, SegmentError, SegmentMeta, SegmentStats, index_key};
 
 /// Where a block is and what it holds, as the block table says.
 pub type BlockHandle = BlockEntry;
@@ -295,18 +295,52 @@ impl Segment {
             return Ok(None);
         };
         let (block, ord) = self.locate(v)?;
-        let cached = self.lock_cache().get(block);
-        let b = match cached {
-            Some(b) => b,
-            None => {
-                let b = Arc::new(self.block(block)?);
-                self.lock_cache().put(block, Arc::clone(&b));
-                b
-            }
-        };
-        b.record(ord, &self.dict, &self.period)
+        self.cached_block(block)?
+            .record(ord, &self.dict, &self.period)
             .map(Some)
             .map_err(|why| self.corrupt(format!("block {block}: {why}")))
+    }
+
+    /// A key's totals alone (its subtotals are not decoded); `None` if the key is absent.
+    pub fn get_totals(&self, ns: &str, key: &str) -> Result<Option<Buckets>, SegmentError> {
+        let Some(v) = self.index.get(index_key(ns, key)) else {
+            return Ok(None);
+        };
+        let (block, ord) = self.locate(v)?;
+        self.cached_block(block)?
+            .totals(ord, &self.period)
+            .map(Some)
+            .map_err(|why| self.corrupt(format!("block {block}: {why}")))
+    }
+
+    /// Every key of `ns` with its totals alone, in key order.
+    pub fn scan_totals(
+        &self,
+        ns: &str,
+        visit: &mut dyn FnMut(&str, &Buckets) -> Result<(), SegmentError>,
+    ) -> Result<(), SegmentError> {
+        let mut lo = ns.as_bytes().to_vec();
+        lo.push(0);
+        let mut hi = ns.as_bytes().to_vec();
+        hi.push(1);
+        let mut stream = self.index.range().ge(&lo).lt(&hi).into_stream();
+        let mut cursor = Cursor::default();
+        while let Some((k, v)) = stream.next() {
+            let key = self.key_str(&k[lo.len()..])?;
+            let totals = cursor.totals(self, v)?;
+            visit(key, &totals)?;
+        }
+        Ok(())
+    }
+
+    /// A parsed block, from the cache or read and parsed now (and cached).
+    fn cached_block(&self, block: usize) -> Result<Arc<Block>, SegmentError> {
+        if let Some(b) = self.lock_cache().get(block) {
+            return Ok(b);
+        }
+        let b = Arc::new(self.block(block)?);
+        self.lock_cache().put(block, Arc::clone(&b));
+        Ok(b)
     }
 
     fn lock_cache(&self) -> std::sync::MutexGuard<'_, BlockCache> {
@@ -451,6 +485,19 @@ struct Cursor {
 }
 
 impl Cursor {
+    /// The totals alone of the record the index value `v` points at.
+    fn totals(&mut self, seg: &Segment, v: u64) -> Result<Buckets, SegmentError> {
+        let (block, ord) = seg.locate(v)?;
+        if !matches!(&self.at, Some((b, _)) if *b == block) {
+            self.at = Some((block, seg.block(block)?));
+        }
+        let Some((_, r)) = &self.at else {
+            return Err(seg.corrupt("no block".into()));
+        };
+        r.totals(ord, &seg.period)
+            .map_err(|why| seg.corrupt(format!("block {block}: {why}")))
+    }
+
     /// The record the index value `v` (block << 32 | position) points at.
     fn record(&mut self, seg: &Segment, v: u64) -> Result<KeyRecord, SegmentError> {
         let (block, ord) = seg.locate(v)?;

@@ -106,6 +106,11 @@ fn a_sample_round_trips_through_many_blocks() {
     assert_eq!(seg.verify().unwrap(), stats);
     for ((ns, key), r) in &input {
         assert_eq!(seg.get(ns, key).unwrap().as_ref(), Some(r), "{ns}/{key}");
+        assert_eq!(
+            seg.get_totals(ns, key).unwrap().as_ref(),
+            Some(&r.totals),
+            "{ns}/{key}"
+        );
     }
     assert_eq!(seg.get("api", "nope").unwrap(), None);
     assert_eq!(seg.get("apj", "k0000/é").unwrap(), None);
@@ -118,6 +123,15 @@ fn a_sample_round_trips_through_many_blocks() {
     })
     .unwrap();
     assert_eq!(n, 100);
+    let mut m = 0;
+    seg.scan_totals("api", &mut |k, t| {
+        let r = input.get(&("api".to_owned(), k.to_owned()));
+        assert_eq!(r.map(|r| &r.totals), Some(t), "{k}");
+        m += 1;
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(m, 100);
     assert_eq!(
         seg.keys("clicks", "k001", Some("k0011/é"), 3).unwrap(),
         vec!["k0013/é", "k0014/é", "k0016/é"]
