@@ -319,6 +319,15 @@ impl Segment {
         ns: &str,
         visit: &mut dyn FnMut(&str, &Buckets) -> Result<(), SegmentError>,
     ) -> Result<(), SegmentError> {
+        self.scan_ns(ns, &mut |seg, cursor, key, v| {
+            let totals = cursor.totals(seg, v)?;
+            visit(key, &totals)
+        })
+    }
+
+    /// Walks the index entries of `ns` in key order, with a cursor that reads each block
+    /// once.
+    fn scan_ns(&self, ns: &str, visit: &mut IndexVisit<'_>) -> Result<(), SegmentError> {
         let mut lo = ns.as_bytes().to_vec();
         lo.push(0);
         let mut hi = ns.as_bytes().to_vec();
@@ -327,8 +336,7 @@ impl Segment {
         let mut cursor = Cursor::default();
         while let Some((k, v)) = stream.next() {
             let key = self.key_str(&k[lo.len()..])?;
-            let totals = cursor.totals(self, v)?;
-            visit(key, &totals)?;
+            visit(self, &mut cursor, key, v)?;
         }
         Ok(())
     }
@@ -402,18 +410,10 @@ impl Segment {
         ns: &str,
         visit: &mut dyn FnMut(&str, &KeyRecord) -> Result<(), SegmentError>,
     ) -> Result<(), SegmentError> {
-        let mut lo = ns.as_bytes().to_vec();
-        lo.push(0);
-        let mut hi = ns.as_bytes().to_vec();
-        hi.push(1);
-        let mut stream = self.index.range().ge(&lo).lt(&hi).into_stream();
-        let mut cursor = Cursor::default();
-        while let Some((k, v)) = stream.next() {
-            let key = self.key_str(&k[lo.len()..])?;
-            let record = cursor.record(self, v)?;
-            visit(key, &record)?;
-        }
-        Ok(())
+        self.scan_ns(ns, &mut |seg, cursor, key, v| {
+            let record = cursor.record(seg, v)?;
+            visit(key, &record)
+        })
     }
 
     /// Every (namespace, key, record) in order.
@@ -477,6 +477,10 @@ impl Segment {
         Ok(self.stats())
     }
 }
+
+/// What [`Segment::scan_ns`] calls for each index entry: the segment, a cursor over its
+/// blocks, the key and the entry's value.
+type IndexVisit<'a> = dyn FnMut(&Segment, &mut Cursor, &str, u64) -> Result<(), SegmentError> + 'a;
 
 /// The block last read, for scans that visit its records in order.
 #[derive(Default)]

@@ -7,12 +7,12 @@ use tally_engine::wal::{
     FRAME_SEQ_OFFSET, MAGIC_V1, MAX_PAYLOAD_LEN,
 };
 
-fn doc() -> String {
+pub fn doc() -> String {
     std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/format.md")).unwrap()
 }
 
 /// The rows of the first table after `heading`, as cells.
-fn table(doc: &str, heading: &str) -> Vec<Vec<String>> {
+pub fn table(doc: &str, heading: &str) -> Vec<Vec<String>> {
     let start = doc
         .find(heading)
         .unwrap_or_else(|| panic!("no heading {heading:?}"));
@@ -31,7 +31,7 @@ fn table(doc: &str, heading: &str) -> Vec<Vec<String>> {
 }
 
 /// Checks a byte table is contiguous from 0 and returns (offset, size) of each row.
-fn layout(rows: &[Vec<String>]) -> Vec<(usize, Option<usize>)> {
+pub fn layout(rows: &[Vec<String>]) -> Vec<(usize, Option<usize>)> {
     let mut at = 0;
     rows.iter()
         .map(|r| {
@@ -139,7 +139,7 @@ fn a_real_log_file_has_the_documented_layout() {
     assert_eq!(&p[3..9], b"clicks");
 }
 
-fn crc32c_of(b: &[u8]) -> u32 {
+pub fn crc32c_of(b: &[u8]) -> u32 {
     // CRC32C by the textbook bitwise definition, independent of the crate the code uses.
     let mut crc = !0u32;
     for &byte in b {

@@ -4,42 +4,15 @@
 use tally_engine::segment::layout::*;
 use tally_engine::segment::{Codec, Segment, SegmentKind, WriteOptions};
 
+use crate::format_doc::{crc32c_of, doc, table};
 use crate::segment::{FIRST, Input, day_meta, rec, write_with};
 
-fn doc() -> String {
-    std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/format.md")).unwrap()
-}
-
-/// The rows of the first table after `heading`, as cells.
-fn table(doc: &str, heading: &str) -> Vec<Vec<String>> {
-    let start = doc
-        .find(heading)
-        .unwrap_or_else(|| panic!("no heading {heading:?}"));
-    doc[start..]
-        .lines()
-        .skip_while(|l| !l.starts_with('|'))
-        .take_while(|l| l.starts_with('|'))
-        .skip(2)
-        .map(|l| {
-            l.trim_matches('|')
-                .split('|')
-                .map(|c| c.trim().to_owned())
-                .collect()
-        })
-        .collect()
-}
-
-/// Checks a byte table is contiguous from 0 and returns (offset, size) of each row.
+/// A byte table whose every size is a number: (offset, size) of each row.
 fn layout(rows: &[Vec<String>]) -> Vec<(usize, usize)> {
-    let mut at = 0;
-    rows.iter()
-        .map(|r| {
-            let off: usize = r[0].parse().unwrap();
-            assert_eq!(off, at, "row {r:?} does not follow the previous one");
-            let size: usize = r[1].parse().unwrap();
-            at += size;
-            (off, size)
-        })
+    crate::format_doc::layout(rows)
+        .into_iter()
+        .zip(rows)
+        .map(|((off, size), r)| (off, size.unwrap_or_else(|| panic!("row {r:?} has no size"))))
         .collect()
 }
 
@@ -209,20 +182,4 @@ fn a_real_segment_file_has_the_documented_layout() {
         input.values().next().cloned()
     );
     assert_eq!(seg.meta().first_bucket(), FIRST);
-}
-
-fn crc32c_of(b: &[u8]) -> u32 {
-    // CRC32C by the textbook bitwise definition, independent of the crate the code uses.
-    let mut crc = !0u32;
-    for &byte in b {
-        crc ^= u32::from(byte);
-        for _ in 0..8 {
-            crc = if crc & 1 != 0 {
-                (crc >> 1) ^ 0x82F6_3B78
-            } else {
-                crc >> 1
-            };
-        }
-    }
-    !crc
 }
