@@ -63,9 +63,62 @@ impl CheckReport {
 }
 
 /// Checks a data directory. Only a directory that cannot be read at all is an `Err`.
+///
+/// Beside a running server, a compaction or a flush may replace the manifest and remove a
+/// file while it is read; a check that finds a file missing under a manifest that has since
+/// been replaced is not damage: a segment the current manifest no longer lists, or a log
+/// file before its `wal_start`, is skipped, and a manifest that vanished under the check
+/// makes it start over (a few times).
 pub fn check(dir: &Path) -> Result<CheckReport, std::io::Error> {
     std::fs::metadata(dir)?;
+    let mut report = check_once(dir)?;
+    for _ in 0..5 {
+        if report.is_whole() || !manifest_changed(dir, &report) {
+            break;
+        }
+        report = check_once(dir)?;
+    }
+    Ok(report)
+}
+
+/// Whether `CURRENT` now names another manifest than the one `report` read.
+fn manifest_changed(dir: &Path, report: &CheckReport) -> bool {
+    let read = report.findings.iter().find_map(|f| match f {
+        Finding::Manifest { path, .. } => Some(path.clone()),
+        _ => None,
+    });
+    let now = manifest::load(dir)
+        .ok()
+        .flatten()
+        .map(|m| manifest::file_name(dir, m.number));
+    read != now
+}
+
+/// The manifest `CURRENT` names now, if it can be read.
+fn current(dir: &Path) -> Option<manifest::Manifest> {
+    manifest::load(dir).ok().flatten()
+}
+
+fn not_found(e: &SegmentError) -> bool {
+    matches!(e, SegmentError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
+}
+
+fn check_once(dir: &Path) -> Result<CheckReport, std::io::Error> {
     let mut report = CheckReport::default();
+    // The log is listed before the manifest is read: a flush in between only raises
+    // wal_start, so the files listed still cover what the manifest read needs.
+    let wal_dir = dir.join("wal");
+    let files = match list_files(&wal_dir) {
+        Ok(f) => f,
+        Err(source) if source.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(source) => {
+            report.damage.push(Damage::Io {
+                path: wal_dir,
+                source,
+            });
+            return Ok(report);
+        }
+    };
     let mut wal_start = 1;
     match manifest::load(dir) {
         Ok(None) => {}
@@ -80,24 +133,17 @@ pub fn check(dir: &Path) -> Result<CheckReport, std::io::Error> {
                 let path = segment_path(&dir.join("segments"), e.id);
                 match Segment::open(&path).and_then(|s| s.verify()) {
                     Ok(stats) => report.findings.push(Finding::Segment { path, stats }),
+                    // Compacted away since the manifest was read: not damage.
+                    Err(err)
+                        if not_found(&err)
+                            && current(dir)
+                                .is_some_and(|now| !now.segments.iter().any(|s| s.id == e.id)) => {}
                     Err(err) => report.damage.push(err.into()),
                 }
             }
         }
         Err(e) => report.damage.push(e.into()),
     }
-    let wal_dir = dir.join("wal");
-    let files = match list_files(&wal_dir) {
-        Ok(f) => f,
-        Err(source) if source.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-        Err(source) => {
-            report.damage.push(Damage::Io {
-                path: wal_dir,
-                source,
-            });
-            return Ok(report);
-        }
-    };
     if let Some((first, path)) = files.first()
         && *first > wal_start
     {
@@ -120,6 +166,13 @@ pub fn check(dir: &Path) -> Result<CheckReport, std::io::Error> {
         }
         let bytes = match std::fs::read(path) {
             Ok(b) => b,
+            // Truncated by a flush since the log was listed: not damage.
+            Err(source)
+                if source.kind() == std::io::ErrorKind::NotFound
+                    && current(dir).is_some_and(|m| m.wal_start > *named) =>
+            {
+                continue;
+            }
             Err(source) => {
                 report.damage.push(Damage::Io {
                     path: path.clone(),

@@ -588,3 +588,41 @@ fn the_days_of_a_closed_month_are_compacted_into_one_segment() {
     let e = open(dir.path(), &clock);
     same(&e, &reference, now);
 }
+
+#[test]
+fn check_beside_a_flushing_engine_reports_no_false_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = crate::clock(NOW);
+    let e = Arc::new(open_with(
+        dir.path(),
+        &clock,
+        FlushPolicy {
+            hourly_period: 3600,
+            fine_period: 3600,
+            grace: 0,
+        },
+    ));
+    write(&*e, NOW, &three_days(NOW)).unwrap();
+    let worker = {
+        let e = e.clone();
+        std::thread::spawn(move || {
+            for i in 0..60 {
+                write(
+                    &*e,
+                    NOW,
+                    &[raw("clicks", "lnk_1", NOW - 3600 * (i % 40) - 1, 1, &[])],
+                )
+                .unwrap();
+                e.flush().unwrap();
+                e.compact().unwrap();
+            }
+        })
+    };
+    let mut checks = 0;
+    while !worker.is_finished() || checks == 0 {
+        let report = tally_engine::check::check(dir.path()).unwrap();
+        assert!(report.is_whole(), "{:?}", report.damage);
+        checks += 1;
+    }
+    worker.join().unwrap();
+}
