@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tally_core::query::{self, BreakdownQuery, Ctx, SeriesQuery, TopQuery};
-use tally_core::store::{Clock, KeyRead, ManualClock, Store, Want};
+use tally_core::store::{Clock, ManualClock, Store};
 use tally_engine::segment::Segment;
 use tally_engine::{Config, Engine, FlushPolicy, FlushReport, FsyncPolicy};
 
@@ -278,25 +278,6 @@ fn restart(dir: &Path, clock: &Arc<ManualClock>) -> (Engine, String) {
     (engine, text)
 }
 
-/// One key's total over all of the hourly tier.
-fn key_total(engine: &Engine, key: &str) -> i64 {
-    use tally_core::model::{Duration as Res, Key, Namespace};
-    let (ns, key) = (Namespace::new("clicks").unwrap(), Key::new(key).unwrap());
-    let read = KeyRead {
-        ns: &ns,
-        key: &key,
-        resolution: Res::from_secs(3600).unwrap(),
-        from: 0,
-        to: 1 << 32,
-        want: Want::Totals,
-    };
-    engine.read(&[read]).unwrap()[0]
-        .totals
-        .iter()
-        .map(|(_, n)| n)
-        .sum()
-}
-
 /// Latencies of `f`, after a short warm-up: up to `max` samples or about `budget` of time,
 /// at least 20. Returns "p50 …, p99 …" and the last answer (to check both engines agree).
 fn latency(max: usize, budget: Duration, mut f: impl FnMut() -> String) -> (String, String) {
@@ -410,7 +391,7 @@ impl Queries {
             out.push((
                 format!(
                     "series in-process, 30 days → days in {TZ}, {label} key {key} ({} events)",
-                    key_total(engine, key)
+                    crate::tally_hour_total(engine, key)
                 ),
                 fig,
                 ans,

@@ -243,7 +243,8 @@ fn compare_bench() {
     }
 }
 
-fn tally_hour_total(engine: &Engine, key: &str) -> i64 {
+/// One key's total over all of the hourly tier.
+pub(crate) fn tally_hour_total(engine: &Engine, key: &str) -> i64 {
     use tally_core::model::{Duration, Key, Namespace};
     use tally_core::store::{KeyRead, Want};
     let (ns, key) = (Namespace::new("clicks").unwrap(), Key::new(key).unwrap());

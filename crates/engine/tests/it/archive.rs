@@ -50,6 +50,18 @@ fn three_days(now: i64) -> Vec<tally_core::model::RawEvent> {
     out
 }
 
+/// An engine at NOW on `dir` (default flush policy) and a reference store, both holding
+/// [`three_days`] of events.
+fn seeded(dir: &Path) -> (Arc<ManualClock>, MemStore, Engine) {
+    let clock = crate::clock(NOW);
+    let reference = MemStore::new(clock.clone());
+    let e = open(dir, &clock);
+    let events = three_days(NOW);
+    write(&e, NOW, &events).unwrap();
+    write(&reference, NOW, &events).unwrap();
+    (clock, reference, e)
+}
+
 /// Everything a user can see of the namespace, from both stores, must agree.
 pub fn same(engine: &Engine, reference: &MemStore, now: i64) {
     let ns = Namespace::new("clicks").unwrap();
@@ -94,12 +106,7 @@ pub fn same(engine: &Engine, reference: &MemStore, now: i64) {
 #[test]
 fn a_flush_archives_closed_days_and_truncates_the_log() {
     let dir = tempfile::tempdir().unwrap();
-    let clock = crate::clock(NOW);
-    let reference = MemStore::new(clock.clone());
-    let e = open(dir.path(), &clock);
-    let events = three_days(NOW);
-    write(&e, NOW, &events).unwrap();
-    write(&reference, NOW, &events).unwrap();
+    let (clock, reference, e) = seeded(dir.path());
     let live_before = e.stats().live_counters;
 
     let report = e.flush().unwrap();
@@ -151,12 +158,7 @@ fn clock_now(c: &Arc<ManualClock>) -> i64 {
 #[test]
 fn late_events_after_a_flush_are_delta_segments_summed_at_read() {
     let dir = tempfile::tempdir().unwrap();
-    let clock = crate::clock(NOW);
-    let reference = MemStore::new(clock.clone());
-    let e = open(dir.path(), &clock);
-    let events = three_days(NOW);
-    write(&e, NOW, &events).unwrap();
-    write(&reference, NOW, &events).unwrap();
+    let (clock, reference, e) = seeded(dir.path());
     e.flush().unwrap();
     // Late: two days ago, into an archived day.
     let late = [raw(
@@ -239,12 +241,7 @@ fn schemas_and_remembered_answers_survive_log_truncation() {
 #[test]
 fn a_removed_tier_added_back_starts_empty_even_when_archived() {
     let dir = tempfile::tempdir().unwrap();
-    let clock = crate::clock(NOW);
-    let reference = MemStore::new(clock.clone());
-    let e = open(dir.path(), &clock);
-    let events = three_days(NOW);
-    write(&e, NOW, &events).unwrap();
-    write(&reference, NOW, &events).unwrap();
+    let (clock, reference, e) = seeded(dir.path());
     e.flush().unwrap();
     let ns = Namespace::new("clicks").unwrap();
     let minute_only = Schema::from_doc(&SchemaDoc {
@@ -373,12 +370,7 @@ fn a_damaged_block_fails_the_reads_that_touch_it_and_is_named_by_check() {
 #[test]
 fn compaction_merges_deltas_and_retention_drops_expired_segments() {
     let dir = tempfile::tempdir().unwrap();
-    let clock = crate::clock(NOW);
-    let reference = MemStore::new(clock.clone());
-    let e = open(dir.path(), &clock);
-    let events = three_days(NOW);
-    write(&e, NOW, &events).unwrap();
-    write(&reference, NOW, &events).unwrap();
+    let (clock, reference, e) = seeded(dir.path());
     e.flush().unwrap();
     let late = [raw(
         "clicks",
@@ -437,12 +429,8 @@ fn compaction_merges_deltas_and_retention_drops_expired_segments() {
 #[test]
 fn a_backup_taken_while_writing_and_flushing_opens_to_a_consistent_prefix() {
     let dir = tempfile::tempdir().unwrap();
-    let clock = crate::clock(NOW);
-    let reference = MemStore::new(clock.clone());
-    let e = Arc::new(open(dir.path(), &clock));
-    let events = three_days(NOW);
-    write(&*e, NOW, &events).unwrap();
-    write(&reference, NOW, &events).unwrap();
+    let (clock, reference, e) = seeded(dir.path());
+    let e = Arc::new(e);
     e.flush().unwrap();
     let late = [raw(
         "clicks",
