@@ -92,13 +92,25 @@ fn flushes_under_readers_and_writers_neither_hide_nor_double_a_count() {
         },
     ));
     let stop = Arc::new(AtomicBool::new(false));
+    let flushed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     // Events spread over the last 20 hours: every flush finds closed hours, and later
     // writes keep landing in hours already archived (delta segments).
     let writers: Vec<_> = (0..2)
         .map(|w| {
             let engine = engine.clone();
+            let flushed = flushed.clone();
             std::thread::spawn(move || {
                 for i in 0..200i64 {
+                    if i == 100 {
+                        // Halfway, wait until a flush has archived something, so the second
+                        // half is written while the archive is in use (bounded wait).
+                        let t = std::time::Instant::now();
+                        while flushed.load(Ordering::SeqCst) == 0
+                            && t.elapsed() < std::time::Duration::from_secs(10)
+                        {
+                            std::thread::sleep(std::time::Duration::from_millis(1));
+                        }
+                    }
                     let country = format!("c{}", (i + w) % 5);
                     let raws: Vec<_> = (0..10)
                         .map(|j| {
@@ -119,10 +131,13 @@ fn flushes_under_readers_and_writers_neither_hide_nor_double_a_count() {
     let flusher = {
         let engine = engine.clone();
         let stop = stop.clone();
+        let flushed = flushed.clone();
         std::thread::spawn(move || {
             let mut segments = 0;
             while !stop.load(Ordering::SeqCst) {
-                segments += engine.flush().unwrap().segments;
+                let n = engine.flush().unwrap().segments;
+                flushed.fetch_add(n, Ordering::SeqCst);
+                segments += n;
                 engine.compact().unwrap();
             }
             segments
