@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use tally_core::model::{Namespace, Schema, SchemaDoc};
+use tally_core::model::{Namespace, RawEvent, Schema, SchemaDoc};
 use tally_core::reference::MemStore;
 use tally_core::store::{Batch, IdemRecord, KeyList, ManualClock, Scan, Store};
 use tally_engine::manifest;
@@ -57,9 +57,25 @@ fn seeded(dir: &Path) -> (Arc<ManualClock>, MemStore, Engine) {
     let reference = MemStore::new(clock.clone());
     let e = open(dir, &clock);
     let events = three_days(NOW);
-    write(&e, NOW, &events).unwrap();
-    write(&reference, NOW, &events).unwrap();
+    write_both(&e, &reference, NOW, &events);
     (clock, reference, e)
+}
+
+/// Writes the same events to the engine and to the reference store.
+pub fn write_both(e: &Engine, reference: &MemStore, now: i64, raws: &[RawEvent]) {
+    write(e, now, raws).unwrap();
+    write(reference, now, raws).unwrap();
+}
+
+/// A late event: two days back, into a day the first flush archives.
+fn late_event() -> [RawEvent; 1] {
+    [raw(
+        "clicks",
+        "lnk_2",
+        NOW - 2 * DAY + 5,
+        7,
+        &[("country", "FR")],
+    )]
 }
 
 /// Everything a user can see of the namespace, from both stores, must agree.
@@ -141,8 +157,7 @@ fn a_flush_archives_closed_days_and_truncates_the_log() {
         4,
         &[("country", "US")],
     )];
-    write(&e, NOW, &again).unwrap();
-    write(&reference, NOW, &again).unwrap();
+    write_both(&e, &reference, NOW, &again);
     same(&e, &reference, clock_now(&clock));
 
     drop(e);
@@ -161,15 +176,8 @@ fn late_events_after_a_flush_are_delta_segments_summed_at_read() {
     let (clock, reference, e) = seeded(dir.path());
     e.flush().unwrap();
     // Late: two days ago, into an archived day.
-    let late = [raw(
-        "clicks",
-        "lnk_2",
-        NOW - 2 * DAY + 5,
-        7,
-        &[("country", "FR")],
-    )];
-    write(&e, NOW, &late).unwrap();
-    write(&reference, NOW, &late).unwrap();
+    let late = late_event();
+    write_both(&e, &reference, NOW, &late);
     same(&e, &reference, NOW);
     // Restart before the delta is flushed: the late event is replayed, the archived
     // records are not replayed twice.
@@ -372,15 +380,8 @@ fn compaction_merges_deltas_and_retention_drops_expired_segments() {
     let dir = tempfile::tempdir().unwrap();
     let (clock, reference, e) = seeded(dir.path());
     e.flush().unwrap();
-    let late = [raw(
-        "clicks",
-        "lnk_2",
-        NOW - 2 * DAY + 5,
-        7,
-        &[("country", "FR")],
-    )];
-    write(&e, NOW, &late).unwrap();
-    write(&reference, NOW, &late).unwrap();
+    let late = late_event();
+    write_both(&e, &reference, NOW, &late);
     e.flush().unwrap();
     let count = |dir: &Path| manifest::load(dir).unwrap().unwrap().segments;
     let before = count(dir.path());
@@ -432,15 +433,8 @@ fn a_backup_taken_while_writing_and_flushing_opens_to_a_consistent_prefix() {
     let (clock, reference, e) = seeded(dir.path());
     let e = Arc::new(e);
     e.flush().unwrap();
-    let late = [raw(
-        "clicks",
-        "lnk_2",
-        NOW - 2 * DAY + 5,
-        7,
-        &[("country", "FR")],
-    )];
-    write(&*e, NOW, &late).unwrap();
-    write(&reference, NOW, &late).unwrap();
+    let late = late_event();
+    write_both(&e, &reference, NOW, &late);
 
     // A quiet copy holds everything acknowledged.
     let copy = dir.path().join("copy");
@@ -506,8 +500,7 @@ fn reopening_with_another_flush_policy_counts_the_same() {
     let mut events = three_days(NOW);
     events.push(raw("clicks", "lnk_1", NOW + 60, 5, &[("country", "DE")]));
     events.push(raw("clicks", "lnk_1", now + 60, 3, &[("country", "US")]));
-    write(&e, now + 120, &events).unwrap();
-    write(&reference, now + 120, &events).unwrap();
+    write_both(&e, &reference, now + 120, &events);
     e.flush().unwrap();
     drop(e);
     for policy in [FlushPolicy::default(), hourly] {
@@ -540,14 +533,12 @@ fn the_days_of_a_closed_month_are_compacted_into_one_segment() {
         }
         t += DAY / 2;
     }
-    write(&e, NOW, &events).unwrap();
-    write(&reference, NOW, &events).unwrap();
+    write_both(&e, &reference, NOW, &events);
     e.flush().unwrap();
     // Let the log move past these records, then compact.
     clock.advance(DAY);
     let tick = [raw("clicks", "lnk_1", clock_now(&clock), 1, &[])];
-    write(&e, clock_now(&clock), &tick).unwrap();
-    write(&reference, clock_now(&clock), &tick).unwrap();
+    write_both(&e, &reference, clock_now(&clock), &tick);
     e.flush().unwrap();
     let r = e.compact().unwrap();
     assert!(r.merged >= 31 && r.written >= 2, "{r:?}");
