@@ -80,6 +80,14 @@ struct LimitsDoc {
     max_batch_events: Option<usize>,
     max_points: Option<usize>,
     max_future_secs: Option<i64>,
+    query_timeout_ms: Option<u64>,
+    header_timeout_ms: Option<u64>,
+    body_timeout_ms: Option<u64>,
+    idle_timeout_ms: Option<u64>,
+    max_connections: Option<usize>,
+    max_concurrent_writes: Option<usize>,
+    max_concurrent_queries: Option<usize>,
+    max_body_bytes_in_flight: Option<usize>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -163,6 +171,43 @@ impl Token {
     }
 }
 
+/// The `[limits]` the HTTP server applies around the store: how long a client may take,
+/// how many may connect, how many requests of each kind run at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerLimits {
+    /// A query, or a whole `POST /v1/query`, past it: `503 query_timeout`.
+    pub query_timeout_ms: u64,
+    /// The request line and headers must arrive within it.
+    pub header_timeout_ms: u64,
+    /// A whole request body must arrive within it.
+    pub body_timeout_ms: u64,
+    /// A keep-alive connection with no request for this long is closed.
+    pub idle_timeout_ms: u64,
+    /// Open connections at once; more are closed at once (logged and counted).
+    pub max_connections: usize,
+    /// Writes (`POST /v1/events`, `incr`) applied at once; more wait their turn.
+    pub max_concurrent_writes: usize,
+    /// Queries run at once; more wait their turn.
+    pub max_concurrent_queries: usize,
+    /// Request-body bytes held in memory across all requests at once.
+    pub max_body_bytes_in_flight: usize,
+}
+
+impl Default for ServerLimits {
+    fn default() -> Self {
+        ServerLimits {
+            query_timeout_ms: 10_000,
+            header_timeout_ms: 10_000,
+            body_timeout_ms: 30_000,
+            idle_timeout_ms: 60_000,
+            max_connections: 4096,
+            max_concurrent_writes: 256,
+            max_concurrent_queries: 64,
+            max_body_bytes_in_flight: 512 * 1024 * 1024,
+        }
+    }
+}
+
 /// The validated configuration.
 #[derive(Debug, Clone, Default)]
 pub struct Settings {
@@ -172,6 +217,8 @@ pub struct Settings {
     pub namespaces: Vec<(Namespace, Schema)>,
     pub defaults: Defaults,
     pub limits: Limits,
+    /// The `[limits]` only the HTTP server applies: time, connections, concurrency.
+    pub server: ServerLimits,
     /// None configured = no authentication.
     pub tokens: Vec<Token>,
 }
@@ -242,6 +289,36 @@ impl Settings {
                 }
                 s.limits.max_future_secs = f;
             }
+            let ms = |key: &'static str, v: Option<u64>, default: u64| {
+                positive(key, v.map(|v| v as usize), default as usize).map(|v| v as u64)
+            };
+            let d = ServerLimits::default();
+            s.server = ServerLimits {
+                query_timeout_ms: ms("query_timeout_ms", l.query_timeout_ms, d.query_timeout_ms)?,
+                header_timeout_ms: ms(
+                    "header_timeout_ms",
+                    l.header_timeout_ms,
+                    d.header_timeout_ms,
+                )?,
+                body_timeout_ms: ms("body_timeout_ms", l.body_timeout_ms, d.body_timeout_ms)?,
+                idle_timeout_ms: ms("idle_timeout_ms", l.idle_timeout_ms, d.idle_timeout_ms)?,
+                max_connections: positive("max_connections", l.max_connections, d.max_connections)?,
+                max_concurrent_writes: positive(
+                    "max_concurrent_writes",
+                    l.max_concurrent_writes,
+                    d.max_concurrent_writes,
+                )?,
+                max_concurrent_queries: positive(
+                    "max_concurrent_queries",
+                    l.max_concurrent_queries,
+                    d.max_concurrent_queries,
+                )?,
+                max_body_bytes_in_flight: positive(
+                    "max_body_bytes_in_flight",
+                    l.max_body_bytes_in_flight,
+                    d.max_body_bytes_in_flight,
+                )?,
+            };
         }
         for (i, t) in file.tokens.iter().enumerate() {
             if t.token.is_empty() {
@@ -305,6 +382,14 @@ max_body_bytes = 16777216
 max_batch_events = 100000
 max_points = 100000
 max_future_secs = 3600
+query_timeout_ms = 10000
+header_timeout_ms = 10000
+body_timeout_ms = 30000
+idle_timeout_ms = 60000
+max_connections = 4096
+max_concurrent_writes = 256
+max_concurrent_queries = 64
+max_body_bytes_in_flight = 536870912
 
 [[tokens]]
 token = "s3cret"
@@ -313,6 +398,7 @@ scopes = ["write:clicks", "read:*"]
         )
         .unwrap();
         assert_eq!(s.namespaces.len(), 1);
+        assert_eq!(s.server, ServerLimits::default());
         assert_eq!(s.tokens.len(), 1);
         assert!(s.tokens[0].allows(Action::Read, "anything"));
         assert!(s.tokens[0].allows(Action::Write, "clicks"));
@@ -344,6 +430,8 @@ scopes = ["write:clicks", "read:*"]
             ),
             ("[namespaces.x]\ntiers = [\"7m:1h\"]", "does not divide 1h"),
             ("[limits]\nmax_points = 0", "max_points"),
+            ("[limits]\nquery_timeout_ms = 0", "query_timeout_ms"),
+            ("[limits]\nmax_connections = 0", "max_connections"),
             ("[[tokens]]\ntoken = \"t\"\nscopes = [\"peek:*\"]", "scope"),
             ("[defaults]\ntiers = []", "[defaults]"),
         ] {

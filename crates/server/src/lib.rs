@@ -20,6 +20,6 @@ mod router;
 mod schemas;
 
 pub use app::App;
-pub use config::{Action, ConfigError, Scope, Settings, Token};
+pub use config::{Action, ConfigError, Scope, ServerLimits, Settings, Token};
 pub use error::ApiError;
 pub use router::{MAX_CONCURRENT_REQUESTS, router, serve};
