@@ -315,6 +315,7 @@ pub fn bench() {
         let ctx = tally_core::query::Ctx {
             now: SystemClock.now(),
             max_points: 100_000,
+            deadline: tally_core::store::Deadline::none(),
         };
         let a = tally_core::query::series(&*server.engine, ctx, &q).expect("series");
         std::hint::black_box(a);

@@ -38,11 +38,13 @@ pub enum ErrorCode {
     BackendUnavailable,
     CorruptData,
     Internal,
+    MethodNotAllowed,
+    QueryTimeout,
 }
 
 impl ErrorCode {
     /// Every code, for tests and documentation.
-    pub const ALL: [ErrorCode; 30] = [
+    pub const ALL: [ErrorCode; 32] = [
         ErrorCode::MalformedBody,
         ErrorCode::MissingParameter,
         ErrorCode::InvalidParameter,
@@ -73,6 +75,8 @@ impl ErrorCode {
         ErrorCode::BackendUnavailable,
         ErrorCode::CorruptData,
         ErrorCode::Internal,
+        ErrorCode::MethodNotAllowed,
+        ErrorCode::QueryTimeout,
     ];
 
     /// The code as it appears on the wire.
@@ -108,6 +112,8 @@ impl ErrorCode {
             ErrorCode::BackendUnavailable => "backend_unavailable",
             ErrorCode::CorruptData => "corrupt_data",
             ErrorCode::Internal => "internal",
+            ErrorCode::MethodNotAllowed => "method_not_allowed",
+            ErrorCode::QueryTimeout => "query_timeout",
         }
     }
 }

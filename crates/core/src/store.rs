@@ -8,6 +8,8 @@
 
 pub use crate::durability::{FsyncPolicy, InvalidFsync};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
 
 use crate::error::ErrorCode;
 use crate::model::{Duration, Key, Namespace, Schema, Subtotal};
@@ -89,13 +91,59 @@ pub struct KeyData {
 
 /// A scan of every key of a namespace for `top`: the sum of each key's totals (or of one
 /// subtotal) over `[from, to)` in one tier.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy)]
 pub struct Scan<'a> {
     pub ns: &'a Namespace,
     pub resolution: Duration,
     pub from: i64,
     pub to: i64,
     pub value: Option<(&'a str, &'a str)>,
+    /// A scan visits every key: the backend checks this every few thousand keys and stops.
+    pub deadline: &'a Deadline,
+}
+
+/// When a read must stop: past its time (`[limits] query_timeout_ms`) or once the client
+/// that asked has gone. Long loops call [`Deadline::check`] every few thousand steps; the
+/// default never stops.
+#[derive(Debug, Clone, Default)]
+pub struct Deadline {
+    at: Option<Instant>,
+    cancelled: Option<Arc<AtomicBool>>,
+}
+
+impl Deadline {
+    /// No limit: tools and tests.
+    pub fn none() -> Deadline {
+        Deadline::default()
+    }
+
+    /// Stops `after` from now, or once `cancelled` is set (the server sets it when the
+    /// request's future is dropped: the client went away).
+    pub fn new(after: std::time::Duration, cancelled: Arc<AtomicBool>) -> Deadline {
+        Deadline {
+            at: Instant::now().checked_add(after),
+            cancelled: Some(cancelled),
+        }
+    }
+
+    /// `Err(Timeout)` once the read should stop.
+    pub fn check(&self) -> Result<(), StoreError> {
+        if self
+            .cancelled
+            .as_ref()
+            .is_some_and(|c| c.load(Ordering::Relaxed))
+        {
+            return Err(StoreError::Timeout {
+                what: "the query was cancelled: its client went away".into(),
+            });
+        }
+        if self.at.is_some_and(|at| Instant::now() >= at) {
+            return Err(StoreError::Timeout {
+                what: "the query ran past [limits] query_timeout_ms".into(),
+            });
+        }
+        Ok(())
+    }
 }
 
 /// A page of a namespace's keys in byte order: those starting with `prefix`, strictly after
@@ -139,6 +187,9 @@ pub enum StoreError {
         #[source]
         cause: Option<Cause>,
     },
+    /// A read ran past its deadline, or its client went away.
+    #[error("{what}")]
+    Timeout { what: String },
     /// A bug: a state the backend should never reach.
     #[error("internal error: {what}")]
     Internal { what: String },
@@ -177,6 +228,7 @@ impl StoreError {
             StoreError::Unavailable { what, .. } => StoreError::Unavailable { what, cause },
             StoreError::Corrupt { what, .. } => StoreError::Corrupt { what, cause },
             StoreError::Poisoned { what, .. } => StoreError::Poisoned { what, cause },
+            StoreError::Timeout { what } => StoreError::Timeout { what },
             StoreError::Internal { what } => StoreError::Internal { what },
         }
     }
@@ -187,6 +239,7 @@ impl StoreError {
                 ErrorCode::BackendUnavailable
             }
             StoreError::Corrupt { .. } => ErrorCode::CorruptData,
+            StoreError::Timeout { .. } => ErrorCode::QueryTimeout,
             StoreError::Internal { .. } => ErrorCode::Internal,
         }
     }

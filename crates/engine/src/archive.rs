@@ -90,6 +90,7 @@ pub struct Archive {
 pub fn store_error(e: SegmentError) -> StoreError {
     match e {
         SegmentError::Io { .. } => StoreError::unavailable("reading an archive segment").because(e),
+        SegmentError::Stopped { why } => StoreError::Timeout { what: why },
         _ => StoreError::corrupt("an archive segment").because(e),
     }
 }

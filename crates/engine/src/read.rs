@@ -12,6 +12,7 @@ use tally_core::store::{KeyData, KeyList, KeyRead, Scan, StoreError, SubtotalBuc
 use crate::archive::{SubSums, Wants, index_range};
 use crate::catalog::{SeriesId, TierPlan};
 use crate::memtable::{Counters, Shard, split_key};
+use crate::segment::SegmentError;
 use crate::state::Core;
 
 impl Core {
@@ -109,9 +110,21 @@ impl Core {
         let res = scan.resolution.secs() as u32;
         let cutoff = cat.ns[ns as usize].cutoff(res);
         let mut sums: BTreeMap<String, i64> = BTreeMap::new();
+        // Every STEP keys, the query's deadline is checked (a top can visit millions).
+        const STEP: u32 = 1024;
+        let mut steps = 0u32;
+        let mut tick = move || -> Result<(), StoreError> {
+            steps = steps.wrapping_add(1);
+            if steps.is_multiple_of(STEP) {
+                scan.deadline.check()?;
+            }
+            Ok(())
+        };
+        let stopped = |e: StoreError| SegmentError::Stopped { why: e.detail() };
         let archive = {
             let archive = self.archive();
             for (name, &key) in &cat.ns[ns as usize].ordered {
+                tick()?;
                 let sid = match (scan.value, value) {
                     (None, _) => cat.keys[key as usize].total,
                     (Some(_), Some((d, v))) => match cat.sub_id(key, d, v) {
@@ -140,6 +153,7 @@ impl Core {
             if scan.value.is_none() {
                 // A top of keys by total: the subtotals are not decoded.
                 seg.scan_totals(scan.ns.as_str(), &mut |key, totals| {
+                    tick().map_err(stopped)?;
                     let n: i64 = totals
                         .iter()
                         .filter(|(i, _)| in_range(*i))
@@ -154,6 +168,7 @@ impl Core {
                 continue;
             }
             seg.scan(scan.ns.as_str(), &mut |key, rec| {
+                tick().map_err(stopped)?;
                 let n: i64 = match scan.value {
                     None => 0,
                     Some((d, v)) => rec

@@ -5,11 +5,12 @@
 //! Store calls block (the embedded engine waits for fsync), so every one runs on tokio's
 //! blocking pool, never on the async workers.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use tally_core::ErrorCode;
 use tally_core::query::Ctx;
-use tally_core::store::{Clock, Store, StoreError};
+use tally_core::store::{Clock, Deadline, Store, StoreError};
 
 use crate::config::Settings;
 use crate::error::ApiError;
@@ -70,11 +71,12 @@ impl App {
         self.0.clock.now()
     }
 
-    /// What a query needs to know of the server: the time and the point budget.
-    pub(crate) fn ctx(&self) -> Ctx {
+    /// What a query needs to know of the server: the time, the point budget, the deadline.
+    pub(crate) fn ctx(&self, deadline: &Deadline) -> Ctx {
         Ctx {
             now: self.now(),
             max_points: self.0.settings.limits.max_points,
+            deadline: deadline.clone(),
         }
     }
 
@@ -95,6 +97,35 @@ impl App {
         self.0.openapi.get().map(String::as_str)
     }
 
+    /// Runs a read on the blocking pool under `[limits] query_timeout_ms`. The read checks its
+    /// [`Deadline`] as it goes and stops once the time is past — or once this future is
+    /// dropped, which is what hyper does when the client goes away — so an abandoned or
+    /// runaway query gives its thread back. If the read does not notice in time, the answer
+    /// is `503 query_timeout` all the same.
+    pub(crate) async fn query<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&App, &Deadline) -> Result<T, ApiError> + Send + 'static,
+    ) -> Result<T, ApiError> {
+        let ms = self.0.settings.server.query_timeout_ms;
+        let limit = std::time::Duration::from_millis(ms);
+        let cancelled = Arc::new(AtomicBool::new(false));
+        let _cancel_on_drop = CancelOnDrop(Arc::clone(&cancelled));
+        let deadline = Deadline::new(limit, cancelled);
+        let app = self.clone();
+        let task = tokio::task::spawn_blocking(move || f(&app, &deadline));
+        // A little grace so the read's own check, with its clearer message, usually wins.
+        let grace = limit + std::time::Duration::from_millis(50);
+        match tokio::time::timeout(grace, task).await {
+            Ok(joined) => joined.map_err(|e| {
+                ApiError::new(ErrorCode::Internal, format!("a query task failed: {e}"))
+            })?,
+            Err(_) => Err(ApiError::new(
+                ErrorCode::QueryTimeout,
+                format!("the query ran past {ms} ms ([limits] query_timeout_ms)"),
+            )),
+        }
+    }
+
     /// Runs a store call on the blocking pool.
     pub(crate) async fn blocking<T: Send + 'static>(
         &self,
@@ -106,5 +137,14 @@ impl App {
             .map_err(|e| {
                 ApiError::new(ErrorCode::Internal, format!("a request task failed: {e}"))
             })?
+    }
+}
+
+/// Sets the flag when dropped: the request is over, one way or another.
+struct CancelOnDrop(Arc<AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
     }
 }

@@ -84,7 +84,8 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         ErrorCode::NoTierForRange | ErrorCode::TooManyPoints | ErrorCode::IdempotencyKeyReused => {
             StatusCode::UNPROCESSABLE_ENTITY
         }
-        ErrorCode::BackendUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+        ErrorCode::BackendUnavailable | ErrorCode::QueryTimeout => StatusCode::SERVICE_UNAVAILABLE,
         ErrorCode::CorruptData | ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }

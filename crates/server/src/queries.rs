@@ -4,13 +4,14 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use axum::Json;
 use axum::body::Body;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 use tally_core::ErrorCode;
 use tally_core::query;
+use tally_core::store::Deadline;
 
 use crate::app::App;
 use crate::auth;
@@ -87,44 +88,75 @@ fn check_params(kind: Kind, p: &BTreeMap<String, String>) -> Result<(), ApiError
     }
 }
 
-/// Runs one query (on the blocking pool's thread) and serialises the answer.
+/// One answer, serialised on the blocking pool (a large answer never ties up an async
+/// worker), and the number of points it holds.
+struct Answer {
+    json: Vec<u8>,
+    points: usize,
+}
+
+impl Answer {
+    fn of<T: serde::Serialize>(answer: &T, points: usize) -> Result<Answer, ApiError> {
+        let json = serde_json::to_vec(answer).map_err(|e| {
+            ApiError::new(ErrorCode::Internal, format!("serialising an answer: {e}"))
+        })?;
+        Ok(Answer { json, points })
+    }
+}
+
+/// An answer already serialised: sent as it is.
+fn json_response(json: Vec<u8>) -> Response {
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        json,
+    )
+        .into_response()
+}
+
+/// Runs one query (on the blocking pool's thread) and serialises the answer. Its points:
+/// buckets of a series or timeline, values of a breakdown, keys of a top or a page.
 fn run(
     app: &App,
     kind: Kind,
     ns: &str,
     key: &str,
     p: &BTreeMap<String, String>,
-) -> Result<Value, ApiError> {
+    deadline: &Deadline,
+) -> Result<Answer, ApiError> {
     check_params(kind, p)?;
+    deadline.check()?;
     let store = &**app.store();
-    let ctx = app.ctx();
+    let ctx = app.ctx(deadline);
     let t = Instant::now();
-    let v = match kind {
-        Kind::Series => serde_json::to_value(query::series(
-            store,
-            ctx,
-            &query::SeriesQuery::parse(ns, key, p)?,
-        )?),
-        Kind::Breakdown => serde_json::to_value(query::breakdown(
-            store,
-            ctx,
-            &query::BreakdownQuery::parse(ns, key, p)?,
-        )?),
-        Kind::Window => serde_json::to_value(query::window(
-            store,
-            ctx,
-            &query::WindowQuery::parse(ns, key, p)?,
-        )?),
-        Kind::Dashboard => serde_json::to_value(query::dashboard(
-            store,
-            ctx,
-            &query::DashboardQuery::parse(ns, key, p)?,
-        )?),
-        Kind::Top => serde_json::to_value(query::top(store, ctx, &query::TopQuery::parse(ns, p)?)?),
-        Kind::Keys => serde_json::to_value(query::keys(store, &query::KeysQuery::parse(ns, p)?)?),
+    let answer = match kind {
+        Kind::Series => {
+            let a = query::series(store, ctx, &query::SeriesQuery::parse(ns, key, p)?)?;
+            Answer::of(&a, a.points.len())
+        }
+        Kind::Breakdown => {
+            let a = query::breakdown(store, ctx, &query::BreakdownQuery::parse(ns, key, p)?)?;
+            Answer::of(&a, a.values.len())
+        }
+        Kind::Window => {
+            let a = query::window(store, ctx, &query::WindowQuery::parse(ns, key, p)?)?;
+            Answer::of(&a, 1)
+        }
+        Kind::Dashboard => {
+            let a = query::dashboard(store, ctx, &query::DashboardQuery::parse(ns, key, p)?)?;
+            let values: usize = a.breakdowns.values().map(|b| b.values.len()).sum();
+            Answer::of(&a, a.timeline.len() + values)
+        }
+        Kind::Top => {
+            let a = query::top(store, ctx, &query::TopQuery::parse(ns, p)?)?;
+            Answer::of(&a, a.keys.len())
+        }
+        Kind::Keys => {
+            let a = query::keys(store, &query::KeysQuery::parse(ns, p)?)?;
+            Answer::of(&a, a.keys.len())
+        }
     };
     app.metrics().query(kind.name(), t.elapsed());
-    v.map_err(|e| ApiError::new(ErrorCode::Internal, format!("serialising an answer: {e}")))
+    answer
 }
 
 async fn get(
@@ -134,12 +166,12 @@ async fn get(
     ns: String,
     key: String,
     q: Option<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     auth::authorize(&app.settings().tokens, &headers, Action::Read, &ns)?;
     let p = params::unique(q.as_deref())?;
-    app.blocking(move |app| run(app, kind, &ns, &key, &p))
+    app.query(move |app, deadline| run(app, kind, &ns, &key, &p, deadline))
         .await
-        .map(Json)
+        .map(|a| json_response(a.json))
 }
 
 /// A key's counts per calendar bucket.
@@ -153,7 +185,7 @@ pub async fn series(
     Path((ns, key)): Path<(String, String)>,
     RawQuery(q): RawQuery,
     headers: HeaderMap,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     get(app, headers, Kind::Series, ns, key, q).await
 }
 
@@ -167,7 +199,7 @@ pub async fn breakdown(
     Path((ns, key)): Path<(String, String)>,
     RawQuery(q): RawQuery,
     headers: HeaderMap,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     get(app, headers, Kind::Breakdown, ns, key, q).await
 }
 
@@ -180,7 +212,7 @@ pub async fn window(
     Path((ns, key)): Path<(String, String)>,
     RawQuery(q): RawQuery,
     headers: HeaderMap,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     get(app, headers, Kind::Window, ns, key, q).await
 }
 
@@ -194,7 +226,7 @@ pub async fn dashboard(
     Path((ns, key)): Path<(String, String)>,
     RawQuery(q): RawQuery,
     headers: HeaderMap,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     get(app, headers, Kind::Dashboard, ns, key, q).await
 }
 
@@ -208,7 +240,7 @@ pub async fn top(
     Path(ns): Path<String>,
     RawQuery(q): RawQuery,
     headers: HeaderMap,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     get(app, headers, Kind::Top, ns, String::new(), q).await
 }
 
@@ -221,7 +253,7 @@ pub async fn keys(
     Path(ns): Path<String>,
     RawQuery(q): RawQuery,
     headers: HeaderMap,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     get(app, headers, Kind::Keys, ns, String::new(), q).await
 }
 
@@ -234,7 +266,7 @@ pub async fn batch(
     State(app): State<App>,
     headers: HeaderMap,
     body: Body,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let bytes = read_body(body, app.settings().limits.max_body_bytes).await?;
     let malformed = |m: &str| ApiError::new(ErrorCode::MalformedBody, m);
     let v: Value = serde_json::from_slice(&bytes)
@@ -253,20 +285,39 @@ pub async fn batch(
     // Parse and authorise every entry up front; each entry's failure is its own.
     let entries: Vec<Result<Entry, ApiError>> =
         list.iter().map(|e| entry(&app, &headers, e)).collect();
-    let results = app
-        .blocking(move |app| {
-            Ok(entries
-                .into_iter()
-                .map(
-                    |e| match e.and_then(|(kind, ns, key, p)| run(app, kind, &ns, &key, &p)) {
-                        Ok(v) => v,
-                        Err(e) => e.to_json(),
-                    },
-                )
-                .collect::<Vec<_>>())
-        })
-        .await?;
-    Ok(Json(serde_json::json!({ "results": results })))
+    let max_points = app.settings().limits.max_points;
+    app.query(move |app, deadline| {
+        let mut out = Vec::from(&b"{\"results\":["[..]);
+        let mut points = 0usize;
+        for (i, e) in entries.into_iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            match e.and_then(|(kind, ns, key, p)| run(app, kind, &ns, &key, &p, deadline)) {
+                Ok(a) => {
+                    points += a.points;
+                    // Each answer is within max_points on its own; their sum is bounded too,
+                    // so a small request cannot build a huge answer.
+                    if points > max_points {
+                        return Err(ApiError::new(
+                            ErrorCode::TooManyPoints,
+                            format!(
+                                "the answers hold more than {max_points} points in all \
+                                 ([limits] max_points); split the request"
+                            ),
+                        ));
+                    }
+                    out.extend_from_slice(&a.json);
+                }
+                // Out of time is the whole request's failure, not one entry's.
+                Err(e) if e.code == ErrorCode::QueryTimeout => return Err(e),
+                Err(e) => out.extend_from_slice(e.to_json().to_string().as_bytes()),
+            }
+        }
+        out.extend_from_slice(b"]}");
+        Ok(json_response(out))
+    })
+    .await
 }
 
 /// One parsed batch entry: kind, namespace, key, parameters.

@@ -9,7 +9,7 @@ use super::answer::{
 use super::params::{BreakdownQuery, DashboardQuery, KeysQuery, SeriesQuery, TopQuery};
 use super::{Ctx, QueryError, time};
 use crate::model::{Dimension, Duration, Key, ModelError, Namespace, Schema};
-use crate::store::{Buckets, KeyData, KeyList, KeyRead, Scan, Store, StoreError, Want};
+use crate::store::{Buckets, Deadline, KeyData, KeyList, KeyRead, Scan, Store, StoreError, Want};
 use crate::tier::{self, Purpose};
 use crate::time::{Calendar, TimeError, Tz};
 
@@ -76,8 +76,16 @@ pub(super) fn sum(buckets: &Buckets) -> i64 {
     buckets.iter().map(|(_, n)| n).sum()
 }
 
-pub(super) fn read_one(store: &dyn Store, read: KeyRead<'_>) -> Result<KeyData, QueryError> {
+/// Reads one key, giving up first if the query's time is already past (a read is bounded by
+/// `max_points`, so one check on each side is enough).
+pub(super) fn read_one(
+    store: &dyn Store,
+    read: KeyRead<'_>,
+    deadline: &Deadline,
+) -> Result<KeyData, QueryError> {
+    deadline.check()?;
     let mut data = store.read(&[read])?;
+    deadline.check()?;
     data.pop()
         .ok_or_else(|| StoreError::internal("a read returned no answer").into())
 }
@@ -175,7 +183,7 @@ pub fn series(store: &dyn Store, ctx: Ctx, q: &SeriesQuery) -> Result<SeriesAnsw
             to,
             want,
         };
-        let data = read_one(store, read)?;
+        let data = read_one(store, read, &ctx.deadline)?;
         let buckets = match &q.filter {
             None => data.totals,
             Some((d, v)) => data
@@ -229,7 +237,7 @@ pub fn breakdown(
         want: Want::Dim { dim: q.dim.name() },
     };
     let data = if from < to {
-        read_one(store, read)?
+        read_one(store, read, &ctx.deadline)?
     } else {
         Default::default()
     };
@@ -284,7 +292,7 @@ pub fn dashboard(
     let data = if bounds.is_empty() {
         Default::default()
     } else {
-        read_one(store, read)?
+        read_one(store, read, &ctx.deadline)?
     };
     let counts = rollup(&data.totals, &bounds);
     let total = sum(&data.totals);
@@ -351,6 +359,7 @@ pub fn top(store: &dyn Store, ctx: Ctx, q: &TopQuery) -> Result<TopAnswer, Query
             from,
             to,
             value: q.filter.as_ref().map(|(d, v)| (d.name(), v.as_str())),
+            deadline: &ctx.deadline,
         };
         store.scan(&scan, &mut |k, n| {
             if n != 0 {

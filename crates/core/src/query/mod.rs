@@ -19,7 +19,7 @@ pub use window::{WindowPlan, window, window_after, window_plan};
 
 use crate::error::ErrorCode;
 use crate::model::ModelError;
-use crate::store::StoreError;
+use crate::store::{Deadline, StoreError};
 use crate::tier::NoTier;
 use crate::time::TimeError;
 
@@ -96,8 +96,10 @@ fn time(field: &'static str) -> impl Fn(TimeError) -> QueryError {
 }
 
 /// What every query needs besides its parameters.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Ctx {
     pub now: i64,
     pub max_points: usize,
+    /// When to give up (`Deadline::none()` for no limit).
+    pub deadline: Deadline,
 }

@@ -6,7 +6,7 @@ use super::exec::{read_one, schema_of, sum};
 use super::params::WindowQuery;
 use super::{Ctx, QueryError};
 use crate::model::{Duration, Key, Namespace, Schema};
-use crate::store::{Batch, KeyRead, Store, StoreError, Want};
+use crate::store::{Batch, Deadline, KeyRead, Store, StoreError, Want};
 use crate::tier::NoTier;
 use crate::time::{Tz, bucket_start};
 
@@ -84,7 +84,7 @@ fn count(last: Duration, plan: WindowPlan, n: i64) -> WindowCount {
 pub fn window(store: &dyn Store, ctx: Ctx, q: &WindowQuery) -> Result<WindowAnswer, QueryError> {
     let schema = schema_of(store, &q.ns)?;
     let plan = window_plan(&q.ns, &schema, q.last, ctx.now)?;
-    let data = read_one(store, plan.read(&q.ns, &q.key))?;
+    let data = read_one(store, plan.read(&q.ns, &q.key), &ctx.deadline)?;
     Ok(WindowAnswer {
         ns: q.ns.to_string(),
         key: q.key.to_string(),
@@ -115,7 +115,7 @@ pub fn window_after(
     // A namespace this batch creates holds nothing yet.
     let before = match created {
         Some(_) => 0,
-        None => sum(&read_one(store, plan.read(ns, key))?.totals),
+        None => sum(&read_one(store, plan.read(ns, key), &Deadline::none())?.totals),
     };
     let added: i64 = batch
         .increments

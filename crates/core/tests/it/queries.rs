@@ -74,6 +74,7 @@ impl Db {
         Ctx {
             now: self.clock.now(),
             max_points: 100_000,
+            deadline: tally_core::store::Deadline::none(),
         }
     }
 
@@ -284,6 +285,7 @@ fn series_refusals() {
     let small = Ctx {
         now: db.ctx().now,
         max_points: 1000,
+        deadline: tally_core::store::Deadline::none(),
     };
     assert_eq!(
         query::series(&db.store, small, &q).unwrap_err().code(),

@@ -180,6 +180,9 @@ pub enum SegmentError {
     /// A previous write failed; the file is incomplete and must be discarded.
     #[error("{}: the writer failed earlier; discard the file", path.display())]
     Poisoned { path: PathBuf },
+    /// A scan's visitor asked to stop (its query ran out of time); nothing is wrong with the file.
+    #[error("{why}")]
+    Stopped { why: String },
 }
 
 impl SegmentError {

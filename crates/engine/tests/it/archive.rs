@@ -108,6 +108,7 @@ pub fn same(engine: &Engine, reference: &MemStore, now: i64) {
             from: now - 5 * DAY,
             to: now + DAY,
             value,
+            deadline: &tally_core::store::Deadline::none(),
         };
         let collect = |s: &dyn Store| {
             let mut v = Vec::new();
@@ -604,4 +605,59 @@ fn check_beside_a_flushing_engine_reports_no_false_damage() {
         checks += 1;
     }
     worker.join().unwrap();
+}
+
+/// A `top` visits every key: past its deadline (or once its client is gone) the scan stops
+/// with `Timeout`, whether the keys are in memory or in the archive, and changes nothing.
+#[test]
+fn a_scan_stops_at_its_deadline_in_memory_and_in_the_archive() {
+    use std::sync::atomic::AtomicBool;
+    use tally_core::store::{Deadline, StoreError};
+    let dir = tempfile::tempdir().unwrap();
+    let clock = crate::clock(NOW);
+    let e = open(dir.path(), &clock);
+    // 3000 keys: more than the 1024 keys between two checks.
+    let events: Vec<RawEvent> = (0..3000)
+        .map(|i| raw("clicks", &format!("k{i:05}"), NOW - 2 * DAY, 1, &[]))
+        .collect();
+    write(&e, NOW, &events).unwrap();
+    let ns = Namespace::new("clicks").unwrap();
+    let scan_with = |deadline: &Deadline| {
+        let scan = Scan {
+            ns: &ns,
+            resolution: tally_core::model::Duration::from_secs(3600).unwrap(),
+            from: NOW - 3 * DAY,
+            to: NOW,
+            value: None,
+            deadline,
+        };
+        let mut seen = 0usize;
+        e.scan(&scan, &mut |_, _| seen += 1).map(|()| seen)
+    };
+    let past = Deadline::new(std::time::Duration::ZERO, Arc::new(AtomicBool::new(false)));
+    let gone = Deadline::new(
+        std::time::Duration::from_secs(60),
+        Arc::new(AtomicBool::new(true)),
+    );
+    for archived in [false, true] {
+        if archived {
+            assert!(e.flush().unwrap().segments > 0);
+        }
+        assert_eq!(
+            scan_with(&Deadline::none()).unwrap(),
+            3000,
+            "archived {archived}"
+        );
+        for (deadline, why) in [(&past, "query_timeout_ms"), (&gone, "went away")] {
+            match scan_with(deadline) {
+                Err(err @ StoreError::Timeout { .. }) => {
+                    assert!(err.detail().contains(why), "{}", err.detail());
+                    assert_eq!(err.code(), tally_core::ErrorCode::QueryTimeout);
+                }
+                other => panic!("archived {archived}: {other:?}"),
+            }
+        }
+    }
+    // A stopped scan marks nothing as damaged.
+    assert!(e.health().is_ok());
 }

@@ -121,6 +121,7 @@ fn compare(engine: &Engine, reference: &MemStore) -> Result<(), TestCaseError> {
                 from: NOW - 86_400,
                 to: NOW + 86_400,
                 value,
+                deadline: &tally_core::store::Deadline::none(),
             };
             let collect = |s: &dyn Store| {
                 let mut v = Vec::new();

@@ -6,6 +6,7 @@ mod api;
 mod concurrency;
 mod errors;
 mod idempotency;
+mod limits;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -31,6 +32,12 @@ pub struct Gated {
     gate: Mutex<bool>,
     cv: Condvar,
     pub waiting: Mutex<usize>,
+    /// While set, a scan (a `top`) waits, checking its deadline as the engine does.
+    pub hold_scans: Mutex<bool>,
+    /// Scans waiting at that hold now.
+    pub scans_held: Mutex<usize>,
+    /// How each held scan ended, when its deadline stopped it.
+    pub scans_stopped: Mutex<Vec<String>>,
 }
 
 impl Gated {
@@ -74,6 +81,19 @@ impl Store for Gated {
         self.inner.keys(list)
     }
     fn scan(&self, scan: &Scan<'_>, visit: &mut dyn FnMut(&Key, i64)) -> Result<(), StoreError> {
+        *self.scans_held.lock().unwrap() += 1;
+        let held = loop {
+            if !*self.hold_scans.lock().unwrap() {
+                break Ok(());
+            }
+            if let Err(e) = scan.deadline.check() {
+                self.scans_stopped.lock().unwrap().push(e.detail());
+                break Err(e);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        };
+        *self.scans_held.lock().unwrap() -= 1;
+        held?;
         self.inner.scan(scan, visit)
     }
     fn idempotency(&self, key: &str) -> Result<Option<IdemRecord>, StoreError> {
@@ -132,6 +152,9 @@ impl Server {
             gate: Mutex::new(false),
             cv: Condvar::new(),
             waiting: Mutex::new(0),
+            hold_scans: Mutex::new(false),
+            scans_held: Mutex::new(0),
+            scans_stopped: Mutex::new(Vec::new()),
         });
         let app = App::new(store.clone(), settings.clone(), clock.clone());
         app.apply_config_namespaces().unwrap();

@@ -1,0 +1,117 @@
+//! Queries are bounded: a whole `POST /v1/query` answer by `max_points`, every query by
+//! `query_timeout_ms`, and a query whose client went away stops (issue 9, findings 1 and 4).
+
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use tally_server::Settings;
+
+use crate::{NOW, Server, err};
+
+fn settings(toml: &str) -> Settings {
+    Settings::from_toml(toml).unwrap()
+}
+
+fn seed(s: &Server) {
+    let events = json!([{"ns": "clicks", "key": "lnk_1", "ts": NOW - 60}]);
+    assert_eq!(s.post("/v1/events", &events.to_string()).0, 200);
+}
+
+/// A series of `hours` hourly points, as a `/v1/query` entry.
+fn series_entry(hours: i64) -> serde_json::Value {
+    json!({"kind": "series", "ns": "clicks", "key": "lnk_1",
+           "from": NOW - hours * 3600, "to": NOW, "unit": "hour"})
+}
+
+#[test]
+fn a_query_batch_whose_answers_hold_too_many_points_is_refused_whole() {
+    let s = Server::start(settings("[limits]\nmax_points = 1000"));
+    seed(&s);
+    // Each entry is within the limit on its own.
+    let one = json!({"queries": [series_entry(600)]});
+    let (st, a) = s.post("/v1/query", &one.to_string());
+    assert_eq!(st, 200, "{a}");
+    assert_eq!(a["results"][0]["points"].as_array().unwrap().len(), 600);
+    // Forty of them would be a 24,000-point answer from a small request.
+    let bomb = json!({"queries": vec![series_entry(600); 40]});
+    let e = err(
+        s.post("/v1/query", &bomb.to_string()),
+        422,
+        "too_many_points",
+    );
+    assert!(
+        e["error"]["message"].as_str().unwrap().contains("1000"),
+        "{e}"
+    );
+    // Entries that fail on their own hold no points and do not count.
+    let mixed = json!({"queries": [series_entry(600), {"kind": "nope"}, {"kind": "series"}]});
+    let (st, a) = s.post("/v1/query", &mixed.to_string());
+    assert_eq!(st, 200, "{a}");
+    assert_eq!(a["results"][1]["error"]["code"], "invalid_parameter");
+}
+
+#[test]
+fn a_query_past_its_deadline_is_503_query_timeout_and_writes_carry_on() {
+    let s = Server::start(settings("[limits]\nquery_timeout_ms = 200"));
+    seed(&s);
+    *s.store.hold_scans.lock().unwrap() = true;
+    let t = Instant::now();
+    let top = format!("/v1/ns/clicks/top?from={}&to={NOW}", NOW - 3600);
+    let e = err(s.get(&top), 503, "query_timeout");
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("query_timeout_ms"),
+        "{e}"
+    );
+    // The read itself noticed and gave its thread back.
+    wait_for(|| !s.store.scans_stopped.lock().unwrap().is_empty());
+    // A whole POST /v1/query past the deadline is 503 as a whole, not a per-entry error.
+    let batch = json!({"queries": [series_entry(2),
+        {"kind": "top", "ns": "clicks", "from": NOW - 3600, "to": NOW}]});
+    err(
+        s.post("/v1/query", &batch.to_string()),
+        503,
+        "query_timeout",
+    );
+    // Writes are not held up meanwhile.
+    let (st, _) = s.post("/v1/ns/clicks/keys/lnk_1/incr", "");
+    assert_eq!(st, 200);
+    *s.store.hold_scans.lock().unwrap() = false;
+    let (st, a) = s.get(&top);
+    assert_eq!((st, a["total"].as_i64()), (200, Some(1)), "{a}");
+}
+
+#[test]
+fn a_query_stops_when_its_client_goes_away() {
+    let s = Server::start(settings("[limits]\nquery_timeout_ms = 60000"));
+    seed(&s);
+    *s.store.hold_scans.lock().unwrap() = true;
+    let mut conn = std::net::TcpStream::connect(s.addr).unwrap();
+    write!(
+        conn,
+        "GET /v1/ns/clicks/top?from={}&to={NOW} HTTP/1.1\r\nHost: x\r\n\r\n",
+        NOW - 3600
+    )
+    .unwrap();
+    wait_for(|| *s.store.scans_held.lock().unwrap() == 1);
+    drop(conn);
+    // Long before the 60 s deadline, the abandoned query stops.
+    wait_for(|| !s.store.scans_stopped.lock().unwrap().is_empty());
+    let why = s.store.scans_stopped.lock().unwrap()[0].clone();
+    assert!(why.contains("went away"), "{why}");
+    assert_eq!(*s.store.scans_held.lock().unwrap(), 0);
+}
+
+/// Waits up to 5 s for `cond`.
+#[track_caller]
+fn wait_for(cond: impl Fn() -> bool) {
+    let t = Instant::now();
+    while !cond() {
+        assert!(t.elapsed() < Duration::from_secs(5), "timed out waiting");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
