@@ -39,7 +39,7 @@ pub(crate) fn caller<'t>(
     let given = headers
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(bearer)
         .ok_or_else(|| {
             ApiError::new(
                 ErrorCode::Unauthorized,
@@ -51,6 +51,14 @@ pub(crate) fn caller<'t>(
         .find(|t| same_secret(t.secret.as_bytes(), given.as_bytes()))
         .map(Some)
         .ok_or_else(|| ApiError::new(ErrorCode::Unauthorized, "unknown token"))
+}
+
+/// The token of an `Authorization: Bearer <token>` value: the scheme is matched without
+/// regard to case (RFC 9110 §11.1), any spaces after it are skipped.
+fn bearer(value: &str) -> Option<&str> {
+    let (scheme, token) = value.split_once(' ')?;
+    let token = token.trim_start_matches(' ');
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
 /// Compares two secrets without stopping at the first differing byte, so the time a wrong
@@ -94,6 +102,29 @@ mod tests {
         assert!(!same_secret(b"s3cret", b"s3cre"));
         assert!(!same_secret(b"s3cret", b"s3crets"));
         assert!(!same_secret(b"", b"s"));
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_matched_without_case() {
+        let t = tokens();
+        for v in [
+            "Bearer s3cret",
+            "bearer s3cret",
+            "BEARER s3cret",
+            "Bearer   s3cret",
+        ] {
+            assert!(caller(&t, &bearer(v)).unwrap().is_some(), "{v}");
+        }
+        for v in [
+            "Bearer",
+            "Bearer ",
+            "Basic s3cret",
+            "Bearers3cret",
+            "s3cret",
+        ] {
+            let e = caller(&t, &bearer(v)).unwrap_err();
+            assert_eq!(e.code, ErrorCode::Unauthorized, "{v}");
+        }
     }
 
     #[test]

@@ -12,6 +12,7 @@ pub mod config;
 mod error;
 mod events;
 mod idempotency;
+mod json;
 mod metrics;
 mod ops;
 mod params;

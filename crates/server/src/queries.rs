@@ -269,7 +269,7 @@ pub async fn batch(
 ) -> Result<Response, ApiError> {
     let bytes = read_body(body, app.settings().limits.max_body_bytes).await?;
     let malformed = |m: &str| ApiError::new(ErrorCode::MalformedBody, m);
-    let v: Value = serde_json::from_slice(&bytes)
+    let v: Value = crate::json::from_slice(&bytes)
         .map_err(|e| malformed(&format!("the body is not JSON: {e}")))?;
     let list = v
         .get("queries")

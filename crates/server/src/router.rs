@@ -78,22 +78,16 @@ async fn json_errors(
     if status.as_u16() < 400 || is_json {
         return resp;
     }
-    let allow = resp.headers().get(axum::http::header::ALLOW).cloned();
     let text = axum::body::to_bytes(resp.into_body(), 64 * 1024)
         .await
         .unwrap_or_default();
     let text = String::from_utf8_lossy(&text).trim().to_owned();
     let err = match status.as_u16() {
-        405 => {
-            let allowed = allow
-                .as_ref()
-                .and_then(|a| a.to_str().ok())
-                .unwrap_or("another method");
-            ApiError::new(
-                ErrorCode::NotFound,
-                format!("no route for {method} here; this path takes {allowed}"),
-            )
-        }
+        // axum adds the `Allow` header after this layer has seen the answer.
+        405 => ApiError::new(
+            ErrorCode::MethodNotAllowed,
+            format!("{method} is not allowed on this path; the Allow header lists what is"),
+        ),
         400 if text.contains("`key`") => ApiError::new(ErrorCode::InvalidKey, text).field("key"),
         400 if text.contains("`ns`") => ApiError::new(ErrorCode::InvalidName, text).field("ns"),
         400 => ApiError::new(ErrorCode::InvalidParameter, text),
@@ -102,11 +96,7 @@ async fn json_errors(
         s if s < 500 => ApiError::new(ErrorCode::MalformedBody, text),
         _ => ApiError::new(ErrorCode::Internal, text),
     };
-    let mut out = err.into_response();
-    if let Some(a) = allow {
-        out.headers_mut().insert(axum::http::header::ALLOW, a);
-    }
-    out
+    err.into_response()
 }
 
 /// Serves until `shutdown` completes, then stops accepting and finishes in-flight requests.

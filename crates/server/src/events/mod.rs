@@ -71,10 +71,7 @@ pub async fn post_events(
 ) -> Result<axum::response::Response, ApiError> {
     use axum::response::IntoResponse;
     let bytes = read_body(body, app.settings().limits.max_body_bytes).await?;
-    let ndjson = headers
-        .get(axum::http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/x-ndjson"));
+    let ndjson = is_ndjson(&headers);
     let raws = parse::parse_body(&bytes, ndjson, app.settings().limits.max_batch_events)?;
     // Once per namespace, at its first event: that event's index is the one a refusal names.
     let mut checked: std::collections::HashSet<&str> = std::collections::HashSet::new();
@@ -107,6 +104,16 @@ pub async fn post_events(
         .await?;
     drop(held);
     Ok(Json(body).into_response())
+}
+
+/// Whether the body is NDJSON: `Content-Type: application/x-ndjson`, the media type matched
+/// without regard to case and its parameters (`; charset=utf-8`) ignored, as RFC 9110 says.
+fn is_ndjson(headers: &HeaderMap) -> bool {
+    headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|media| media.trim().eq_ignore_ascii_case("application/x-ndjson"))
 }
 
 /// Increment one key from query parameters.
@@ -202,4 +209,30 @@ pub async fn incr(
         .await?;
     drop(held);
     Ok(Json(body).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ndjson_media_type_is_matched_without_case_or_parameters() {
+        let with = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(axum::http::header::CONTENT_TYPE, v.parse().unwrap());
+            is_ndjson(&h)
+        };
+        for yes in [
+            "application/x-ndjson",
+            "Application/X-NDJSON",
+            "application/x-ndjson; charset=utf-8",
+            " application/x-ndjson ;charset=UTF-8",
+        ] {
+            assert!(with(yes), "{yes}");
+        }
+        for no in ["application/json", "application/x-ndjsonx", "text/plain"] {
+            assert!(!with(no), "{no}");
+        }
+        assert!(!is_ndjson(&HeaderMap::new()));
+    }
 }

@@ -6,6 +6,8 @@
 //! take goes to the slow one, which walks a JSON value field by field to name the exact
 //! error. So a bad body is parsed twice and a good one once.
 
+use std::borrow::Cow;
+
 use serde_json::Value;
 use tally_core::ErrorCode;
 use tally_core::model::{self, RawEvent};
@@ -143,7 +145,7 @@ impl<'de: 'a, 'a> serde::Deserialize<'de> for FastTs<'a> {
     }
 }
 
-struct FastDims<'a>(Vec<(std::borrow::Cow<'a, str>, std::borrow::Cow<'a, str>)>);
+struct FastDims<'a>(Vec<(Cow<'a, str>, Cow<'a, str>)>);
 
 impl<'de: 'a, 'a> serde::Deserialize<'de> for FastDims<'a> {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -157,9 +159,14 @@ impl<'de: 'a, 'a> serde::Deserialize<'de> for FastDims<'a> {
                 self,
                 mut m: M,
             ) -> Result<Self::Value, M::Error> {
-                let mut out = Vec::with_capacity(m.size_hint().unwrap_or(2));
-                while let Some(kv) = m.next_entry()? {
-                    out.push(kv);
+                let mut out: Vec<(Cow<'de, str>, Cow<'de, str>)> =
+                    Vec::with_capacity(m.size_hint().unwrap_or(2));
+                while let Some((k, v)) = m.next_entry::<Cow<'de, str>, Cow<'de, str>>()? {
+                    // A name given twice: the slow path refuses the body and says so.
+                    if out.iter().any(|(seen, _)| *seen == k) {
+                        return Err(serde::de::Error::custom("a dimension named twice"));
+                    }
+                    out.push((k, v));
                 }
                 Ok(FastDims(out))
             }
@@ -248,13 +255,13 @@ fn parse_slow(body: &[u8], ndjson: bool, max: usize) -> Result<Vec<RawEvent>, Ap
             .iter()
             .enumerate()
             .map(|(i, l)| {
-                let v: Value = serde_json::from_str(l)
+                let v: Value = crate::json::from_str(l)
                     .map_err(|e| malformed(format!("line is not JSON: {e}")).index(i))?;
                 raw_event(&v).map_err(|e| e.index(i))
             })
             .collect();
     }
-    let v: Value = serde_json::from_slice(body)
+    let v: Value = crate::json::from_slice(body)
         .map_err(|e| malformed(format!("the body is not JSON: {e}")))?;
     let items = v.as_array().ok_or_else(|| malformed("the body is a JSON array of events (or NDJSON with Content-Type: application/x-ndjson)"))?;
     if items.len() > max {
@@ -431,25 +438,30 @@ mod tests {
     }
 
     #[test]
-    fn repeated_names_part_the_two_paths() {
-        // A repeated dimension: the fast path keeps both (ingest then refuses the event), the
-        // slow path's JSON object keeps the last value. A repeated field: the fast path
-        // refuses, so the slow path answers, keeping the last value.
-        let dims = r#"[{"ns": "a", "key": "k", "dims": {"d": "1", "d": "2"}}]"#;
-        assert_eq!(
-            parse(dims, false).unwrap(),
-            [ev("a", "k", None, None, &[("d", "1"), ("d", "2")])]
-        );
-        assert_eq!(
-            parse_slow(dims.as_bytes(), false, 1000).unwrap(),
-            [ev("a", "k", None, None, &[("d", "2")])]
-        );
-        let field = r#"[{"ns": "a", "key": "k", "ns": "b"}]"#;
-        assert!(parse_fast(field.as_bytes(), false).is_none());
-        assert_eq!(
-            parse(field, false).unwrap(),
-            [ev("b", "k", None, None, &[])]
-        );
+    fn a_repeated_name_is_never_last_wins() {
+        // A repeated field or dimension: the fast path cannot read the body, and the slow
+        // path refuses it, naming the name (and, in NDJSON, the line's index).
+        for (event, name) in [
+            (r#"{"ns": "a", "key": "k", "ns": "b"}"#, "ns"),
+            (
+                r#"{"ns": "a", "key": "k", "dims": {"d": "1", "e": "x", "d": "2"}}"#,
+                "d",
+            ),
+        ] {
+            for ndjson in [false, true] {
+                let body = if ndjson {
+                    format!("{{\"ns\": \"a\", \"key\": \"k\"}}\n{event}")
+                } else {
+                    format!("[{{\"ns\": \"a\", \"key\": \"k\"}}, {event}]")
+                };
+                assert!(parse_fast(body.as_bytes(), ndjson).is_none());
+                let e = parse(&body, ndjson).unwrap_err();
+                assert_eq!(e.code, ErrorCode::MalformedBody);
+                let twice = format!("{name:?} appears twice");
+                assert!(e.message.contains(&twice), "{}", e.message);
+                assert_eq!(e.index, ndjson.then_some(1));
+            }
+        }
     }
 }
 
@@ -458,15 +470,12 @@ mod tests {
 /// [`parse_body`] takes the fast path's answer whenever that path can read the whole body,
 /// and the slow path's otherwise. So the property is:
 /// - when the fast path accepts (every event read, none refused, not too many), the public
-///   answer is its events, and the slow path accepts the same events — up to a dimension
-///   named twice in one event, where the slow path's JSON object keeps only the last value
-///   (`ingest` refuses the fast path's two entries, so such a batch is refused);
+///   answer is its events, and the slow path accepts the same events;
 /// - when the fast path reads the body but refuses it (a timestamp it cannot parse, too many
 ///   events), the slow path refuses it too, and the public error is the slow path's: same
 ///   code, index, field and message;
 /// - when the fast path cannot read the body, the public answer is the slow path's, whatever
-///   it is. It is a refusal except for a field given twice in one event, which the fast path
-///   refuses and the slow path reads as its last value.
+///   it is.
 ///
 /// So whenever either path refuses, the public error is the one the slow path names.
 #[cfg(test)]
@@ -787,18 +796,12 @@ mod props {
         body.into_bytes()
     }
 
-    /// What the slow path makes of an event's dimensions: a JSON object keeps one entry per
-    /// name, in the place of its first appearance, with its last value.
-    fn last_value_per_name(mut e: RawEvent) -> RawEvent {
-        let mut dims: Vec<(String, String)> = Vec::new();
-        for (k, v) in e.dims {
-            match dims.iter_mut().find(|(seen, _)| *seen == k) {
-                Some(d) => d.1 = v,
-                None => dims.push((k, v)),
-            }
-        }
-        e.dims = dims;
-        e
+    /// Whether an event names a dimension twice (neither path reads such a body).
+    fn repeats_a_dimension(e: &RawEvent) -> bool {
+        e.dims
+            .iter()
+            .enumerate()
+            .any(|(i, (k, _))| e.dims[..i].iter().any(|(seen, _)| seen == k))
     }
 
     fn check(body: &[u8], ndjson: bool, max: usize) -> Result<(), TestCaseError> {
@@ -808,10 +811,10 @@ mod props {
             Some(fast) if fast.len() <= max && fast.iter().all(Result::is_ok) => {
                 let fast: Vec<RawEvent> = fast.into_iter().flatten().collect();
                 prop_assert_eq!(public.as_ref().ok(), Some(&fast));
-                let expected: Vec<RawEvent> = fast.into_iter().map(last_value_per_name).collect();
+                prop_assert!(!fast.iter().any(repeats_a_dimension));
                 prop_assert_eq!(
                     slow,
-                    Ok(expected),
+                    Ok(fast),
                     "the slow path refused what the fast path took"
                 );
             }

@@ -484,9 +484,39 @@ fn errors_axum_answers_itself_are_json_too() {
     let before = s.state();
     err(
         s.req("PUT", "/v1/events", Some("[]"), &[]),
-        404,
-        "not_found",
+        405,
+        "method_not_allowed",
     );
+    // Any method a route does not take, TRACE included, is 405 with Allow; an unknown path
+    // is 404 whatever the method.
+    for (method, path, status, allow) in [
+        ("TRACE", "/v1/events", 405, Some("POST")),
+        ("DELETE", "/v1/ns/clicks", 405, Some("GET,HEAD,PUT")),
+        ("PATCH", "/healthz", 405, Some("GET,HEAD")),
+        ("TRACE", "/nowhere", 404, None),
+    ] {
+        let answer = raw_http(
+            s.addr,
+            &format!("{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
+        );
+        let head = answer
+            .split("\r\n\r\n")
+            .next()
+            .unwrap()
+            .to_ascii_lowercase();
+        assert!(
+            head.starts_with(&format!("http/1.1 {status}")),
+            "{method} {path}: {answer}"
+        );
+        assert!(head.contains("content-type: application/json"), "{answer}");
+        match allow {
+            Some(a) => assert!(
+                head.contains(&format!("allow: {}", a.to_ascii_lowercase())),
+                "{answer}"
+            ),
+            None => assert!(!head.contains("allow:"), "{answer}"),
+        }
+    }
     let (st, raw) = s.raw(
         "GET",
         "/v1/ns/clicks/keys/%FF/series?from=1&to=2&unit=day",
@@ -497,4 +527,16 @@ fn errors_axum_answers_itself_are_json_too() {
     let v: serde_json::Value = serde_json::from_str(&raw).unwrap();
     assert_eq!(v["error"]["code"], "invalid_key", "{v}");
     assert_eq!(s.state(), before);
+}
+
+/// Sends `request` as it is and reads the whole answer (the request asks to close).
+pub fn raw_http(addr: std::net::SocketAddr, request: &str) -> String {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .unwrap();
+    c.write_all(request.as_bytes()).unwrap();
+    let mut out = Vec::new();
+    let _ = c.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
 }
