@@ -40,11 +40,71 @@ pub fn parse_timestamp(s: &str) -> Result<i64, ModelError> {
         })?;
         return timestamp(ts);
     }
-    let parsed: jiff::Timestamp = s.parse().map_err(|_| ModelError::InvalidTimestamp {
+    let bad = |why| ModelError::InvalidTimestamp {
         got: s.to_owned(),
-        why: "expected unix seconds or RFC 3339 like 2026-10-01T00:00:00Z",
-    })?;
+        why,
+    };
+    rfc3339_shape(s.as_bytes()).map_err(bad)?;
+    let parsed: jiff::Timestamp = s
+        .parse()
+        .map_err(|_| bad("not a date and time of the calendar (RFC 3339)"))?;
     timestamp(parsed.as_second())
+}
+
+/// Checks that `s` has exactly RFC 3339's `date-time` shape (§5.6) before a calendar parser
+/// sees it: `YYYY-MM-DDTHH:MM:SS[.fraction](Z|±HH:MM)`, `T` and `Z` in either case, a
+/// fraction of 1 to 9 digits, an offset's hour at most 23 and its minute at most 59. What a
+/// laxer parser would also take — an expanded year (`+002026-…`), an offset of `+24:00` or
+/// with seconds, a space for the `T`, a bracketed zone — is refused, so every accepted
+/// text means one instant to every RFC 3339 reader.
+fn rfc3339_shape(s: &[u8]) -> Result<(), &'static str> {
+    const SHAPE: &str = "expected unix seconds or RFC 3339 like 2026-10-01T00:00:00Z";
+    let digits = |at: usize, n: usize| {
+        s.get(at..at + n)
+            .is_some_and(|d| d.iter().all(u8::is_ascii_digit))
+    };
+    let byte = |at: usize, b: &[u8]| s.get(at).is_some_and(|c| b.contains(c));
+    // YYYY-MM-DDTHH:MM:SS is 19 bytes.
+    let head = digits(0, 4)
+        && byte(4, b"-")
+        && digits(5, 2)
+        && byte(7, b"-")
+        && digits(8, 2)
+        && byte(10, b"Tt")
+        && digits(11, 2)
+        && byte(13, b":")
+        && digits(14, 2)
+        && byte(16, b":")
+        && digits(17, 2);
+    if !head {
+        return Err(SHAPE);
+    }
+    let mut at = 19;
+    if byte(at, b".") {
+        let n = s[at + 1..]
+            .iter()
+            .take_while(|c| c.is_ascii_digit())
+            .count();
+        if !(1..=9).contains(&n) {
+            return Err("a fraction of a second has 1 to 9 digits");
+        }
+        at += 1 + n;
+    }
+    match s.get(at..) {
+        Some([b'Z' | b'z']) => Ok(()),
+        Some([b'+' | b'-', h1, h2, b':', m1, m2])
+            if [*h1, *h2, *m1, *m2].iter().all(u8::is_ascii_digit) =>
+        {
+            let hour = (h1 - b'0') * 10 + (h2 - b'0');
+            let minute = (m1 - b'0') * 10 + (m2 - b'0');
+            if hour > 23 || minute > 59 {
+                Err("an offset is at most ±23:59")
+            } else {
+                Ok(())
+            }
+        }
+        _ => Err("RFC 3339 ends with Z or an offset like +05:30"),
+    }
 }
 
 /// An increment as a client sends it, before validation.
@@ -237,6 +297,16 @@ mod tests {
             parse_timestamp("2026-10-01T04:00:00.9Z").unwrap(),
             1_790_827_200
         );
+        // T and Z in either case; a fraction up to nanoseconds; offsets to ±23:59.
+        for (ok, ts) in [
+            ("2026-10-01t04:00:00z", 1_790_827_200),
+            ("2026-10-01T04:00:00.123456789Z", 1_790_827_200),
+            ("2026-10-01T09:30:00+05:30", 1_790_827_200),
+            ("2026-10-02T03:59:00+23:59", 1_790_827_200),
+            ("2026-10-01T04:00:00-00:00", 1_790_827_200),
+        ] {
+            assert_eq!(parse_timestamp(ok).unwrap(), ts, "{ok}");
+        }
         for bad in [
             "",
             "yesterday",
@@ -244,6 +314,23 @@ mod tests {
             "-5",
             "1e9",
             "99999999999999999999",
+            // What a lax ISO 8601 parser takes, RFC 3339 does not.
+            "2026-10-01T00:00:00+24:00",
+            "2026-10-01T00:00:00+05:60",
+            "+002026-10-01T00:00:00Z",
+            "2026-10-01 00:00:00Z",
+            "2026-10-01T00:00:00+05:30:00",
+            "2026-10-01T00:00:00+0530",
+            "2026-10-01T00:00:00Z[UTC]",
+            "2026-10-01T00:00:00",
+            "2026-10-01T00:00Z",
+            "2026-10-01T00:00:00.Z",
+            "2026-10-01T00:00:00.1234567890Z",
+            "2026-10-01T00:00:00,5Z",
+            "2026-13-01T00:00:00Z",
+            "2026-02-30T00:00:00Z",
+            "2026-10-01T24:00:00Z",
+            "２０２６-10-01T00:00:00Z",
         ] {
             assert_eq!(
                 parse_timestamp(bad).unwrap_err().code(),
