@@ -17,6 +17,8 @@ use tally_core::query::Accepted;
 use tally_core::store::IdemRecord;
 
 use crate::app::App;
+use crate::auth;
+use crate::config::Token;
 use crate::error::ApiError;
 
 /// How long an answer is remembered under its idempotency key.
@@ -136,6 +138,12 @@ pub(crate) async fn begin(app: &App, headers: &HeaderMap, fp: String) -> Result<
             .field("Idempotency-Key")
         })?
         .to_owned();
+    // Each token has its own keys: one client's key never replays, blocks or reveals
+    // another's request. Without tokens, the key is stored as the client sent it.
+    let key = match auth::caller(&app.settings().tokens, headers)? {
+        Some(token) => scoped(token, &key),
+        None => key,
+    };
     if !app.in_flight().claim(&key) {
         return Err(ApiError::new(
             ErrorCode::IdempotencyInProgress,
@@ -160,6 +168,13 @@ pub(crate) async fn begin(app: &App, headers: &HeaderMap, fp: String) -> Result<
         )),
         None => Ok(Idem::Proceed(Some(held))),
     }
+}
+
+/// The stored key of a token's `Idempotency-Key`: a stable digest of the token (not the
+/// secret itself: stored keys reach the log and the archive's manifest), then the key.
+fn scoped(token: &Token, key: &str) -> String {
+    let id = fingerprint(&[b"tally idempotency scope", token.secret.as_bytes()]);
+    format!("t{id}:{key}")
 }
 
 /// A stored answer, sent again as it was.
@@ -190,6 +205,20 @@ mod tests {
         assert_ne!(a, fingerprint(&[b"abc"]));
         assert_eq!(a.len(), 24);
         assert!(a.bytes().all(|b| b.is_ascii_hexdigit()));
+    }
+
+    #[test]
+    fn tokens_have_their_own_keys() {
+        let token = |secret: &str| Token {
+            secret: secret.into(),
+            scopes: Vec::new(),
+        };
+        let (a, b) = (token("alpha"), token("beta"));
+        assert_ne!(scoped(&a, "k"), scoped(&b, "k"));
+        assert_eq!(scoped(&a, "k"), scoped(&token("alpha"), "k"));
+        assert_ne!(scoped(&a, "k"), scoped(&a, "k2"));
+        assert!(!scoped(&a, "k").contains("alpha"));
+        assert!(scoped(&a, "k").ends_with(":k"));
     }
 
     #[test]

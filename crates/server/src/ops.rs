@@ -2,11 +2,14 @@
 //! writes), `/metrics` (Prometheus text) and `/openapi.json` — none needs a token, so a load
 //! balancer or a scraper can call them — and `POST /v1/admin/compact`, which needs `admin:*`.
 
+use std::fmt::Write as _;
+
 use axum::Json;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::IntoResponse;
 use serde_json::Value;
+use tally_core::store::StoreError;
 
 use crate::app::App;
 use crate::auth;
@@ -24,16 +27,24 @@ pub async fn healthz(State(app): State<App>) -> Result<Json<Value>, ApiError> {
 /// Prometheus text.
 #[utoipa::path(get, path = "/metrics", tag = "operations", responses((status = 200, description = "Prometheus text format")))]
 pub async fn metrics(State(app): State<App>) -> impl IntoResponse {
-    let gauges = app
-        .blocking(|app| Ok(app.store().gauges()))
+    let (gauges, health) = app
+        .blocking(|app| Ok((app.store().gauges(), app.store().health())))
         .await
-        .unwrap_or_default();
+        .unwrap_or_else(|e| (Vec::new(), Err(StoreError::internal(e.message))));
+    let mut text = app.metrics().render(&gauges);
+    // A poisoned log writer (or Redis down) shows here as well as on /healthz (which says
+    // why), so an alert can fire on it.
+    let _ = writeln!(
+        text,
+        "# HELP tally_backend_healthy 1 when the backend takes writes, 0 when it does not.\n# TYPE tally_backend_healthy gauge"
+    );
+    let _ = writeln!(text, "tally_backend_healthy {}", u8::from(health.is_ok()));
     (
         [(
             axum::http::header::CONTENT_TYPE,
             "text/plain; version=0.0.4",
         )],
-        app.metrics().render(&gauges),
+        text,
     )
 }
 

@@ -461,6 +461,14 @@ fn a_failed_disk_gives_503_and_unhealthy() {
     let e = json!([{"ns": "clicks", "key": "k", "ts": NOW - 60}]).to_string();
     assert_eq!(s.post("/v1/events", &e).0, 200);
     let before = s.state();
+    let healthy = |s: &Server| {
+        let (_, text) = s.raw("GET", "/metrics", None, &[]);
+        text.lines()
+            .find(|l| l.starts_with("tally_backend_healthy"))
+            .unwrap()
+            .to_owned()
+    };
+    assert_eq!(healthy(&s), "tally_backend_healthy 1");
     faults
         .fail_syncs
         .store(true, std::sync::atomic::Ordering::SeqCst);
@@ -475,6 +483,8 @@ fn a_failed_disk_gives_503_and_unhealthy() {
         "backend_unavailable",
     );
     err(s.get("/healthz"), 503, "backend_unavailable");
+    // ... and so does a metric an alert can watch.
+    assert_eq!(healthy(&s), "tally_backend_healthy 0");
     assert_eq!(s.state(), before, "nothing unacknowledged became visible");
 }
 

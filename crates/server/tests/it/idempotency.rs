@@ -162,3 +162,64 @@ fn a_concurrent_request_with_the_same_key_is_409() {
     );
     assert_eq!(total(&s, "k"), 2);
 }
+
+/// Two clients with their own tokens may pick the same key: neither replays, blocks nor
+/// learns of the other's request (a 422 would tell B that A used the key).
+#[test]
+fn each_token_has_its_own_keys() {
+    let s = Server::with_config(
+        r#"
+[[tokens]]
+token = "alpha"
+scopes = ["write:clicks", "read:clicks"]
+
+[[tokens]]
+token = "beta"
+scopes = ["write:clicks", "read:clicks"]
+"#,
+    );
+    let a = [
+        ("Authorization", "Bearer alpha"),
+        ("Idempotency-Key", "same"),
+    ];
+    let b = [
+        ("Authorization", "Bearer beta"),
+        ("Idempotency-Key", "same"),
+    ];
+    let body_a = json!([{"ns": "clicks", "key": "k", "ts": NOW - 60, "n": 5}]).to_string();
+    let body_b = json!([{"ns": "clicks", "key": "k", "ts": NOW - 60, "n": 7}, {"ns": "clicks", "key": "k", "ts": NOW - 60}]).to_string();
+    assert_eq!(
+        s.req("POST", "/v1/events", Some(&body_a), &a),
+        (200, json!({"accepted": 1}))
+    );
+    assert_eq!(
+        s.req("POST", "/v1/events", Some(&body_b), &b),
+        (200, json!({"accepted": 2}))
+    );
+    // Each replays its own answer and applies nothing.
+    assert_eq!(
+        s.req("POST", "/v1/events", Some(&body_a), &a),
+        (200, json!({"accepted": 1}))
+    );
+    assert_eq!(
+        s.req("POST", "/v1/events", Some(&body_b), &b),
+        (200, json!({"accepted": 2}))
+    );
+    // Reused by the same token for a different request: still refused.
+    err(
+        s.req("POST", "/v1/events", Some(&body_b), &a),
+        422,
+        "idempotency_key_reused",
+    );
+    let (_, v) = s.req(
+        "GET",
+        &format!(
+            "/v1/ns/clicks/keys/k/series?from={}&to={}&unit=hour",
+            NOW - 7200,
+            NOW + 3600
+        ),
+        None,
+        &[("Authorization", "Bearer alpha")],
+    );
+    assert_eq!(v["total"], 13);
+}
