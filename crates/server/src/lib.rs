@@ -14,6 +14,7 @@ mod events;
 mod idempotency;
 mod json;
 mod metrics;
+mod openapi;
 mod ops;
 mod params;
 mod queries;

@@ -38,7 +38,8 @@ pub fn router(app: App) -> (Router, utoipa::openapi::OpenApi) {
     api.info.version = env!("CARGO_PKG_VERSION").into();
     api.info.contact = None;
     api.info.license = Some(utoipa::openapi::License::new("MIT OR Apache-2.0"));
-    let json = serde_json::to_string_pretty(&api).unwrap_or_else(|_| "{}".into());
+    let doc = crate::openapi::complete(&api, &app.settings().limits);
+    let json = serde_json::to_string_pretty(&doc).unwrap_or_else(|_| "{}".into());
     app.set_openapi(json);
     let app2 = app.clone();
     let router = router

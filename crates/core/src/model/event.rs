@@ -28,7 +28,6 @@ pub fn timestamp(ts: i64) -> Result<i64, ModelError> {
 /// Parses unix seconds (`1790827200`) or RFC 3339 (`2026-10-01T00:00:00-04:00`; a fraction
 /// of a second is floored).
 pub fn parse_timestamp(s: &str) -> Result<i64, ModelError> {
-    let s = s.trim();
     if !s.is_empty()
         && s.bytes()
             .enumerate()

@@ -489,12 +489,12 @@ mod props {
         "2026-11-20T12:00:00Z",
         "2026-11-20T17:30:00+05:30",
         "1795176000",
-        " 0 ",
+        "0",
         "2106-02-07T06:28:15Z",
     ];
 
     /// Timestamp strings that are JSON strings but no timestamp.
-    const BAD_TS: [&str; 7] = [
+    const BAD_TS: [&str; 9] = [
         r#""yesterday""#,
         r#""""#,
         r#""99999999999999999999""#,
@@ -502,6 +502,8 @@ mod props {
         r#""2106-02-07T06:28:16Z""#,
         r#""2026-11-20 12:00""#,
         r#""\u0031\u0032x""#,
+        r#"" 0 ""#,
+        r#""2026-11-20T12:00:00+24:00""#,
     ];
 
     /// JSON values that are wrong for some field, or right for one and wrong for others.

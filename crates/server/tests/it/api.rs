@@ -308,11 +308,53 @@ fn health_metrics_openapi() {
         ("/openapi.json", "get"),
         ("/v1/admin/compact", "post"),
     ] {
+        let op = paths.get(path).and_then(|p| p.get(method));
         assert!(
-            paths.get(path).and_then(|p| p.get(method)).is_some(),
+            op.is_some(),
             "{method} {path} missing from the OpenAPI document"
         );
+        // Every refusal is documented, with the one error shape.
+        let responses = &op.unwrap()["responses"];
+        let mut statuses = vec!["503"];
+        if path.starts_with("/v1/") {
+            statuses.extend(["400", "401", "403", "404", "422"]);
+        }
+        for status in statuses {
+            assert_eq!(
+                responses[status]["content"]["application/json"]["schema"]["$ref"],
+                "#/components/schemas/Error",
+                "{method} {path} {status}"
+            );
+        }
     }
+    // Parameters carry the server's own rules.
+    let param = |path: &str, method: &str, name: &str| {
+        paths[path][method]["parameters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap()["schema"]
+            .clone()
+    };
+    let limit = param("/v1/ns/{ns}/top", "get", "limit");
+    assert_eq!(
+        (limit["minimum"].as_i64(), limit["maximum"].as_i64()),
+        (Some(1), Some(10_000))
+    );
+    let ns = param("/v1/ns/{ns}/keys/{key}/series", "get", "ns");
+    assert_eq!(ns["pattern"], "^[a-z0-9][a-z0-9_.-]{0,63}$");
+    let unit = param("/v1/ns/{ns}/keys/{key}/series", "get", "unit");
+    assert_eq!(unit["enum"].as_array().unwrap().len(), 9);
+    assert!(param("/v1/ns/{ns}/keys/{key}/window", "get", "last")["pattern"].is_string());
+    assert_eq!(
+        paths["/v1/events"]["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"],
+        "#/components/schemas/Events"
+    );
+    assert_eq!(
+        doc["components"]["schemas"]["Event"]["additionalProperties"],
+        false
+    );
     assert_eq!(
         paths.len(),
         15,
