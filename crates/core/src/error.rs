@@ -38,11 +38,17 @@ pub enum ErrorCode {
     BackendUnavailable,
     CorruptData,
     Internal,
+    /// A request body that did not arrive within `[limits] body_timeout_ms`: 408.
+    RequestTimeout,
+    /// A request target longer than the server takes: 414.
+    UriTooLong,
+    /// Request headers larger than the server takes: 431.
+    HeadersTooLarge,
 }
 
 impl ErrorCode {
     /// Every code, for tests and documentation.
-    pub const ALL: [ErrorCode; 30] = [
+    pub const ALL: [ErrorCode; 33] = [
         ErrorCode::MalformedBody,
         ErrorCode::MissingParameter,
         ErrorCode::InvalidParameter,
@@ -73,6 +79,9 @@ impl ErrorCode {
         ErrorCode::BackendUnavailable,
         ErrorCode::CorruptData,
         ErrorCode::Internal,
+        ErrorCode::RequestTimeout,
+        ErrorCode::UriTooLong,
+        ErrorCode::HeadersTooLarge,
     ];
 
     /// The code as it appears on the wire.
@@ -108,6 +117,9 @@ impl ErrorCode {
             ErrorCode::BackendUnavailable => "backend_unavailable",
             ErrorCode::CorruptData => "corrupt_data",
             ErrorCode::Internal => "internal",
+            ErrorCode::RequestTimeout => "request_timeout",
+            ErrorCode::UriTooLong => "uri_too_long",
+            ErrorCode::HeadersTooLarge => "headers_too_large",
         }
     }
 }

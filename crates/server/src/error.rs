@@ -86,6 +86,9 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         }
         ErrorCode::BackendUnavailable => StatusCode::SERVICE_UNAVAILABLE,
         ErrorCode::CorruptData | ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        ErrorCode::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
+        ErrorCode::UriTooLong => StatusCode::URI_TOO_LONG,
+        ErrorCode::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
     }
 }
 
