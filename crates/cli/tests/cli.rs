@@ -13,7 +13,9 @@ fn tally() -> Command {
     c.env_remove("TALLY_DATA")
         .env_remove("TALLY_LISTEN")
         .env_remove("TALLY_CONFIG")
-        .env_remove("TALLY_BACKEND");
+        .env_remove("TALLY_BACKEND")
+        .env_remove("TALLY_TLS_CERT")
+        .env_remove("TALLY_TLS_KEY");
     c
 }
 
@@ -93,6 +95,57 @@ fn serve_refuses_bad_flags_configs_and_data_dirs() {
         .output()
         .unwrap();
     refused(&out, "invalid value");
+}
+
+#[test]
+fn serve_refuses_half_or_bad_tls_flags_and_says_https_when_ready() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned()]).unwrap();
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert, ck.cert.pem()).unwrap();
+    std::fs::write(&key, ck.signing_key.serialize_pem()).unwrap();
+    let garbage = dir.path().join("garbage.pem");
+    std::fs::write(&garbage, "not PEM").unwrap();
+    let (cert, key, garbage) = (
+        cert.to_str().unwrap(),
+        key.to_str().unwrap(),
+        garbage.to_str().unwrap(),
+    );
+    refused(&run(&["serve", "--tls-cert", cert]), "--tls-key");
+    refused(&run(&["serve", "--tls-key", key]), "--tls-cert");
+    refused(
+        &run(&["serve", "--tls-cert", garbage, "--tls-key", key]),
+        "garbage.pem: no PEM certificate",
+    );
+    refused(
+        &run(&[
+            "serve",
+            "--tls-cert",
+            cert,
+            "--tls-key",
+            "/nonexistent/key.pem",
+        ]),
+        "reading /nonexistent/key.pem",
+    );
+    let mut child = tally()
+        .args(["serve", "--listen", "127.0.0.1:0", "--tls-cert", cert])
+        .env("TALLY_TLS_KEY", key)
+        .env("TALLY_DATA", dir.path().join("d"))
+        .env("RUST_LOG", "info")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let url = loop {
+        let line = lines.next().expect("serve exited early").unwrap();
+        if let Some(rest) = line.split("listening on ").nth(1) {
+            break rest.split_whitespace().next().unwrap().to_owned();
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    assert!(url.starts_with("https://127.0.0.1:"), "{url}");
+    sigterm_and_wait(Serving { child, url });
 }
 
 struct Serving {

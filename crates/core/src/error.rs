@@ -40,11 +40,17 @@ pub enum ErrorCode {
     Internal,
     MethodNotAllowed,
     QueryTimeout,
+    /// A request body that did not arrive within `[limits] body_timeout_ms`: 408.
+    RequestTimeout,
+    /// A request target longer than the server takes: 414.
+    UriTooLong,
+    /// Request headers larger than the server takes: 431.
+    HeadersTooLarge,
 }
 
 impl ErrorCode {
     /// Every code, for tests and documentation.
-    pub const ALL: [ErrorCode; 32] = [
+    pub const ALL: [ErrorCode; 35] = [
         ErrorCode::MalformedBody,
         ErrorCode::MissingParameter,
         ErrorCode::InvalidParameter,
@@ -77,6 +83,9 @@ impl ErrorCode {
         ErrorCode::Internal,
         ErrorCode::MethodNotAllowed,
         ErrorCode::QueryTimeout,
+        ErrorCode::RequestTimeout,
+        ErrorCode::UriTooLong,
+        ErrorCode::HeadersTooLarge,
     ];
 
     /// The code as it appears on the wire.
@@ -114,6 +123,9 @@ impl ErrorCode {
             ErrorCode::Internal => "internal",
             ErrorCode::MethodNotAllowed => "method_not_allowed",
             ErrorCode::QueryTimeout => "query_timeout",
+            ErrorCode::RequestTimeout => "request_timeout",
+            ErrorCode::UriTooLong => "uri_too_long",
+            ErrorCode::HeadersTooLarge => "headers_too_large",
         }
     }
 }

@@ -87,6 +87,9 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
         ErrorCode::BackendUnavailable | ErrorCode::QueryTimeout => StatusCode::SERVICE_UNAVAILABLE,
         ErrorCode::CorruptData | ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        ErrorCode::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
+        ErrorCode::UriTooLong => StatusCode::URI_TOO_LONG,
+        ErrorCode::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
     }
 }
 

@@ -5,6 +5,7 @@
 //!
 //! This file only names the modules and the public API; each module says what it owns.
 
+mod admission;
 mod app;
 mod auth;
 mod body;
@@ -13,6 +14,7 @@ mod error;
 mod events;
 mod idempotency;
 mod json;
+mod listen;
 mod metrics;
 mod openapi;
 mod ops;
@@ -20,8 +22,11 @@ mod params;
 mod queries;
 mod router;
 mod schemas;
+pub mod tls;
 
+pub use admission::{MAX_HEADER_BYTES, MAX_HEADER_FIELDS, MAX_URI_BYTES, OTHER_V1_PERMITS};
 pub use app::App;
 pub use config::{Action, ConfigError, Scope, ServerLimits, Settings, Token};
 pub use error::ApiError;
-pub use router::{MAX_CONCURRENT_REQUESTS, router, serve};
+pub use listen::{ACCEPT_BACKOFF, Routes, serve, serve_with};
+pub use router::router;

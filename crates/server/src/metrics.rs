@@ -4,8 +4,9 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::Mutex;
+use std::sync::atomic::AtomicI64;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use tally_core::store::Gauge;
@@ -28,6 +29,19 @@ pub struct Metrics {
     pub batches: AtomicU64,
     responses: Mutex<BTreeMap<u16, u64>>,
     queries: Mutex<BTreeMap<&'static str, Histogram>>,
+    /// The listener's figures: it starts before the app exists (while the engine
+    /// recovers), so it keeps them and hands them over once the app serves.
+    connections: OnceLock<Arc<Connections>>,
+}
+
+/// What the listener counts: open connections, and connections it refused.
+#[derive(Debug, Default)]
+pub struct Connections {
+    pub open: AtomicI64,
+    /// Closed at once because `[limits] max_connections` were open.
+    pub refused_max_connections: AtomicU64,
+    /// `accept` failed (out of file descriptors, out of memory).
+    pub refused_accept_error: AtomicU64,
 }
 
 impl Metrics {
@@ -53,8 +67,34 @@ impl Metrics {
         h.sum += secs;
     }
 
+    /// Reports `connections` from now on; the first attached stays.
+    pub fn attach_connections(&self, connections: Arc<Connections>) {
+        let _ = self.connections.set(connections);
+    }
+
     pub fn render(&self, backend: &[Gauge]) -> String {
         let mut out = String::new();
+        if let Some(c) = self.connections.get() {
+            let _ = writeln!(
+                out,
+                "# HELP tally_connections_open HTTP connections open now.\n# TYPE tally_connections_open gauge\ntally_connections_open {}",
+                c.open.load(Ordering::Relaxed)
+            );
+            let _ = writeln!(
+                out,
+                "# HELP tally_connections_refused_total Connections closed at once or never accepted, by reason.\n# TYPE tally_connections_refused_total counter"
+            );
+            for (reason, n) in [
+                ("max_connections", &c.refused_max_connections),
+                ("accept_error", &c.refused_accept_error),
+            ] {
+                let _ = writeln!(
+                    out,
+                    "tally_connections_refused_total{{reason=\"{reason}\"}} {}",
+                    n.load(Ordering::Relaxed)
+                );
+            }
+        }
         let mut counter = |name: &str, help: &str, v: u64| {
             let _ = writeln!(
                 out,

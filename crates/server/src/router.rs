@@ -1,14 +1,15 @@
 //! The router: every route with its OpenAPI entry (collected by utoipa from the handlers, so
-//! the document cannot drift from them), the fallback, the middleware that makes every error
-//! JSON and counts responses, and [`serve`] with its concurrency cap and graceful shutdown.
+//! the document cannot drift from them), the fallback, the admission middleware (see
+//! `admission.rs`) and the one that makes every error JSON and counts responses.
 
-use std::future::Future;
+use std::sync::Arc;
 
 use axum::Router;
 use tally_core::ErrorCode;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::admission::{self, Admission};
 use crate::app::App;
 use crate::error::ApiError;
 use crate::{events, ops, queries, schemas};
@@ -42,8 +43,14 @@ pub fn router(app: App) -> (Router, utoipa::openapi::OpenApi) {
     let json = serde_json::to_string_pretty(&doc).unwrap_or_else(|_| "{}".into());
     app.set_openapi(json);
     let app2 = app.clone();
+    let admission = Arc::new(Admission::new(app.clone()));
     let router = router
         .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such route") })
+        .layer(axum::middleware::from_fn(
+            move |req: axum::extract::Request, next: axum::middleware::Next| {
+                admission::admit(admission.clone(), req, next)
+            },
+        ))
         .layer(axum::middleware::from_fn(
             move |req: axum::extract::Request, next: axum::middleware::Next| {
                 let app = app2.clone();
@@ -57,10 +64,6 @@ pub fn router(app: App) -> (Router, utoipa::openapi::OpenApi) {
         ));
     (router, api)
 }
-
-/// Requests served at once; more wait their turn. Bounds the blocking-pool threads and the
-/// memory of bodies being parsed under a flood.
-pub const MAX_CONCURRENT_REQUESTS: usize = 1024;
 
 /// Errors that axum itself answers (a path segment that is not UTF-8 once decoded, a method
 /// the route does not take) come as plain text: rewrap them in the `{"error": ...}` shape so
@@ -98,19 +101,4 @@ async fn json_errors(
         _ => ApiError::new(ErrorCode::Internal, text),
     };
     err.into_response()
-}
-
-/// Serves until `shutdown` completes, then stops accepting and finishes in-flight requests.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    app: App,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    let (router, _) = router(app);
-    let router = router.layer(tower::limit::ConcurrencyLimitLayer::new(
-        MAX_CONCURRENT_REQUESTS,
-    ));
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await
 }

@@ -1,5 +1,5 @@
-//! `tally serve`: open the engine (recovering its archive and log), start the HTTP server,
-//! every minute sweep expired counters, flush closed periods into archive segments and
+//! `tally serve`: open the port (answering 503 while the engine recovers its archive and
+//! log), then serve the API — over TLS with `--tls-cert`/`--tls-key` —, every minute sweep expired counters, flush closed periods into archive segments and
 //! compact them, and on
 //! SIGTERM/SIGINT stop accepting, finish in-flight requests, make the log durable and exit
 //! 0 — within 10 s.
@@ -12,7 +12,8 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use tally_core::store::SystemClock;
 use tally_engine::{Config, Engine};
-use tally_server::{App, Settings};
+use tally_server::tls::Tls;
+use tally_server::{App, Routes, Settings};
 
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
@@ -28,6 +29,12 @@ pub struct ServeArgs {
     /// Backend: empty for the embedded engine. (redis:// and redis+cluster:// are not built yet.)
     #[arg(long, env = "TALLY_BACKEND")]
     backend: Option<String>,
+    /// TLS certificate chain (PEM); needs --tls-key.
+    #[arg(long, env = "TALLY_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM); needs --tls-cert.
+    #[arg(long, env = "TALLY_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -53,28 +60,54 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             "backend {b:?} is not available in this build: only the embedded engine (no --backend) is"
         );
     }
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(Tls::load(cert, key)?),
+        _ => None,
+    };
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let limits = settings.server;
     let mut cfg = Config::new(&args.data);
     cfg.fsync = fsync;
-    let engine = Arc::new(
-        Engine::open(cfg)
-            .with_context(|| format!("opening data directory {}", args.data.display()))?,
-    );
-    let app = App::new(engine.clone(), settings, Arc::new(SystemClock));
-    app.apply_config_namespaces()
-        .context("applying the config's namespaces")?;
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the runtime")?;
     rt.block_on(async move {
+        // The port opens first and answers 503 while the engine recovers, so a load
+        // balancer sees "recovering", not "connection refused".
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
             .with_context(|| format!("listening on {}", args.listen))?;
         let addr = listener.local_addr()?;
+        let routes = Routes::recovering();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(tally_server::serve_with(
+            listener,
+            limits,
+            routes.clone(),
+            tls,
+            async move {
+                let _ = rx.await;
+            },
+        ));
+        tracing::info!("recovering {} (answering 503 on {scheme}://{addr} meanwhile)", args.data.display());
+        let opened = tokio::task::spawn_blocking(move || Engine::open(cfg))
+            .await
+            .context("opening the engine")?;
+        let engine = Arc::new(
+            opened.with_context(|| format!("opening data directory {}", args.data.display()))?,
+        );
+        let app = App::new(engine.clone(), settings, Arc::new(SystemClock));
+        let a = app.clone();
+        tokio::task::spawn_blocking(move || a.apply_config_namespaces())
+            .await
+            .context("applying the config's namespaces")?
+            .context("applying the config's namespaces")?;
+        routes.ready(&app);
         let rec = engine.recovery();
         tracing::info!(
-            "tally listening on http://{addr} (data {}, fsync {fsync}, {} archive segments, replayed {} events in {} ms)",
+            "tally listening on {scheme}://{addr} (data {}, fsync {fsync}, {} archive segments, replayed {} events in {} ms)",
             args.data.display(),
             rec.segments,
             rec.events,
@@ -91,10 +124,6 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 }
             })
         };
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(tally_server::serve(listener, app, async move {
-            let _ = rx.await;
-        }));
         shutdown_signal().await;
         tracing::info!("shutting down: finishing in-flight requests");
         let _ = tx.send(());

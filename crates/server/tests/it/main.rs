@@ -4,6 +4,7 @@
 
 mod api;
 mod concurrency;
+mod connections;
 mod errors;
 mod idempotency;
 mod limits;
@@ -117,6 +118,7 @@ pub struct Server {
     thread: Option<std::thread::JoinHandle<()>>,
     pub dir: Arc<tempfile::TempDir>,
     settings: Settings,
+    tls: bool,
 }
 
 impl Server {
@@ -125,14 +127,23 @@ impl Server {
         Server::start_in(dir, Arc::new(ManualClock::new(NOW)), settings, None)
     }
 
+    /// A server that answers over TLS with `tls`.
+    pub fn start_tls(settings: Settings, tls: tally_server::tls::Tls) -> Server {
+        let dir = Arc::new(tempfile::tempdir().unwrap());
+        let mut s = Server::start_in(dir, Arc::new(ManualClock::new(NOW)), settings, Some(tls));
+        s.tls = true;
+        s
+    }
+
     /// A server whose engine's disk can be made to fail.
     pub fn with_faults(faults: Arc<tally_engine::io::Faults>) -> Server {
         let dir = Arc::new(tempfile::tempdir().unwrap());
-        Server::start_in(
+        Server::start_in_with(
             dir,
             Arc::new(ManualClock::new(NOW)),
             Settings::default(),
             Some(faults),
+            None,
         )
     }
 
@@ -144,7 +155,17 @@ impl Server {
         dir: Arc<tempfile::TempDir>,
         clock: Arc<ManualClock>,
         settings: Settings,
+        tls: Option<tally_server::tls::Tls>,
+    ) -> Server {
+        Server::start_in_with(dir, clock, settings, None, tls)
+    }
+
+    fn start_in_with(
+        dir: Arc<tempfile::TempDir>,
+        clock: Arc<ManualClock>,
+        settings: Settings,
         faults: Option<Arc<tally_engine::io::Faults>>,
+        tls: Option<tally_server::tls::Tls>,
     ) -> Server {
         let engine = Arc::new(open_engine(dir.path(), &clock, faults));
         let store = Arc::new(Gated {
@@ -169,11 +190,20 @@ impl Server {
             rt.block_on(async move {
                 let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
                 addr_tx.send(listener.local_addr().unwrap()).unwrap();
-                tally_server::serve(listener, app, async move {
+                let stop = async move {
                     let _ = rx.await;
-                })
-                .await
-                .unwrap();
+                };
+                match tls {
+                    None => tally_server::serve(listener, app, stop).await.unwrap(),
+                    Some(tls) => {
+                        let limits = app.settings().server;
+                        let routes = tally_server::Routes::recovering();
+                        routes.ready(&app);
+                        tally_server::serve_with(listener, limits, routes, Some(tls), stop)
+                            .await
+                            .unwrap();
+                    }
+                }
             });
         });
         let addr = addr_rx.recv().unwrap();
@@ -185,6 +215,7 @@ impl Server {
             thread: Some(thread),
             dir,
             settings,
+            tls: false,
         }
     }
 
@@ -207,7 +238,8 @@ impl Server {
     }
 
     pub fn url(&self, path: &str) -> String {
-        format!("http://{}{}", self.addr, path)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}{}", self.addr, path)
     }
 
     pub fn get(&self, path: &str) -> (u16, Value) {

@@ -1,0 +1,317 @@
+//! Admission: what a request must pass before a handler sees it, cheapest first, so that a
+//! request that will be refused costs little and a slow client holds nothing scarce.
+//!
+//! 1. **Size of the head**: a request target over [`MAX_URI_BYTES`] is `414 uri_too_long`;
+//!    more than [`MAX_HEADER_FIELDS`] header fields or [`MAX_HEADER_BYTES`] of them is
+//!    `431 headers_too_large` — JSON, like every error. (hyper itself still answers a bare
+//!    414 past 64 KiB of target and a bare 431 past its ~400 KiB read buffer or 1,024
+//!    fields: those heads never reach us.)
+//! 2. Routes outside `/v1` (`/healthz`, `/metrics`, `/openapi.json`, the dashboard) go
+//!    straight on: they read no body and take no permit, so a flood of `/v1` traffic
+//!    cannot hide the server's health.
+//! 3. **Authentication** of `/v1` routes when tokens are configured: a request without a
+//!    known token is `401 unauthorized` before its body is read (SPEC §3).
+//! 4. **The body** is read here, whole: at most `max_body_bytes` (a larger
+//!    `Content-Length` is refused before reading, a longer stream as soon as it passes the
+//!    limit: `413 body_too_large`), within `body_timeout_ms` (`408 request_timeout`); a body
+//!    cut off mid-way is `400 malformed_body`. Every byte is charged, as it arrives, to a
+//!    budget of `max_body_bytes_in_flight` shared by all requests and released when the
+//!    answer is ready; a request that would pass it is `503 backend_unavailable` with
+//!    `Retry-After: 1` — the server is short of memory for the moment, the body is not at
+//!    fault, so not 413. A stalled upload thus holds only the bytes it sent.
+//! 5. Only then a **permit of its route class**: writes (`POST /v1/events`, `incr`) share
+//!    `max_concurrent_writes`, queries (series, breakdown, window, dashboard, top, keys,
+//!    export, `POST /v1/query`) `max_concurrent_queries`, the other `/v1` routes (schemas,
+//!    admin) [`OTHER_V1_PERMITS`]. A request waits for its permit holding its body but no
+//!    socket read, and one class's flood cannot starve another.
+//!
+//! The handler gets the buffered body; its own `read_body` then costs no I/O.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::Request;
+use axum::http::{HeaderMap, HeaderValue, Method, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use http_body_util::BodyExt;
+use tally_core::ErrorCode;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::app::App;
+use crate::auth;
+use crate::error::ApiError;
+
+/// The longest request target (path and query) taken.
+pub const MAX_URI_BYTES: usize = 8 * 1024;
+/// The most header bytes (names, values and their separators) taken.
+pub const MAX_HEADER_BYTES: usize = 32 * 1024;
+/// The most header fields taken.
+pub const MAX_HEADER_FIELDS: usize = 256;
+/// `/v1` requests that are neither writes nor queries (schemas, admin) served at once.
+pub const OTHER_V1_PERMITS: usize = 16;
+
+/// The shared state of admission: the permits of each route class and the body budget.
+#[derive(Debug)]
+pub(crate) struct Admission {
+    app: App,
+    writes: Arc<Semaphore>,
+    queries: Arc<Semaphore>,
+    other: Arc<Semaphore>,
+    bytes: Arc<Semaphore>,
+}
+
+/// Which permits a route takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    Write,
+    Query,
+    OtherV1,
+    /// Outside `/v1`: no authentication, no body, no permit.
+    Free,
+}
+
+impl Admission {
+    pub(crate) fn new(app: App) -> Admission {
+        let l = app.settings().server;
+        Admission {
+            writes: Arc::new(Semaphore::new(l.max_concurrent_writes)),
+            queries: Arc::new(Semaphore::new(l.max_concurrent_queries)),
+            other: Arc::new(Semaphore::new(OTHER_V1_PERMITS)),
+            bytes: Arc::new(Semaphore::new(
+                l.max_body_bytes_in_flight.min(Semaphore::MAX_PERMITS),
+            )),
+            app,
+        }
+    }
+
+    async fn admit(&self, req: Request, next: Next) -> Result<Response, ApiError> {
+        check_head(&req)?;
+        let class = class(req.method(), req.uri().path());
+        if class == Class::Free {
+            return Ok(next.run(req).await);
+        }
+        auth::caller(&self.app.settings().tokens, req.headers())?;
+        let (parts, body) = req.into_parts();
+        let (bytes, held) = self.read(&parts.headers, body).await?;
+        let pool = match class {
+            Class::Write => &self.writes,
+            Class::Query => &self.queries,
+            Class::OtherV1 | Class::Free => &self.other,
+        };
+        let permit = pool.clone().acquire_owned().await.map_err(|_| {
+            ApiError::new(ErrorCode::BackendUnavailable, "the server is shutting down")
+        })?;
+        let resp = next
+            .run(Request::from_parts(parts, Body::from(bytes)))
+            .await;
+        drop((permit, held));
+        Ok(resp)
+    }
+
+    /// The whole body, and its charge to the budget.
+    async fn read(
+        &self,
+        headers: &HeaderMap,
+        body: Body,
+    ) -> Result<(Bytes, Option<OwnedSemaphorePermit>), ApiError> {
+        let limit = self.app.settings().limits.max_body_bytes;
+        let declared = headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > limit as u64) {
+            return Err(too_large(limit));
+        }
+        let ms = self.app.settings().server.body_timeout_ms;
+        tokio::time::timeout(Duration::from_millis(ms), self.collect(body, limit))
+            .await
+            .unwrap_or_else(|_| {
+                Err(ApiError::new(
+                    ErrorCode::RequestTimeout,
+                    format!("the body did not arrive within {ms} ms ([limits] body_timeout_ms)"),
+                ))
+            })
+    }
+
+    async fn collect(
+        &self,
+        mut body: Body,
+        limit: usize,
+    ) -> Result<(Bytes, Option<OwnedSemaphorePermit>), ApiError> {
+        let mut chunks: Vec<Bytes> = Vec::new();
+        let mut total = 0usize;
+        let mut held: Option<OwnedSemaphorePermit> = None;
+        while let Some(frame) = body.frame().await {
+            let Ok(data) = frame.map_err(cut_off)?.into_data() else {
+                continue; // trailers
+            };
+            if data.is_empty() {
+                continue;
+            }
+            total += data.len();
+            if total > limit {
+                return Err(too_large(limit));
+            }
+            let charge = u32::try_from(data.len())
+                .ok()
+                .and_then(|n| self.bytes.clone().try_acquire_many_owned(n).ok())
+                .ok_or_else(|| {
+                    ApiError::new(
+                        ErrorCode::BackendUnavailable,
+                        "the server holds as many request bodies as it may \
+                         ([limits] max_body_bytes_in_flight); try again shortly",
+                    )
+                })?;
+            match &mut held {
+                Some(h) => h.merge(charge),
+                None => held = Some(charge),
+            }
+            chunks.push(data);
+        }
+        let bytes = match chunks.len() {
+            0 => Bytes::new(),
+            1 => chunks.swap_remove(0),
+            _ => {
+                let mut all = Vec::with_capacity(total);
+                for c in &chunks {
+                    all.extend_from_slice(c);
+                }
+                Bytes::from(all)
+            }
+        };
+        Ok((bytes, held))
+    }
+}
+
+/// The middleware: see the module doc. Refusals that leave a body unread close the
+/// connection, so no byte of it is taken for the next request.
+pub(crate) async fn admit(admission: Arc<Admission>, req: Request, next: Next) -> Response {
+    match admission.admit(req, next).await {
+        Ok(r) => r,
+        Err(e) => {
+            let retry = e.code == ErrorCode::BackendUnavailable;
+            let mut r = e.into_response();
+            r.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            if retry {
+                r.headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            r
+        }
+    }
+}
+
+fn check_head(req: &Request) -> Result<(), ApiError> {
+    let target = req.uri().path_and_query().map_or(0, |p| p.as_str().len());
+    if target > MAX_URI_BYTES {
+        return Err(ApiError::new(
+            ErrorCode::UriTooLong,
+            format!("the request target is {target} bytes; at most {MAX_URI_BYTES} are taken"),
+        ));
+    }
+    let fields = req.headers().len();
+    let bytes: usize = req
+        .headers()
+        .iter()
+        .map(|(k, v)| k.as_str().len() + v.len() + 4)
+        .sum();
+    if fields > MAX_HEADER_FIELDS || bytes > MAX_HEADER_BYTES {
+        return Err(ApiError::new(
+            ErrorCode::HeadersTooLarge,
+            format!(
+                "the request has {fields} header fields in {bytes} bytes; at most \
+                 {MAX_HEADER_FIELDS} fields in {MAX_HEADER_BYTES} bytes are taken"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn class(method: &Method, path: &str) -> Class {
+    let Some(rest) = path.strip_prefix("/v1/") else {
+        return if path == "/v1" {
+            Class::OtherV1
+        } else {
+            Class::Free
+        };
+    };
+    let read = method == Method::GET || method == Method::HEAD;
+    let post = method == Method::POST;
+    let segments: Vec<&str> = rest.split('/').collect();
+    match segments.as_slice() {
+        ["events"] | ["ns", _, "keys", _, "incr"] if post => Class::Write,
+        ["query"] if post => Class::Query,
+        [
+            "ns",
+            _,
+            "keys",
+            _,
+            "series" | "breakdown" | "window" | "dashboard",
+        ]
+        | ["ns", _, "top" | "keys" | "export"]
+            if read =>
+        {
+            Class::Query
+        }
+        _ => Class::OtherV1,
+    }
+}
+
+fn too_large(limit: usize) -> ApiError {
+    ApiError::new(
+        ErrorCode::BodyTooLarge,
+        format!("the body is larger than {limit} bytes ([limits] max_body_bytes)"),
+    )
+}
+
+/// A body that ended early: the client closed the connection, or broke the chunking.
+fn cut_off(e: axum::Error) -> ApiError {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&e);
+    while let Some(s) = source {
+        if s.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::UnexpectedEof)
+        {
+            return ApiError::new(
+                ErrorCode::MalformedBody,
+                "the connection closed mid-body: the body ended before its Content-Length",
+            );
+        }
+        source = s.source();
+    }
+    ApiError::new(
+        ErrorCode::MalformedBody,
+        format!("the body could not be read: {e}"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_fall_into_their_class() {
+        let (get, post, put) = (Method::GET, Method::POST, Method::PUT);
+        for (m, p, c) in [
+            (&post, "/v1/events", Class::Write),
+            (&post, "/v1/ns/c/keys/a%2Fb/incr", Class::Write),
+            (&get, "/v1/ns/c/keys/k/series", Class::Query),
+            (&get, "/v1/ns/c/keys/k/dashboard", Class::Query),
+            (&get, "/v1/ns/c/top", Class::Query),
+            (&get, "/v1/ns/c/keys", Class::Query),
+            (&post, "/v1/query", Class::Query),
+            (&get, "/v1/ns", Class::OtherV1),
+            (&put, "/v1/ns/c", Class::OtherV1),
+            (&post, "/v1/admin/compact", Class::OtherV1),
+            (&get, "/v1/events", Class::OtherV1),
+            (&get, "/healthz", Class::Free),
+            (&get, "/metrics", Class::Free),
+            (&get, "/", Class::Free),
+            (&get, "/v1x", Class::Free),
+        ] {
+            assert_eq!(class(m, p), c, "{m} {p}");
+        }
+    }
+}
