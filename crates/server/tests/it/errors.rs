@@ -452,6 +452,37 @@ scopes = ["admin:*", "read:*", "write:*"]
     assert_eq!(r["results"][1]["error"]["code"], "forbidden");
     // Operational routes need no token.
     assert_eq!(s.get("/healthz").0, 200);
+    // Without a known token a request is 401 whole, before anything else is looked at:
+    // a malformed body, a bad parameter or a whole POST /v1/query (no per-entry answers).
+    for bearer in [None, Some("Bearer nope")] {
+        let h: Vec<(&str, &str)> = bearer.map(|b| ("Authorization", b)).into_iter().collect();
+        err(
+            s.req("POST", "/v1/events", Some("{not json"), &h),
+            401,
+            "unauthorized",
+        );
+        err(
+            s.req("POST", "/v1/query", Some(&q), &h),
+            401,
+            "unauthorized",
+        );
+        err(
+            s.req("POST", "/v1/query", Some("[]"), &h),
+            401,
+            "unauthorized",
+        );
+        err(
+            s.req("GET", "/v1/ns/Bad!/keys/k/series?from=x", None, &h),
+            401,
+            "unauthorized",
+        );
+        err(
+            s.req("PUT", "/v1/ns/clicks", Some("{"), &h),
+            401,
+            "unauthorized",
+        );
+    }
+    assert_eq!(state(&s), before);
 }
 
 #[test]
