@@ -187,7 +187,9 @@ pub struct ServerLimits {
     pub max_connections: usize,
     /// Writes (`POST /v1/events`, `incr`) applied at once; more wait their turn.
     pub max_concurrent_writes: usize,
-    /// Queries run at once; more wait their turn.
+    /// Queries run at once; more wait their turn. Each holds up to about two answers of
+    /// `max_points` points in memory (~25 MB at the defaults), so this also bounds the memory
+    /// queries take: ~350 MB measured with 16 `POST /v1/query` bombs at once.
     pub max_concurrent_queries: usize,
     /// Request-body bytes held in memory across all requests at once.
     pub max_body_bytes_in_flight: usize,
@@ -202,7 +204,7 @@ impl Default for ServerLimits {
             idle_timeout_ms: 60_000,
             max_connections: 4096,
             max_concurrent_writes: 256,
-            max_concurrent_queries: 64,
+            max_concurrent_queries: 16,
             max_body_bytes_in_flight: 512 * 1024 * 1024,
         }
     }
@@ -388,7 +390,7 @@ body_timeout_ms = 30000
 idle_timeout_ms = 60000
 max_connections = 4096
 max_concurrent_writes = 256
-max_concurrent_queries = 64
+max_concurrent_queries = 16
 max_body_bytes_in_flight = 536870912
 
 [[tokens]]
