@@ -16,8 +16,6 @@ esac
 cd "$(dirname "$0")/.."
 
 cargo build --release -p tally -p tally-bench
-target="${CARGO_TARGET_DIR:-target}/release"
-
 work="$(mktemp -d "${TMPDIR:-/tmp}/tally-soak.XXXXXX")"
 mounted=""
 cleanup() {
@@ -25,6 +23,10 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
+# Run copies, so a rebuild during a long soak cannot swap the binaries under it.
+mkdir "$work/bin"
+cp "${CARGO_TARGET_DIR:-target}/release/tally" "${CARGO_TARGET_DIR:-target}/release/tally-bench" "$work/bin/"
+target="$work/bin"
 
 echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 "$target/tally-bench" soak --tally "$target/tally" --data "$work/data" --cycles "$cycles"
