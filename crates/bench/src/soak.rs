@@ -139,7 +139,11 @@ impl Server {
     }
 
     fn logged(&self, needle: &str) -> bool {
-        self.log.lock().expect("log").iter().any(|l| l.contains(needle))
+        self.log
+            .lock()
+            .expect("log")
+            .iter()
+            .any(|l| l.contains(needle))
     }
 
     fn log_tail(&self) -> String {
