@@ -22,10 +22,17 @@ pub struct Conn {
 
 impl Conn {
     pub fn open(addr: SocketAddr) -> Conn {
-        let w = TcpStream::connect(addr).expect("connect");
-        w.set_nodelay(true).expect("nodelay");
-        let r = BufReader::with_capacity(1 << 16, w.try_clone().expect("clone"));
-        Conn { w, r }
+        Conn::try_open(addr).expect("connect")
+    }
+
+    /// Connects, or says why not (the soak's server may just have been killed).
+    pub fn try_open(addr: SocketAddr) -> std::io::Result<Conn> {
+        let w = TcpStream::connect(addr)?;
+        w.set_nodelay(true)?;
+        // Nothing here should take long: a hung server is an error, not a wait.
+        w.set_read_timeout(Some(Duration::from_secs(60)))?;
+        let r = BufReader::with_capacity(1 << 16, w.try_clone()?);
+        Ok(Conn { w, r })
     }
 
     /// Sends one request and reads the whole answer; returns the status and body.
@@ -36,37 +43,62 @@ impl Conn {
         ctype: &str,
         body: &[u8],
     ) -> (u16, Vec<u8>) {
-        let head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\n\r\n",
+        self.try_request(method, path, &[], ctype, body)
+            .expect("request")
+    }
+
+    /// [`Conn::request`] with extra headers, and an error instead of a panic when the
+    /// connection fails (a killed server): the caller cannot know whether it was applied.
+    pub fn try_request(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        ctype: &str,
+        body: &[u8],
+    ) -> std::io::Result<(u16, Vec<u8>)> {
+        use std::io::{Error, ErrorKind};
+        let mut head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\n",
             body.len()
         );
-        self.w.write_all(head.as_bytes()).expect("write");
-        self.w.write_all(body).expect("write");
+        for (name, value) in headers {
+            head.push_str(&format!("{name}: {value}\r\n"));
+        }
+        head.push_str("\r\n");
+        self.w.write_all(head.as_bytes())?;
+        self.w.write_all(body)?;
         let mut line = String::new();
-        self.r.read_line(&mut line).expect("status line");
+        if self.r.read_line(&mut line)? == 0 {
+            return Err(Error::new(ErrorKind::UnexpectedEof, "connection closed"));
+        }
         let status: u16 = line
             .split_whitespace()
             .nth(1)
             .and_then(|s| s.parse().ok())
-            .expect("status");
+            .ok_or_else(|| Error::new(ErrorKind::InvalidData, format!("status line {line:?}")))?;
         let mut len = 0usize;
         loop {
             line.clear();
-            self.r.read_line(&mut line).expect("header");
+            if self.r.read_line(&mut line)? == 0 {
+                return Err(Error::new(ErrorKind::UnexpectedEof, "connection closed"));
+            }
             let l = line.trim_end();
             if l.is_empty() {
                 break;
             }
-            if let Some(v) = l
-                .strip_prefix("content-length: ")
-                .or_else(|| l.strip_prefix("Content-Length: "))
+            if let Some((name, v)) = l.split_once(':')
+                && name.eq_ignore_ascii_case("content-length")
             {
-                len = v.parse().expect("length");
+                len = v
+                    .trim()
+                    .parse()
+                    .map_err(|_| Error::new(ErrorKind::InvalidData, format!("header {l:?}")))?;
             }
         }
         let mut out = vec![0; len];
-        self.r.read_exact(&mut out).expect("body");
-        (status, out)
+        self.r.read_exact(&mut out)?;
+        Ok((status, out))
     }
 }
 

@@ -5,13 +5,15 @@
 //! cargo run --release -p tally-bench -- engine
 //! ```
 //!
-//! Subcommands: `engine`, `compare`, `http`, `archive`, `archive-year`.
+//! Subcommands: `engine`, `compare`, `http`, `archive`, `archive-year`, and `soak` and
+//! `soak-disk-full` (the crash soak of `scripts/soak.sh`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod archive;
 mod http;
 mod redis_peer;
+mod soak;
 mod workload;
 
 use std::sync::Arc;
@@ -272,9 +274,11 @@ fn main() {
         Some("http") => http::bench(),
         Some("archive") => archive::bench(rest),
         Some("archive-year") => archive::year_bench(rest),
+        Some("soak") => soak::run(rest),
+        Some("soak-disk-full") => soak::disk_full(rest),
         Some(other) => {
             eprintln!(
-                "unknown benchmark {other:?}; known: engine, compare, http, archive, archive-year"
+                "unknown benchmark {other:?}; known: engine, compare, http, archive, archive-year, soak, soak-disk-full"
             );
             std::process::exit(2);
         }

@@ -44,6 +44,21 @@ impl Conn {
         Client::new(&self.server, self.token.as_deref())
     }
 
+    /// A client whose requests give up after `timeout`.
+    pub(crate) fn client_with_timeout(&self, timeout: std::time::Duration) -> Client {
+        Client::with_timeout(&self.server, self.token.as_deref(), Some(timeout))
+    }
+
+    /// The server's URL, as the user gave it.
+    pub(crate) fn server(&self) -> &str {
+        &self.server
+    }
+
+    /// Whether `--json` was given.
+    pub(crate) fn json(&self) -> bool {
+        self.json
+    }
+
     /// With `--json` the server's JSON as it came (pretty-printed), else a table.
     pub(crate) fn print<T: DeserializeOwned + Render>(
         &self,

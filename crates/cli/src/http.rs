@@ -6,6 +6,7 @@
 
 use std::fmt;
 use std::marker::PhantomData;
+use std::time::Duration;
 
 use anyhow::Context;
 use serde::Deserialize;
@@ -24,6 +25,14 @@ impl Route {
     pub fn namespace(ns: &str, what: &str) -> Route {
         Route {
             path: format!("/v1/ns/{}/{}", enc(ns), enc(what)),
+            query: Vec::new(),
+        }
+    }
+
+    /// A path without variable segments: `/v1/events`, `/healthz`.
+    pub fn fixed(path: &'static str) -> Route {
+        Route {
+            path: path.to_owned(),
             query: Vec::new(),
         }
     }
@@ -102,10 +111,16 @@ impl fmt::Debug for Client {
 
 impl Client {
     pub fn new(server: &str, token: Option<&str>) -> Client {
+        Client::with_timeout(server, token, None)
+    }
+
+    /// A client whose every request gives up after `timeout` (none: wait as long as it takes).
+    pub fn with_timeout(server: &str, token: Option<&str>, timeout: Option<Duration>) -> Client {
         Client {
             // Error statuses are answers too: their body says what went wrong.
             agent: ureq::Agent::config_builder()
                 .http_status_as_error(false)
+                .timeout_global(timeout)
                 .build()
                 .into(),
             server: server.to_owned(),
@@ -128,6 +143,33 @@ impl Client {
             req = req.header("Authorization", a);
         }
         self.answer(req.send_empty())
+    }
+
+    /// A GET whose answer matters only by its status (the load generator's). The body is
+    /// read and dropped, so the keep-alive connection is reused.
+    pub fn get_status(&self, route: &Route) -> Result<u16, ureq::Error> {
+        let mut req = self.agent.get(self.url(route));
+        if let Some(a) = &self.authorization {
+            req = req.header("Authorization", a);
+        }
+        drain(req.call()?)
+    }
+
+    /// A POST of `body` (of type `content_type`) whose answer matters only by its status.
+    pub fn post_status(
+        &self,
+        route: &Route,
+        content_type: &str,
+        body: &[u8],
+    ) -> Result<u16, ureq::Error> {
+        let mut req = self
+            .agent
+            .post(self.url(route))
+            .header("Content-Type", content_type);
+        if let Some(a) = &self.authorization {
+            req = req.header("Authorization", a);
+        }
+        drain(req.send(body)?)
     }
 
     fn url(&self, route: &Route) -> String {
@@ -159,6 +201,12 @@ impl Client {
             answer: PhantomData,
         })
     }
+}
+
+/// Reads an answer's body to its end and answers its status.
+fn drain(mut resp: ureq::http::Response<ureq::Body>) -> Result<u16, ureq::Error> {
+    std::io::copy(&mut resp.body_mut().as_reader(), &mut std::io::sink())?;
+    Ok(resp.status().as_u16())
 }
 
 /// A successful answer. It stays the server's JSON until read as `T`, so `--json` prints

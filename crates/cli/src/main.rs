@@ -1,4 +1,4 @@
-//! `tally`: runs the server (`tally serve`), talks to one (`incr`, `query …`, `keys`), and
+//! `tally`: runs the server (`tally serve`), talks to one (`incr`, `query …`, `keys`, `bench`), and
 //! looks after a data directory (`check`, `compact`, `backup`).
 //! This file is glue: clap parses and checks every argument before anything runs, `cmd` runs
 //! the subcommand, and an error prints as one line with its causes and exits 1 (clap's own
@@ -37,6 +37,8 @@ enum Command {
     Compact(cmd::compact::CompactArgs),
     /// Copy a data directory consistently, even while a server runs on it.
     Backup(cmd::backup::BackupArgs),
+    /// Load a running server with a mix of writes and queries; report rates and latencies.
+    Bench(cmd::bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -48,6 +50,7 @@ fn main() -> ExitCode {
         Command::Check(args) => cmd::check::run(args),
         Command::Compact(args) => cmd::compact::run(args),
         Command::Backup(args) => cmd::backup::run(args),
+        Command::Bench(args) => cmd::bench::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -487,3 +487,110 @@ fn compact_archives_history_and_check_names_damage() {
         "reading",
     );
 }
+
+#[test]
+fn bench_loads_a_server_and_every_acknowledged_event_is_counted() {
+    let data = tempfile::tempdir().unwrap();
+    let s = serve(data.path());
+    // The human table: a header line, one row per operation of the mix, the events line.
+    let out = stdout(&client(
+        &s.url,
+        &[
+            "bench",
+            "--duration",
+            "1s",
+            "--connections",
+            "2",
+            "--batch",
+            "50",
+        ],
+    ));
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines[0].starts_with("tally bench: 2 connections"), "{out}");
+    assert!(
+        lines[1].starts_with("op ")
+            && lines[1].contains("p99.9 ms")
+            && lines[1].ends_with("errors"),
+        "{out}"
+    );
+    for op in ["ingest", "incr", "series", "breakdown", "top"] {
+        assert!(
+            lines.iter().any(|l| l.starts_with(&format!("{op} "))),
+            "no {op} row: {out}"
+        );
+    }
+    let table_events: u64 = lines
+        .last()
+        .unwrap()
+        .strip_prefix("events acknowledged: ")
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no events line: {out}"));
+    assert!(table_events > 0, "{out}");
+
+    // --json, for scripts; an ingest-only mix.
+    let out = stdout(&client(
+        &s.url,
+        &[
+            "bench",
+            "--duration",
+            "1s",
+            "--connections",
+            "2",
+            "--mix",
+            "ingest=1",
+            "--json",
+        ],
+    ));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let ingest = &v["ops"]["ingest"];
+    assert_eq!(v["ops"].as_object().unwrap().len(), 1, "{out}");
+    assert!(ingest["requests"].as_u64().unwrap() > 0, "{out}");
+    assert_eq!(
+        ingest["ok"], ingest["requests"],
+        "no errors expected: {out}"
+    );
+    assert_eq!(ingest["errors"], serde_json::json!({}));
+    let lat = &ingest["latency_us"];
+    assert!(
+        lat["p50"].as_u64().unwrap() <= lat["p99"].as_u64().unwrap()
+            && lat["p99"].as_u64().unwrap() <= lat["max"].as_u64().unwrap(),
+        "{out}"
+    );
+    let json_events = v["events"].as_u64().unwrap();
+    assert_eq!(json_events, ingest["requests"].as_u64().unwrap() * 100);
+
+    // The server counted exactly what the bench saw acknowledged.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let (from, to) = ((now - 7200).to_string(), (now + 3600).to_string());
+    let out = stdout(&client(
+        &s.url,
+        &[
+            "query", "top", "bench", "--from", &from, "--to", &to, "--unit", "hour", "--json",
+        ],
+    ));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        v["total"].as_u64(),
+        Some(table_events + json_events),
+        "{out}"
+    );
+
+    // Silly values and a missing server are clear errors.
+    refused(
+        &client(&s.url, &["bench", "--connections", "100000"]),
+        "--connections must be 1 to 1000",
+    );
+    refused(
+        &client(&s.url, &["bench", "--duration", "1w"]),
+        "--duration must be at most 1h",
+    );
+    sigterm_and_wait(s);
+    refused(
+        &client("http://127.0.0.1:9", &["bench", "--duration", "1s"]),
+        "cannot reach the server",
+    );
+}

@@ -12,6 +12,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 pub struct Faults {
     pub fail_writes: AtomicBool,
     pub fail_syncs: AtomicBool,
+    /// Writes put their bytes in the file, then report failure: what a write cut short by a
+    /// full disk does to the records it wrote whole before the cut.
+    pub fail_after_writes: AtomicBool,
 }
 
 impl Faults {
@@ -74,10 +77,21 @@ impl LogFile {
     pub fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
         if let Some(f) = &self.faults {
             Faults::check(&f.fail_writes, "write")?;
+            if f.fail_after_writes.load(Ordering::SeqCst) {
+                self.file.write_all(buf)?;
+                return Err(io::Error::other(
+                    "injected write failure after the bytes reached the file",
+                ));
+            }
         }
         self.file.write_all(buf)?;
         self.len += buf.len() as u64;
         Ok(())
+    }
+
+    /// Cuts off whatever a failed [`LogFile::write_all`] left past the length it knows.
+    pub fn cut_failed_write(&mut self) -> io::Result<()> {
+        self.file.set_len(self.len)
     }
 
     /// fdatasync: the data and the length, which is all a log needs.

@@ -1,6 +1,7 @@
 //! The subcommands, one module each; what the client commands share is in `conn`.
 
 pub mod backup;
+pub mod bench;
 pub mod check;
 pub mod compact;
 pub mod incr;

@@ -360,6 +360,38 @@ fn a_write_failure_poisons_the_writer() {
     assert!(e.store_is_empty());
 }
 
+#[test]
+fn a_write_that_fails_after_reaching_the_file_is_not_replayed() {
+    let dir = tempfile::tempdir().unwrap();
+    let faults = Arc::new(Faults::default());
+    let mut cfg = Config::new(dir.path());
+    cfg.clock = clock(NOW);
+    cfg.faults = Some(faults.clone());
+    let e = Engine::open(cfg).unwrap();
+    write(&e, NOW, &[raw("clicks", "a", NOW, 1, &[])]).unwrap();
+    // As a full disk can: the record reaches the file whole, the write still fails.
+    faults.fail_after_writes.store(true, Ordering::SeqCst);
+    assert!(matches!(
+        write(&e, NOW, &[raw("clicks", "b", NOW, 1, &[])]),
+        Err(StoreError::Poisoned { .. })
+    ));
+    drop(e);
+    // Refused, so not counted after a restart either; the acknowledged one is.
+    let e = reopen(dir.path()).unwrap();
+    assert_eq!(total(&e, "clicks", "a", 3600), 1);
+    assert_eq!(total(&e, "clicks", "b", 3600), 0);
+    write(&e, NOW, &[raw("clicks", "c", NOW, 1, &[])]).unwrap();
+    drop(e);
+    let e = reopen(dir.path()).unwrap();
+    assert_eq!(
+        (
+            total(&e, "clicks", "b", 3600),
+            total(&e, "clicks", "c", 3600)
+        ),
+        (0, 1)
+    );
+}
+
 trait Empty {
     fn store_is_empty(&self) -> bool;
 }
