@@ -94,6 +94,14 @@ impl LogFile {
         self.file.set_len(self.len)
     }
 
+    /// Cuts the file back to `len` (the length before a round whose fsync failed), and tries
+    /// to make the cut durable.
+    pub fn cut_to(&mut self, len: u64) -> io::Result<()> {
+        self.file.set_len(len)?;
+        self.len = len;
+        self.file.sync_data()
+    }
+
     /// fdatasync: the data and the length, which is all a log needs.
     pub fn sync(&mut self) -> io::Result<()> {
         if let Some(f) = &self.faults {

@@ -267,6 +267,7 @@ impl State {
         if let Some(p) = self.poisoned() {
             return Err(p);
         }
+        let start = self.file.len();
         if !buf.is_empty() {
             if let Err(e) = self.file.write_all(buf) {
                 // None of this round's records is acknowledged, so none may come back on
@@ -292,6 +293,12 @@ impl State {
             && (want_sync || due)
             && let Err(e) = self.sync()
         {
+            // This round's records are refused, so cut them off as a failed write is: what a
+            // failed fsync left on disk is uncertain, and a replay must not count a batch
+            // answered 503. Earlier rounds (acknowledged under `interval:`) are kept.
+            if let Err(cut) = self.file.cut_to(start) {
+                tracing::error!(error = %cut, "could not cut an unsynced round off the log");
+            }
             return Err(self.poison("fsync of the log", e));
         }
         Ok(())

@@ -392,6 +392,38 @@ fn a_write_that_fails_after_reaching_the_file_is_not_replayed() {
     );
 }
 
+/// A failed fsync refuses its round's batches (503): they must not come back on replay
+/// either, while what earlier rounds acknowledged stays.
+#[test]
+fn a_round_whose_fsync_fails_is_not_replayed() {
+    let dir = tempfile::tempdir().unwrap();
+    let faults = Arc::new(Faults::default());
+    let mut cfg = Config::new(dir.path());
+    cfg.clock = clock(NOW);
+    cfg.faults = Some(faults.clone());
+    let e = Engine::open(cfg).unwrap();
+    write(&e, NOW, &[raw("clicks", "a", NOW, 1, &[])]).unwrap();
+    faults.fail_syncs.store(true, Ordering::SeqCst);
+    assert!(matches!(
+        write(&e, NOW, &[raw("clicks", "b", NOW, 1, &[])]),
+        Err(StoreError::Poisoned { .. })
+    ));
+    drop(e);
+    faults.fail_syncs.store(false, Ordering::SeqCst);
+    let e = reopen(dir.path()).unwrap();
+    assert_eq!(
+        (
+            total(&e, "clicks", "a", 3600),
+            total(&e, "clicks", "b", 3600)
+        ),
+        (1, 0)
+    );
+    write(&e, NOW, &[raw("clicks", "c", NOW, 1, &[])]).unwrap();
+    drop(e);
+    let e = reopen(dir.path()).unwrap();
+    assert_eq!(total(&e, "clicks", "c", 3600), 1);
+}
+
 trait Empty {
     fn store_is_empty(&self) -> bool;
 }
