@@ -2,7 +2,7 @@
 //! looks after a data directory (`check`, `compact`, `backup`).
 //! This file is glue: clap parses and checks every argument before anything runs, `cmd` runs
 //! the subcommand, and an error prints as one line with its causes and exits 1 (clap's own
-//! refusals exit 2). A closed stdout is success.
+//! refusals exit 2; a limited `incr` refused exits 3). A closed stdout is success.
 
 mod cmd;
 mod conn;
@@ -55,6 +55,16 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.chain().any(|c| c.is::<conn::StdoutClosed>()) => ExitCode::SUCCESS,
+        // A limited increment refused: an answer, not a failure of the tool.
+        Err(e)
+            if e.chain().any(|c| {
+                c.downcast_ref::<http::ServerError>()
+                    .is_some_and(|s| s.code == "limit_exceeded")
+            }) =>
+        {
+            eprintln!("tally: {e:#}");
+            ExitCode::from(3)
+        }
         Err(e) => {
             eprintln!("tally: {e:#}");
             ExitCode::FAILURE

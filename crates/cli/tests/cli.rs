@@ -231,6 +231,23 @@ fn serve_answers_the_client_and_stops_cleanly_on_sigterm() {
     assert!(out.starts_with("accepted 1\nlast 1h: 3 "), "{out}");
     let out = stdout(&client(&s.url, &["incr", "clicks", "lnk/1", "-n", "-1"]));
     assert_eq!(out, "accepted 1\n");
+    // A limited increment: accepted while the window has room (exit 0), refused with exit 3
+    // and the reason once it is full, counting nothing.
+    let limited = ["incr", "api", "lim", "--window", "1h", "--max", "1"];
+    assert!(stdout(&client(&s.url, &limited)).starts_with("accepted 1\nlast 1h: 1 "));
+    let full = client(&s.url, &limited);
+    assert_eq!(full.status.code(), Some(3), "{full:?}");
+    let err = String::from_utf8_lossy(&full.stderr);
+    assert!(
+        err.contains("limit_exceeded: 1 of 1 in the last 1h"),
+        "{err}"
+    );
+    let no_window = client(&s.url, &["incr", "api", "lim", "--max", "1"]);
+    assert_eq!(
+        no_window.status.code(),
+        Some(2),
+        "clap refuses --max without --window"
+    );
     let out = stdout(&client(
         &s.url,
         &[

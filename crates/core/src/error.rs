@@ -46,11 +46,13 @@ pub enum ErrorCode {
     UriTooLong,
     /// Request headers larger than the server takes: 431.
     HeadersTooLarge,
+    /// A limited increment refused: its window is full (429).
+    LimitExceeded,
 }
 
 impl ErrorCode {
     /// Every code, for tests and documentation.
-    pub const ALL: [ErrorCode; 35] = [
+    pub const ALL: [ErrorCode; 36] = [
         ErrorCode::MalformedBody,
         ErrorCode::MissingParameter,
         ErrorCode::InvalidParameter,
@@ -86,6 +88,7 @@ impl ErrorCode {
         ErrorCode::RequestTimeout,
         ErrorCode::UriTooLong,
         ErrorCode::HeadersTooLarge,
+        ErrorCode::LimitExceeded,
     ];
 
     /// The code as it appears on the wire.
@@ -126,6 +129,7 @@ impl ErrorCode {
             ErrorCode::RequestTimeout => "request_timeout",
             ErrorCode::UriTooLong => "uri_too_long",
             ErrorCode::HeadersTooLarge => "headers_too_large",
+            ErrorCode::LimitExceeded => "limit_exceeded",
         }
     }
 }

@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::model::{Duration, Key, Namespace, Schema};
 use crate::store::{
-    Batch, Buckets, Clock, IdemRecord, KeyData, KeyList, KeyRead, Scan, Store, StoreError,
-    SubtotalBuckets, Want,
+    Batch, Buckets, Clock, Decision, IdemRecord, KeyData, KeyList, KeyRead, Scan, Store,
+    StoreError, SubtotalBuckets, Want,
 };
 use crate::time::bucket_start;
 
@@ -32,6 +32,8 @@ struct Inner {
 pub struct MemStore {
     inner: Mutex<Inner>,
     clock: Arc<dyn Clock>,
+    /// Serialises conditional writes ([`Store::apply_if`]).
+    conditional: Mutex<()>,
 }
 
 impl std::fmt::Debug for MemStore {
@@ -45,6 +47,7 @@ impl MemStore {
         MemStore {
             inner: Mutex::new(Inner::default()),
             clock,
+            conditional: Mutex::new(()),
         }
     }
 
@@ -67,6 +70,15 @@ fn slice(counts: &Counts, schema: &Schema, r: Duration, from: i64, to: i64, now:
 }
 
 impl Store for MemStore {
+    fn apply_if(
+        &self,
+        batch: &Batch,
+        window: &KeyRead<'_>,
+        decide: &mut dyn FnMut(&Buckets) -> Result<Decision, StoreError>,
+    ) -> Result<bool, StoreError> {
+        crate::store::apply_if_locked(self, &self.conditional, batch, window, decide)
+    }
+
     fn namespaces(&self) -> Result<Vec<(Namespace, Schema)>, StoreError> {
         Ok(self
             .lock()?

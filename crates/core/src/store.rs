@@ -275,6 +275,19 @@ pub trait Store: Send + Sync {
     /// Applies a batch, durably per the backend's policy, all or nothing.
     fn apply(&self, batch: &Batch) -> Result<(), StoreError>;
 
+    /// A conditional write (SPEC §3 `incr?window=…&max=…`): reads `window` (one key's
+    /// totals), asks `decide` what to do with those buckets, and applies `batch` — with the
+    /// decision's idempotency record — only if it says so; when it does not, only the record
+    /// (if any) is stored, so a retry replays the refusal. Read, decision and apply are one
+    /// atomic step with respect to every other conditional write of that key: two of them
+    /// never decide on the same count. Answers whether `batch` was applied.
+    fn apply_if(
+        &self,
+        batch: &Batch,
+        window: &KeyRead<'_>,
+        decide: &mut dyn FnMut(&Buckets) -> Result<Decision, StoreError>,
+    ) -> Result<bool, StoreError>;
+
     /// Reads many keys at once; answers in the order asked.
     fn read(&self, reads: &[KeyRead<'_>]) -> Result<Vec<KeyData>, StoreError>;
 
@@ -303,6 +316,62 @@ pub trait Store: Send + Sync {
     fn maintain(&self) -> Result<Maintenance, StoreError> {
         Ok(Maintenance::default())
     }
+}
+
+/// What a conditional write does, decided from the buckets it read ([`Store::apply_if`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    /// Apply the batch (else apply nothing of it).
+    pub apply: bool,
+    /// The answer to remember under the request's idempotency key, either way.
+    pub idempotency: Option<IdemRecord>,
+}
+
+/// [`Store::apply_if`] for a backend whose writes to one key are serialised by `lock`: the
+/// read, the decision and the apply happen under it. Backends call this with a lock chosen
+/// by the key (stripes, so unrelated keys rarely wait on each other).
+pub fn apply_if_locked(
+    store: &dyn Store,
+    lock: &std::sync::Mutex<()>,
+    batch: &Batch,
+    window: &KeyRead<'_>,
+    decide: &mut dyn FnMut(&Buckets) -> Result<Decision, StoreError>,
+) -> Result<bool, StoreError> {
+    let _held = lock
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let data = store
+        .read(std::slice::from_ref(window))?
+        .pop()
+        .ok_or_else(|| StoreError::internal("a read returned no answer"))?;
+    let decision = decide(&data.totals)?;
+    if decision.apply {
+        let mut batch = batch.clone();
+        batch.idempotency = decision.idempotency;
+        store.apply(&batch)?;
+    } else if let Some(record) = decision.idempotency {
+        // Nothing counted; the refusal alone is remembered.
+        store.apply(&Batch {
+            create: Vec::new(),
+            increments: Vec::new(),
+            idempotency: Some(record),
+        })?;
+    }
+    Ok(decision.apply)
+}
+
+/// The stripe of `locks` a key's conditional writes take.
+pub fn stripe<'l>(
+    locks: &'l [std::sync::Mutex<()>],
+    ns: &Namespace,
+    key: &Key,
+) -> &'l std::sync::Mutex<()> {
+    // FNV-1a: stable and cheap; the stripes only spread contention.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in ns.as_str().bytes().chain([0]).chain(key.as_str().bytes()) {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    &locks[(h % locks.len().max(1) as u64) as usize]
 }
 
 /// What one round of housekeeping did (`POST /v1/admin/compact`).

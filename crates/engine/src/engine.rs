@@ -8,8 +8,8 @@ use std::time::{Duration as StdDuration, Instant};
 
 use tally_core::model::{Key, Namespace, Schema};
 use tally_core::store::{
-    Batch, Clock, FsyncPolicy, Gauge, IdemRecord, KeyData, KeyList, KeyRead, Maintenance, Scan,
-    Store, StoreError, SystemClock,
+    Batch, Buckets, Clock, Decision, FsyncPolicy, Gauge, IdemRecord, KeyData, KeyList, KeyRead,
+    Maintenance, Scan, Store, StoreError, SystemClock,
 };
 
 use crate::archive::{Archive, FlushPolicy};
@@ -128,6 +128,8 @@ pub struct Engine {
     pub(crate) fs: Arc<dyn Fs>,
     /// One flush at a time.
     pub(crate) flush_lock: Mutex<()>,
+    /// Conditional writes (`apply_if`) of one key serialise on its stripe.
+    conditional: Vec<Mutex<()>>,
     _lock: File,
 }
 
@@ -217,6 +219,7 @@ impl Engine {
             segments_dir,
             fs: config.fs,
             flush_lock: Mutex::new(()),
+            conditional: (0..CONDITIONAL_STRIPES).map(|_| Mutex::new(())).collect(),
             _lock: lock,
         })
     }
@@ -269,7 +272,23 @@ impl Engine {
     }
 }
 
+/// Lock stripes for conditional writes: two keys share one by chance, rarely.
+const CONDITIONAL_STRIPES: usize = 1024;
+
 impl Store for Engine {
+    /// Under the key's stripe lock, held through the apply (its log append and fsync), so
+    /// the next conditional write of the key decides on a count that includes this one.
+    /// Plain writes do not take it: they count whatever the decision was.
+    fn apply_if(
+        &self,
+        batch: &Batch,
+        window: &KeyRead<'_>,
+        decide: &mut dyn FnMut(&Buckets) -> Result<Decision, StoreError>,
+    ) -> Result<bool, StoreError> {
+        let lock = tally_core::store::stripe(&self.conditional, window.ns, window.key);
+        tally_core::store::apply_if_locked(self, lock, batch, window, decide)
+    }
+
     fn namespaces(&self) -> Result<Vec<(Namespace, Schema)>, StoreError> {
         let cat = self.core.read_cat();
         Ok(cat

@@ -90,6 +90,7 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         ErrorCode::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
         ErrorCode::UriTooLong => StatusCode::URI_TOO_LONG,
         ErrorCode::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+        ErrorCode::LimitExceeded => StatusCode::TOO_MANY_REQUESTS,
     }
 }
 

@@ -100,14 +100,20 @@ pub(crate) struct Ticket {
 impl Ticket {
     /// The record that travels in the batch: this answer, kept for 24 h from `now`.
     pub(crate) fn record(self, now: i64, answer: &Accepted) -> Result<IdemRecord, ApiError> {
-        Ok(IdemRecord {
+        let body = serde_json::to_string(answer)
+            .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
+        Ok(self.record_raw(now, 200, body))
+    }
+
+    /// The record of any answer: its status and JSON body (a limited increment's refusal).
+    pub(crate) fn record_raw(self, now: i64, status: u16, body: String) -> IdemRecord {
+        IdemRecord {
             key: self.key,
             fingerprint: self.fingerprint,
             expires: now + IDEMPOTENCY_SECS,
-            status: 200,
-            body: serde_json::to_string(answer)
-                .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?,
-        })
+            status,
+            body,
+        }
     }
 }
 
@@ -177,15 +183,27 @@ fn scoped(token: &Token, key: &str) -> String {
     format!("t{id}:{key}")
 }
 
-/// A stored answer, sent again as it was.
-fn replay(status: u16, body: String) -> Response {
+/// A stored answer, sent again as it was (and an answer built as stored ones are). A `429`
+/// carries its `retry_after` as a `Retry-After` header too.
+pub(crate) fn replay(status: u16, body: String) -> Response {
+    let retry_after = (status == 429)
+        .then(|| serde_json::from_str::<serde_json::Value>(&body).ok())
+        .flatten()
+        .and_then(|v| v["error"]["retry_after"].as_i64());
     let status = axum::http::StatusCode::from_u16(status).unwrap_or(axum::http::StatusCode::OK);
-    (
+    let mut resp = (
         status,
         [(axum::http::header::CONTENT_TYPE, "application/json")],
         body,
     )
-        .into_response()
+        .into_response();
+    if let Some(s) = retry_after {
+        resp.headers_mut().insert(
+            axum::http::header::RETRY_AFTER,
+            axum::http::HeaderValue::from(s.max(0)),
+        );
+    }
+    resp
 }
 
 #[cfg(test)]

@@ -57,6 +57,7 @@ fn parameter(name: &str) -> Option<Value> {
         }
         "last" | "window" => json!({"type": "string", "pattern": DURATION}),
         "n" => json!({"type": "integer", "minimum": -amount, "maximum": amount}),
+        "max" => json!({"type": "integer", "minimum": 0, "maximum": amount}),
         // Any text: a prefix no key has matches nothing.
         "prefix" | "after" => json!({"type": "string"}),
         "Idempotency-Key" => json!({"type": "string", "pattern": IDEMPOTENCY_KEY}),
@@ -151,6 +152,9 @@ fn errors(path: &str, method: &str) -> Vec<(&'static str, &'static str)> {
             ("422", "no_tier_for_range, too_many_points, idempotency_key_reused"),
             ("500", "corrupt_data, internal"),
         ]);
+    }
+    if path.ends_with("/incr") {
+        out.push(("429", "limit_exceeded"));
     }
     if method != "get" {
         out.extend([

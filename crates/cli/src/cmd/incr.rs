@@ -1,5 +1,6 @@
 //! `tally incr`: one event through `POST /v1/ns/{ns}/keys/{key}/incr`, and the rolling
-//! count after it with `--window`.
+//! count after it with `--window`; with `--max` too, only if that count stays within it
+//! (exit status 3 when refused).
 
 use tally_core::query::Accepted;
 
@@ -22,6 +23,10 @@ pub struct IncrArgs {
     /// Also answer the rolling count over this duration (e.g. 1h).
     #[arg(long)]
     window: Option<String>,
+    /// Count only if the rolling count over --window stays at most this; else nothing is
+    /// counted and the exit status is 3 (a rate limiter's "no").
+    #[arg(long, requires = "window")]
+    max: Option<i64>,
     #[command(flatten)]
     conn: Conn,
 }
@@ -36,7 +41,8 @@ pub fn run(a: IncrArgs) -> anyhow::Result<()> {
     let mut route = Route::key(&a.ns, &a.key, "incr")
         .opt("n", a.n)
         .opt("ts", a.ts.as_deref())
-        .opt("window", a.window.as_deref());
+        .opt("window", a.window.as_deref())
+        .opt("max", a.max);
     for (name, value) in &a.dims {
         route = route.param(&format!("dim.{name}"), value);
     }

@@ -74,6 +74,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .build()
         .context("starting the runtime")?;
     rt.block_on(async move {
+        // Handlers first: a SIGTERM from here on is a clean shutdown, never the default
+        // action (which killed a server signalled right after its ready line).
+        let stop = shutdown_signal()?;
         // The port opens first and answers 503 while the engine recovers, so a load
         // balancer sees "recovering", not "connection refused".
         let listener = tokio::net::TcpListener::bind(args.listen)
@@ -124,7 +127,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 }
             })
         };
-        shutdown_signal().await;
+        stop.await;
         tracing::info!("shutting down: finishing in-flight requests");
         let _ = tx.send(());
         if tokio::time::timeout(Duration::from_secs(8), server).await.is_err() {
@@ -145,25 +148,24 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     })
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// Installs the SIGTERM and SIGINT handlers now; the future completes at the first signal.
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+        let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+        Ok(async move {
+            tokio::select! {
+                _ = term.recv() => {},
+                _ = int.recv() => {},
             }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = term => {},
+        })
     }
+    #[cfg(not(unix))]
+    Ok(async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
 }
 
 /// The minute's housekeeping: expired counters out of memory, closed periods into the

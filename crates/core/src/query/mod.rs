@@ -15,7 +15,9 @@ pub use exec::{breakdown, dashboard, keys, rollup, series, top};
 pub use params::{
     BreakdownQuery, DashboardQuery, KeysQuery, Params, SeriesQuery, TopQuery, WindowQuery,
 };
-pub use window::{WindowPlan, window, window_after, window_plan};
+pub use window::{
+    Limited, WindowPlan, incr_limited, retry_after, window, window_after, window_plan,
+};
 
 use crate::error::ErrorCode;
 use crate::model::ModelError;

@@ -6,7 +6,7 @@ use super::exec::{read_one, schema_of, sum};
 use super::params::WindowQuery;
 use super::{Ctx, QueryError};
 use crate::model::{Duration, Key, Namespace, Schema};
-use crate::store::{Batch, Deadline, KeyRead, Store, StoreError, Want};
+use crate::store::{Batch, Deadline, Decision, KeyRead, Store, StoreError, Want};
 use crate::tier::NoTier;
 use crate::time::{Tz, bucket_start};
 
@@ -124,4 +124,150 @@ pub fn window_after(
         .map(|i| i.n)
         .sum();
     Ok(count(last, plan, before + added))
+}
+
+/// The outcome of an increment limited to `max` over a rolling window (SPEC §3
+/// `incr?window=…&max=…`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Limited {
+    /// Applied; the window as it stands with the increment.
+    Accepted(WindowCount),
+    /// Refused, nothing counted: the window as it stands (`n` without the increment), the
+    /// limit, and the seconds until enough of the window has aged out for the increment to
+    /// fit — `None` when it never can (the increment alone is over `max`).
+    Refused {
+        window: WindowCount,
+        max: i64,
+        retry_after: Option<i64>,
+    },
+}
+
+/// Seconds from `now` until the window's count, with `added` on top, is at most `max`, as
+/// its oldest buckets age out: bucket `b` leaves a window of `k` buckets of `r` seconds
+/// when the current bucket starts at `b + k·r`. `None` when `added` alone is over `max`.
+/// `buckets` are the window's, in any order.
+pub fn retry_after(
+    plan: &WindowPlan,
+    buckets: &[(i64, i64)],
+    now: i64,
+    added: i64,
+    max: i64,
+) -> Option<i64> {
+    if added > max {
+        return None;
+    }
+    let r = plan.resolution.secs_i64();
+    let span = plan.to - plan.from;
+    let mut sorted: Vec<(i64, i64)> = buckets.to_vec();
+    sorted.sort_unstable();
+    let mut left: i64 = sorted.iter().map(|(_, n)| n).sum();
+    if left + added <= max {
+        return Some(0);
+    }
+    for (b, n) in sorted {
+        left -= n;
+        if left + added <= max {
+            // The bucket starting at `b` is out once the window starts after it.
+            return Some((b + span - now).max(1));
+        }
+    }
+    // Every bucket gone: the increment alone fits (checked above). Unreachable unless the
+    // counts are negative; then waiting a whole window is the honest answer.
+    Some((span - (now - bucket_start(now, r))).max(1))
+}
+
+/// Applies `batch` (one key's increment) only if the key's count over `last`, with the
+/// batch's increments that fall in the window, stays at most `max` — atomically with every
+/// other limited increment of the key ([`Store::apply_if`]). `record` builds the answer to
+/// remember under the request's idempotency key from the outcome, inside that atomic step,
+/// so a retry replays an acceptance or a refusal alike.
+pub fn incr_limited(
+    store: &dyn Store,
+    now: i64,
+    batch: &Batch,
+    last: Duration,
+    max: i64,
+    record: &mut dyn FnMut(&Limited) -> Result<Option<crate::store::IdemRecord>, StoreError>,
+) -> Result<Limited, QueryError> {
+    let Some(first) = batch.increments.first() else {
+        return Err(StoreError::internal("incr_limited of an empty batch").into());
+    };
+    let (ns, key) = (&first.ns, &first.key);
+    let plan = match batch.create.iter().find(|(n, _)| n == ns) {
+        Some((_, schema)) => window_plan(ns, schema, last, now)?,
+        None => window_plan(ns, &schema_of(store, ns)?, last, now)?,
+    };
+    let added: i64 = batch
+        .increments
+        .iter()
+        .filter(|i| i.ns == *ns && i.key == *key && plan.covers(i.ts))
+        .map(|i| i.n)
+        .sum();
+    let mut outcome = None;
+    store.apply_if(batch, &plan.read(ns, key), &mut |buckets| {
+        let before = sum(buckets);
+        let decided = match before.checked_add(added) {
+            Some(after) if after <= max => Limited::Accepted(count(last, plan, after)),
+            _ => Limited::Refused {
+                window: count(last, plan, before),
+                max,
+                retry_after: retry_after(&plan, buckets, now, added, max),
+            },
+        };
+        let idempotency = record(&decided)?;
+        let apply = matches!(decided, Limited::Accepted(_));
+        outcome = Some(decided);
+        Ok(Decision { apply, idempotency })
+    })?;
+    outcome.ok_or_else(|| StoreError::internal("apply_if did not decide").into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(r: u64, last: u64, now: i64) -> WindowPlan {
+        let schema = Schema::from_doc(&crate::model::SchemaDoc {
+            tiers: vec![format!("{r}s:30d")],
+            breakdown_tiers: None,
+            dimensions: None,
+        })
+        .unwrap();
+        let ns = Namespace::new("a").unwrap();
+        window_plan(&ns, &schema, Duration::from_secs(last).unwrap(), now).unwrap()
+    }
+
+    #[test]
+    fn retry_after_counts_the_seconds_until_the_oldest_buckets_age_out() {
+        // 1s tier, last 10 s at now = 1000: buckets 991..=1000.
+        let p = plan(1, 10, 1000);
+        assert_eq!((p.from, p.to), (991, 1001));
+        let full = [(991, 3), (995, 4), (1000, 3)];
+        // 10 of max 10: +1 fits once the 3 at 991 leave (when the window starts at 992).
+        assert_eq!(retry_after(&p, &full, 1000, 1, 10), Some(1));
+        // +4 needs the 995 bucket gone as well: the window starts at 996 at t = 1005.
+        assert_eq!(retry_after(&p, &full, 1000, 4, 10), Some(5));
+        assert_eq!(retry_after(&p, &full, 1000, 11, 10), None);
+        assert_eq!(retry_after(&p, &full, 1000, 0, 10), Some(0));
+
+        // 1m tier, last 1h at 12:30:20: 60 minute buckets, 11:31 .. 12:30.
+        let now = 1_795_176_000 + 30 * 60 + 20;
+        let p = plan(60, 3600, now);
+        let b = |m: i64| 1_795_176_000 - 3600 + m * 60;
+        let buckets = [(b(31), 50), (b(59), 40), (b(90), 10)];
+        // 100 of max 100: +1 fits when 11:31 leaves, at 12:31:00 — 40 s from now.
+        assert_eq!(retry_after(&p, &buckets, now, 1, 100), Some(40));
+        // +51 needs 11:59 gone too: at 12:59:00.
+        assert_eq!(retry_after(&p, &buckets, now, 51, 100), Some(40 + 28 * 60));
+
+        // 1h tier, last 24 h at 00:00:01: the oldest hour leaves in 3599 s.
+        let now = 1_795_132_801;
+        let p = plan(3600, 86_400, now);
+        let oldest = now - 1 - 23 * 3600;
+        assert_eq!(p.from, oldest);
+        assert_eq!(
+            retry_after(&p, &[(oldest, 5), (now - 1, 5)], now, 1, 10),
+            Some(3599)
+        );
+    }
 }

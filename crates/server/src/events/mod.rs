@@ -106,6 +106,92 @@ pub async fn post_events(
     Ok(Json(body).into_response())
 }
 
+/// `max` of a limited `incr`: a whole number from 0 to 2^53 − 1.
+fn parse_max(v: &str) -> Result<i64, ApiError> {
+    v.parse::<i64>()
+        .ok()
+        .filter(|m| (0..model::AMOUNT_LIMIT).contains(m) && !v.starts_with('+'))
+        .ok_or_else(|| {
+            ApiError::new(
+                ErrorCode::InvalidParameter,
+                format!("max {v:?} is not a whole number from 0 to 2^53 - 1"),
+            )
+            .field("max")
+        })
+}
+
+/// A limited increment (`incr?window=…&max=…`): validated, then applied only if the window
+/// stays within `max`, atomically with the key's other limited increments; on refusal
+/// `429 limit_exceeded` with the count, the limit and `retry_after` (also as a
+/// `Retry-After` header), and nothing counted. Either answer is remembered under the
+/// request's idempotency key, so a retry cannot slip past the limit.
+fn apply_limited(
+    app: &App,
+    raw: RawEvent,
+    idem: Option<Ticket>,
+    last: Duration,
+    max: i64,
+) -> Result<axum::response::Response, ApiError> {
+    let now = app.now();
+    let batch = ingest::prepare_owned(
+        &**app.store(),
+        vec![raw],
+        now,
+        &app.settings().limits,
+        &app.settings().defaults,
+    )?;
+    let outcome = query::incr_limited(&**app.store(), now, &batch, last, max, &mut |o| {
+        let Some(ticket) = &idem else {
+            return Ok(None);
+        };
+        let (status, body) = limited_answer(o);
+        Ok(Some(ticket.clone().record_raw(
+            now,
+            status,
+            body.to_string(),
+        )))
+    })?;
+    let (status, body) = limited_answer(&outcome);
+    if let query::Limited::Accepted(_) = outcome {
+        app.metrics().events.fetch_add(1, Ordering::Relaxed);
+        app.metrics().batches.fetch_add(1, Ordering::Relaxed);
+    }
+    Ok(idempotency::replay(status, body.to_string()))
+}
+
+/// The status and body of a limited increment's outcome.
+fn limited_answer(outcome: &query::Limited) -> (u16, serde_json::Value) {
+    match outcome {
+        query::Limited::Accepted(window) => {
+            (200, serde_json::json!({"accepted": 1, "window": window}))
+        }
+        query::Limited::Refused {
+            window,
+            max,
+            retry_after,
+        } => {
+            let when = match retry_after {
+                Some(s) => format!("retry in {s} s"),
+                None => "this increment alone is over the limit".to_owned(),
+            };
+            (
+                429,
+                serde_json::json!({"error": {
+                    "code": ErrorCode::LimitExceeded.as_str(),
+                    "message": format!(
+                        "{} of {max} in the last {} already; {when}",
+                        window.n, window.last
+                    ),
+                    "count": window.n,
+                    "max": max,
+                    "retry_after": retry_after,
+                    "window": window,
+                }}),
+            )
+        }
+    }
+}
+
 /// Whether the body is NDJSON: `Content-Type: application/x-ndjson`, the media type matched
 /// without regard to case and its parameters (`; charset=utf-8`) ignored, as RFC 9110 says.
 fn is_ndjson(headers: &HeaderMap) -> bool {
@@ -118,10 +204,11 @@ fn is_ndjson(headers: &HeaderMap) -> bool {
 
 /// Increment one key from query parameters.
 #[utoipa::path(post, path = "/v1/ns/{ns}/keys/{key}/incr", tag = "events",
-    description = "One event from query parameters `n` (default 1), `ts` (default now), `dim.<name>=<value>`. `window=<duration>` adds the rolling count after the increment.",
+    description = "One event from query parameters `n` (default 1), `ts` (default now), `dim.<name>=<value>`. `window=<duration>` adds the rolling count after the increment; with `max=<n>` too, the increment happens only if that count stays at most `max`, atomically, else `429 limit_exceeded` (count, max, retry_after and a Retry-After header) and nothing is counted.",
     params(
         ("ns" = String, Path), ("key" = String, Path, description = "percent-encoded"),
         ("n" = Option<i64>, Query), ("ts" = Option<String>, Query), ("window" = Option<String>, Query),
+        ("max" = Option<i64>, Query, description = "with window: count only if the window stays at most max, else 429 limit_exceeded"),
         ("Idempotency-Key" = Option<String>, Header),
     ),
     responses((status = 200, description = "`{\"accepted\": 1}` or `{\"accepted\": 1, \"window\": {...}}`"), (status = 400, description = "invalid input")))]
@@ -141,6 +228,7 @@ pub async fn incr(
         ..RawEvent::default()
     };
     let mut window = None;
+    let mut max = None;
     // A repeat is refused where it appears, so a bad value before it is named first.
     let mut seen = BTreeSet::new();
     for (k, v) in &pairs {
@@ -163,18 +251,32 @@ pub async fn incr(
             "window" => {
                 window = Some(Duration::new(v).map_err(|e| ApiError::from(e).field("window"))?)
             }
+            "max" => max = Some(parse_max(v)?),
             _ => match k.strip_prefix("dim.") {
                 Some(d) => raw.dims.push((d.to_owned(), v.clone())),
                 None => {
                     return Err(ApiError::new(
                         ErrorCode::InvalidParameter,
-                        format!("unknown parameter {k:?} (incr takes n, ts, window, dim.<name>)"),
+                        format!(
+                            "unknown parameter {k:?} (incr takes n, ts, window, max, dim.<name>)"
+                        ),
                     )
                     .field(k.clone()));
                 }
             },
         }
     }
+    let limited = match (max, window) {
+        (Some(max), Some(last)) => Some((last, max)),
+        (Some(_), None) => {
+            return Err(ApiError::new(
+                ErrorCode::MissingParameter,
+                "max limits the count over a window: give window too (e.g. window=1m&max=100)",
+            )
+            .field("window"));
+        }
+        (None, _) => None,
+    };
     let fp = idempotency::fingerprint(&[
         b"POST incr ",
         ns.as_bytes(),
@@ -188,6 +290,13 @@ pub async fn incr(
         Idem::Proceed(held) => held,
     };
     let idem = held.as_ref().map(Held::ticket);
+    if let Some((last, max)) = limited {
+        let answer = app
+            .blocking(move |app| apply_limited(app, raw, idem, last, max))
+            .await;
+        drop(held);
+        return answer;
+    }
     let body = app
         .blocking(move |app| {
             apply(app, vec![raw], idem, |app, batch| {

@@ -8,6 +8,7 @@ mod connections;
 mod errors;
 mod idempotency;
 mod limits;
+mod ratelimit;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -16,7 +17,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use serde_json::Value;
 use tally_core::model::{Key, Namespace, Schema};
 use tally_core::store::{
-    Batch, Clock, Gauge, IdemRecord, KeyData, KeyList, KeyRead, ManualClock, Scan, Store,
+    Batch, Clock, Decision, Gauge, IdemRecord, KeyData, KeyList, KeyRead, ManualClock, Scan, Store,
     StoreError,
 };
 use tally_engine::{Config, Engine, FlushPolicy, FsyncPolicy};
@@ -74,6 +75,14 @@ impl Store for Gated {
         // Every closed hour goes to the archive right away, so each test's reads also go
         // through segments, the manifest and a truncated log.
         self.inner.flush().map(|_| ())
+    }
+    fn apply_if(
+        &self,
+        batch: &Batch,
+        window: &KeyRead<'_>,
+        decide: &mut dyn FnMut(&tally_core::store::Buckets) -> Result<Decision, StoreError>,
+    ) -> Result<bool, StoreError> {
+        self.inner.apply_if(batch, window, decide)
     }
     fn read(&self, reads: &[KeyRead<'_>]) -> Result<Vec<KeyData>, StoreError> {
         self.inner.read(reads)
