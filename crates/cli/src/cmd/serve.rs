@@ -28,6 +28,10 @@ pub struct ServeArgs {
     /// Backend: empty for the embedded engine. (redis:// and redis+cluster:// are not built yet.)
     #[arg(long, env = "TALLY_BACKEND")]
     backend: Option<String>,
+    /// Start even if log records are missing (a deleted or lost log file): the missing range
+    /// is logged and lost for good. Without it, such a data directory refuses to open.
+    #[arg(long, env = "TALLY_ACCEPT_DATA_LOSS")]
+    accept_data_loss: bool,
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -55,6 +59,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     let mut cfg = Config::new(&args.data);
     cfg.fsync = fsync;
+    cfg.accept_data_loss = args.accept_data_loss;
     let engine = Arc::new(
         Engine::open(cfg)
             .with_context(|| format!("opening data directory {}", args.data.display()))?,
