@@ -14,7 +14,9 @@ use crate::state::Core;
 use crate::wal::payload::{self, BatchView, Payload};
 use crate::wal::reader::{self, Gaps, TornTail};
 use crate::wal::writer;
-use crate::wal::{Corruption, FILE_HEADER_LEN, FileProblem, WalError, file_name, list_files};
+use crate::wal::{
+    Corruption, FILE_HEADER_LEN, FileProblem, MAX_SEQ, WalError, file_name, list_files,
+};
 use tally_core::model::Schema;
 
 /// What recovery found.
@@ -144,6 +146,13 @@ pub(crate) fn replay(
     accept_data_loss: bool,
 ) -> Result<(LogFile, u64, Recovery), OpenError> {
     let files = list_files(wal_dir).map_err(io_at(wal_dir))?;
+    if let Some((seq, path)) = files.iter().find(|(s, _)| *s >= MAX_SEQ) {
+        return Err(WalError::BadFile {
+            file: path.clone(),
+            why: FileProblem::SequenceTooLarge { seq: *seq },
+        }
+        .into());
+    }
     let mut recovery = Recovery {
         files: files.len(),
         ..Recovery::default()
@@ -251,6 +260,13 @@ pub(crate) fn replay(
         .map(|s| s.flushed_seq)
         .max()
         .unwrap_or(0);
+    if archived >= MAX_SEQ {
+        return Err(WalError::BadFile {
+            file: wal_dir.to_owned(),
+            why: FileProblem::SequenceTooLarge { seq: archived },
+        }
+        .into());
+    }
     if archived >= next_seq {
         let dir = wal_dir.to_owned();
         gap(

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use super::{
     Corruption, FILE_FIRST_SEQ_OFFSET, FILE_HEADER_CRC_OFFSET, FILE_HEADER_LEN,
     FRAME_HEADER_CRC_OFFSET, FRAME_HEADER_LEN, FRAME_LEN_OFFSET, FRAME_PAYLOAD_CRC_OFFSET,
-    FRAME_SEQ_OFFSET, FileProblem, MAX_PAYLOAD_LEN, Version, WalError, read_u32, read_u64,
+    FRAME_SEQ_OFFSET, FileProblem, MAX_PAYLOAD_LEN, MAX_SEQ, Version, WalError, read_u32, read_u64,
 };
 
 /// A torn tail found and dropped.
@@ -114,6 +114,12 @@ pub fn scan_with(
         });
     }
     let first = read_u64(bytes, FILE_FIRST_SEQ_OFFSET);
+    if first >= MAX_SEQ {
+        return Err(WalError::BadFile {
+            file: file.to_owned(),
+            why: FileProblem::SequenceTooLarge { seq: first },
+        });
+    }
     if first != expected_seq {
         return Err(WalError::BadFile {
             file: file.to_owned(),
@@ -156,6 +162,16 @@ pub fn scan_with(
             return Err(corrupt(file, pos, Corruption::TooLong(len as u64)));
         }
         let got_seq = read_u64(rest, FRAME_SEQ_OFFSET);
+        if got_seq >= MAX_SEQ {
+            return Err(corrupt(
+                file,
+                pos,
+                Corruption::Sequence {
+                    expected: seq,
+                    got: got_seq,
+                },
+            ));
+        }
         if got_seq > seq && gaps == Gaps::Refuse {
             return Err(corrupt(
                 file,

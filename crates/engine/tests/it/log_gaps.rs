@@ -253,3 +253,43 @@ fn accept_data_loss_recreates_a_namespace_whose_creation_is_lost() {
     assert!(says(&err).contains(&format!("records 1..={} are missing", log[1].0 - 1)));
     accepted(dir.path(), &clock, (1, log[1].0 - 1));
 }
+
+#[test]
+fn a_sequence_number_past_2_63_is_refused_even_accepting_data_loss() {
+    // Found by fuzz/wal_scan and fuzz/wal_recovery: a record or file numbered u64::MAX
+    // overflowed the next number (a panic in debug builds, a wrap to 0 in release).
+    let clock = clock(NOW);
+    let dir = tempfile::tempdir().unwrap();
+    hand_written(dir.path(), 1, &[1, u64::MAX]);
+    for accept in [false, true] {
+        let err = Engine::open(config(dir.path(), &clock, accept)).unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                OpenError::Wal(WalError::Corrupt {
+                    why: Corruption::Sequence {
+                        expected: 2,
+                        got: u64::MAX
+                    },
+                    ..
+                })
+            ),
+            "{err:?}"
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    hand_written(dir.path(), u64::MAX, &[]);
+    for accept in [false, true] {
+        let err = Engine::open(config(dir.path(), &clock, accept)).unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                OpenError::Wal(WalError::BadFile {
+                    why: FileProblem::SequenceTooLarge { seq: u64::MAX },
+                    ..
+                })
+            ),
+            "{err:?}"
+        );
+    }
+}
