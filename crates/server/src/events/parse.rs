@@ -218,7 +218,7 @@ impl FastEvent<'_> {
 }
 
 /// The fast path over a whole body; `None` sends the body to the exact-error path.
-fn parse_fast(body: &[u8], ndjson: bool) -> Option<Vec<Result<RawEvent, ApiError>>> {
+pub(crate) fn parse_fast(body: &[u8], ndjson: bool) -> Option<Vec<Result<RawEvent, ApiError>>> {
     if ndjson {
         let text = std::str::from_utf8(body).ok()?;
         text.lines()
@@ -236,7 +236,7 @@ fn parse_fast(body: &[u8], ndjson: bool) -> Option<Vec<Result<RawEvent, ApiError
 }
 
 /// The events of a body: a JSON array, or NDJSON (blank lines ignored).
-pub(super) fn parse_body(body: &[u8], ndjson: bool, max: usize) -> Result<Vec<RawEvent>, ApiError> {
+pub(crate) fn parse_body(body: &[u8], ndjson: bool, max: usize) -> Result<Vec<RawEvent>, ApiError> {
     if let Some(events) = parse_fast(body, ndjson) {
         if events.len() > max {
             return Err(ApiError::new(
@@ -254,7 +254,7 @@ pub(super) fn parse_body(body: &[u8], ndjson: bool, max: usize) -> Result<Vec<Ra
 }
 
 /// The exact-error path: every event through a JSON value, checked field by field.
-fn parse_slow(body: &[u8], ndjson: bool, max: usize) -> Result<Vec<RawEvent>, ApiError> {
+pub(crate) fn parse_slow(body: &[u8], ndjson: bool, max: usize) -> Result<Vec<RawEvent>, ApiError> {
     let too_many = |n: usize| {
         ApiError::new(
             ErrorCode::BatchTooLarge,
