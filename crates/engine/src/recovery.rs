@@ -99,9 +99,10 @@ fn note_loss(lost: &mut Vec<(u64, u64)>, first: u64, last: u64) {
     lost.push((first, last));
 }
 
-/// Accepting data loss: a namespace created in a missing record is created again, with the
-/// default schema, by the first batch that counts in it (its own schema is lost with the
-/// record that set it). Without this, every later record of it would stop recovery.
+/// Once records were accepted as missing: a namespace created in one of them is created
+/// again, with the default schema, by the first later batch that counts in it (its own
+/// schema is lost with the record that set it). Without this, every later record of it
+/// would stop recovery. Before any loss, an unknown namespace stays damage.
 fn recreate_lost_namespaces(core: &Core, view: &mut BatchView<'_>) {
     let cat = core.read_cat();
     let mut recreate: Vec<u32> = Vec::new();
@@ -208,7 +209,13 @@ pub(crate) fn replay(
         let bytes = std::fs::read(path).map_err(io_at(path))?;
         recovery.log_bytes += bytes.len() as u64;
         let is_last = i + 1 == files.len();
+        // Whether records are missing before the one visited (gaps inside this file are
+        // seen as a jump in the numbers the visitor gets).
+        let mut after_loss = !lost.is_empty();
+        let mut expected = next_seq;
         let mut visit = |seq: u64, bytes: &[u8]| -> Result<(), Corruption> {
+            after_loss |= seq != expected;
+            expected = seq + 1;
             let payload = payload::decode(bytes).map_err(Corruption::Payload)?;
             if seq < wal_start {
                 // Archived, with the schemas of its time in the manifest's checkpoint.
@@ -217,7 +224,7 @@ pub(crate) fn replay(
             }
             match payload {
                 Payload::Batch(mut view) => {
-                    if accept_data_loss {
+                    if after_loss {
                         recreate_lost_namespaces(core, &mut view);
                     }
                     recovery.events += view.incs.len() as u64;

@@ -293,3 +293,43 @@ fn a_sequence_number_past_2_63_is_refused_even_accepting_data_loss() {
         );
     }
 }
+
+#[test]
+fn accepting_data_loss_without_a_gap_still_refuses_an_unknown_namespace() {
+    // Found by fuzz/wal_recovery: with the flag but no gap, a batch counting in a namespace
+    // nothing created was taken (the namespace made up), and the next start refused it.
+    use tally_engine::wal::payload::{BatchView, IncView};
+    let clock = clock(NOW);
+    let dir = tempfile::tempdir().unwrap();
+    let view = BatchView {
+        strings: vec!["hn", "k"],
+        incs: vec![IncView {
+            ns: 0,
+            key: 1,
+            ts: NOW - 60,
+            n: 1,
+            subs: (0, 0),
+        }],
+        ..BatchView::default()
+    };
+    let mut payload = Vec::new();
+    view.encode(&mut payload);
+    let wal = dir.path().join("wal");
+    std::fs::create_dir_all(&wal).unwrap();
+    let mut bytes = file_header(1).to_vec();
+    put_frame(&mut bytes, 1, &payload);
+    std::fs::write(file_name(&wal, 1), bytes).unwrap();
+    for accept in [false, true] {
+        let err = Engine::open(config(dir.path(), &clock, accept)).unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                OpenError::Wal(WalError::Corrupt {
+                    why: Corruption::Apply(_),
+                    ..
+                })
+            ),
+            "{err:?}"
+        );
+    }
+}
