@@ -147,10 +147,10 @@ pub(crate) fn replay(
     accept_data_loss: bool,
 ) -> Result<(LogFile, u64, Recovery), OpenError> {
     let files = list_files(wal_dir).map_err(io_at(wal_dir))?;
-    if let Some((seq, path)) = files.iter().find(|(s, _)| *s >= MAX_SEQ) {
+    if let Some((seq, path)) = files.iter().find(|(s, _)| *s == 0 || *s >= MAX_SEQ) {
         return Err(WalError::BadFile {
             file: path.clone(),
-            why: FileProblem::SequenceTooLarge { seq: *seq },
+            why: FileProblem::SequenceOutOfRange { seq: *seq },
         }
         .into());
     }
@@ -270,11 +270,14 @@ pub(crate) fn replay(
     if archived >= MAX_SEQ {
         return Err(WalError::BadFile {
             file: wal_dir.to_owned(),
-            why: FileProblem::SequenceTooLarge { seq: archived },
+            why: FileProblem::SequenceOutOfRange { seq: archived },
         }
         .into());
     }
-    if archived >= next_seq {
+    // Where the log's own numbering goes on; a missing tail moves `next_seq` past it.
+    let log_next = next_seq;
+    // (Numbers start at 1: a log that ends at 0 misses nothing.)
+    if archived >= next_seq.max(1) {
         let dir = wal_dir.to_owned();
         gap(
             accept_data_loss,
@@ -291,8 +294,17 @@ pub(crate) fn replay(
     }
     recovery.lost = lost;
     let file = match last_end {
-        Some((path, len)) if len >= FILE_HEADER_LEN as u64 => {
+        Some((path, len)) if len >= FILE_HEADER_LEN as u64 && next_seq == log_next => {
             LogFile::reopen(&path, len, faults.clone()).map_err(io_at(&path))?
+        }
+        Some((path, len)) if len >= FILE_HEADER_LEN as u64 => {
+            // Numbering jumps past a missing tail: cut the last file back to its last whole
+            // record, and append in a new file named for the next number (a record appended
+            // to the old one would not be the number its name and records give).
+            drop(LogFile::reopen(&path, len, faults.clone()).map_err(io_at(&path))?);
+            let path = file_name(wal_dir, next_seq);
+            LogFile::create(&path, &crate::wal::file_header(next_seq), faults.clone())
+                .map_err(io_at(&path))?
         }
         Some((path, _)) => {
             // The last file never got a whole header: nothing in it was acknowledged.

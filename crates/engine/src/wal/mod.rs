@@ -26,9 +26,9 @@ pub const FRAME_HEADER_CRC_OFFSET: usize = 16;
 /// The largest payload a frame may carry (a sanity bound checked after the header CRC).
 pub const MAX_PAYLOAD_LEN: usize = 1 << 30;
 
-/// Sequence numbers stay below this (2^63): a larger one in a file name, a header or a frame
-/// is damage, and the writer can always count on (at a million records a second, the log
-/// would reach it in 292 000 years).
+/// Sequence numbers start at 1 and stay below this (2^63): another in a file name, a header
+/// or a frame is damage, and the writer can always count on (at a million records a second,
+/// the log would reach it in 292 000 years).
 pub const MAX_SEQ: u64 = 1 << 63;
 
 /// A log file version this build reads.
@@ -95,8 +95,8 @@ pub enum FileProblem {
         .last.saturating_add(1)
     )]
     Gap { first: u64, last: u64 },
-    #[error("sequence number {seq} is past the largest a log uses (2^63)")]
-    SequenceTooLarge { seq: u64 },
+    #[error("sequence number {seq} is outside the numbers a log uses (1 up to 2^63)")]
+    SequenceOutOfRange { seq: u64 },
 }
 
 /// What every refusal over missing records tells the operator.

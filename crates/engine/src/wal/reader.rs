@@ -114,10 +114,10 @@ pub fn scan_with(
         });
     }
     let first = read_u64(bytes, FILE_FIRST_SEQ_OFFSET);
-    if first >= MAX_SEQ {
+    if first == 0 || first >= MAX_SEQ {
         return Err(WalError::BadFile {
             file: file.to_owned(),
-            why: FileProblem::SequenceTooLarge { seq: first },
+            why: FileProblem::SequenceOutOfRange { seq: first },
         });
     }
     if first != expected_seq {

@@ -255,7 +255,7 @@ fn accept_data_loss_recreates_a_namespace_whose_creation_is_lost() {
 }
 
 #[test]
-fn a_sequence_number_past_2_63_is_refused_even_accepting_data_loss() {
+fn a_sequence_number_of_0_or_past_2_63_is_refused_even_accepting_data_loss() {
     // Found by fuzz/wal_scan and fuzz/wal_recovery: a record or file numbered u64::MAX
     // overflowed the next number (a panic in debug builds, a wrap to 0 in release).
     let clock = clock(NOW);
@@ -277,20 +277,24 @@ fn a_sequence_number_past_2_63_is_refused_even_accepting_data_loss() {
             "{err:?}"
         );
     }
-    let dir = tempfile::tempdir().unwrap();
-    hand_written(dir.path(), u64::MAX, &[]);
-    for accept in [false, true] {
-        let err = Engine::open(config(dir.path(), &clock, accept)).unwrap_err();
-        assert!(
-            matches!(
-                &err,
-                OpenError::Wal(WalError::BadFile {
-                    why: FileProblem::SequenceTooLarge { seq: u64::MAX },
-                    ..
-                })
-            ),
-            "{err:?}"
-        );
+    // Found by fuzz/wal_recovery: numbers start at 1, and a record numbered 0 (in a file
+    // named 0) was appended, then skipped on the next start as if archived.
+    for first in [0, u64::MAX] {
+        let dir = tempfile::tempdir().unwrap();
+        hand_written(dir.path(), first, &[]);
+        for accept in [false, true] {
+            let err = Engine::open(config(dir.path(), &clock, accept)).unwrap_err();
+            assert!(
+                matches!(
+                    &err,
+                    OpenError::Wal(WalError::BadFile {
+                        why: FileProblem::SequenceOutOfRange { seq },
+                        ..
+                    }) if *seq == first
+                ),
+                "{err:?}"
+            );
+        }
     }
 }
 
@@ -332,4 +336,37 @@ fn accepting_data_loss_without_a_gap_still_refuses_an_unknown_namespace() {
             "{err:?}"
         );
     }
+}
+
+#[test]
+fn accepting_a_lost_tail_appends_in_a_file_named_for_the_next_number() {
+    // Found by fuzz/wal_recovery: accepting a missing tail moved the numbering on, but an
+    // empty last file was kept for appending (the writer rotates only a file with
+    // records), so the next record's number was not its file's and the next start refused.
+    let dir = tempfile::tempdir().unwrap();
+    let clock = clock(NOW);
+    let e = Engine::open(config(dir.path(), &clock, false)).unwrap();
+    fill(&e, 0..1, NOW - 60);
+    fill(&e, 1..10, NOW - 2 * DAY);
+    e.flush().unwrap();
+    drop(e);
+    // Only an empty file named 1 is left: records 1..=10 are gone.
+    for (_, f) in files(dir.path()) {
+        std::fs::remove_file(f).unwrap();
+    }
+    hand_written(dir.path(), 1, &[]);
+    let e = Engine::open(config(dir.path(), &clock, true)).unwrap();
+    assert_eq!(e.recovery().lost, [(1, 10)]);
+    write(&e, NOW, &[raw("clicks", "after", NOW - 60, 1, &[])]).unwrap();
+    drop(e);
+    let e = Engine::open(config(dir.path(), &clock, false)).unwrap();
+    assert_eq!(total(&e, "clicks", "after", 3600), 1);
+    for i in 1..10 {
+        assert_eq!(
+            total(&e, "clicks", &format!("k{i}"), 3600),
+            1,
+            "archived k{i}"
+        );
+    }
+    assert_eq!(files(dir.path())[0].0, 11);
 }
