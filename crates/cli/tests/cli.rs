@@ -15,7 +15,8 @@ fn tally() -> Command {
         .env_remove("TALLY_CONFIG")
         .env_remove("TALLY_BACKEND")
         .env_remove("TALLY_TLS_CERT")
-        .env_remove("TALLY_TLS_KEY");
+        .env_remove("TALLY_TLS_KEY")
+        .env_remove("TALLY_ACCEPT_DATA_LOSS");
     c
 }
 
@@ -154,8 +155,13 @@ struct Serving {
 }
 
 fn serve(data: &Path) -> Serving {
+    serve_with(data, &[])
+}
+
+fn serve_with(data: &Path, args: &[&str]) -> Serving {
     let mut child = tally()
         .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(args)
         .env("TALLY_DATA", data)
         .env("RUST_LOG", "info")
         .stderr(Stdio::piped())
@@ -610,4 +616,58 @@ fn bench_loads_a_server_and_every_acknowledged_event_is_counted() {
         &client("http://127.0.0.1:9", &["bench", "--duration", "1s"]),
         "cannot reach the server",
     );
+}
+
+#[test]
+fn serve_refuses_a_log_with_a_missing_file_unless_told_to_accept_the_loss() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d");
+    {
+        use tally_core::ingest::{Defaults, Limits, prepare};
+        use tally_core::model::RawEvent;
+        use tally_core::store::{Clock, Store, SystemClock};
+        let mut cfg = tally_engine::Config::new(&data);
+        cfg.max_wal_file_bytes = 200;
+        let engine = tally_engine::Engine::open(cfg).unwrap();
+        let now = SystemClock.now();
+        for i in 0..10 {
+            let raw = RawEvent {
+                ns: "clicks".into(),
+                key: format!("k{i}"),
+                ts: Some(now),
+                n: Some(1),
+                dims: Vec::new(),
+            };
+            let batch = prepare(
+                &engine,
+                &[raw],
+                now,
+                &Limits::default(),
+                &Defaults::default(),
+            );
+            engine.apply(&batch.unwrap()).unwrap();
+        }
+    }
+    let log = tally_engine::wal::list_files(&data.join("wal")).unwrap();
+    assert!(log.len() >= 3, "{log:?}");
+    std::fs::remove_file(&log[0].1).unwrap();
+    let d = data.to_str().unwrap();
+    let out = run(&["serve", "--data", d, "--listen", "127.0.0.1:0"]);
+    refused(&out, &format!("records 1..={} are missing", log[1].0 - 1));
+    refused(&out, "--accept-data-loss");
+    // With the flag it starts with the events of the files left (batch i was record i + 1);
+    // the loss is then behind it, and a plain start works again.
+    let left = |url: &str| {
+        let keys = stdout(&client(url, &["keys", "clicks"]));
+        (0..10)
+            .filter(|i| keys.lines().any(|l| l.trim() == format!("k{i}")))
+            .collect::<Vec<u64>>()
+    };
+    let kept: Vec<u64> = (log[1].0 - 1..10).collect();
+    let s = serve_with(&data, &["--accept-data-loss"]);
+    assert_eq!(left(&s.url), kept);
+    sigterm_and_wait(s);
+    let s = serve(&data);
+    assert_eq!(left(&s.url), kept);
+    sigterm_and_wait(s);
 }

@@ -3,6 +3,7 @@
 
 use std::fs::{File, TryLockError};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
 use std::time::{Duration as StdDuration, Instant};
 
@@ -42,6 +43,10 @@ pub struct Config {
     pub flush: FlushPolicy,
     /// The file system archive publication goes through (tests crash it).
     pub fs: Arc<dyn Fs>,
+    /// Start even when log records are missing (a deleted or lost log file, a gap in the
+    /// numbering): the missing range is logged as an error and lost for good. Without it
+    /// (the default) such a log stops recovery with an error naming the range.
+    pub accept_data_loss: bool,
 }
 
 impl std::fmt::Debug for Config {
@@ -52,6 +57,7 @@ impl std::fmt::Debug for Config {
             .field("max_wal_file_bytes", &self.max_wal_file_bytes)
             .field("shards", &self.shards)
             .field("flush", &self.flush)
+            .field("accept_data_loss", &self.accept_data_loss)
             .finish_non_exhaustive()
     }
 }
@@ -69,6 +75,7 @@ impl Config {
             lock_wait: StdDuration::from_millis(500),
             flush: FlushPolicy::default(),
             fs: Arc::new(OsFs),
+            accept_data_loss: false,
         }
     }
 }
@@ -91,6 +98,8 @@ pub enum OpenError {
     Manifest(#[from] ManifestError),
     #[error(transparent)]
     Segment(#[from] SegmentError),
+    #[error("archiving what was left after accepting data loss")]
+    AfterDataLoss { source: StoreError },
     #[error("flush periods must be positive multiples of an hour and the grace 0 or more: {0:?}")]
     BadFlushPolicy(FlushPolicy),
 }
@@ -189,6 +198,7 @@ impl Engine {
             config.faults.clone(),
             wal_start,
             &archive,
+            config.accept_data_loss,
         )?;
         recovery.segments = archive.segments.len();
         *core.archive.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(archive);
@@ -208,7 +218,11 @@ impl Engine {
             elapsed_ms = recovery.elapsed.as_millis() as u64,
             "recovered the write-ahead log"
         );
-        Ok(Engine {
+        if !recovery.lost.is_empty() {
+            // New records are numbered after the highest one seen, the log's or the archive's.
+            core.last_seq.fetch_max(next_seq - 1, Ordering::SeqCst);
+        }
+        let engine = Engine {
             core,
             wal,
             gate: RwLock::new(()),
@@ -221,7 +235,15 @@ impl Engine {
             flush_lock: Mutex::new(()),
             conditional: (0..CONDITIONAL_STRIPES).map(|_| Mutex::new(())).collect(),
             _lock: lock,
-        })
+        };
+        if !engine.recovery.lost.is_empty() {
+            // Close the gap for good: archive everything in memory and restart the log past
+            // it, so the next start needs no flag and finds no gap.
+            engine
+                .flush_all_after_loss()
+                .map_err(|source| OpenError::AfterDataLoss { source })?;
+        }
+        Ok(engine)
     }
 
     /// What recovery found when this engine opened.

@@ -79,6 +79,22 @@ impl Engine {
 
     /// Flushes every period that ends (plus the grace) at or before `now`.
     pub fn flush_closed(&self, now: i64) -> Result<FlushReport, StoreError> {
+        self.flush_until(now, now, false)
+    }
+
+    /// After recovery accepted missing records: flushes every period in memory, open ones
+    /// too (later events to them become deltas, as late events do), and publishes a
+    /// manifest even when memory held nothing, so `wal_start` moves past every gap and the
+    /// files before it are removed.
+    pub(crate) fn flush_all_after_loss(&self) -> Result<FlushReport, StoreError> {
+        let now = self.clock.now();
+        self.flush_until(i64::MAX / 2, now, true)
+    }
+
+    /// Flushes the periods that end (plus the grace) at or before `until`; `now` decides
+    /// which idempotency answers are still kept. `publish` publishes a manifest and
+    /// truncates the log even when there is no period to flush.
+    fn flush_until(&self, until: i64, now: i64, publish: bool) -> Result<FlushReport, StoreError> {
         let _one = self
             .flush_lock
             .lock()
@@ -99,7 +115,7 @@ impl Engine {
                 .filter_map(|&(slot, period)| {
                     let res = slots.get(slot)?.secs_i64();
                     let len = policy.period_len(res);
-                    (period + len + policy.grace <= now).then_some(Chosen {
+                    (period + len + policy.grace <= until).then_some(Chosen {
                         slot,
                         res,
                         period,
@@ -110,7 +126,7 @@ impl Engine {
             c.sort_by_key(|c| (c.res, c.period));
             c
         };
-        if chosen.is_empty() {
+        if chosen.is_empty() && !publish {
             return Ok(FlushReport::default());
         }
         // 2. Freeze.
@@ -278,6 +294,9 @@ impl Engine {
             }
         };
         m.segments.extend(added.iter().map(|(e, _)| *e));
+        // The log first: a manifest says the log held records up to `seq`, and recovery
+        // refuses a log that ends before (its newest file lost), so they must be durable.
+        self.wal.sync()?;
         manifest::publish(&*self.fs, &self.dir, &m).map_err(io("publishing the manifest"))?;
         report.wal_start = m.wal_start;
         // 5. Swap.

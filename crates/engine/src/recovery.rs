@@ -11,10 +11,13 @@ use crate::engine::{OpenError, io_at};
 use crate::io::{Faults, LogFile};
 use crate::manifest::{self, Manifest};
 use crate::state::Core;
-use crate::wal::payload::{self, Payload};
-use crate::wal::reader::{self, TornTail};
+use crate::wal::payload::{self, BatchView, Payload};
+use crate::wal::reader::{self, Gaps, TornTail};
 use crate::wal::writer;
-use crate::wal::{Corruption, FILE_HEADER_LEN, FileProblem, WalError, file_name, list_files};
+use crate::wal::{
+    Corruption, FILE_HEADER_LEN, FileProblem, MAX_SEQ, WalError, file_name, list_files,
+};
+use tally_core::model::Schema;
 
 /// What recovery found.
 #[derive(Debug, Clone, Default)]
@@ -29,6 +32,9 @@ pub struct Recovery {
     pub segments: usize,
     /// Log records skipped because the archive holds them.
     pub skipped: u64,
+    /// Ranges of records (`first..=last`) that were missing and accepted as lost
+    /// (`Config::accept_data_loss`); recovery refuses to start over any of them otherwise.
+    pub lost: Vec<(u64, u64)>,
 }
 
 /// Removes what a crash or a compaction left behind: segment files (and temporary ones) the
@@ -66,10 +72,71 @@ pub(crate) fn remove_leftovers(
     Ok(())
 }
 
+/// A gap `first..=last` in the log: the refusal, or — accepting data loss — the range
+/// noted as lost.
+fn gap(
+    accept_data_loss: bool,
+    lost: &mut Vec<(u64, u64)>,
+    first: u64,
+    last: u64,
+    refusal: WalError,
+) -> Result<(), OpenError> {
+    if !accept_data_loss {
+        return Err(refusal.into());
+    }
+    note_loss(lost, first, last);
+    Ok(())
+}
+
+/// Logs an accepted loss as loudly as the logger can, and notes it.
+fn note_loss(lost: &mut Vec<(u64, u64)>, first: u64, last: u64) {
+    tracing::error!(
+        first,
+        last,
+        "DATA LOSS ACCEPTED: log records {first}..={last} are missing and their events are \
+         lost for good; starting with the records that are left (--accept-data-loss)"
+    );
+    lost.push((first, last));
+}
+
+/// Once records were accepted as missing: a namespace created in one of them is created
+/// again, with the default schema, by the first later batch that counts in it (its own
+/// schema is lost with the record that set it). Without this, every later record of it
+/// would stop recovery. Before any loss, an unknown namespace stays damage.
+fn recreate_lost_namespaces(core: &Core, view: &mut BatchView<'_>) {
+    let cat = core.read_cat();
+    let mut recreate: Vec<u32> = Vec::new();
+    for inc in &view.incs {
+        let known = cat.ns_id(view.str(inc.ns)).is_some()
+            || view.creates.iter().any(|(ns, _)| *ns == inc.ns)
+            || recreate.contains(&inc.ns);
+        if !known {
+            recreate.push(inc.ns);
+        }
+    }
+    drop(cat);
+    for ns in recreate {
+        tracing::error!(
+            namespace = view.str(ns),
+            "DATA LOSS ACCEPTED: the record that created this namespace is missing; it is \
+             created again with the default schema"
+        );
+        view.creates.push((ns, Schema::default()));
+    }
+}
+
 /// Replays the log in `wal_dir` into `core` from record `wal_start` on (the archive holds
 /// what came before); increments to periods the archive holds up to their record are
 /// skipped. Returns the file to append to, the next sequence number, and what was found
 /// (`elapsed` left for the caller to fill).
+///
+/// The log must hold every record from `wal_start` on, numbered without a gap — before
+/// its first file, between two files, inside a file — and at least up to the last record
+/// the archive holds (the log is made durable before a flush publishes, so a log ending
+/// earlier lost its newest file). A gap is an error naming the missing range, unless
+/// `accept_data_loss`: then it is logged loudly, kept in [`Recovery::lost`], and recovery
+/// goes on with what is left, numbering new records after the highest one seen (in the
+/// log or the archive), so no number is used twice.
 pub(crate) fn replay(
     wal_dir: &Path,
     core: &Core,
@@ -77,28 +144,58 @@ pub(crate) fn replay(
     faults: Option<Arc<Faults>>,
     wal_start: u64,
     archive: &Archive,
+    accept_data_loss: bool,
 ) -> Result<(LogFile, u64, Recovery), OpenError> {
     let files = list_files(wal_dir).map_err(io_at(wal_dir))?;
+    if let Some((seq, path)) = files.iter().find(|(s, _)| *s == 0 || *s >= MAX_SEQ) {
+        return Err(WalError::BadFile {
+            file: path.clone(),
+            why: FileProblem::SequenceOutOfRange { seq: *seq },
+        }
+        .into());
+    }
     let mut recovery = Recovery {
         files: files.len(),
         ..Recovery::default()
     };
+    let mut lost = Vec::new();
     if let Some((first, path)) = files.first()
         && *first > wal_start
     {
         // Records the archive does not hold are gone: starting anyway would lose them.
-        return Err(WalError::BadFile {
-            file: path.clone(),
-            why: FileProblem::MissingRecords {
-                needed: wal_start,
-                found: *first,
+        gap(
+            accept_data_loss,
+            &mut lost,
+            wal_start,
+            first - 1,
+            WalError::BadFile {
+                file: path.clone(),
+                why: FileProblem::MissingRecords {
+                    needed: wal_start,
+                    found: *first,
+                },
             },
-        }
-        .into());
+        )?;
     }
     let mut next_seq = files.first().map_or(wal_start, |(s, _)| *s);
     let mut last_end = None;
     for (i, (named_seq, path)) in files.iter().enumerate() {
+        if *named_seq > next_seq {
+            gap(
+                accept_data_loss,
+                &mut lost,
+                next_seq,
+                named_seq - 1,
+                WalError::BadFile {
+                    file: path.clone(),
+                    why: FileProblem::Gap {
+                        first: next_seq,
+                        last: named_seq - 1,
+                    },
+                },
+            )?;
+            next_seq = *named_seq;
+        }
         if *named_seq != next_seq {
             return Err(WalError::BadFile {
                 file: path.clone(),
@@ -112,7 +209,13 @@ pub(crate) fn replay(
         let bytes = std::fs::read(path).map_err(io_at(path))?;
         recovery.log_bytes += bytes.len() as u64;
         let is_last = i + 1 == files.len();
+        // Whether records are missing before the one visited (gaps inside this file are
+        // seen as a jump in the numbers the visitor gets).
+        let mut after_loss = !lost.is_empty();
+        let mut expected = next_seq;
         let mut visit = |seq: u64, bytes: &[u8]| -> Result<(), Corruption> {
+            after_loss |= seq != expected;
+            expected = seq + 1;
             let payload = payload::decode(bytes).map_err(Corruption::Payload)?;
             if seq < wal_start {
                 // Archived, with the schemas of its time in the manifest's checkpoint.
@@ -120,7 +223,10 @@ pub(crate) fn replay(
                 return Ok(());
             }
             match payload {
-                Payload::Batch(view) => {
+                Payload::Batch(mut view) => {
+                    if after_loss {
+                        recreate_lost_namespaces(core, &mut view);
+                    }
                     recovery.events += view.incs.len() as u64;
                     core.apply_view(&view, now, seq, Some(archive))
                         .map_err(Corruption::Apply)
@@ -130,7 +236,16 @@ pub(crate) fn replay(
                     .map_err(Corruption::Apply),
             }
         };
-        let end = reader::scan(path, &bytes, next_seq, is_last, &mut visit)?;
+        let gaps = if accept_data_loss {
+            Gaps::Accept
+        } else {
+            Gaps::Refuse
+        };
+        let end = reader::scan_with(path, &bytes, next_seq, is_last, gaps, &mut visit)?;
+        // Only `Gaps::Accept` notes a gap; `Refuse` returned it as an error.
+        for &(first, last) in &end.missing {
+            note_loss(&mut lost, first, last);
+        }
         recovery.records += end.records;
         next_seq = end.next_seq;
         if let Some(torn) = &end.torn {
@@ -144,9 +259,52 @@ pub(crate) fn replay(
         }
         last_end = Some((path.clone(), end.valid_len));
     }
+    // The archive holds records up to the largest flushed_seq, so the log reached it.
+    let archived = archive
+        .manifest
+        .segments
+        .iter()
+        .map(|s| s.flushed_seq)
+        .max()
+        .unwrap_or(0);
+    if archived >= MAX_SEQ {
+        return Err(WalError::BadFile {
+            file: wal_dir.to_owned(),
+            why: FileProblem::SequenceOutOfRange { seq: archived },
+        }
+        .into());
+    }
+    // Where the log's own numbering goes on; a missing tail moves `next_seq` past it.
+    let log_next = next_seq;
+    // (Numbers start at 1: a log that ends at 0 misses nothing.)
+    if archived >= next_seq.max(1) {
+        let dir = wal_dir.to_owned();
+        gap(
+            accept_data_loss,
+            &mut lost,
+            next_seq,
+            archived,
+            WalError::MissingTail {
+                dir,
+                first: next_seq,
+                last: archived,
+            },
+        )?;
+        next_seq = archived + 1;
+    }
+    recovery.lost = lost;
     let file = match last_end {
-        Some((path, len)) if len >= FILE_HEADER_LEN as u64 => {
+        Some((path, len)) if len >= FILE_HEADER_LEN as u64 && next_seq == log_next => {
             LogFile::reopen(&path, len, faults.clone()).map_err(io_at(&path))?
+        }
+        Some((path, len)) if len >= FILE_HEADER_LEN as u64 => {
+            // Numbering jumps past a missing tail: cut the last file back to its last whole
+            // record, and append in a new file named for the next number (a record appended
+            // to the old one would not be the number its name and records give).
+            drop(LogFile::reopen(&path, len, faults.clone()).map_err(io_at(&path))?);
+            let path = file_name(wal_dir, next_seq);
+            LogFile::create(&path, &crate::wal::file_header(next_seq), faults.clone())
+                .map_err(io_at(&path))?
         }
         Some((path, _)) => {
             // The last file never got a whole header: nothing in it was acknowledged.

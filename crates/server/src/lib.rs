@@ -25,6 +25,47 @@ mod schemas;
 pub mod tls;
 
 pub use admission::{MAX_HEADER_BYTES, MAX_HEADER_FIELDS, MAX_URI_BYTES, OTHER_V1_PERMITS};
+/// Entry points for the fuzz targets in `fuzz/`: thin wrappers over private parsers, so
+/// the fuzzers test the code the routes run. Not an API: it may change at any time.
+#[doc(hidden)]
+pub mod fuzzing {
+    use std::collections::BTreeMap;
+
+    use tally_core::model::RawEvent;
+
+    use crate::error::ApiError;
+    use crate::{events, params};
+
+    /// `POST /v1/events`'s body parser: what the route answers.
+    pub fn parse_events(body: &[u8], ndjson: bool, max: usize) -> Result<Vec<RawEvent>, ApiError> {
+        events::parse::parse_body(body, ndjson, max)
+    }
+
+    /// Its fast path alone: `None` when it cannot read the body.
+    pub fn parse_events_fast(body: &[u8], ndjson: bool) -> Option<Vec<Result<RawEvent, ApiError>>> {
+        events::parse::parse_fast(body, ndjson)
+    }
+
+    /// Its exact-error path alone.
+    pub fn parse_events_slow(
+        body: &[u8],
+        ndjson: bool,
+        max: usize,
+    ) -> Result<Vec<RawEvent>, ApiError> {
+        events::parse::parse_slow(body, ndjson, max)
+    }
+
+    /// A query string's pairs, in order, decoded.
+    pub fn query_pairs(q: &str) -> Result<Vec<(String, String)>, ApiError> {
+        params::pairs(q)
+    }
+
+    /// A query string's parameters by name, each given at most once.
+    pub fn query_unique(q: Option<&str>) -> Result<BTreeMap<String, String>, ApiError> {
+        params::unique(q)
+    }
+}
+
 pub use app::App;
 pub use config::{Action, ConfigError, Scope, ServerLimits, Settings, Token};
 pub use error::ApiError;

@@ -35,6 +35,10 @@ pub struct ServeArgs {
     /// TLS private key (PEM); needs --tls-cert.
     #[arg(long, env = "TALLY_TLS_KEY", requires = "tls_cert")]
     tls_key: Option<PathBuf>,
+    /// Start even if log records are missing (a deleted or lost log file): the missing range
+    /// is logged and lost for good. Without it, such a data directory refuses to open.
+    #[arg(long, env = "TALLY_ACCEPT_DATA_LOSS")]
+    accept_data_loss: bool,
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -68,6 +72,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let limits = settings.server;
     let mut cfg = Config::new(&args.data);
     cfg.fsync = fsync;
+    cfg.accept_data_loss = args.accept_data_loss;
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -26,6 +26,11 @@ pub const FRAME_HEADER_CRC_OFFSET: usize = 16;
 /// The largest payload a frame may carry (a sanity bound checked after the header CRC).
 pub const MAX_PAYLOAD_LEN: usize = 1 << 30;
 
+/// Sequence numbers start at 1 and stay below this (2^63): another in a file name, a header
+/// or a frame is damage, and the writer can always count on (at a million records a second,
+/// the log would reach it in 292 000 years).
+pub const MAX_SEQ: u64 = 1 << 63;
+
 /// A log file version this build reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Version {
@@ -54,6 +59,13 @@ pub enum WalError {
     },
     #[error("{}: {why}", file.display())]
     BadFile { file: PathBuf, why: FileProblem },
+    /// The log ends before records the archive says it held: its newest files are gone.
+    #[error(
+        "{}: records {first}..={last} are missing: the archive holds records up to {last}, but the log ends at {} (its newest file was deleted or lost); {ACCEPT_DATA_LOSS}",
+        dir.display(),
+        .first.saturating_sub(1)
+    )]
+    MissingTail { dir: PathBuf, first: u64, last: u64 },
 }
 
 /// What is wrong with a log file as a whole (its header, its place in the sequence).
@@ -73,10 +85,23 @@ pub enum FileProblem {
     #[error("named for sequence {named}, but the log continues at {expected}")]
     NamedSequence { named: u64, expected: u64 },
     #[error(
-        "the log starts at record {found}, but recovery needs every record from {needed} on: a log file was deleted or lost"
+        "records {needed}..={} are missing: the oldest log file starts at record {found}, but recovery needs every record from {needed} on (a log file was deleted or lost); {ACCEPT_DATA_LOSS}",
+        .found.saturating_sub(1)
     )]
     MissingRecords { needed: u64, found: u64 },
+    #[error(
+        "records {first}..={last} are missing: the log file before this one ends at record {}, this one starts at {} (a log file between them was deleted or lost); {ACCEPT_DATA_LOSS}",
+        .first.saturating_sub(1),
+        .last.saturating_add(1)
+    )]
+    Gap { first: u64, last: u64 },
+    #[error("sequence number {seq} is outside the numbers a log uses (1 up to 2^63)")]
+    SequenceOutOfRange { seq: u64 },
 }
+
+/// What every refusal over missing records tells the operator.
+pub const ACCEPT_DATA_LOSS: &str = "to start anyway with the records that are left, and lose \
+    these for good, run with --accept-data-loss (TALLY_ACCEPT_DATA_LOSS=1)";
 
 /// What is wrong with a record that is not the log's tail.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -86,8 +111,15 @@ pub enum Corruption {
     HeaderChecksum { expected: u32, got: u32 },
     #[error("payload checksum mismatch (expected {expected:#010x}, got {got:#010x})")]
     PayloadChecksum { expected: u32, got: u32 },
+    /// A number already used (or going backwards): not a gap, never accepted.
     #[error("sequence number {got}, expected {expected}")]
     Sequence { expected: u64, got: u64 },
+    /// The numbering jumps forward: the records in between are not in the log.
+    #[error(
+        "records {first}..={last} are missing: this record is numbered {}, the log continued at {first}; {ACCEPT_DATA_LOSS}",
+        .last.saturating_add(1)
+    )]
+    Missing { first: u64, last: u64 },
     #[error("record runs past the end of a file that is not the last")]
     Truncated,
     #[error("payload length {0} exceeds the maximum")]

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use super::{
     Corruption, FILE_FIRST_SEQ_OFFSET, FILE_HEADER_CRC_OFFSET, FILE_HEADER_LEN,
     FRAME_HEADER_CRC_OFFSET, FRAME_HEADER_LEN, FRAME_LEN_OFFSET, FRAME_PAYLOAD_CRC_OFFSET,
-    FRAME_SEQ_OFFSET, FileProblem, MAX_PAYLOAD_LEN, Version, WalError, read_u32, read_u64,
+    FRAME_SEQ_OFFSET, FileProblem, MAX_PAYLOAD_LEN, MAX_SEQ, Version, WalError, read_u32, read_u64,
 };
 
 /// A torn tail found and dropped.
@@ -29,6 +29,18 @@ pub struct FileEnd {
     pub next_seq: u64,
     pub records: u64,
     pub torn: Option<TornTail>,
+    /// Ranges of sequence numbers the file skips (`first..=last`), when scanned with
+    /// [`Gaps::Accept`]; with [`Gaps::Refuse`] a skip is an error instead.
+    pub missing: Vec<(u64, u64)>,
+}
+
+/// What a scan does when the numbering jumps forward (records missing in between).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gaps {
+    /// An error, [`Corruption::Missing`], naming the range.
+    Refuse,
+    /// Noted in [`FileEnd::missing`], and the scan goes on (`accept_data_loss`).
+    Accept,
 }
 
 fn corrupt(file: &Path, offset: usize, why: Corruption) -> WalError {
@@ -52,10 +64,25 @@ pub fn scan(
     is_last: bool,
     visit: &mut Visit<'_>,
 ) -> Result<FileEnd, WalError> {
-    let torn_at = |offset: usize, records: u64, next_seq: u64| FileEnd {
+    scan_with(file, bytes, expected_seq, is_last, Gaps::Refuse, visit)
+}
+
+/// [`scan`], choosing what a jump forward in the numbering is. A file whose first record
+/// is not the one its header names has a gap before that record.
+pub fn scan_with(
+    file: &Path,
+    bytes: &[u8],
+    expected_seq: u64,
+    is_last: bool,
+    gaps: Gaps,
+    visit: &mut Visit<'_>,
+) -> Result<FileEnd, WalError> {
+    let mut missing: Vec<(u64, u64)> = Vec::new();
+    let torn_at = |offset: usize, records: u64, next_seq: u64, missing: &Vec<(u64, u64)>| FileEnd {
         valid_len: offset as u64,
         next_seq,
         records,
+        missing: missing.clone(),
         torn: Some(TornTail {
             file: file.to_owned(),
             offset: offset as u64,
@@ -65,7 +92,7 @@ pub fn scan(
     if bytes.len() < FILE_HEADER_LEN || bytes[..FILE_HEADER_LEN].iter().all(|&b| b == 0) {
         // A crash while the file was being created: nothing in it was ever acknowledged.
         if is_last {
-            return Ok(torn_at(0, 0, expected_seq));
+            return Ok(torn_at(0, 0, expected_seq, &missing));
         }
         return Err(WalError::BadFile {
             file: file.to_owned(),
@@ -87,6 +114,12 @@ pub fn scan(
         });
     }
     let first = read_u64(bytes, FILE_FIRST_SEQ_OFFSET);
+    if first == 0 || first >= MAX_SEQ {
+        return Err(WalError::BadFile {
+            file: file.to_owned(),
+            why: FileProblem::SequenceOutOfRange { seq: first },
+        });
+    }
     if first != expected_seq {
         return Err(WalError::BadFile {
             file: file.to_owned(),
@@ -105,7 +138,7 @@ pub fn scan(
         let zero_tail = || rest.iter().all(|&b| b == 0);
         if rest.len() < FRAME_HEADER_LEN {
             if is_last {
-                return Ok(torn_at(pos, records, seq));
+                return Ok(torn_at(pos, records, seq, &missing));
             }
             return Err(corrupt(file, pos, Corruption::Truncated));
         }
@@ -113,7 +146,7 @@ pub fn scan(
         let got_h = crc32c::crc32c(&rest[..FRAME_HEADER_CRC_OFFSET]);
         if got_h != expected_h {
             if is_last && zero_tail() {
-                return Ok(torn_at(pos, records, seq));
+                return Ok(torn_at(pos, records, seq, &missing));
             }
             return Err(corrupt(
                 file,
@@ -129,7 +162,27 @@ pub fn scan(
             return Err(corrupt(file, pos, Corruption::TooLong(len as u64)));
         }
         let got_seq = read_u64(rest, FRAME_SEQ_OFFSET);
-        if got_seq != seq {
+        if got_seq >= MAX_SEQ {
+            return Err(corrupt(
+                file,
+                pos,
+                Corruption::Sequence {
+                    expected: seq,
+                    got: got_seq,
+                },
+            ));
+        }
+        if got_seq > seq && gaps == Gaps::Refuse {
+            return Err(corrupt(
+                file,
+                pos,
+                Corruption::Missing {
+                    first: seq,
+                    last: got_seq - 1,
+                },
+            ));
+        }
+        if got_seq < seq {
             return Err(corrupt(
                 file,
                 pos,
@@ -142,7 +195,7 @@ pub fn scan(
         let end = FRAME_HEADER_LEN + len;
         if rest.len() < end {
             if is_last {
-                return Ok(torn_at(pos, records, seq));
+                return Ok(torn_at(pos, records, seq, &missing));
             }
             return Err(corrupt(file, pos, Corruption::Truncated));
         }
@@ -152,7 +205,7 @@ pub fn scan(
         if got_p != expected_p {
             // Only the very last record of the log can be a torn write.
             if is_last && rest.len() == end {
-                return Ok(torn_at(pos, records, seq));
+                return Ok(torn_at(pos, records, seq, &missing));
             }
             return Err(corrupt(
                 file,
@@ -162,6 +215,11 @@ pub fn scan(
                     got: got_p,
                 },
             ));
+        }
+        if got_seq > seq {
+            // Accepted (a refusal returned above): only once the record itself is whole.
+            missing.push((seq, got_seq - 1));
+            seq = got_seq;
         }
         visit(seq, payload).map_err(|why| corrupt(file, pos, why))?;
         records += 1;
@@ -173,5 +231,6 @@ pub fn scan(
         next_seq: seq,
         records,
         torn: None,
+        missing,
     })
 }

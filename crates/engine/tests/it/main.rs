@@ -7,6 +7,7 @@ mod crash;
 mod crash_publish;
 mod fixtures;
 mod format_doc;
+mod log_gaps;
 mod model;
 mod recovery;
 mod segment;

@@ -1,7 +1,7 @@
 //! Writes: `POST /v1/events` (JSON array or NDJSON) and `POST /v1/ns/{ns}/keys/{key}/incr`,
 //! both all-or-nothing, both honouring `Idempotency-Key`. The body's parsing is in [`parse`].
 
-mod parse;
+pub(crate) mod parse;
 
 use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;

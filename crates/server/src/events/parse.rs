@@ -110,6 +110,29 @@ struct FastEvent<'a> {
     dims: Option<FastDims<'a>>,
 }
 
+/// An event object and nothing else: serde's derive reads a struct from a JSON array too
+/// (`["clicks", "k"]` as ns and key), which the slow path rightly refuses.
+struct FastObject<'a>(FastEvent<'a>);
+
+impl<'de: 'a, 'a> serde::Deserialize<'de> for FastObject<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = FastEvent<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an event object")
+            }
+            fn visit_map<M: serde::de::MapAccess<'de>>(
+                self,
+                m: M,
+            ) -> Result<Self::Value, M::Error> {
+                serde::Deserialize::deserialize(serde::de::value::MapAccessDeserializer::new(m))
+            }
+        }
+        d.deserialize_map(V).map(FastObject)
+    }
+}
+
 enum FastTs<'a> {
     Secs(i64),
     Text(std::borrow::Cow<'a, str>),
@@ -202,25 +225,25 @@ impl FastEvent<'_> {
 }
 
 /// The fast path over a whole body; `None` sends the body to the exact-error path.
-fn parse_fast(body: &[u8], ndjson: bool) -> Option<Vec<Result<RawEvent, ApiError>>> {
+pub(crate) fn parse_fast(body: &[u8], ndjson: bool) -> Option<Vec<Result<RawEvent, ApiError>>> {
     if ndjson {
         let text = std::str::from_utf8(body).ok()?;
         text.lines()
             .filter(|l| !l.trim().is_empty())
             .map(|l| {
-                serde_json::from_str::<FastEvent<'_>>(l)
+                serde_json::from_str::<FastObject<'_>>(l)
                     .ok()
-                    .map(FastEvent::into_raw)
+                    .map(|e| e.0.into_raw())
             })
             .collect()
     } else {
-        let events: Vec<FastEvent<'_>> = serde_json::from_slice(body).ok()?;
-        Some(events.into_iter().map(FastEvent::into_raw).collect())
+        let events: Vec<FastObject<'_>> = serde_json::from_slice(body).ok()?;
+        Some(events.into_iter().map(|e| e.0.into_raw()).collect())
     }
 }
 
 /// The events of a body: a JSON array, or NDJSON (blank lines ignored).
-pub(super) fn parse_body(body: &[u8], ndjson: bool, max: usize) -> Result<Vec<RawEvent>, ApiError> {
+pub(crate) fn parse_body(body: &[u8], ndjson: bool, max: usize) -> Result<Vec<RawEvent>, ApiError> {
     if let Some(events) = parse_fast(body, ndjson) {
         if events.len() > max {
             return Err(ApiError::new(
@@ -238,7 +261,7 @@ pub(super) fn parse_body(body: &[u8], ndjson: bool, max: usize) -> Result<Vec<Ra
 }
 
 /// The exact-error path: every event through a JSON value, checked field by field.
-fn parse_slow(body: &[u8], ndjson: bool, max: usize) -> Result<Vec<RawEvent>, ApiError> {
+pub(crate) fn parse_slow(body: &[u8], ndjson: bool, max: usize) -> Result<Vec<RawEvent>, ApiError> {
     let too_many = |n: usize| {
         ApiError::new(
             ErrorCode::BatchTooLarge,
@@ -425,6 +448,22 @@ mod tests {
             refusal("[5]", false),
             (ErrorCode::MalformedBody, Some(0), None)
         );
+    }
+
+    #[test]
+    fn an_array_is_not_an_event() {
+        // Found by fuzz/events_body: the fast path took `["ns", "key"]` as an event.
+        for (body, ndjson) in [
+            (r#"[["clicks", "k"]]"#, false),
+            (r#"[": s5" ,"n[[f"]"#, true),
+        ] {
+            assert!(parse_fast(body.as_bytes(), ndjson).is_none(), "{body}");
+            assert_eq!(
+                refusal(body, ndjson),
+                (ErrorCode::MalformedBody, Some(0), None),
+                "{body}"
+            );
+        }
     }
 
     #[test]

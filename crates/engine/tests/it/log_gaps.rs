@@ -1,0 +1,372 @@
+//! A log that misses records stops recovery with an error naming the missing range — a
+//! deleted oldest or middle file, a lost newest one, a jump in the numbering inside a file —
+//! and `accept_data_loss` starts anyway with what is left, after which new writes work and
+//! the next start needs no flag.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tally_core::store::ManualClock;
+use tally_engine::wal::{
+    Corruption, FileProblem, WalError, file_header, file_name, list_files, put_frame,
+};
+use tally_engine::{Config, Engine, FsyncPolicy, OpenError};
+
+use crate::{NOW, clock, raw, total, write};
+
+const DAY: i64 = 86_400;
+
+fn config(dir: &Path, clock: &Arc<ManualClock>, accept_data_loss: bool) -> Config {
+    let mut c = Config::new(dir);
+    c.clock = clock.clone();
+    c.fsync = FsyncPolicy::Never;
+    c.shards = 4;
+    c.max_wal_file_bytes = 200;
+    c.accept_data_loss = accept_data_loss;
+    c
+}
+
+/// Batch `i` adds 1 to key `k{i}` at `ts`: one record each, so record numbers map to keys.
+fn fill(e: &Engine, keys: std::ops::Range<usize>, ts: i64) {
+    for i in keys {
+        write(e, NOW, &[raw("clicks", &format!("k{i}"), ts, 1, &[])]).unwrap();
+    }
+}
+
+fn files(dir: &Path) -> Vec<(u64, PathBuf)> {
+    list_files(&dir.join("wal")).unwrap()
+}
+
+/// The error's text as `tally serve` prints it.
+fn says(err: &OpenError) -> String {
+    let text = err.to_string();
+    assert!(text.contains("--accept-data-loss"), "{text}");
+    text
+}
+
+/// A log of 30 batches in several files, with the first 10 (two days back) archived.
+fn flushed_log(dir: &Path, clock: &Arc<ManualClock>) -> u64 {
+    let e = Engine::open(config(dir, clock, false)).unwrap();
+    fill(&e, 0..10, NOW - 2 * DAY);
+    let report = e.flush().unwrap();
+    assert!(
+        report.segments > 0 && report.wal_files_removed > 0,
+        "{report:?}"
+    );
+    fill(&e, 10..30, NOW - 60);
+    drop(e);
+    assert!(files(dir).len() >= 3);
+    report.wal_start
+}
+
+#[test]
+fn a_deleted_oldest_file_after_a_flush_is_refused_naming_the_range() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = clock(NOW);
+    let wal_start = flushed_log(dir.path(), &clock);
+    let log = files(dir.path());
+    assert_eq!(
+        log[0].0, wal_start,
+        "the flush truncated the log up to wal_start"
+    );
+    std::fs::remove_file(&log[0].1).unwrap();
+    let err = Engine::open(config(dir.path(), &clock, false)).unwrap_err();
+    let found = log[1].0;
+    assert!(
+        matches!(
+            &err,
+            OpenError::Wal(WalError::BadFile {
+                why: FileProblem::MissingRecords { needed, found: f },
+                ..
+            }) if *needed == wal_start && *f == found
+        ),
+        "{err:?}"
+    );
+    assert!(
+        says(&err).contains(&format!("records {wal_start}..={} are missing", found - 1)),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_deleted_middle_file_is_refused_naming_the_range() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = clock(NOW);
+    flushed_log(dir.path(), &clock);
+    let log = files(dir.path());
+    std::fs::remove_file(&log[1].1).unwrap();
+    let err = Engine::open(config(dir.path(), &clock, false)).unwrap_err();
+    let (first, last) = (log[1].0, log[2].0 - 1);
+    assert!(
+        matches!(
+            &err,
+            OpenError::Wal(WalError::BadFile {
+                file,
+                why: FileProblem::Gap { first: f, last: l },
+            }) if *f == first && *l == last && *file == log[2].1
+        ),
+        "{err:?}"
+    );
+    assert!(
+        says(&err).contains(&format!("records {first}..={last} are missing")),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_lost_newest_file_is_refused_when_the_archive_went_past_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = clock(NOW);
+    let e = Engine::open(config(dir.path(), &clock, false)).unwrap();
+    // Record 1 stays in memory (today), so the flush keeps the log from record 1 on.
+    fill(&e, 0..1, NOW - 60);
+    fill(&e, 1..10, NOW - 2 * DAY);
+    let report = e.flush().unwrap();
+    assert_eq!(report.wal_start, 1);
+    drop(e);
+    for (_, f) in files(dir.path()) {
+        std::fs::remove_file(f).unwrap();
+    }
+    let err = Engine::open(config(dir.path(), &clock, false)).unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            OpenError::Wal(WalError::MissingTail {
+                first: 1,
+                last: 10,
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+    assert!(says(&err).contains("records 1..=10 are missing"), "{err}");
+}
+
+/// A file written by hand: its header names `first`, its records carry `seqs`.
+fn hand_written(dir: &Path, first: u64, seqs: &[u64]) {
+    let wal = dir.join("wal");
+    std::fs::create_dir_all(&wal).unwrap();
+    let mut bytes = file_header(first).to_vec();
+    // An empty batch: no strings, no namespaces, no increments, no idempotency answer.
+    for &s in seqs {
+        put_frame(&mut bytes, s, &[1, 0, 0, 0, 0]);
+    }
+    std::fs::write(file_name(&wal, first), bytes).unwrap();
+}
+
+#[test]
+fn a_jump_in_the_numbering_inside_a_file_is_refused_naming_the_range() {
+    let clock = clock(NOW);
+    for (seqs, first, last) in [
+        // Between two records.
+        (&[1, 2, 5, 6][..], 3, 4),
+        // Before the file's first record: not the number its name and header give.
+        (&[4, 5][..], 1, 3),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        hand_written(dir.path(), 1, seqs);
+        let err = Engine::open(config(dir.path(), &clock, false)).unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                OpenError::Wal(WalError::Corrupt {
+                    why: Corruption::Missing { first: f, last: l },
+                    ..
+                }) if *f == first && *l == last
+            ),
+            "{seqs:?}: {err:?}"
+        );
+        assert!(
+            says(&err).contains(&format!("records {first}..={last} are missing")),
+            "{err}"
+        );
+        // Accepted: the records that are there, and numbering goes on after the last.
+        let e = Engine::open(config(dir.path(), &clock, true)).unwrap();
+        assert_eq!(e.recovery().lost, [(first, last)]);
+        write(&e, NOW, &[raw("clicks", "after", NOW - 60, 1, &[])]).unwrap();
+        drop(e);
+        let e = Engine::open(config(dir.path(), &clock, false)).unwrap();
+        assert_eq!(total(&e, "clicks", "after", 3600), 1);
+        assert!(files(dir.path())[0].0 > *seqs.last().unwrap());
+    }
+}
+
+/// Accepting the loss of the records of `gone`: what is left is there, new writes work,
+/// and the next start — without the flag — finds no gap.
+fn accepted(dir: &Path, clock: &Arc<ManualClock>, gone: (u64, u64)) {
+    let e = Engine::open(config(dir, clock, true)).unwrap();
+    assert_eq!(e.recovery().lost, [gone]);
+    // Batch i is record i + 1.
+    let present = |i: usize| !(gone.0..=gone.1).contains(&(i as u64 + 1));
+    let check = |e: &Engine| {
+        for i in 0..30 {
+            let want = i64::from(present(i));
+            assert_eq!(total(e, "clicks", &format!("k{i}"), 3600), want, "k{i}");
+        }
+    };
+    check(&e);
+    write(&e, NOW, &[raw("clicks", "after", NOW - 60, 5, &[])]).unwrap();
+    drop(e);
+    let e = Engine::open(config(dir, clock, false)).unwrap();
+    assert!(e.recovery().lost.is_empty());
+    check(&e);
+    assert_eq!(total(&e, "clicks", "after", 3600), 5);
+    // Numbers are never reused: the log now starts after the 30 records seen before.
+    assert_eq!(files(dir)[0].0, 31, "{:?}", files(dir));
+    drop(e);
+    let e = Engine::open(config(dir, clock, false)).unwrap();
+    check(&e);
+    assert_eq!(total(&e, "clicks", "after", 3600), 5);
+}
+
+#[test]
+fn accept_data_loss_starts_without_the_oldest_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = clock(NOW);
+    let wal_start = flushed_log(dir.path(), &clock);
+    let log = files(dir.path());
+    std::fs::remove_file(&log[0].1).unwrap();
+    accepted(dir.path(), &clock, (wal_start, log[1].0 - 1));
+}
+
+#[test]
+fn accept_data_loss_starts_without_a_middle_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = clock(NOW);
+    flushed_log(dir.path(), &clock);
+    let log = files(dir.path());
+    std::fs::remove_file(&log[1].1).unwrap();
+    accepted(dir.path(), &clock, (log[1].0, log[2].0 - 1));
+}
+
+#[test]
+fn accept_data_loss_recreates_a_namespace_whose_creation_is_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = clock(NOW);
+    let e = Engine::open(config(dir.path(), &clock, false)).unwrap();
+    // Record 1 creates the namespace; nothing is flushed.
+    fill(&e, 0..30, NOW - 60);
+    drop(e);
+    let log = files(dir.path());
+    std::fs::remove_file(&log[0].1).unwrap();
+    let err = Engine::open(config(dir.path(), &clock, false)).unwrap_err();
+    assert!(says(&err).contains(&format!("records 1..={} are missing", log[1].0 - 1)));
+    accepted(dir.path(), &clock, (1, log[1].0 - 1));
+}
+
+#[test]
+fn a_sequence_number_of_0_or_past_2_63_is_refused_even_accepting_data_loss() {
+    // Found by fuzz/wal_scan and fuzz/wal_recovery: a record or file numbered u64::MAX
+    // overflowed the next number (a panic in debug builds, a wrap to 0 in release).
+    let clock = clock(NOW);
+    let dir = tempfile::tempdir().unwrap();
+    hand_written(dir.path(), 1, &[1, u64::MAX]);
+    for accept in [false, true] {
+        let err = Engine::open(config(dir.path(), &clock, accept)).unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                OpenError::Wal(WalError::Corrupt {
+                    why: Corruption::Sequence {
+                        expected: 2,
+                        got: u64::MAX
+                    },
+                    ..
+                })
+            ),
+            "{err:?}"
+        );
+    }
+    // Found by fuzz/wal_recovery: numbers start at 1, and a record numbered 0 (in a file
+    // named 0) was appended, then skipped on the next start as if archived.
+    for first in [0, u64::MAX] {
+        let dir = tempfile::tempdir().unwrap();
+        hand_written(dir.path(), first, &[]);
+        for accept in [false, true] {
+            let err = Engine::open(config(dir.path(), &clock, accept)).unwrap_err();
+            assert!(
+                matches!(
+                    &err,
+                    OpenError::Wal(WalError::BadFile {
+                        why: FileProblem::SequenceOutOfRange { seq },
+                        ..
+                    }) if *seq == first
+                ),
+                "{err:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn accepting_data_loss_without_a_gap_still_refuses_an_unknown_namespace() {
+    // Found by fuzz/wal_recovery: with the flag but no gap, a batch counting in a namespace
+    // nothing created was taken (the namespace made up), and the next start refused it.
+    use tally_engine::wal::payload::{BatchView, IncView};
+    let clock = clock(NOW);
+    let dir = tempfile::tempdir().unwrap();
+    let view = BatchView {
+        strings: vec!["hn", "k"],
+        incs: vec![IncView {
+            ns: 0,
+            key: 1,
+            ts: NOW - 60,
+            n: 1,
+            subs: (0, 0),
+        }],
+        ..BatchView::default()
+    };
+    let mut payload = Vec::new();
+    view.encode(&mut payload);
+    let wal = dir.path().join("wal");
+    std::fs::create_dir_all(&wal).unwrap();
+    let mut bytes = file_header(1).to_vec();
+    put_frame(&mut bytes, 1, &payload);
+    std::fs::write(file_name(&wal, 1), bytes).unwrap();
+    for accept in [false, true] {
+        let err = Engine::open(config(dir.path(), &clock, accept)).unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                OpenError::Wal(WalError::Corrupt {
+                    why: Corruption::Apply(_),
+                    ..
+                })
+            ),
+            "{err:?}"
+        );
+    }
+}
+
+#[test]
+fn accepting_a_lost_tail_appends_in_a_file_named_for_the_next_number() {
+    // Found by fuzz/wal_recovery: accepting a missing tail moved the numbering on, but an
+    // empty last file was kept for appending (the writer rotates only a file with
+    // records), so the next record's number was not its file's and the next start refused.
+    let dir = tempfile::tempdir().unwrap();
+    let clock = clock(NOW);
+    let e = Engine::open(config(dir.path(), &clock, false)).unwrap();
+    fill(&e, 0..1, NOW - 60);
+    fill(&e, 1..10, NOW - 2 * DAY);
+    e.flush().unwrap();
+    drop(e);
+    // Only an empty file named 1 is left: records 1..=10 are gone.
+    for (_, f) in files(dir.path()) {
+        std::fs::remove_file(f).unwrap();
+    }
+    hand_written(dir.path(), 1, &[]);
+    let e = Engine::open(config(dir.path(), &clock, true)).unwrap();
+    assert_eq!(e.recovery().lost, [(1, 10)]);
+    write(&e, NOW, &[raw("clicks", "after", NOW - 60, 1, &[])]).unwrap();
+    drop(e);
+    let e = Engine::open(config(dir.path(), &clock, false)).unwrap();
+    assert_eq!(total(&e, "clicks", "after", 3600), 1);
+    for i in 1..10 {
+        assert_eq!(
+            total(&e, "clicks", &format!("k{i}"), 3600),
+            1,
+            "archived k{i}"
+        );
+    }
+    assert_eq!(files(dir.path())[0].0, 11);
+}
