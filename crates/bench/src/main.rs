@@ -5,13 +5,14 @@
 //! cargo run --release -p tally-bench -- engine
 //! ```
 //!
-//! Subcommands: `engine`, `compare`, `http`, `archive`, `archive-year`, and `soak` and
-//! `soak-disk-full` (the crash soak of `scripts/soak.sh`).
+//! Subcommands: `engine`, `compare`, `http`, `ratelimit`, `archive`, `archive-year`, and `soak`
+//! and `soak-disk-full` (the crash soak of `scripts/soak.sh`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod archive;
 mod http;
+mod ratelimit;
 mod redis_peer;
 mod soak;
 mod workload;
@@ -272,13 +273,14 @@ fn main() {
         Some("engine") | None => engine_bench(),
         Some("compare") => compare_bench(),
         Some("http") => http::bench(),
+        Some("ratelimit") => ratelimit::bench(rest),
         Some("archive") => archive::bench(rest),
         Some("archive-year") => archive::year_bench(rest),
         Some("soak") => soak::run(rest),
         Some("soak-disk-full") => soak::disk_full(rest),
         Some(other) => {
             eprintln!(
-                "unknown benchmark {other:?}; known: engine, compare, http, archive, archive-year, soak, soak-disk-full"
+                "unknown benchmark {other:?}; known: engine, compare, http, ratelimit, archive, archive-year, soak, soak-disk-full"
             );
             std::process::exit(2);
         }
