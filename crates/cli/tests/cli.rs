@@ -671,3 +671,72 @@ fn serve_refuses_a_log_with_a_missing_file_unless_told_to_accept_the_loss() {
     assert_eq!(left(&s.url), kept);
     sigterm_and_wait(s);
 }
+
+/// With its file descriptors exhausted, `tally serve` neither hangs nor stays silent: each
+/// failed accept is counted, logged (at most once a second) and backed off, and the server
+/// serves again once descriptors are free.
+#[test]
+fn serve_out_of_file_descriptors_logs_counts_and_recovers() {
+    use std::io::{Read, Write};
+    let data = tempfile::tempdir().unwrap();
+    let bin = env!("CARGO_BIN_EXE_tally");
+    let mut child = Command::new("sh")
+        .args([
+            "-c",
+            &format!(
+                "ulimit -n 48 && exec '{bin}' serve --listen 127.0.0.1:0 --data '{}'",
+                data.path().display()
+            ),
+        ])
+        .env("RUST_LOG", "info")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let addr = loop {
+        let line = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("serve did not get ready");
+        if let Some(rest) = line.split("listening on http://").nth(1) {
+            break rest.split_whitespace().next().unwrap().to_owned();
+        }
+    };
+    // Far more connections than descriptors: the server runs out.
+    let held: Vec<_> = (0..80)
+        .filter_map(|_| std::net::TcpStream::connect(&addr).ok())
+        .collect();
+    let logged = (0..100).any(|_| {
+        rx.recv_timeout(Duration::from_millis(100))
+            .is_ok_and(|l| l.contains("accepting a connection failed"))
+    });
+    assert!(logged, "no log line about the failed accepts");
+    drop(held);
+    // Descriptors free again: the server answers, and counted what it refused.
+    let metrics = (0..50)
+        .find_map(|_| {
+            std::thread::sleep(Duration::from_millis(100));
+            let mut c = std::net::TcpStream::connect(&addr).ok()?;
+            c.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+            c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                .ok()?;
+            let mut out = String::new();
+            c.read_to_string(&mut out).ok()?;
+            out.starts_with("HTTP/1.1 200").then_some(out)
+        })
+        .expect("the server did not recover once descriptors were free");
+    let refused: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("tally_connections_refused_total{reason=\"accept_error\"} "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(refused >= 1, "{metrics}");
+    let _ = child.kill();
+    let _ = child.wait();
+}
