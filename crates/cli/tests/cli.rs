@@ -83,11 +83,27 @@ fn serve_refuses_bad_flags_configs_and_data_dirs() {
         &run(&[
             "serve",
             "--backend",
-            "redis://127.0.0.1:6379",
+            "memcached://127.0.0.1:11211",
             "--listen",
             "127.0.0.1:0",
         ]),
-        "not available",
+        "not one this build knows",
+    );
+    // A Redis nobody listens on: refused at start, naming it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    refused(
+        &run(&[
+            "serve",
+            "--backend",
+            &format!("redis://127.0.0.1:{port}/0"),
+            "--listen",
+            "127.0.0.1:0",
+        ]),
+        &format!("redis at 127.0.0.1:{port}/0: connection refused"),
     );
     // The environment variables are read too.
     let out = tally()
@@ -159,10 +175,14 @@ fn serve(data: &Path) -> Serving {
 }
 
 fn serve_with(data: &Path, args: &[&str]) -> Serving {
-    let mut child = tally()
+    serve_cmd(tally().env("TALLY_DATA", data), args)
+}
+
+/// `tally serve` on a free port from `cmd` (its environment set), with `args` after `serve`.
+fn serve_cmd(cmd: &mut Command, args: &[&str]) -> Serving {
+    let mut child = cmd
         .args(["serve", "--listen", "127.0.0.1:0"])
         .args(args)
-        .env("TALLY_DATA", data)
         .env("RUST_LOG", "info")
         .stderr(Stdio::piped())
         .stdout(Stdio::null())
@@ -370,6 +390,53 @@ fn serve_answers_the_client_and_stops_cleanly_on_sigterm() {
         &client("http://127.0.0.1:9", &["keys", "clicks"]),
         "cannot reach the server",
     );
+}
+
+#[test]
+fn serve_on_redis_two_servers_agree_and_a_restart_loses_nothing() {
+    let redis = tally_redis::testing::RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    // No data directory is used: point it somewhere unusable to prove it.
+    let unusable = dir.path().join("a-file");
+    std::fs::write(&unusable, "x").unwrap();
+    let start = || {
+        serve_cmd(
+            tally()
+                .env("TALLY_BACKEND", redis.url())
+                .env("TALLY_DATA", &unusable),
+            &[],
+        )
+    };
+    let (a, b) = (start(), start());
+    for _ in 0..3 {
+        stdout(&client(
+            &a.url,
+            &["incr", "clicks", "lnk/1", "--dim", "country=US"],
+        ));
+    }
+    stdout(&client(
+        &b.url,
+        &["incr", "clicks", "lnk/1", "--dim", "country=FR"],
+    ));
+    let window = |url: &str| {
+        let out = stdout(&client(
+            url,
+            &[
+                "query", "window", "clicks", "lnk/1", "--last", "1h", "--json",
+            ],
+        ));
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v["n"].clone()
+    };
+    assert_eq!(window(&a.url), 4);
+    assert_eq!(window(&b.url), 4);
+    sigterm_and_wait(a);
+    let c = start();
+    assert_eq!(window(&c.url), 4);
+    let keys = stdout(&client(&c.url, &["keys", "clicks"]));
+    assert!(keys.contains("lnk/1"), "{keys}");
+    sigterm_and_wait(b);
+    sigterm_and_wait(c);
 }
 
 #[test]

@@ -117,6 +117,10 @@ impl Store for MemStore {
                 .entry(ns.clone())
                 .or_insert_with(|| schema.clone());
         }
+        // Remembered with the batch, as the engine does (atomically, under the same lock).
+        if let Some(rec) = &batch.idempotency {
+            inner.idempotency.insert(rec.key.clone(), rec.clone());
+        }
         for inc in &batch.increments {
             let Some(schema) = inner.schemas.get(&inc.ns).cloned() else {
                 return Err(StoreError::internal(format!(

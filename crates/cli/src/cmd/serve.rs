@@ -2,7 +2,8 @@
 //! log), then serve the API — over TLS with `--tls-cert`/`--tls-key` —, every minute sweep expired counters, flush closed periods into archive segments and
 //! compact them, and on
 //! SIGTERM/SIGINT stop accepting, finish in-flight requests, make the log durable and exit
-//! 0 — within 10 s.
+//! 0 — within 10 s. With `--backend redis://…` or `redis+cluster://…` the store is Redis:
+//! no data directory, no log, no housekeeping of ours (Redis expires what retention drops).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -12,6 +13,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use tally_core::store::SystemClock;
 use tally_engine::{Config, Engine};
+use tally_redis::RedisStore;
 use tally_server::tls::Tls;
 use tally_server::{App, Routes, Settings};
 
@@ -26,7 +28,8 @@ pub struct ServeArgs {
     /// Configuration file (TOML: fsync, namespaces, defaults, limits, tokens).
     #[arg(long, env = "TALLY_CONFIG")]
     config: Option<PathBuf>,
-    /// Backend: empty for the embedded engine. (redis:// and redis+cluster:// are not built yet.)
+    /// Backend: empty for the embedded engine, else redis://host:port/db or
+    /// redis+cluster://host:port,host:port,… (then --data is not used).
     #[arg(long, env = "TALLY_BACKEND")]
     backend: Option<String>,
     /// TLS certificate chain (PEM); needs --tls-key.
@@ -59,11 +62,16 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
     };
     let fsync = settings.fsync;
-    if let Some(b) = args.backend.as_deref().filter(|b| !b.is_empty()) {
-        bail!(
-            "backend {b:?} is not available in this build: only the embedded engine (no --backend) is"
-        );
-    }
+    let redis = match args.backend.as_deref().filter(|b| !b.is_empty()) {
+        None => None,
+        Some(b) if b.starts_with("redis://") || b.starts_with("redis+cluster://") => {
+            Some(b.to_owned())
+        }
+        Some(b) => bail!(
+            "backend {b:?} is not one this build knows: give none for the embedded engine, \
+             redis://host:port/db or redis+cluster://host:port,host:port,…"
+        ),
+    };
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(Tls::load(cert, key)?),
         _ => None,
@@ -99,6 +107,32 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 let _ = rx.await;
             },
         ));
+        if let Some(url) = redis {
+            // Redis: the store is stateless here; connecting checks the layout version.
+            tracing::info!("connecting to {url} (answering 503 on {scheme}://{addr} meanwhile)");
+            let u = url.clone();
+            let store = tokio::task::spawn_blocking(move || RedisStore::connect(&u))
+                .await
+                .context("connecting to Redis")?
+                .map_err(|e| anyhow::anyhow!(e.detail()))
+                .with_context(|| format!("backend {url}"))?;
+            let app = App::new(Arc::new(store), settings, Arc::new(SystemClock));
+            let a = app.clone();
+            tokio::task::spawn_blocking(move || a.apply_config_namespaces())
+                .await
+                .context("applying the config's namespaces")?
+                .context("applying the config's namespaces")?;
+            routes.ready(&app);
+            tracing::info!("tally listening on {scheme}://{addr} (backend {url})");
+            stop.await;
+            tracing::info!("shutting down: finishing in-flight requests");
+            let _ = tx.send(());
+            if tokio::time::timeout(Duration::from_secs(8), server).await.is_err() {
+                tracing::warn!("in-flight requests did not finish within 8 s; stopping anyway");
+            }
+            tracing::info!("bye");
+            return Ok(());
+        }
         tracing::info!("recovering {} (answering 503 on {scheme}://{addr} meanwhile)", args.data.display());
         let opened = tokio::task::spawn_blocking(move || Engine::open(cfg))
             .await

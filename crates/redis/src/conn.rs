@@ -1,0 +1,253 @@
+//! Connections: a single server through the connection manager (one multiplexed
+//! connection, reconnected with backoff), or a cluster through the cluster-async client
+//! (which follows MOVED/ASK and refreshes its slot map). Both sit behind [`Conn`], and every
+//! Redis error becomes a [`StoreError`] naming the server.
+
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, ServerErrorKind, Value};
+use tally_core::store::StoreError;
+
+/// Where the store's Redis is, parsed from `--backend`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// `redis://host:port/db`
+    Single(String),
+    /// `redis+cluster://host:port,host:port,…`: the seed nodes, as `redis://host:port`.
+    Cluster(Vec<String>),
+}
+
+impl Target {
+    pub fn parse(url: &str) -> Result<Target, StoreError> {
+        if let Some(rest) = url.strip_prefix("redis+cluster://") {
+            let nodes: Vec<String> = rest
+                .trim_end_matches('/')
+                .split(',')
+                .map(str::trim)
+                .filter(|n| !n.is_empty())
+                .map(|n| format!("redis://{n}"))
+                .collect();
+            if nodes.is_empty() {
+                return Err(StoreError::unavailable(format!(
+                    "backend {url:?} names no cluster node (redis+cluster://host:port,host:port,…)"
+                )));
+            }
+            Ok(Target::Cluster(nodes))
+        } else if url.starts_with("redis://") {
+            Ok(Target::Single(url.to_owned()))
+        } else {
+            Err(StoreError::unavailable(format!(
+                "backend {url:?} is neither redis://host:port/db nor redis+cluster://host:port,…"
+            )))
+        }
+    }
+
+    /// How messages name it: `redis at 127.0.0.1:6379`, `redis cluster at a:1,b:2`.
+    pub fn describe(&self) -> String {
+        match self {
+            Target::Single(url) => format!("redis at {}", url.trim_start_matches("redis://")),
+            Target::Cluster(nodes) => {
+                let nodes: Vec<&str> = nodes
+                    .iter()
+                    .map(|n| n.trim_start_matches("redis://"))
+                    .collect();
+                format!("redis cluster at {}", nodes.join(","))
+            }
+        }
+    }
+}
+
+/// Timeouts: a connection attempt, and one reply (a script over a large batch included).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One connection (cheap to clone: clones share it).
+#[derive(Clone)]
+pub enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Conn::Single(_) => "Conn::Single",
+            Conn::Cluster(_) => "Conn::Cluster",
+        })
+    }
+}
+
+impl Conn {
+    pub async fn open(target: &Target) -> Result<Conn, RedisError> {
+        match target {
+            Target::Single(url) => {
+                let client = redis::Client::open(url.as_str())?;
+                // Backoff between reconnection attempts: 50 ms doubling to 2 s, a few
+                // attempts per failure; the next request after that starts a new round.
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(CONNECT_TIMEOUT))
+                    .set_response_timeout(Some(RESPONSE_TIMEOUT))
+                    .set_min_delay(Duration::from_millis(50))
+                    .set_max_delay(Duration::from_secs(2))
+                    .set_number_of_retries(3);
+                Ok(Conn::Single(
+                    ConnectionManager::new_with_config(client, config).await?,
+                ))
+            }
+            Target::Cluster(nodes) => {
+                let client = ClusterClientBuilder::new(nodes.clone())
+                    .connection_timeout(CONNECT_TIMEOUT)
+                    .response_timeout(RESPONSE_TIMEOUT)
+                    .retries(3)
+                    .min_retry_wait(20)
+                    .max_retry_wait(500)
+                    .build()?;
+                Ok(Conn::Cluster(client.get_async_connection().await?))
+            }
+        }
+    }
+
+    pub fn is_cluster(&self) -> bool {
+        matches!(self, Conn::Cluster(_))
+    }
+
+    /// The masters of a cluster as `(host, port)`, from `CLUSTER SLOTS` (which lists a
+    /// failed master's slots too); empty for a single server.
+    async fn masters(&self) -> Result<Vec<(String, u16)>, RedisError> {
+        let Conn::Cluster(c) = self else {
+            return Ok(Vec::new());
+        };
+        let mut c = c.clone();
+        let slots: Value = redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query_async(&mut c)
+            .await?;
+        let mut out = Vec::new();
+        if let Value::Array(ranges) = slots {
+            for r in ranges {
+                if let Value::Array(parts) = r
+                    && let Some(Value::Array(master)) = parts.get(2)
+                    && let (Some(host), Some(Value::Int(port))) = (master.first(), master.get(1))
+                {
+                    let host = match host {
+                        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+                        Value::SimpleString(s) => s.clone(),
+                        _ => continue,
+                    };
+                    let port = u16::try_from(*port).unwrap_or(0);
+                    if !out.contains(&(host.clone(), port)) {
+                        out.push((host, port));
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Sends `cmd` to the server, or to every master of a cluster, one by one by address
+    /// (the client's own fan-out skips a master it lost): the answers, or the first
+    /// failure, naming its node.
+    pub async fn on_every_master(self, cmd: Cmd) -> Result<Vec<Value>, RedisError> {
+        let masters = self.masters().await?;
+        match self {
+            Conn::Single(mut c) => Ok(vec![cmd.query_async(&mut c).await?]),
+            Conn::Cluster(c) => {
+                let answers = join_all(masters.into_iter().map(|(host, port)| {
+                    let (mut c, cmd) = (c.clone(), cmd.clone());
+                    async move {
+                        let at = format!("{host}:{port}");
+                        let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                            host,
+                            port,
+                        });
+                        c.route_command(cmd, routing).await.map_err(|e| {
+                            let detail = format!("{at}: {e}");
+                            RedisError::from((e.kind(), "node", detail))
+                        })
+                    }
+                }))
+                .await;
+                answers.into_iter().collect()
+            }
+        }
+    }
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// Whether a failed call may be sent again as is: the connection broke, timed out, or the
+/// cluster is between states. (A script call carries its batch's marker, so sending it
+/// again never applies it twice.)
+pub fn transient(e: &RedisError) -> bool {
+    e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || matches!(
+            e.kind(),
+            ErrorKind::ClusterConnectionNotFound
+                | ErrorKind::Server(
+                    ServerErrorKind::TryAgain
+                        | ServerErrorKind::ClusterDown
+                        | ServerErrorKind::MasterDown
+                        | ServerErrorKind::BusyLoading
+                        | ServerErrorKind::Moved
+                        | ServerErrorKind::Ask
+                )
+        )
+}
+
+/// A Redis failure as the store reports it: `Unavailable` ("redis at host:port: …") for
+/// anything about reaching or being served by Redis, `Internal` for a reply tally did not
+/// expect (a script error, a wrong type: someone else's key, or a bug).
+pub fn store_error(target: &str, e: RedisError) -> StoreError {
+    let unexpected = matches!(
+        e.kind(),
+        ErrorKind::UnexpectedReturnType | ErrorKind::Parse | ErrorKind::Extension
+    ) || matches!(
+        e.kind(),
+        ErrorKind::Server(ServerErrorKind::ResponseError | ServerErrorKind::ExecAbort)
+    ) && !e.to_string().contains("OOM");
+    if unexpected && !transient(&e) {
+        return StoreError::internal(format!("{target} answered unexpectedly: {e}"));
+    }
+    let what = if e.is_connection_refusal() {
+        format!("{target}: connection refused")
+    } else if e.is_timeout() {
+        format!("{target}: timed out")
+    } else {
+        format!("{target}: {e}")
+    };
+    StoreError::unavailable(what).because(e)
+}

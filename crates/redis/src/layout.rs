@@ -1,0 +1,346 @@
+//! The key layout (docs/redis.md, byte by byte): key names, hash tags, time windows, bucket
+//! fields, and the stored schema record with its tier generations. Pure functions, no I/O;
+//! `docs/redis.md`'s examples are checked against them by this module's tests.
+
+use std::collections::BTreeMap;
+
+use tally_core::model::{Duration, Namespace, Retention, Schema, SchemaDoc, Tier};
+use tally_core::store::StoreError;
+
+/// The layout this build reads and writes, stored in [`LAYOUT_KEY`].
+pub const LAYOUT_VERSION: u32 = 1;
+/// A string: the layout version, decimal.
+pub const LAYOUT_KEY: &str = "tally:layout";
+/// A hash: namespace → schema record (JSON, [`SchemaRecord`]).
+pub const SCHEMAS_KEY: &str = "tally:schemas";
+/// Buckets per time window: a window's hash holds at most this many bucket fields, which
+/// keeps a totals hash under Redis' `hash-max-listpack-entries` (128), in the compact encoding.
+pub const WINDOW_BUCKETS: i64 = 120;
+
+/// Escapes a name for use inside a `{…}` hash tag: `\` → `\\`, `}` → `\]`. Injective, and
+/// the result holds no `}`, so the tag ends exactly where the layout says.
+pub fn escape_tag(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '}' => out.push_str("\\]"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The hash tag of a series: `{ns|key}`, time-free, so every key of the series shares a slot.
+pub fn series_tag(ns: &Namespace, key: &str) -> String {
+    format!("{{{}|{}}}", ns.as_str(), escape_tag(key))
+}
+
+/// The totals hash of one series, tier generation, resolution and window:
+/// `tally:t:{ns|key}:<gen>:<res secs>:<window start>`.
+pub fn totals_key(tag: &str, gen_: u64, res: i64, window: i64) -> String {
+    format!("tally:t:{tag}:{gen_}:{res}:{window}")
+}
+
+/// The subtotals hash of one dimension: `tally:s:{ns|key}:<sgen>:<res>:<window>:<dim>`.
+pub fn subtotals_key(tag: &str, sgen: u64, res: i64, window: i64, dim: &str) -> String {
+    format!("tally:s:{tag}:{sgen}:{res}:{window}:{dim}")
+}
+
+/// The set of dimension names a series has subtotals for: `tally:dims:{ns|key}`.
+pub fn dims_key(tag: &str) -> String {
+    format!("tally:dims:{tag}")
+}
+
+/// The lock of a series' limited increments (`Store::apply_if`), in the series' own slot,
+/// held by every tally server alike: `tally:lock:{ns|key}`, its value the holder's token,
+/// with an expiry so a crashed holder cannot keep it.
+pub fn lock_key(tag: &str) -> String {
+    format!("tally:lock:{tag}")
+}
+
+/// A batch's marker in one slot: `tally:batch:{ns|key}:<batch id>`.
+pub fn marker_key(tag: &str, batch: &str) -> String {
+    format!("tally:batch:{tag}:{batch}")
+}
+
+/// A namespace's key index (a sorted set, every score 0, read by lex range).
+pub fn keys_key(ns: &Namespace) -> String {
+    format!("tally:keys:{{{}}}", ns.as_str())
+}
+
+/// A namespace's key expiries (a sorted set: key → the instant its last bucket expires).
+pub fn expiry_key(ns: &Namespace) -> String {
+    format!("tally:exp:{{{}}}", ns.as_str())
+}
+
+/// An idempotency record: `tally:idem:{<key>}`.
+pub fn idem_key(key: &str) -> String {
+    format!("tally:idem:{{{}}}", escape_tag(key))
+}
+
+/// The window a bucket falls in: windows are `WINDOW_BUCKETS` buckets, epoch-aligned.
+pub fn window_of(bucket: i64, res: i64) -> i64 {
+    bucket.div_euclid(res * WINDOW_BUCKETS) * res * WINDOW_BUCKETS
+}
+
+/// A bucket's field in its window's hash: its index in the window, decimal (`0`…`119`).
+pub fn offset_of(bucket: i64, window: i64, res: i64) -> i64 {
+    (bucket - window) / res
+}
+
+/// A subtotal's field: `<offset>:<value>` (the offset never holds `:`, the value may).
+pub fn subtotal_field(offset: i64, value: &str) -> String {
+    format!("{offset}:{value}")
+}
+
+/// When a window's hash may go: the end of its last bucket plus the retention (`None` for
+/// `forever`). By then [`Retention::keeps_bucket`] hides every bucket of it.
+pub fn window_expiry(window: i64, res: i64, retention: Retention) -> Option<i64> {
+    match retention {
+        Retention::Forever => None,
+        Retention::For(d) => Some(window + res * WINDOW_BUCKETS + d.secs_i64()),
+    }
+}
+
+/// When a bucket stops being shown: `None` for `forever`.
+pub fn bucket_expiry(bucket: i64, res: i64, retention: Retention) -> Option<i64> {
+    match retention {
+        Retention::Forever => None,
+        Retention::For(d) => Some(bucket + res + d.secs_i64()),
+    }
+}
+
+/// The first bucket start ≥ `from` (aligned to `res`) that a tier still keeps at `now`.
+pub fn first_kept(from: i64, tier: &Tier, now: i64) -> i64 {
+    let res = tier.resolution.secs_i64();
+    let from = from.div_euclid(res) * res + if from.rem_euclid(res) == 0 { 0 } else { res };
+    match tier.retention {
+        Retention::Forever => from,
+        Retention::For(d) => {
+            // keeps_bucket(b) ⇔ b + res > now - d ⇔ b > now - d - res.
+            let edge = now.saturating_sub(d.secs_i64()).saturating_sub(res);
+            let first = (edge.div_euclid(res) + 1) * res;
+            from.max(first)
+        }
+    }
+}
+
+/// A namespace's stored schema: the schema's wire form plus a generation per tier (and per
+/// breakdown tier, for its subtotals), so that a removed and re-added tier, or a tier that
+/// stops and restarts keeping breakdowns, starts empty: its data lives under a new generation.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SchemaRecord {
+    pub schema: SchemaDoc,
+    /// Resolution (seconds) → generation of its totals.
+    pub generation: BTreeMap<u64, u64>,
+    /// Resolution (seconds) → generation of its subtotals; breakdown tiers only.
+    pub breakdown_generation: BTreeMap<u64, u64>,
+    /// The next generation to hand out.
+    pub next: u64,
+}
+
+/// A decoded schema record: the validated schema and its generations.
+#[derive(Debug, Clone)]
+pub struct Stored {
+    pub schema: Schema,
+    pub record: SchemaRecord,
+}
+
+impl Stored {
+    /// The generation of a tier's totals, `None` if the schema has no such tier.
+    pub fn generation(&self, res: Duration) -> Option<u64> {
+        self.record.generation.get(&res.secs()).copied()
+    }
+
+    /// The generation of a tier's subtotals, `None` unless it is a breakdown tier.
+    pub fn breakdown_generation(&self, res: Duration) -> Option<u64> {
+        if !self.schema.is_breakdown(res) {
+            return None;
+        }
+        self.record.breakdown_generation.get(&res.secs()).copied()
+    }
+
+    pub fn tier(&self, res: Duration) -> Option<&Tier> {
+        self.schema.tiers().iter().find(|t| t.resolution == res)
+    }
+}
+
+impl SchemaRecord {
+    /// The record of `schema`, given the one stored before (if any): kept tiers keep their
+    /// generations, new ones (and breakdowns newly kept) get fresh ones.
+    pub fn next(previous: Option<&SchemaRecord>, schema: &Schema) -> SchemaRecord {
+        let mut next = previous.map_or(1, |p| p.next);
+        let mut generation = BTreeMap::new();
+        let mut breakdown_generation = BTreeMap::new();
+        for tier in schema.tiers() {
+            let r = tier.resolution.secs();
+            let mut fresh = || {
+                next += 1;
+                next - 1
+            };
+            let g = previous
+                .and_then(|p| p.generation.get(&r).copied())
+                .unwrap_or_else(&mut fresh);
+            generation.insert(r, g);
+            if schema.is_breakdown(tier.resolution) {
+                // The previous record holds a breakdown generation only for tiers that kept
+                // breakdowns then: anything else starts over.
+                let s = previous
+                    .and_then(|p| p.breakdown_generation.get(&r).copied())
+                    .unwrap_or_else(&mut fresh);
+                breakdown_generation.insert(r, s);
+            }
+        }
+        SchemaRecord {
+            schema: schema.to_doc(),
+            generation,
+            breakdown_generation,
+            next,
+        }
+    }
+
+    pub fn encode(&self) -> Result<String, StoreError> {
+        serde_json::to_string(self)
+            .map_err(|e| StoreError::internal("encoding a schema record").because(e))
+    }
+
+    pub fn decode(ns: &str, text: &[u8]) -> Result<Stored, StoreError> {
+        let record: SchemaRecord = serde_json::from_slice(text).map_err(|e| {
+            StoreError::corrupt(format!(
+                "the schema record of namespace {ns} does not decode"
+            ))
+            .because(e)
+        })?;
+        let schema = Schema::from_doc(&record.schema).map_err(|e| {
+            StoreError::corrupt(format!("the stored schema of namespace {ns} is invalid"))
+                .because(e)
+        })?;
+        for t in schema.tiers() {
+            if !record.generation.contains_key(&t.resolution.secs()) {
+                return Err(StoreError::corrupt(format!(
+                    "the schema record of namespace {ns} has no generation for tier {}",
+                    t.resolution
+                )));
+            }
+        }
+        Ok(Stored { schema, record })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn schema(tiers: &[&str], breakdown: Option<&[&str]>) -> Schema {
+        Schema::from_doc(&SchemaDoc {
+            tiers: tiers.iter().map(|s| s.to_string()).collect(),
+            breakdown_tiers: breakdown.map(|b| b.iter().map(|s| s.to_string()).collect()),
+            dimensions: None,
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn names_match_the_doc() {
+        let ns = Namespace::new("clicks").unwrap();
+        let tag = series_tag(&ns, "lnk_1");
+        assert_eq!(tag, "{clicks|lnk_1}");
+        assert_eq!(
+            totals_key(&tag, 2, 60, 1_790_827_200),
+            "tally:t:{clicks|lnk_1}:2:60:1790827200"
+        );
+        assert_eq!(
+            subtotals_key(&tag, 3, 3600, 1_790_827_200, "country"),
+            "tally:s:{clicks|lnk_1}:3:3600:1790827200:country"
+        );
+        assert_eq!(series_tag(&ns, "a}b\\c"), "{clicks|a\\]b\\\\c}");
+        assert_eq!(keys_key(&ns), "tally:keys:{clicks}");
+        assert_eq!(expiry_key(&ns), "tally:exp:{clicks}");
+        assert_eq!(idem_key("k}"), "tally:idem:{k\\]}");
+        assert_eq!(dims_key(&tag), "tally:dims:{clicks|lnk_1}");
+        assert_eq!(marker_key(&tag, "ab"), "tally:batch:{clicks|lnk_1}:ab");
+    }
+
+    #[test]
+    fn escaping_is_injective_and_closes_the_tag() {
+        let pairs = [("a}", "a\\]"), ("a\\]", "a\\\\]")];
+        for (a, b) in pairs {
+            assert_ne!(escape_tag(a), escape_tag(b));
+            assert!(!escape_tag(a).contains('}'));
+        }
+    }
+
+    #[test]
+    fn windows_and_offsets() {
+        assert_eq!(window_of(7199, 60), 0);
+        assert_eq!(window_of(7200, 60), 7200);
+        assert_eq!(window_of(-60, 60), -7200);
+        assert_eq!(offset_of(7260, 7200, 60), 1);
+        assert_eq!(window_expiry(7200, 60, Retention::Forever), None);
+    }
+
+    #[test]
+    fn first_kept_agrees_with_keeps_bucket() {
+        for tier in ["1m:2h", "1s:1m", "15m:1d", "1h:forever"] {
+            let tier = Tier::new(tier).unwrap();
+            let res = tier.resolution.secs_i64();
+            for now in [0i64, 7199, 7200, 86_399, 1_000_000] {
+                for from in [-7200i64, 0, 13, 3600, 90_000] {
+                    let first = first_kept(from, &tier, now);
+                    assert_eq!(first.rem_euclid(res), 0);
+                    assert!(first >= from);
+                    let kept = tier.retention.keeps_bucket(first, tier.resolution, now);
+                    assert!(kept, "{tier:?} {now} {from}");
+                    let before = first - res;
+                    assert!(
+                        before < from || !tier.retention.keeps_bucket(before, tier.resolution, now)
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn generations_follow_tiers() {
+        let a = schema(&["1m:2h", "1h:forever"], Some(&["1m", "1h"]));
+        let r1 = SchemaRecord::next(None, &a);
+        assert_eq!(r1.generation.len(), 2);
+        // Same schema again: nothing changes.
+        assert_eq!(SchemaRecord::next(Some(&r1), &a).generation, r1.generation);
+        // Drop 1m, then re-add it: a new generation.
+        let b = schema(&["1h:forever"], None);
+        let r2 = SchemaRecord::next(Some(&r1), &b);
+        let r3 = SchemaRecord::next(Some(&r2), &a);
+        assert_eq!(r3.generation[&3600], r1.generation[&3600]);
+        assert_ne!(r3.generation[&60], r1.generation[&60]);
+        assert_eq!(
+            r3.breakdown_generation[&3600],
+            r1.breakdown_generation[&3600]
+        );
+        // 1h stops keeping breakdowns, then keeps them again: its subtotals start over.
+        let c = schema(&["1m:2h", "1h:forever"], Some(&["1m"]));
+        let r4 = SchemaRecord::next(Some(&r3), &c);
+        assert!(!r4.breakdown_generation.contains_key(&3600));
+        let r5 = SchemaRecord::next(Some(&r4), &a);
+        assert_ne!(
+            r5.breakdown_generation[&3600],
+            r1.breakdown_generation[&3600]
+        );
+        assert_eq!(r5.generation, r3.generation);
+        let r3 = r5;
+        let all: Vec<u64> = r3
+            .generation
+            .values()
+            .chain(r3.breakdown_generation.values())
+            .copied()
+            .collect();
+        assert!(all.iter().all(|g| *g < r3.next));
+        let decoded = SchemaRecord::decode("m", r3.encode().unwrap().as_bytes()).unwrap();
+        assert_eq!(decoded.record, r3);
+        assert!(matches!(
+            SchemaRecord::decode("m", b"{"),
+            Err(StoreError::Corrupt { .. })
+        ));
+    }
+}

@@ -1,0 +1,147 @@
+//! The Lua scripts tally runs in Redis. Each runs atomically on one node; in a cluster every
+//! key a call names lies in one slot (the caller groups them so). They are sent with
+//! `EVALSHA`, and loaded (`SCRIPT LOAD`) on the first `NOSCRIPT`, e.g. after a restart.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+/// Applies one slot's share of a batch (or, on a single server, the whole batch), once.
+///
+/// `ARGV[1]`: the marker's lifetime in seconds, or `0` for no marker. With a marker,
+/// `KEYS[1]` is the batch's marker key: if it exists the call changes nothing and answers 0
+/// (this batch was applied here already); otherwise it is set with the rest, atomically.
+/// Then a list of operations, each naming its keys by their index in `KEYS`:
+///
+/// - `h <key> <expireat|0> <count> (<field> <n>)*`: `HINCRBY` each field, then `EXPIREAT`
+///   (`0`: the hash is kept forever).
+/// - `d <key> <expireat|inf> <count> <dim>*`: `SADD` dimension names to a series' set, and
+///   make it live at least until `expireat` (`inf`: forever).
+/// - `i <lex key> <expiry key> <count> (<member> <expireat|+inf>)*`: add keys to a
+///   namespace's index; an expiry only ever grows.
+/// - `r <key> <record> <expireat>`: `SET NX` an idempotency record until `expireat`.
+pub static APPLY: LazyLock<Script> = LazyLock::new(|| Script::new(APPLY_LUA));
+
+const APPLY_LUA: &str = r#"
+local a = ARGV
+local i = 2
+if a[1] ~= '0' then
+  if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', a[1]) then
+    return 0
+  end
+end
+local n = #a
+while i <= n do
+  local op = a[i]
+  if op == 'h' then
+    local k = KEYS[tonumber(a[i + 1])]
+    local exp = a[i + 2]
+    local c = tonumber(a[i + 3])
+    i = i + 4
+    for _ = 1, c do
+      redis.call('HINCRBY', k, a[i], a[i + 1])
+      i = i + 2
+    end
+    if exp ~= '0' then
+      redis.call('EXPIREAT', k, exp)
+    end
+  elseif op == 'd' then
+    local k = KEYS[tonumber(a[i + 1])]
+    local exp = a[i + 2]
+    local c = tonumber(a[i + 3])
+    i = i + 4
+    local existed = redis.call('EXISTS', k)
+    for _ = 1, c do
+      redis.call('SADD', k, a[i])
+      i = i + 1
+    end
+    if exp == 'inf' then
+      redis.call('PERSIST', k)
+    else
+      local cur = 0
+      if existed == 1 then
+        cur = redis.call('EXPIRETIME', k)
+      end
+      -- -1: kept forever already.
+      if cur ~= -1 and cur < tonumber(exp) then
+        redis.call('EXPIREAT', k, exp)
+      end
+    end
+  elseif op == 'i' then
+    local lex = KEYS[tonumber(a[i + 1])]
+    local ex = KEYS[tonumber(a[i + 2])]
+    local c = tonumber(a[i + 3])
+    i = i + 4
+    for _ = 1, c do
+      redis.call('ZADD', lex, 'NX', 0, a[i])
+      redis.call('ZADD', ex, 'GT', a[i + 1], a[i])
+      i = i + 2
+    end
+  elseif op == 'r' then
+    redis.call('SET', KEYS[tonumber(a[i + 1])], a[i + 2], 'NX', 'EXAT', a[i + 3])
+    i = i + 4
+  else
+    return redis.error_reply('tally apply: unknown operation ' .. tostring(op))
+  end
+end
+return 1
+"#;
+
+/// Removes keys whose every bucket has expired from a namespace's index: `KEYS[1]` the lex
+/// index, `KEYS[2]` the expiry index, `ARGV[1]` now, `ARGV[2]` at most how many. Answers how
+/// many it removed. Atomic, so a key written meanwhile (its expiry raised) is never lost.
+pub static PRUNE: LazyLock<Script> = LazyLock::new(|| Script::new(PRUNE_LUA));
+
+const PRUNE_LUA: &str = r#"
+local gone = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[1], 'LIMIT', 0, ARGV[2])
+for _, m in ipairs(gone) do
+  redis.call('ZREM', KEYS[1], m)
+  redis.call('ZREM', KEYS[2], m)
+end
+return #gone
+"#;
+
+/// The counts of one series over a range, for `scan`: `KEYS` the window hashes, `ARGV[1]`
+/// the subtotal value (empty: totals), then per key its first and last bucket offset. Answers
+/// the counts found (the caller sums them exactly, in 64 bits: Lua's numbers are doubles).
+pub static COUNTS: LazyLock<Script> = LazyLock::new(|| Script::new(COUNTS_LUA));
+
+const COUNTS_LUA: &str = r#"
+local v = ARGV[1]
+local out = {}
+for k = 1, #KEYS do
+  local lo = tonumber(ARGV[2 * k])
+  local hi = tonumber(ARGV[2 * k + 1])
+  if v == '' then
+    local all = redis.call('HGETALL', KEYS[k])
+    for j = 1, #all, 2 do
+      local o = tonumber(all[j])
+      if o and o >= lo and o <= hi then
+        out[#out + 1] = all[j + 1]
+      end
+    end
+  else
+    for o = lo, hi do
+      local x = redis.call('HGET', KEYS[k], o .. ':' .. v)
+      if x then
+        out[#out + 1] = x
+      end
+    end
+  end
+end
+return out
+"#;
+
+/// Replaces a namespace's schema record if it is still what the caller read: `KEYS[1]` the
+/// schemas hash, `ARGV` the namespace, the record read (empty: none) and the new one.
+/// Answers 1, or 0 if another writer changed it first (the caller reads again and retries).
+pub static PUT_SCHEMA: LazyLock<Script> = LazyLock::new(|| Script::new(PUT_SCHEMA_LUA));
+
+const PUT_SCHEMA_LUA: &str = r#"
+local cur = redis.call('HGET', KEYS[1], ARGV[1])
+if (cur or '') ~= ARGV[2] then
+  return 0
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+return 1
+"#;

@@ -1,0 +1,65 @@
+//! The synchronous `Store` on the store's own runtime: called from a plain thread, from
+//! another runtime's `spawn_blocking` (what the server does), and dropped inside a runtime.
+
+use std::sync::Arc;
+
+use tally_core::ingest::Defaults;
+use tally_core::store::Store;
+use tally_redis::RedisStore;
+use tally_redis::testing::RedisServer;
+
+use crate::{batch, raw, real_now, total};
+
+#[test]
+fn works_from_plain_threads_and_from_spawn_blocking() {
+    let server = RedisServer::start();
+    let store = Arc::new(RedisStore::connect(&server.url()).unwrap());
+    let now = real_now();
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                for i in 0..10 {
+                    let raws = [raw("m", &format!("k{t}"), now, i, &[])];
+                    let b = batch(&*store, now, &raws, &Defaults::default());
+                    store.apply(&b).unwrap();
+                }
+            })
+        })
+        .collect();
+    threads.into_iter().for_each(|t| t.join().unwrap());
+    assert_eq!(total(&*store, "m", "k3", 3600), 45);
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let s = store.clone();
+    let n = rt.block_on(async move {
+        let tasks: Vec<_> = (0..8)
+            .map(|_| {
+                let s = s.clone();
+                tokio::task::spawn_blocking(move || {
+                    let raws = [raw("m", "shared", now, 1, &[("country", "fr")])];
+                    let b = batch(&*s, now, &raws, &Defaults::default());
+                    s.apply(&b).unwrap();
+                    s.health().unwrap();
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let s2 = s.clone();
+        tokio::task::spawn_blocking(move || total(&*s2, "m", "shared", 3600))
+            .await
+            .unwrap()
+    });
+    assert_eq!(n, 8);
+
+    // Dropping the last handle inside a runtime must not panic.
+    rt.block_on(async move {
+        drop(store);
+    });
+}

@@ -1,0 +1,250 @@
+//! Faults: Redis down and back (clear `Unavailable` errors meanwhile, nothing half-applied,
+//! service resumes by itself), a cluster master killed (errors only for its slots), a
+//! batch applied twice under one batch id (applied once), and a foreign layout version.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tally_core::ingest::{self, Defaults, IngestError, Limits};
+use tally_core::model::{Key, Namespace};
+use tally_core::store::{IdemRecord, KeyList, Store, StoreError};
+use tally_redis::testing::{RedisCluster, RedisServer};
+use tally_redis::{RedisStore, layout};
+
+use crate::{batch, raw, read_all, real_now, total};
+
+fn unavailable(e: &StoreError, port: u16) {
+    assert!(
+        matches!(e, StoreError::Unavailable { .. }),
+        "expected Unavailable, got {e:?}"
+    );
+    let detail = e.detail();
+    assert!(
+        detail.contains(&format!("redis at 127.0.0.1:{port}")),
+        "message names the server: {detail}"
+    );
+}
+
+#[test]
+fn redis_restart_gives_clear_errors_then_recovers_with_whole_batches_only() {
+    // An append-only file synced on every write, so what Redis acknowledged survives its
+    // SIGKILL: then every batch must be there wholly or not at all.
+    let mut server =
+        RedisServer::start_with_args(&["--appendonly", "yes", "--appendfsync", "always"]);
+    let port = server.port();
+    let store = Arc::new(RedisStore::connect(&server.url()).unwrap());
+    let now = real_now();
+    const KEYS: usize = 20;
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(AtomicU64::new(0));
+    let writer = {
+        let (store, stop, acked) = (store.clone(), stop.clone(), acked.clone());
+        std::thread::spawn(move || {
+            let mut errors = Vec::new();
+            let mut i = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                // Batch i: one event per key, each tagged with the batch's number.
+                let tag = i.to_string();
+                let raws: Vec<_> = (0..KEYS)
+                    .map(|k| raw("m", &format!("k{k}"), now, 1, &[("batch", &tag)]))
+                    .collect();
+                let prepared = ingest::prepare(
+                    &*store,
+                    &raws,
+                    now,
+                    &Limits::default(),
+                    &Defaults::default(),
+                );
+                match prepared
+                    .map_err(|e| match e {
+                        IngestError::Store(e) => e,
+                        e => panic!("{e}"),
+                    })
+                    .and_then(|b| store.apply(&b))
+                {
+                    Ok(()) => {
+                        acked.fetch_add(1, Ordering::SeqCst);
+                    }
+                    Err(e) => errors.push(e),
+                }
+                i += 1;
+            }
+            (i, errors)
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    server.stop();
+    let down = store.health().unwrap_err();
+    unavailable(&down, port);
+    let read = read_all(&*store, "m", "k0", 3600).unwrap_err();
+    unavailable(&read, port);
+    std::thread::sleep(Duration::from_millis(500));
+    server.restart();
+    // The store reconnects by itself.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while store.health().is_err() {
+        assert!(Instant::now() < deadline, "no reconnection within 15 s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::SeqCst);
+    let (batches, errors) = writer.join().unwrap();
+    assert!(
+        !errors.is_empty(),
+        "some writes failed while Redis was down"
+    );
+    for e in &errors {
+        unavailable(e, port);
+    }
+    // Every batch is there wholly or not at all, and every acknowledged one is.
+    let mut counts = vec![0u64; batches as usize];
+    for k in 0..KEYS {
+        let d = read_all(&*store, "m", &format!("k{k}"), 3600).unwrap();
+        for s in d.subtotals.iter().filter(|s| s.dim == "batch") {
+            let i: usize = s.value.parse().unwrap();
+            counts[i] += s.buckets.iter().map(|(_, n)| *n as u64).sum::<u64>();
+        }
+    }
+    assert!(
+        counts.iter().all(|&c| c == 0 || c == KEYS as u64),
+        "{counts:?}"
+    );
+    let whole = counts.iter().filter(|&&c| c == KEYS as u64).count() as u64;
+    assert!(
+        whole >= acked.load(Ordering::SeqCst),
+        "{whole} batches in, {} acknowledged",
+        acked.load(Ordering::SeqCst)
+    );
+    assert!(whole > 0);
+}
+
+#[test]
+fn a_batch_under_one_id_applies_once() {
+    let server = RedisServer::start();
+    let cluster = RedisCluster::start();
+    for url in [server.url(), cluster.url()] {
+        let store = RedisStore::connect(&url).unwrap();
+        let now = real_now();
+        let raws: Vec<_> = (0..50)
+            .map(|k| raw("m", &format!("k{}", k % 17), now, 1, &[("country", "fr")]))
+            .collect();
+        let b = batch(&store, now, &raws, &Defaults::default());
+        store.apply_with_batch_id(&b, "retry-1").unwrap();
+        store.apply_with_batch_id(&b, "retry-1").unwrap();
+        let sum: i64 = (0..17)
+            .map(|k| total(&store, "m", &format!("k{k}"), 3600))
+            .sum();
+        assert_eq!(sum, 50, "{url}");
+        // A different id is a different batch.
+        store.apply_with_batch_id(&b, "retry-2").unwrap();
+        let sum: i64 = (0..17)
+            .map(|k| total(&store, "m", &format!("k{k}"), 3600))
+            .sum();
+        assert_eq!(sum, 100, "{url}");
+        // With an idempotency key, that key is the batch id, and its answer is remembered.
+        let mut b = b.clone();
+        b.idempotency = Some(IdemRecord {
+            key: "idem-1".into(),
+            fingerprint: "f".into(),
+            expires: now + 86_400,
+            status: 200,
+            body: "{}".into(),
+        });
+        store.apply(&b).unwrap();
+        store.apply(&b).unwrap();
+        let sum: i64 = (0..17)
+            .map(|k| total(&store, "m", &format!("k{k}"), 3600))
+            .sum();
+        assert_eq!(sum, 150, "{url}");
+        assert_eq!(store.idempotency("idem-1").unwrap(), b.idempotency);
+    }
+}
+
+#[test]
+fn a_killed_cluster_master_fails_only_its_slots() {
+    let mut cluster = RedisCluster::start();
+    let store = RedisStore::connect(&cluster.url()).unwrap();
+    let now = real_now();
+    let ns = "m";
+    let keys: Vec<String> = (0..40).map(|k| format!("k{k}")).collect();
+    let raws: Vec<_> = keys.iter().map(|k| raw(ns, k, now, 1, &[])).collect();
+    let b = batch(&store, now, &raws, &Defaults::default());
+    store.apply(&b).unwrap();
+    // Kill a master that holds neither the schemas nor the namespace's index.
+    let nsn = Namespace::new(ns).unwrap();
+    let keep = [
+        cluster.node_of(layout::SCHEMAS_KEY),
+        cluster.node_of(&layout::keys_key(&nsn)),
+    ];
+    let Some(victim) = (0..3).find(|i| !keep.contains(i)) else {
+        // Schemas and index on two different nodes leave the third; on one, two are left.
+        unreachable!()
+    };
+    let port = cluster.nodes[victim].port();
+    let (dead, live): (Vec<&String>, Vec<&String>) = keys
+        .iter()
+        .partition(|k| cluster.node_of(&layout::series_tag(&nsn, k)) == victim);
+    assert!(!dead.is_empty() && !live.is_empty());
+    cluster.nodes[victim].stop();
+    for k in &live {
+        assert_eq!(total(&store, ns, k, 3600), 1);
+    }
+    let e = read_all(&store, ns, dead[0], 3600).unwrap_err();
+    assert!(matches!(e, StoreError::Unavailable { .. }), "{e:?}");
+    let detail = e.detail();
+    assert!(detail.contains("redis cluster at"), "{detail}");
+    assert!(
+        detail.contains(&port.to_string()) || detail.to_lowercase().contains("connect"),
+        "{detail}"
+    );
+    // Writes to live slots go on; a batch touching the dead one fails, clearly.
+    let raws: Vec<_> = live.iter().map(|k| raw(ns, k, now, 1, &[])).collect();
+    store
+        .apply(&batch(&store, now, &raws, &Defaults::default()))
+        .unwrap();
+    assert_eq!(total(&store, ns, live[0], 3600), 2);
+    let raws = [raw(ns, dead[0], now, 1, &[])];
+    let e = store
+        .apply(&batch(&store, now, &raws, &Defaults::default()))
+        .unwrap_err();
+    assert!(matches!(e, StoreError::Unavailable { .. }), "{e:?}");
+    let health = store.health().unwrap_err();
+    assert!(
+        health.detail().contains(&format!("127.0.0.1:{port}")),
+        "{}",
+        health.detail()
+    );
+    // The index still lists every key.
+    let listed = store
+        .keys(&KeyList {
+            ns: &nsn,
+            prefix: "",
+            after: None,
+            limit: 100,
+        })
+        .unwrap();
+    assert_eq!(listed.len(), keys.len());
+    assert!(listed.contains(&Key::new(dead[0]).unwrap()));
+}
+
+#[test]
+fn a_foreign_layout_version_is_refused() {
+    let server = RedisServer::start();
+    server.cli(&["set", layout::LAYOUT_KEY, "99"]);
+    let e = RedisStore::connect(&server.url()).unwrap_err();
+    assert!(matches!(e, StoreError::Corrupt { .. }), "{e:?}");
+    assert!(e.detail().contains("layout version 99"), "{}", e.detail());
+}
+
+#[test]
+fn connecting_to_nothing_is_a_clear_error() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let e = RedisStore::connect(&format!("redis://127.0.0.1:{port}/0")).unwrap_err();
+    unavailable(&e, port);
+    assert!(e.detail().contains("connection refused"), "{}", e.detail());
+}

@@ -1,0 +1,85 @@
+//! Limited increments (`Store::apply_if`, issue 14) on Redis: two tally servers (two stores)
+//! on one Redis, or on a cluster, hammering one key never get past the limit together.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tally_core::ingest::Defaults;
+use tally_core::model::{Duration, Namespace};
+use tally_core::query::{Limited, incr_limited};
+use tally_core::store::Store;
+use tally_redis::RedisStore;
+use tally_redis::testing::{RedisCluster, RedisServer};
+
+use crate::{batch, raw, real_now, schema};
+
+fn hammer(url: &str) {
+    let stores: Vec<Arc<RedisStore>> = (0..2)
+        .map(|_| Arc::new(RedisStore::connect(url).unwrap()))
+        .collect();
+    let ns = Namespace::new("api").unwrap();
+    stores[0]
+        .put_schema(&ns, &schema(&["1s:2h", "1m:48h", "1h:forever"], None))
+        .unwrap();
+    let (accepted, refused) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let store = stores[t % 2].clone();
+            let (accepted, refused) = (accepted.clone(), refused.clone());
+            std::thread::spawn(move || {
+                for _ in 0..40 {
+                    let now = real_now();
+                    let b = batch(
+                        &*store,
+                        now,
+                        &[raw("api", "k", now, 1, &[])],
+                        &Defaults::default(),
+                    );
+                    let last = Duration::from_secs(3600).unwrap();
+                    match incr_limited(&*store, now, &b, last, 100, &mut |_| Ok(None)).unwrap() {
+                        Limited::Accepted(_) => accepted.fetch_add(1, Ordering::SeqCst),
+                        Limited::Refused { .. } => refused.fetch_add(1, Ordering::SeqCst),
+                    };
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(
+        (
+            accepted.load(Ordering::SeqCst),
+            refused.load(Ordering::SeqCst)
+        ),
+        (100, 220)
+    );
+    let key = tally_core::model::Key::new("k").unwrap();
+    let now = real_now();
+    let read = tally_core::store::KeyRead {
+        ns: &ns,
+        key: &key,
+        resolution: Duration::from_secs(1).unwrap(),
+        from: now - 3600,
+        to: now + 60,
+        want: tally_core::store::Want::Totals,
+    };
+    let total: i64 = stores[1].read(&[read]).unwrap()[0]
+        .totals
+        .iter()
+        .map(|(_, n)| n)
+        .sum();
+    assert_eq!(total, 100);
+}
+
+#[test]
+fn two_stores_on_one_redis_never_pass_the_limit_together() {
+    let server = RedisServer::start();
+    hammer(&server.url());
+}
+
+#[test]
+fn two_stores_on_a_cluster_never_pass_the_limit_together() {
+    let cluster = RedisCluster::start();
+    hammer(&cluster.url());
+}

@@ -1,0 +1,81 @@
+//! tally-redis' integration tests, in one binary. Each test starts its own `redis-server`
+//! (or 3-master cluster) on free ports, through `tally_redis::testing`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod contexts;
+mod equivalence;
+mod faults;
+mod limited;
+
+use tally_core::ingest::{self, Defaults, Limits};
+use tally_core::model::{Key, Namespace, RawEvent, Schema, SchemaDoc};
+use tally_core::store::{Batch, KeyData, KeyRead, Store, Want};
+
+/// Now, by the system clock.
+pub fn real_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+}
+
+pub fn raw(ns: &str, key: &str, ts: i64, n: i64, dims: &[(&str, &str)]) -> RawEvent {
+    RawEvent {
+        ns: ns.into(),
+        key: key.into(),
+        ts: Some(ts),
+        n: Some(n),
+        dims: dims
+            .iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect(),
+    }
+}
+
+pub fn schema(tiers: &[&str], breakdown: Option<&[&str]>) -> Schema {
+    Schema::from_doc(&SchemaDoc {
+        tiers: tiers.iter().map(|s| s.to_string()).collect(),
+        breakdown_tiers: breakdown.map(|b| b.iter().map(|s| s.to_string()).collect()),
+        dimensions: None,
+    })
+    .unwrap()
+}
+
+/// A validated batch of `raws`, as the server would prepare it against `store`.
+pub fn batch(store: &dyn Store, now: i64, raws: &[RawEvent], defaults: &Defaults) -> Batch {
+    ingest::prepare(store, raws, now, &Limits::default(), defaults).unwrap()
+}
+
+/// Every bucket of a key at one resolution, totals and all subtotals, sorted.
+pub fn read_all(
+    store: &dyn Store,
+    ns: &str,
+    key: &str,
+    res_secs: u64,
+) -> Result<KeyData, tally_core::store::StoreError> {
+    let ns = Namespace::new(ns).unwrap();
+    let key = Key::new(key).unwrap();
+    let read = KeyRead {
+        ns: &ns,
+        key: &key,
+        resolution: tally_core::model::Duration::from_secs(res_secs).unwrap(),
+        from: 0,
+        to: 1 << 33,
+        want: Want::All,
+    };
+    let mut d = store.read(&[read])?.pop().unwrap();
+    d.subtotals
+        .sort_by(|a, b| (&a.dim, &a.value).cmp(&(&b.dim, &b.value)));
+    Ok(d)
+}
+
+/// The sum of a key's totals at one resolution.
+pub fn total(store: &dyn Store, ns: &str, key: &str, res_secs: u64) -> i64 {
+    read_all(store, ns, key, res_secs)
+        .unwrap()
+        .totals
+        .iter()
+        .map(|(_, n)| n)
+        .sum()
+}
