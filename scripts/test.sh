@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Every test of tally, on a fresh machine with the Rust toolchain (and Python 3, as the
-# machine has): the workspace's tests, then schemathesis against a live server's OpenAPI
-# document. Whatever a step needs beyond the toolchain, the step's own script installs.
+# machine has): the workspace's tests (the server's HTTP suite on the embedded engine), the
+# server's HTTP suite again on a single redis-server and on a 3-master Redis Cluster, then
+# schemathesis against a live server's OpenAPI document. Whatever a step needs beyond the
+# toolchain, this script or the step's own installs.
 #
 #   scripts/test.sh
 set -euo pipefail
@@ -18,6 +20,10 @@ redis-server --version
 
 echo "== cargo test --workspace"
 cargo test --workspace --locked
+
+echo "== the server's HTTP suite on Redis, then on Redis Cluster"
+TALLY_TEST_BACKEND=redis cargo test --locked -p tally-server --test it
+TALLY_TEST_BACKEND=cluster cargo test --locked -p tally-server --test it
 
 echo "== schemathesis against /openapi.json"
 scripts/schemathesis.sh 30

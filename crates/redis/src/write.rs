@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use futures_util::future::join_all;
 use redis::cluster_routing::Slot;
 use tally_core::model::{Key, Namespace};
-use tally_core::store::{Batch, IdemRecord, StoreError};
+use tally_core::store::{Batch, Clock, IdemRecord, StoreError, SystemClock};
 use tally_core::time::bucket_start;
 
 use crate::layout::{self, SCHEMAS_KEY, SchemaRecord, Stored};
@@ -90,6 +90,10 @@ struct SeriesPlan {
 struct Call {
     keys: Vec<String>,
     args: Vec<String>,
+    /// Seconds from the store's clock to Redis' (`EXPIREAT` is in Redis' time): 0 in
+    /// service, where both are the system clock; a test's manual clock sets it so keys do
+    /// not expire in Redis before the store stops showing them.
+    skew: i64,
 }
 
 impl Call {
@@ -137,7 +141,8 @@ impl Call {
             self.args.extend([
                 "h".into(),
                 k,
-                h.expire_at.map_or("0".into(), |t| t.to_string()),
+                h.expire_at
+                    .map_or("0".into(), |t| (t + self.skew).to_string()),
                 h.fields.len().to_string(),
             ]);
             for (f, n) in &h.fields {
@@ -148,7 +153,7 @@ impl Call {
         if !s.dims.is_empty() {
             let k = self.key(&layout::dims_key(&s.tag));
             let until = match s.until {
-                Some(Until::At(t)) => t.to_string(),
+                Some(Until::At(t)) => (t + self.skew).to_string(),
                 _ => "inf".into(),
             };
             self.args
@@ -162,7 +167,7 @@ impl Call {
         let doc = serde_json::to_string(&IdemDoc::of(r))
             .map_err(|e| StoreError::internal("encoding an idempotency record").because(e))?;
         self.args
-            .extend(["r".into(), k, doc, r.expires.to_string()]);
+            .extend(["r".into(), k, doc, (r.expires + self.skew).to_string()]);
         Ok(())
     }
 }
@@ -253,6 +258,15 @@ impl RedisStore {
         };
         let schemas = self.create_and_load(batch).await?;
         let series = plan(batch, &schemas, now)?;
+        let skew = match SystemClock.now() - now {
+            // The same clock read twice: the same time.
+            s if s.abs() <= 2 => 0,
+            s => s,
+        };
+        let new_call = |marker| Call {
+            skew,
+            ..Call::new(marker)
+        };
 
         // The key index, per namespace: every key some tier kept an event of.
         let mut index: BTreeMap<&Namespace, Vec<(&Key, Until)>> = BTreeMap::new();
@@ -267,7 +281,7 @@ impl RedisStore {
             let marker = with_data()
                 .next()
                 .map(|s| (layout::marker_key(&s.tag, &id), marker_secs));
-            let mut call = Call::new(marker);
+            let mut call = new_call(marker);
             for (ns, members) in &index {
                 call.index(ns, members);
             }
@@ -281,7 +295,7 @@ impl RedisStore {
         let indexes = index
             .iter()
             .map(|(ns, members)| {
-                let mut c = Call::new(None);
+                let mut c = new_call(None);
                 c.index(ns, members);
                 c
             })
@@ -293,12 +307,12 @@ impl RedisStore {
             let slot = Slot::for_key(&s.tag);
             slots
                 .entry(slot)
-                .or_insert_with(|| Call::new(Some((layout::marker_key(&s.tag, &id), marker_secs))))
+                .or_insert_with(|| new_call(Some((layout::marker_key(&s.tag, &id), marker_secs))))
                 .series(s);
         }
         self.run(slots.into_values().collect()).await?;
         if let Some(r) = &batch.idempotency {
-            let mut c = Call::new(None);
+            let mut c = new_call(None);
             c.record(r)?;
             self.run(vec![c]).await?;
         }

@@ -26,11 +26,64 @@ use tally_server::{App, Settings};
 /// 2026-11-20T12:00:00Z.
 pub const NOW: i64 = 1_795_176_000;
 
+/// The backend the whole suite runs on, from `TALLY_TEST_BACKEND`: `embedded` (the
+/// default), `redis` (a `redis-server` per test server) or `cluster` (a 3-master Redis
+/// Cluster per test server). `scripts/test.sh` runs the suite once on each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Embedded,
+    Redis,
+    Cluster,
+}
+
+pub fn backend() -> Backend {
+    match std::env::var("TALLY_TEST_BACKEND").as_deref() {
+        Ok("redis") => Backend::Redis,
+        Ok("cluster") => Backend::Cluster,
+        Ok("embedded") | Err(_) => Backend::Embedded,
+        Ok(other) => panic!("TALLY_TEST_BACKEND={other}: embedded, redis or cluster"),
+    }
+}
+
+/// Whether the suite runs on the embedded engine (engine-only tests check this).
+pub fn embedded() -> bool {
+    backend() == Backend::Embedded
+}
+
+/// The Redis a test server's store talks to; kept across [`Server::restart`].
+#[derive(Debug)]
+pub enum RedisHost {
+    Single(tally_redis::testing::RedisServer),
+    Cluster(tally_redis::testing::RedisCluster),
+}
+
+impl RedisHost {
+    fn start(backend: Backend) -> Option<Arc<RedisHost>> {
+        match backend {
+            Backend::Embedded => None,
+            Backend::Redis => Some(Arc::new(RedisHost::Single(
+                tally_redis::testing::RedisServer::start(),
+            ))),
+            Backend::Cluster => Some(Arc::new(RedisHost::Cluster(
+                tally_redis::testing::RedisCluster::start(),
+            ))),
+        }
+    }
+
+    fn url(&self) -> String {
+        match self {
+            RedisHost::Single(s) => s.url(),
+            RedisHost::Cluster(c) => c.url(),
+        }
+    }
+}
+
 /// A store that can hold `apply` calls at a gate, to keep a request in flight, and that
 /// flushes the engine's closed hours into the archive after every batch.
-#[derive(Debug)]
 pub struct Gated {
-    inner: Arc<Engine>,
+    inner: Arc<dyn Store>,
+    /// The embedded engine, when the suite runs on it.
+    engine: Option<Arc<Engine>>,
     gate: Mutex<bool>,
     cv: Condvar,
     pub waiting: Mutex<usize>,
@@ -40,6 +93,12 @@ pub struct Gated {
     pub scans_held: Mutex<usize>,
     /// How each held scan ended, when its deadline stopped it.
     pub scans_stopped: Mutex<Vec<String>>,
+}
+
+impl std::fmt::Debug for Gated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gated").finish_non_exhaustive()
+    }
 }
 
 impl Gated {
@@ -74,7 +133,10 @@ impl Store for Gated {
         self.inner.apply(batch)?;
         // Every closed hour goes to the archive right away, so each test's reads also go
         // through segments, the manifest and a truncated log.
-        self.inner.flush().map(|_| ())
+        match &self.engine {
+            Some(e) => e.flush().map(|_| ()),
+            None => Ok(()),
+        }
     }
     fn apply_if(
         &self,
@@ -128,12 +190,22 @@ pub struct Server {
     pub dir: Arc<tempfile::TempDir>,
     settings: Settings,
     tls: bool,
+    redis: Option<Arc<RedisHost>>,
 }
 
 impl Server {
     pub fn start(settings: Settings) -> Server {
         let dir = Arc::new(tempfile::tempdir().unwrap());
         Server::start_in(dir, Arc::new(ManualClock::new(NOW)), settings, None)
+    }
+
+    /// The suite's backend's name, for messages.
+    pub fn backend(&self) -> &'static str {
+        match (&self.redis, self.redis.as_deref()) {
+            (None, _) => "embedded",
+            (_, Some(RedisHost::Single(_))) => "redis",
+            _ => "cluster",
+        }
     }
 
     /// A server that answers over TLS with `tls`.
@@ -144,14 +216,15 @@ impl Server {
         s
     }
 
-    /// A server whose engine's disk can be made to fail.
+    /// A server whose engine's disk can be made to fail (embedded engine only).
     pub fn with_faults(faults: Arc<tally_engine::io::Faults>) -> Server {
         let dir = Arc::new(tempfile::tempdir().unwrap());
-        Server::start_in_with(
+        Server::start_on(
             dir,
             Arc::new(ManualClock::new(NOW)),
             Settings::default(),
             Some(faults),
+            None,
             None,
         )
     }
@@ -166,19 +239,33 @@ impl Server {
         settings: Settings,
         tls: Option<tally_server::tls::Tls>,
     ) -> Server {
-        Server::start_in_with(dir, clock, settings, None, tls)
+        let redis = RedisHost::start(backend());
+        Server::start_on(dir, clock, settings, None, tls, redis)
     }
 
-    fn start_in_with(
+    /// A server on the embedded engine in `dir`, or on `redis` when given.
+    fn start_on(
         dir: Arc<tempfile::TempDir>,
         clock: Arc<ManualClock>,
         settings: Settings,
         faults: Option<Arc<tally_engine::io::Faults>>,
         tls: Option<tally_server::tls::Tls>,
+        redis: Option<Arc<RedisHost>>,
     ) -> Server {
-        let engine = Arc::new(open_engine(dir.path(), &clock, faults));
+        let (inner, engine): (Arc<dyn Store>, Option<Arc<Engine>>) = match &redis {
+            Some(host) => {
+                let store = tally_redis::RedisStore::connect_with_clock(&host.url(), clock.clone())
+                    .unwrap_or_else(|e| panic!("{}", e.detail()));
+                (Arc::new(store), None)
+            }
+            None => {
+                let engine = Arc::new(open_engine(dir.path(), &clock, faults));
+                (engine.clone(), Some(engine))
+            }
+        };
         let store = Arc::new(Gated {
-            inner: engine,
+            inner,
+            engine,
             gate: Mutex::new(false),
             cv: Condvar::new(),
             waiting: Mutex::new(0),
@@ -225,15 +312,19 @@ impl Server {
             dir,
             settings,
             tls: false,
+            redis,
         }
     }
 
     /// Stops the server, closes the engine, and starts both again on the same data.
+    /// Stops the server and starts another on the same data: the engine reopened on its
+    /// directory, or a new store connected to the same Redis.
     pub fn restart(mut self) -> Server {
         let (dir, clock, settings) = (self.dir.clone(), self.clock.clone(), self.settings.clone());
+        let redis = self.redis.clone();
         self.shutdown();
         drop(self);
-        Server::start_in(dir, clock, settings, None)
+        Server::start_on(dir, clock, settings, None, None, redis)
     }
 
     fn shutdown(&mut self) {
@@ -243,7 +334,9 @@ impl Server {
         if let Some(t) = self.thread.take() {
             t.join().unwrap();
         }
-        self.store.inner.close();
+        if let Some(e) = &self.store.engine {
+            e.close();
+        }
     }
 
     pub fn url(&self, path: &str) -> String {
