@@ -35,6 +35,10 @@ pub struct ServeArgs {
     /// TLS private key (PEM); needs --tls-cert.
     #[arg(long, env = "TALLY_TLS_KEY", requires = "tls_cert")]
     tls_key: Option<PathBuf>,
+    /// Also count StatsD / DogStatsD counter lines received on this UDP address (overrides
+    /// `[statsd] listen` in the config).
+    #[arg(long, env = "TALLY_STATSD")]
+    statsd: Option<SocketAddr>,
     /// Start even if log records are missing (a deleted or lost log file): the missing range
     /// is logged and lost for good. Without it, such a data directory refuses to open.
     #[arg(long, env = "TALLY_ACCEPT_DATA_LOSS")]
@@ -70,6 +74,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     let scheme = if tls.is_some() { "https" } else { "http" };
     let limits = settings.server;
+    let statsd_listen = settings.statsd.listen;
     let mut cfg = Config::new(&args.data);
     cfg.fsync = fsync;
     cfg.accept_data_loss = args.accept_data_loss;
@@ -88,6 +93,14 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("listening on {}", args.listen))?;
         let addr = listener.local_addr()?;
+        let statsd = match args.statsd.or(statsd_listen) {
+            Some(a) => Some(
+                tally_server::statsd::bind(a)
+                    .await
+                    .with_context(|| format!("listening for StatsD on udp {a}"))?,
+            ),
+            None => None,
+        };
         let routes = Routes::recovering();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(tally_server::serve_with(
@@ -113,6 +126,15 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             .context("applying the config's namespaces")?
             .context("applying the config's namespaces")?;
         routes.ready(&app);
+        let (statsd_stop, statsd_stopped) = tokio::sync::oneshot::channel::<()>();
+        let statsd = statsd.map(|socket| {
+            if let Ok(a) = socket.local_addr() {
+                tracing::info!("counting StatsD lines on udp {a} into namespace {}", app.settings().statsd.namespace);
+            }
+            tokio::spawn(tally_server::statsd::serve(socket, app.clone(), async move {
+                let _ = statsd_stopped.await;
+            }))
+        });
         let rec = engine.recovery();
         tracing::info!(
             "tally listening on {scheme}://{addr} (data {}, fsync {fsync}, {} archive segments, replayed {} events in {} ms)",
@@ -139,6 +161,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             tracing::warn!("in-flight requests did not finish within 8 s; stopping anyway");
         }
         sweeper.abort();
+        let _ = statsd_stop.send(());
+        if let Some(s) = statsd {
+            let _ = tokio::time::timeout(Duration::from_secs(1), s).await;
+        }
         let e = engine.clone();
         tokio::task::spawn_blocking(move || {
             let synced = e.sync();
