@@ -126,15 +126,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             .context("applying the config's namespaces")?
             .context("applying the config's namespaces")?;
         routes.ready(&app);
-        let (statsd_stop, statsd_stopped) = tokio::sync::oneshot::channel::<()>();
-        let statsd = statsd.map(|socket| {
-            if let Ok(a) = socket.local_addr() {
-                tracing::info!("counting StatsD lines on udp {a} into namespace {}", app.settings().statsd.namespace);
-            }
-            tokio::spawn(tally_server::statsd::serve(socket, app.clone(), async move {
-                let _ = statsd_stopped.await;
-            }))
-        });
+        let statsd = statsd.map(|socket| Statsd::start(socket, &app));
         let rec = engine.recovery();
         tracing::info!(
             "tally listening on {scheme}://{addr} (data {}, fsync {fsync}, {} archive segments, replayed {} events in {} ms)",
@@ -161,9 +153,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             tracing::warn!("in-flight requests did not finish within 8 s; stopping anyway");
         }
         sweeper.abort();
-        let _ = statsd_stop.send(());
         if let Some(s) = statsd {
-            let _ = tokio::time::timeout(Duration::from_secs(1), s).await;
+            s.stop().await;
         }
         let e = engine.clone();
         tokio::task::spawn_blocking(move || {
@@ -177,6 +168,36 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         tracing::info!("log synced; bye");
         Ok(())
     })
+}
+
+/// The StatsD listener (`--statsd`), once the app serves.
+struct Statsd {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Statsd {
+    fn start(socket: tokio::net::UdpSocket, app: &App) -> Statsd {
+        if let Ok(a) = socket.local_addr() {
+            let ns = &app.settings().statsd.namespace;
+            tracing::info!("counting StatsD lines on udp {a} into namespace {ns}");
+        }
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(tally_server::statsd::serve(
+            socket,
+            app.clone(),
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        Statsd { stop, task }
+    }
+
+    /// Stops reading and applies the lines it holds (at most 1 s).
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.task).await;
+    }
 }
 
 /// Installs the SIGTERM and SIGINT handlers now; the future completes at the first signal.
