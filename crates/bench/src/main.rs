@@ -5,7 +5,7 @@
 //! cargo run --release -p tally-bench -- engine
 //! ```
 //!
-//! Subcommands: `engine`, `compare`, `http`, `ratelimit`, `archive`, `archive-year`, and `soak`
+//! Subcommands: `engine`, `compare`, `http`, `ratelimit`, `statsd`, `archive`, `archive-year`, and `soak`
 //! and `soak-disk-full` (the crash soak of `scripts/soak.sh`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -15,6 +15,7 @@ mod http;
 mod ratelimit;
 mod redis_peer;
 mod soak;
+mod statsd;
 mod workload;
 
 use std::sync::Arc;
@@ -274,13 +275,14 @@ fn main() {
         Some("compare") => compare_bench(),
         Some("http") => http::bench(),
         Some("ratelimit") => ratelimit::bench(rest),
+        Some("statsd") => statsd::bench(),
         Some("archive") => archive::bench(rest),
         Some("archive-year") => archive::year_bench(rest),
         Some("soak") => soak::run(rest),
         Some("soak-disk-full") => soak::disk_full(rest),
         Some(other) => {
             eprintln!(
-                "unknown benchmark {other:?}; known: engine, compare, http, ratelimit, archive, archive-year, soak, soak-disk-full"
+                "unknown benchmark {other:?}; known: engine, compare, http, ratelimit, statsd, archive, archive-year, soak, soak-disk-full"
             );
             std::process::exit(2);
         }

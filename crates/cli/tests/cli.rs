@@ -115,6 +115,33 @@ fn serve_refuses_bad_flags_configs_and_data_dirs() {
 }
 
 #[test]
+fn serve_refuses_a_bad_or_busy_statsd_address() {
+    refused(
+        &run(&["serve", "--listen", "127.0.0.1:0", "--statsd", "8125"]),
+        "invalid value",
+    );
+    let out = tally()
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .env("TALLY_STATSD", "nowhere")
+        .output()
+        .unwrap();
+    refused(&out, "invalid value");
+    let dir = tempfile::tempdir().unwrap();
+    let busy = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let addr = busy.local_addr().unwrap().to_string();
+    let out = run(&[
+        "serve",
+        "--data",
+        dir.path().join("d").to_str().unwrap(),
+        "--listen",
+        "127.0.0.1:0",
+        "--statsd",
+        &addr,
+    ]);
+    refused(&out, &format!("listening for StatsD on udp {addr}"));
+}
+
+#[test]
 fn serve_refuses_half_or_bad_tls_flags_and_says_https_when_ready() {
     let dir = tempfile::tempdir().unwrap();
     let ck = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned()]).unwrap();

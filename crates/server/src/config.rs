@@ -2,6 +2,7 @@
 //! runs: a bad file is one clear error, never a half-applied configuration.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 
 use serde::Deserialize;
 use tally_core::ingest::{Defaults, Limits};
@@ -44,6 +45,8 @@ pub enum ConfigError {
     EmptyToken { number: usize },
     #[error("scope {got:?}: expected read:<ns>, write:<ns> or admin:<ns> (ns may be *)")]
     Scope { got: String },
+    #[error("[statsd] {key}: {why}")]
+    Statsd { key: &'static str, why: String },
     #[error("scope {got:?}")]
     ScopeNamespace {
         got: String,
@@ -62,6 +65,14 @@ struct FileConfig {
     limits: Option<LimitsDoc>,
     #[serde(default)]
     tokens: Vec<TokenDoc>,
+    statsd: Option<StatsdDoc>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StatsdDoc {
+    listen: Option<String>,
+    namespace: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -210,6 +221,24 @@ impl Default for ServerLimits {
     }
 }
 
+/// `[statsd]`: StatsD / DogStatsD counters over UDP.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatsdSettings {
+    /// Where to listen; `--statsd` / `TALLY_STATSD` override it. None: no listener.
+    pub listen: Option<SocketAddr>,
+    /// The namespace every line counts into (a valid namespace name).
+    pub namespace: String,
+}
+
+impl Default for StatsdSettings {
+    fn default() -> Self {
+        StatsdSettings {
+            listen: None,
+            namespace: crate::statsd::DEFAULT_NAMESPACE.to_owned(),
+        }
+    }
+}
+
 /// The validated configuration.
 #[derive(Debug, Clone, Default)]
 pub struct Settings {
@@ -223,6 +252,7 @@ pub struct Settings {
     pub server: ServerLimits,
     /// None configured = no authentication.
     pub tokens: Vec<Token>,
+    pub statsd: StatsdSettings,
 }
 
 impl Settings {
@@ -336,6 +366,21 @@ impl Settings {
                 scopes,
             });
         }
+        if let Some(d) = file.statsd {
+            if let Some(l) = d.listen {
+                s.statsd.listen = Some(l.parse().map_err(|_| ConfigError::Statsd {
+                    key: "listen",
+                    why: format!("{l:?} is not an ADDR:PORT (e.g. \"127.0.0.1:8125\")"),
+                })?);
+            }
+            if let Some(n) = d.namespace {
+                Namespace::new(&n).map_err(|e| ConfigError::Statsd {
+                    key: "namespace",
+                    why: e.to_string(),
+                })?;
+                s.statsd.namespace = n;
+            }
+        }
         Ok(s)
     }
 }
@@ -396,10 +441,19 @@ max_body_bytes_in_flight = 536870912
 [[tokens]]
 token = "s3cret"
 scopes = ["write:clicks", "read:*"]
+
+[statsd]
+listen = "127.0.0.1:8125"
+namespace = "statsd"
 "#,
         )
         .unwrap();
         assert_eq!(s.namespaces.len(), 1);
+        assert_eq!(
+            s.statsd.listen,
+            Some(SocketAddr::from(([127, 0, 0, 1], 8125)))
+        );
+        assert_eq!(s.statsd.namespace, "statsd");
         assert_eq!(s.server, ServerLimits::default());
         assert_eq!(s.tokens.len(), 1);
         assert!(s.tokens[0].allows(Action::Read, "anything"));
@@ -436,6 +490,15 @@ scopes = ["write:clicks", "read:*"]
             ("[limits]\nmax_connections = 0", "max_connections"),
             ("[[tokens]]\ntoken = \"t\"\nscopes = [\"peek:*\"]", "scope"),
             ("[defaults]\ntiers = []", "[defaults]"),
+            (
+                "[statsd]\nlisten = \"8125\"",
+                "[statsd] listen: \"8125\" is not",
+            ),
+            (
+                "[statsd]\nnamespace = \"Bad NS\"",
+                "[statsd] namespace: invalid",
+            ),
+            ("[statsd]\nport = 8125", "unknown field"),
         ] {
             let e = chain(&Settings::from_toml(text).unwrap_err());
             assert!(e.contains(needle), "{text:?}: {e}");

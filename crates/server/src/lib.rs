@@ -22,6 +22,7 @@ mod params;
 mod queries;
 mod router;
 mod schemas;
+pub mod statsd;
 pub mod tls;
 
 pub use admission::{MAX_HEADER_BYTES, MAX_HEADER_FIELDS, MAX_URI_BYTES, OTHER_V1_PERMITS};
@@ -67,7 +68,7 @@ pub mod fuzzing {
 }
 
 pub use app::App;
-pub use config::{Action, ConfigError, Scope, ServerLimits, Settings, Token};
+pub use config::{Action, ConfigError, Scope, ServerLimits, Settings, StatsdSettings, Token};
 pub use error::ApiError;
 pub use listen::{ACCEPT_BACKOFF, Routes, serve, serve_with};
 pub use router::router;

@@ -27,6 +27,8 @@ struct Histogram {
 pub struct Metrics {
     pub events: AtomicU64,
     pub batches: AtomicU64,
+    /// StatsD lines by outcome; rendered once a listener has started.
+    pub statsd: crate::statsd::LineCounts,
     responses: Mutex<BTreeMap<u16, u64>>,
     queries: Mutex<BTreeMap<&'static str, Histogram>>,
     /// The listener's figures: it starts before the app exists (while the engine
@@ -103,14 +105,28 @@ impl Metrics {
         };
         counter(
             "tally_events_accepted_total",
-            "Events accepted (durable under the fsync policy).",
+            "Events accepted (durable under the fsync policy), StatsD lines included.",
             self.events.load(Ordering::Relaxed),
         );
         counter(
             "tally_batches_accepted_total",
-            "Batches accepted (POST /v1/events and incr).",
+            "Batches accepted (POST /v1/events, incr and StatsD batches).",
             self.batches.load(Ordering::Relaxed),
         );
+        if self.statsd.enabled() {
+            let _ = writeln!(
+                out,
+                "# HELP tally_statsd_lines_total StatsD lines received, by outcome.\n# TYPE tally_statsd_lines_total counter"
+            );
+            for o in crate::statsd::Outcome::ALL {
+                let _ = writeln!(
+                    out,
+                    "tally_statsd_lines_total{{outcome=\"{}\"}} {}",
+                    o.as_str(),
+                    self.statsd.get(o)
+                );
+            }
+        }
         let _ = writeln!(
             out,
             "# HELP tally_http_responses_total HTTP responses by status.\n# TYPE tally_http_responses_total counter"

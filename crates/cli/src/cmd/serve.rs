@@ -38,6 +38,10 @@ pub struct ServeArgs {
     /// TLS private key (PEM); needs --tls-cert.
     #[arg(long, env = "TALLY_TLS_KEY", requires = "tls_cert")]
     tls_key: Option<PathBuf>,
+    /// Also count StatsD / DogStatsD counter lines received on this UDP address (overrides
+    /// `[statsd] listen` in the config).
+    #[arg(long, env = "TALLY_STATSD")]
+    statsd: Option<SocketAddr>,
     /// Start even if log records are missing (a deleted or lost log file): the missing range
     /// is logged and lost for good. Without it, such a data directory refuses to open.
     #[arg(long, env = "TALLY_ACCEPT_DATA_LOSS")]
@@ -78,6 +82,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     let scheme = if tls.is_some() { "https" } else { "http" };
     let limits = settings.server;
+    let statsd_listen = settings.statsd.listen;
     let mut cfg = Config::new(&args.data);
     cfg.fsync = fsync;
     cfg.accept_data_loss = args.accept_data_loss;
@@ -96,6 +101,14 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("listening on {}", args.listen))?;
         let addr = listener.local_addr()?;
+        let statsd = match args.statsd.or(statsd_listen) {
+            Some(a) => Some(
+                tally_server::statsd::bind(a)
+                    .await
+                    .with_context(|| format!("listening for StatsD on udp {a}"))?,
+            ),
+            None => None,
+        };
         let routes = Routes::recovering();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(tally_server::serve_with(
@@ -147,6 +160,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             .context("applying the config's namespaces")?
             .context("applying the config's namespaces")?;
         routes.ready(&app);
+        let statsd = statsd.map(|socket| Statsd::start(socket, &app));
         let rec = engine.recovery();
         tracing::info!(
             "tally listening on {scheme}://{addr} (data {}, fsync {fsync}, {} archive segments, replayed {} events in {} ms)",
@@ -173,6 +187,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             tracing::warn!("in-flight requests did not finish within 8 s; stopping anyway");
         }
         sweeper.abort();
+        if let Some(s) = statsd {
+            s.stop().await;
+        }
         let e = engine.clone();
         tokio::task::spawn_blocking(move || {
             let synced = e.sync();
@@ -185,6 +202,36 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         tracing::info!("log synced; bye");
         Ok(())
     })
+}
+
+/// The StatsD listener (`--statsd`), once the app serves.
+struct Statsd {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Statsd {
+    fn start(socket: tokio::net::UdpSocket, app: &App) -> Statsd {
+        if let Ok(a) = socket.local_addr() {
+            let ns = &app.settings().statsd.namespace;
+            tracing::info!("counting StatsD lines on udp {a} into namespace {ns}");
+        }
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(tally_server::statsd::serve(
+            socket,
+            app.clone(),
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        Statsd { stop, task }
+    }
+
+    /// Stops reading and applies the lines it holds (at most 1 s).
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.task).await;
+    }
 }
 
 /// Installs the SIGTERM and SIGINT handlers now; the future completes at the first signal.

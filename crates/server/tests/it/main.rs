@@ -9,6 +9,7 @@ mod errors;
 mod idempotency;
 mod limits;
 mod ratelimit;
+mod statsd;
 
 use std::net::SocketAddr;
 use std::path::Path;

@@ -1,0 +1,199 @@
+//! StatsD over real loopback UDP: datagrams in, counts out through the HTTP API, every line's
+//! outcome in `/metrics`.
+
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tally_core::store::ManualClock;
+use tally_server::{App, Settings};
+
+use super::{NOW, open_engine};
+
+/// A server with a StatsD listener: (HTTP address, StatsD address, stop, thread).
+struct Running {
+    http: SocketAddr,
+    udp: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Running {
+    fn start(toml: &str) -> Running {
+        Running::start_with(toml, None)
+    }
+
+    fn start_with(toml: &str, faults: Option<Arc<tally_engine::io::Faults>>) -> Running {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = Arc::new(ManualClock::new(NOW));
+        let engine = Arc::new(open_engine(dir.path(), &clock, faults));
+        let app = App::new(engine, Settings::from_toml(toml).unwrap(), clock);
+        app.apply_config_namespaces().unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                let udp = tally_server::statsd::bind("127.0.0.1:0".parse().unwrap())
+                    .await
+                    .unwrap();
+                addr_tx
+                    .send((listener.local_addr().unwrap(), udp.local_addr().unwrap()))
+                    .unwrap();
+                let (udp_stop_tx, udp_stop_rx) = tokio::sync::oneshot::channel::<()>();
+                let statsd = tokio::spawn(tally_server::statsd::serve(udp, app.clone(), async {
+                    let _ = udp_stop_rx.await;
+                }));
+                tally_server::serve(listener, app, async move {
+                    let _ = rx.await;
+                })
+                .await
+                .unwrap();
+                let _ = udp_stop_tx.send(());
+                statsd.await.unwrap();
+            });
+        });
+        let (http, udp) = addr_rx.recv().unwrap();
+        Running {
+            http,
+            udp,
+            stop: Some(tx),
+            thread: Some(thread),
+            _dir: dir,
+        }
+    }
+
+    fn get(&self, path: &str) -> (u16, String) {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .build()
+            .into();
+        let mut resp = agent
+            .get(&format!("http://{}{path}", self.http))
+            .call()
+            .unwrap();
+        (
+            resp.status().as_u16(),
+            resp.body_mut().read_to_string().unwrap(),
+        )
+    }
+
+    fn json(&self, path: &str) -> Value {
+        let (status, text) = self.get(path);
+        assert_eq!(status, 200, "{path}: {text}");
+        serde_json::from_str(&text).unwrap()
+    }
+
+    /// `tally_statsd_lines_total` by outcome.
+    fn lines(&self) -> Vec<(String, u64)> {
+        let (_, text) = self.get("/metrics");
+        text.lines()
+            .filter_map(|l| l.strip_prefix("tally_statsd_lines_total{outcome=\""))
+            .map(|l| {
+                let (outcome, n) = l.split_once("\"} ").unwrap();
+                (outcome.to_owned(), n.parse().unwrap())
+            })
+            .collect()
+    }
+
+    /// Waits until the listener has decided `n` lines.
+    fn wait_for_lines(&self, n: u64) -> Vec<(String, u64)> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let lines = self.lines();
+            if lines.iter().map(|(_, n)| n).sum::<u64>() >= n || Instant::now() > deadline {
+                return lines;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[test]
+fn datagrams_are_counted_and_read_back_as_totals_and_breakdowns() {
+    let s = Running::start(
+        r#"
+[namespaces.statsd]
+tiers = ["1m:2d", "1h:forever"]
+breakdown_tiers = ["1h"]
+dimensions = ["country", "env"]
+"#,
+    );
+    let ts = NOW - 60;
+    let client = UdpSocket::bind("127.0.0.1:0").unwrap();
+    for datagram in [
+        format!("page.views:1|c|#country:de|T{ts}\npage.views:2|c|#country:fr|T{ts}"),
+        format!("page.views:1|c|@0.5|#env:prod,country:de|T{ts}"),
+        "page.views:3|c".to_owned(),
+        // Refused, each for its own reason, without their neighbours.
+        format!("page.views:1|c|#device:mobile|T{ts}\ntemp:21|g\nnot a line\npage.views:4|c|T{ts}"),
+    ] {
+        client.send_to(datagram.as_bytes(), s.udp).unwrap();
+    }
+    let lines = s.wait_for_lines(8);
+    let by = |o: &str| lines.iter().find(|(k, _)| k == o).map(|(_, n)| *n);
+    assert_eq!(by("accepted"), Some(5), "{lines:?}");
+    assert_eq!(by("invalid"), Some(1), "{lines:?}");
+    assert_eq!(by("unsupported_type"), Some(1), "{lines:?}");
+    assert_eq!(by("malformed"), Some(1), "{lines:?}");
+    assert_eq!(by("store_error"), Some(0), "{lines:?}");
+
+    let (from, to) = (NOW - 3600, NOW + 3600);
+    let series = s.json(&format!(
+        "/v1/ns/statsd/keys/page.views/series?from={from}&to={to}&unit=hour"
+    ));
+    // 1 + 2 + 1/0.5 + 3 (at now) + 4.
+    assert_eq!(series["total"], 12, "{series}");
+    let b = s.json(&format!(
+        "/v1/ns/statsd/keys/page.views/breakdown?dim=country&from={from}&to={to}&unit=hour"
+    ));
+    assert_eq!(
+        b["values"],
+        json!([{"value": "de", "n": 3}, {"value": "fr", "n": 2}]),
+        "{b}"
+    );
+    assert_eq!(b["unset"], 7, "{b}");
+    let (_, metrics) = s.get("/metrics");
+    assert!(metrics.contains("tally_statsd_lines_total{outcome=\"unsupported_type\"} 1"));
+}
+
+#[test]
+fn a_batch_the_store_refuses_is_counted_not_a_crash() {
+    let faults = Arc::new(tally_engine::io::Faults::default());
+    let s = Running::start_with("", Some(faults.clone()));
+    let client = UdpSocket::bind("127.0.0.1:0").unwrap();
+    client.send_to(b"ok:1|c", s.udp).unwrap();
+    s.wait_for_lines(1);
+    faults
+        .fail_syncs
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    client.send_to(b"lost:1|c\nlost:2|c", s.udp).unwrap();
+    let lines = s.wait_for_lines(3);
+    let by = |o: &str| lines.iter().find(|(k, _)| k == o).map(|(_, n)| *n);
+    assert_eq!(by("accepted"), Some(1), "{lines:?}");
+    assert_eq!(by("store_error"), Some(2), "{lines:?}");
+    // The listener is still there, and still counts.
+    client.send_to(b"later:1|c\ngauge:1|g", s.udp).unwrap();
+    let lines = s.wait_for_lines(5);
+    let by = |o: &str| lines.iter().find(|(k, _)| k == o).map(|(_, n)| *n);
+    assert_eq!(by("store_error"), Some(3), "{lines:?}");
+    assert_eq!(by("unsupported_type"), Some(1), "{lines:?}");
+}
