@@ -136,12 +136,16 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 .context("applying the config's namespaces")?
                 .context("applying the config's namespaces")?;
             routes.ready(&app);
+            let statsd = statsd.map(|socket| Statsd::start(socket, &app));
             tracing::info!("tally listening on {scheme}://{addr} (backend {url})");
             stop.await;
             tracing::info!("shutting down: finishing in-flight requests");
             let _ = tx.send(());
             if tokio::time::timeout(Duration::from_secs(8), server).await.is_err() {
                 tracing::warn!("in-flight requests did not finish within 8 s; stopping anyway");
+            }
+            if let Some(s) = statsd {
+                s.stop().await;
             }
             tracing::info!("bye");
             return Ok(());
