@@ -8,7 +8,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tally_core::store::{Batch, Clock, SystemClock};
+use tally_core::store::{Batch, Clock, Store, SystemClock};
 use tally_engine::{Config, Engine, FsyncPolicy};
 use tally_server::{App, Settings};
 
@@ -125,32 +125,73 @@ impl Running {
     /// A server over an engine the caller opened (and keeps the directory of), answering
     /// with `clock`'s time.
     pub fn over(engine: Arc<Engine>, clock: Arc<dyn Clock>) -> Running {
-        let app = App::new(engine.clone(), Settings::default(), clock);
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let (atx, arx) = std::sync::mpsc::channel();
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            rt.block_on(async move {
-                let l = tokio::net::TcpListener::bind("127.0.0.1:0")
-                    .await
-                    .expect("bind");
-                atx.send(l.local_addr().expect("addr")).expect("send");
-                let _ = tally_server::serve(l, app, async move {
-                    let _ = rx.await;
-                })
-                .await;
-            });
-        });
-        let addr = arx.recv().expect("addr");
+        let (addr, stop, thread) = launch(engine.clone(), clock);
         Running {
             addr,
             engine,
-            stop: Some(tx),
+            stop: Some(stop),
             thread: Some(thread),
             _dir: None,
+        }
+    }
+}
+
+type Launched = (
+    SocketAddr,
+    tokio::sync::oneshot::Sender<()>,
+    std::thread::JoinHandle<()>,
+);
+
+/// Serves an [`App`] over `store` on a free loopback port, on its own runtime thread.
+fn launch(store: Arc<dyn Store>, clock: Arc<dyn Clock>) -> Launched {
+    let app = App::new(store, Settings::default(), clock);
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let (atx, arx) = std::sync::mpsc::channel();
+    let thread = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            atx.send(l.local_addr().expect("addr")).expect("send");
+            let _ = tally_server::serve(l, app, async move {
+                let _ = rx.await;
+            })
+            .await;
+        });
+    });
+    let addr = arx.recv().expect("addr");
+    (addr, tx, thread)
+}
+
+/// A server over any store (the Redis backend), on a free loopback port.
+pub struct RunningStore {
+    pub addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl RunningStore {
+    pub fn over(store: Arc<dyn Store>) -> RunningStore {
+        let (addr, stop, thread) = launch(store, Arc::new(SystemClock));
+        RunningStore {
+            addr,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for RunningStore {
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
         }
     }
 }
@@ -166,7 +207,7 @@ impl Drop for Running {
     }
 }
 
-fn ndjson(raws: &[tally_core::model::RawEvent]) -> Vec<u8> {
+pub fn ndjson(raws: &[tally_core::model::RawEvent]) -> Vec<u8> {
     let mut out = String::new();
     for r in raws {
         let dims: serde_json::Map<String, serde_json::Value> = r

@@ -5,7 +5,7 @@
 //! cargo run --release -p tally-bench -- engine
 //! ```
 //!
-//! Subcommands: `engine`, `compare`, `http`, `ratelimit`, `statsd`, `archive`, `archive-year`, and `soak`
+//! Subcommands: `engine`, `compare`, `http`, `ratelimit`, `statsd`, `redis-backend`, `archive`, `archive-year`, and `soak`
 //! and `soak-disk-full` (the crash soak of `scripts/soak.sh`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -13,6 +13,7 @@
 mod archive;
 mod http;
 mod ratelimit;
+mod redis_backend;
 mod redis_peer;
 mod soak;
 mod statsd;
@@ -276,13 +277,14 @@ fn main() {
         Some("http") => http::bench(),
         Some("ratelimit") => ratelimit::bench(rest),
         Some("statsd") => statsd::bench(),
+        Some("redis-backend") => redis_backend::bench(rest),
         Some("archive") => archive::bench(rest),
         Some("archive-year") => archive::year_bench(rest),
         Some("soak") => soak::run(rest),
         Some("soak-disk-full") => soak::disk_full(rest),
         Some(other) => {
             eprintln!(
-                "unknown benchmark {other:?}; known: engine, compare, http, ratelimit, statsd, archive, archive-year, soak, soak-disk-full"
+                "unknown benchmark {other:?}; known: engine, compare, http, ratelimit, statsd, redis-backend, archive, archive-year, soak, soak-disk-full"
             );
             std::process::exit(2);
         }

@@ -187,3 +187,156 @@ pub fn hour_total(port: u16, ns: &str, key: &str, windows: &[i64]) -> std::io::R
     }
     Ok(total)
 }
+
+/// One RESP reply.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reply {
+    Status(String),
+    Error(String),
+    Int(i64),
+    Bulk(Option<Vec<u8>>),
+    Array(Vec<Reply>),
+}
+
+impl Reply {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Reply::Status(s) | Reply::Error(s) => s.as_bytes(),
+            Reply::Bulk(Some(b)) => b,
+            _ => b"",
+        }
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(self.bytes()).into_owned()
+    }
+
+    pub fn int(&self) -> i64 {
+        match self {
+            Reply::Int(n) => *n,
+            other => other.text().parse().unwrap_or(0),
+        }
+    }
+
+    pub fn items(&self) -> &[Reply] {
+        match self {
+            Reply::Array(a) => a,
+            _ => &[],
+        }
+    }
+}
+
+/// A plain connection for reading: commands, pipelines, whole replies.
+pub struct Client {
+    w: TcpStream,
+    r: BufReader<TcpStream>,
+}
+
+impl Client {
+    pub fn open(port: u16) -> std::io::Result<Client> {
+        let w = TcpStream::connect(("127.0.0.1", port))?;
+        w.set_nodelay(true)?;
+        let r = BufReader::with_capacity(1 << 16, w.try_clone()?);
+        Ok(Client { w, r })
+    }
+
+    fn read(&mut self) -> std::io::Result<Reply> {
+        let mut line = Vec::new();
+        self.r.read_until(b'\n', &mut line)?;
+        let body =
+            String::from_utf8_lossy(line.get(1..line.len().saturating_sub(2)).unwrap_or(&[]))
+                .into_owned();
+        let bad = || std::io::Error::other(format!("bad reply line {body:?}"));
+        Ok(match line.first() {
+            Some(b'+') => Reply::Status(body),
+            Some(b'-') => Reply::Error(body),
+            Some(b':') => Reply::Int(body.parse().map_err(|_| bad())?),
+            Some(b'$') => {
+                let n: i64 = body.parse().map_err(|_| bad())?;
+                if n < 0 {
+                    Reply::Bulk(None)
+                } else {
+                    let mut b = vec![0; n as usize + 2];
+                    std::io::Read::read_exact(&mut self.r, &mut b)?;
+                    b.truncate(n as usize);
+                    Reply::Bulk(Some(b))
+                }
+            }
+            Some(b'*') => {
+                let n: i64 = body.parse().map_err(|_| bad())?;
+                let mut items = Vec::with_capacity(n.max(0) as usize);
+                for _ in 0..n.max(0) {
+                    items.push(self.read()?);
+                }
+                Reply::Array(items)
+            }
+            _ => return Err(bad()),
+        })
+    }
+
+    /// Sends every command at once, then reads every reply.
+    pub fn pipeline(&mut self, cmds: &[Vec<String>]) -> std::io::Result<Vec<Reply>> {
+        let mut buf = Vec::new();
+        for c in cmds {
+            let args: Vec<&[u8]> = c.iter().map(|a| a.as_bytes()).collect();
+            command(&mut buf, &args);
+        }
+        self.w.write_all(&buf)?;
+        cmds.iter().map(|_| self.read()).collect()
+    }
+
+    pub fn cmd(&mut self, args: &[&str]) -> std::io::Result<Reply> {
+        let c: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        Ok(self.pipeline(&[c])?.remove(0))
+    }
+
+    /// `INFO memory`'s `used_memory`.
+    pub fn used_memory(&mut self) -> std::io::Result<u64> {
+        let info = self.cmd(&["INFO", "memory"])?.text();
+        info.lines()
+            .find_map(|l| l.strip_prefix("used_memory:"))
+            .and_then(|v| v.trim().parse().ok())
+            .ok_or_else(|| std::io::Error::other("no used_memory in INFO memory"))
+    }
+
+    /// `INFO cpu`'s `used_cpu_user` + `used_cpu_sys`: the server's CPU seconds so far.
+    pub fn cpu_seconds(&mut self) -> std::io::Result<f64> {
+        let info = self.cmd(&["INFO", "cpu"])?.text();
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+        };
+        match (field("used_cpu_user:"), field("used_cpu_sys:")) {
+            (Some(u), Some(s)) => Ok(u + s),
+            _ => Err(std::io::Error::other("no used_cpu_* in INFO cpu")),
+        }
+    }
+
+    /// The hashes whose names match `pattern` (`SCAN … TYPE hash`), and their fields in all.
+    pub fn hash_fields(&mut self, pattern: &str) -> std::io::Result<(usize, u64)> {
+        let mut cursor = "0".to_string();
+        let (mut hashes, mut fields) = (0, 0);
+        loop {
+            let r = self.cmd(&[
+                "SCAN", &cursor, "MATCH", pattern, "COUNT", "1000", "TYPE", "hash",
+            ])?;
+            let items = r.items();
+            cursor = items.first().map(Reply::text).unwrap_or_default();
+            let keys: Vec<Vec<String>> = items
+                .get(1)
+                .map(Reply::items)
+                .unwrap_or_default()
+                .iter()
+                .map(|k| vec!["HLEN".to_string(), k.text()])
+                .collect();
+            hashes += keys.len();
+            for n in self.pipeline(&keys)? {
+                fields += n.int() as u64;
+            }
+            if cursor == "0" {
+                return Ok((hashes, fields));
+            }
+        }
+    }
+}
