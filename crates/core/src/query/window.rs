@@ -176,14 +176,21 @@ pub fn retry_after(
     Some((span - (now - bucket_start(now, r))).max(1))
 }
 
+/// How far past the window's end, as planned before waiting for the key's lock, the read
+/// of a limited increment reaches: the window is planned again once the lock is held, and
+/// by then it may have moved on by as long as the wait (seconds at most).
+const LOCK_WAIT_MARGIN: i64 = 300;
+
 /// Applies `batch` (one key's increment) only if the key's count over `last`, with the
 /// batch's increments that fall in the window, stays at most `max` — atomically with every
-/// other limited increment of the key ([`Store::apply_if`]). `record` builds the answer to
-/// remember under the request's idempotency key from the outcome, inside that atomic step,
-/// so a retry replays an acceptance or a refusal alike.
+/// other limited increment of the key ([`Store::apply_if`]). The window is planned from
+/// `now()` read once the key's lock is held (a request that waited for the lock must count
+/// what the others wrote meanwhile). `record` builds the answer to remember under the
+/// request's idempotency key from the outcome, inside that atomic step, so a retry replays
+/// an acceptance or a refusal alike.
 pub fn incr_limited(
     store: &dyn Store,
-    now: i64,
+    now: &dyn Fn() -> i64,
     batch: &Batch,
     last: Duration,
     max: i64,
@@ -193,25 +200,36 @@ pub fn incr_limited(
         return Err(StoreError::internal("incr_limited of an empty batch").into());
     };
     let (ns, key) = (&first.ns, &first.key);
-    let plan = match batch.create.iter().find(|(n, _)| n == ns) {
-        Some((_, schema)) => window_plan(ns, schema, last, now)?,
-        None => window_plan(ns, &schema_of(store, ns)?, last, now)?,
+    let schema = match batch.create.iter().find(|(n, _)| n == ns) {
+        Some((_, schema)) => schema.clone(),
+        None => schema_of(store, ns)?,
     };
-    let added: i64 = batch
-        .increments
-        .iter()
-        .filter(|i| i.ns == *ns && i.key == *key && plan.covers(i.ts))
-        .map(|i| i.n)
-        .sum();
+    let planned = window_plan(ns, &schema, last, now())?;
+    let mut read = planned.read(ns, key);
+    read.to = planned.to.saturating_add(LOCK_WAIT_MARGIN);
     let mut outcome = None;
-    store.apply_if(batch, &plan.read(ns, key), &mut |buckets| {
-        let before = sum(buckets);
+    store.apply_if(batch, &read, &mut |buckets| {
+        let at = now();
+        let plan = window_plan(ns, &schema, last, at)
+            .map_err(|e| StoreError::internal(format!("the window's tier went away: {e}")))?;
+        let inside: Vec<(i64, i64)> = buckets
+            .iter()
+            .copied()
+            .filter(|&(b, _)| plan.from <= b && b < plan.to)
+            .collect();
+        let added: i64 = batch
+            .increments
+            .iter()
+            .filter(|i| i.ns == *ns && i.key == *key && plan.covers(i.ts))
+            .map(|i| i.n)
+            .sum();
+        let before = sum(&inside);
         let decided = match before.checked_add(added) {
             Some(after) if after <= max => Limited::Accepted(count(last, plan, after)),
             _ => Limited::Refused {
                 window: count(last, plan, before),
                 max,
-                retry_after: retry_after(&plan, buckets, now, added, max),
+                retry_after: retry_after(&plan, &inside, at, added, max),
             },
         };
         let idempotency = record(&decided)?;
@@ -235,6 +253,77 @@ mod tests {
         .unwrap();
         let ns = Namespace::new("a").unwrap();
         window_plan(&ns, &schema, Duration::from_secs(last).unwrap(), now).unwrap()
+    }
+
+    /// A request that waited for the key's lock decides on the window as it is once it holds
+    /// the lock: what others wrote while it waited, in seconds after it planned, counts.
+    #[test]
+    fn the_window_is_planned_again_once_the_lock_is_held() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicI64, Ordering};
+
+        use crate::ingest::{Defaults, Limits, prepare};
+        use crate::model::RawEvent;
+        use crate::reference::MemStore;
+        use crate::store::ManualClock;
+
+        let t = 1_795_176_000;
+        let clock = Arc::new(ManualClock::new(t + 2));
+        let store = MemStore::new(clock.clone());
+        let ns = Namespace::new("api").unwrap();
+        store
+            .put_schema(
+                &ns,
+                &Schema::from_doc(&crate::model::SchemaDoc {
+                    tiers: vec!["1s:2h".into()],
+                    breakdown_tiers: None,
+                    dimensions: None,
+                })
+                .unwrap(),
+            )
+            .unwrap();
+        let event = |ts: i64| RawEvent {
+            ns: "api".into(),
+            key: "k".into(),
+            ts: Some(ts),
+            n: Some(1),
+            dims: Vec::new(),
+        };
+        let apply = |ts: i64| {
+            let b = prepare(
+                &store,
+                &[event(ts)],
+                t + 2,
+                &Limits::default(),
+                &Defaults::default(),
+            );
+            store.apply(&b.unwrap()).unwrap();
+        };
+        // Planned at t; while it waited, two increments landed at t + 1 (the limit is 2).
+        apply(t + 1);
+        apply(t + 1);
+        let batch = prepare(
+            &store,
+            &[event(t)],
+            t,
+            &Limits::default(),
+            &Defaults::default(),
+        )
+        .unwrap();
+        let calls = AtomicI64::new(0);
+        let now = || {
+            if calls.fetch_add(1, Ordering::SeqCst) == 0 {
+                t
+            } else {
+                t + 2
+            }
+        };
+        let last = Duration::from_secs(60).unwrap();
+        let outcome = incr_limited(&store, &now, &batch, last, 2, &mut |_| Ok(None)).unwrap();
+        assert!(
+            matches!(&outcome, Limited::Refused { window, .. } if window.n == 2),
+            "{outcome:?}"
+        );
     }
 
     #[test]

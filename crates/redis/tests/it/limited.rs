@@ -36,7 +36,9 @@ fn hammer(url: &str) {
                         &Defaults::default(),
                     );
                     let last = Duration::from_secs(3600).unwrap();
-                    match incr_limited(&*store, now, &b, last, 100, &mut |_| Ok(None)).unwrap() {
+                    match incr_limited(&*store, &real_now, &b, last, 100, &mut |_| Ok(None))
+                        .unwrap()
+                    {
                         Limited::Accepted(_) => accepted.fetch_add(1, Ordering::SeqCst),
                         Limited::Refused { .. } => refused.fetch_add(1, Ordering::SeqCst),
                     };

@@ -140,7 +140,8 @@ fn apply_limited(
         &app.settings().limits,
         &app.settings().defaults,
     )?;
-    let outcome = query::incr_limited(&**app.store(), now, &batch, last, max, &mut |o| {
+    let clock = || app.now();
+    let outcome = query::incr_limited(&**app.store(), &clock, &batch, last, max, &mut |o| {
         let Some(ticket) = &idem else {
             return Ok(None);
         };
