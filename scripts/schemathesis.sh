@@ -33,12 +33,13 @@ for _ in $(seq 100); do
 done
 
 echo "== schemathesis: $examples examples per operation against 127.0.0.1:$port"
-# A fixed seed keeps CI repeatable; run with SEED=random (or another number) to explore.
+# A fixed seed and no example database (.hypothesis/) keep runs repeatable, here as in CI;
+# run with SEED=random (or another number) to explore.
 seed=()
 if [ "${SEED:-17}" != "random" ]; then seed=(--seed "${SEED:-17}"); fi
 "$venv/bin/schemathesis" --config-file scripts/schemathesis.toml run \
     "http://127.0.0.1:$port/openapi.json" \
     --checks all --exclude-checks positive_data_acceptance \
-    --max-examples "$examples" "${seed[@]}" --no-color
+    --max-examples "$examples" "${seed[@]}" --no-color --generation-database none
 # The server must have survived every request.
 healthy || { echo "the server died; its log:"; cat "$log"; exit 1; }

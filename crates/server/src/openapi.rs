@@ -29,8 +29,10 @@ const DURATION: &str = "^[0-9]{1,19}[smhdw]$";
 const TIER: &str = "^[0-9]{1,19}[smhdw]:([0-9]{1,19}[smhdw]|forever)$";
 /// A dimension name, or a compound `a+b` (a `+` in a query string may arrive as a space).
 const DIMENSION: &str = "^[a-z0-9_]{1,64}([+ ][a-z0-9_]{1,64}){0,15}$";
-/// An Idempotency-Key: 1–256 visible ASCII characters, spaces inside allowed.
-const IDEMPOTENCY_KEY: &str = "^[!-~]([ -~]{0,254}[!-~])?$";
+/// An Idempotency-Key: 1–256 visible ASCII characters, spaces and tabs inside allowed.
+/// HTTP drops spaces and tabs around a header's value before the server sees it, so the
+/// pattern allows them there too.
+const IDEMPOTENCY_KEY: &str = "^[\\t ]*[!-~]([\\t -~]{0,254}[!-~])?[\\t ]*$";
 
 const UNITS: [&str; 9] = [
     "second", "minute", "hour", "day", "week", "mweek", "month", "quarter", "year",
