@@ -17,7 +17,7 @@ use tally_core::store::{Clock, SystemClock};
 use tally_engine::{Config, Engine, FsyncPolicy};
 use tally_server::{App, Settings};
 
-use crate::http::Conn;
+use crate::http::{Conn, ndjson};
 use crate::workload;
 
 /// A server with HTTP and StatsD on free loopback ports.
@@ -180,21 +180,6 @@ fn send_paced(to: SocketAddr, datagrams: &[(Vec<u8>, u64)], rate: f64, dur: Dura
         sent += n;
     }
     sent
-}
-
-fn ndjson(raws: &[RawEvent]) -> Vec<u8> {
-    let mut out = String::new();
-    for r in raws {
-        let dims: serde_json::Map<String, serde_json::Value> = r
-            .dims
-            .iter()
-            .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
-            .collect();
-        let e = serde_json::json!({"ns": r.ns, "key": r.key, "ts": r.ts, "dims": dims});
-        out.push_str(&e.to_string());
-        out.push('\n');
-    }
-    out.into_bytes()
 }
 
 pub fn bench() {
