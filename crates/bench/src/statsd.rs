@@ -7,6 +7,9 @@
 //! lines are lost or the listener finishes more than 250 ms after the sender (it is falling
 //! behind, riding on its receive buffer). UDP has no flow control, so past the listener's pace
 //! the kernel drops datagrams: the highest rate without loss is the figure that counts.
+//!
+//! TCP has flow control, so it is measured flat out: two connections write every line as fast
+//! as the listener reads, and the figure is lines accepted per second until the last one is.
 
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::Arc;
@@ -24,6 +27,7 @@ use crate::workload;
 struct Running {
     http: SocketAddr,
     udp: SocketAddr,
+    tcp: SocketAddr,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
     _dir: tempfile::TempDir,
@@ -50,15 +54,26 @@ impl Running {
                 let udp = tally_server::statsd::bind("127.0.0.1:0".parse().expect("addr"))
                     .await
                     .expect("bind udp");
+                let tcp = tally_server::statsd::bind_tcp("127.0.0.1:0".parse().expect("addr"))
+                    .await
+                    .expect("bind tcp");
                 atx.send((
                     l.local_addr().expect("addr"),
                     udp.local_addr().expect("addr"),
+                    tcp.local_addr().expect("addr"),
                 ))
                 .expect("send");
                 let (utx, urx) = tokio::sync::oneshot::channel::<()>();
-                let statsd = tokio::spawn(tally_server::statsd::serve(udp, app.clone(), async {
-                    let _ = urx.await;
-                }));
+                let statsd = tokio::spawn(tally_server::statsd::serve(
+                    tally_server::statsd::Sockets {
+                        udp: Some(udp),
+                        tcp: Some(tcp),
+                    },
+                    app.clone(),
+                    async {
+                        let _ = urx.await;
+                    },
+                ));
                 let _ = tally_server::serve(l, app, async move {
                     let _ = rx.await;
                 })
@@ -67,10 +82,11 @@ impl Running {
                 let _ = statsd.await;
             });
         });
-        let (http, udp) = arx.recv().expect("addr");
+        let (http, udp, tcp) = arx.recv().expect("addr");
         Running {
             http,
             udp,
+            tcp,
             stop: Some(tx),
             thread: Some(thread),
             _dir: dir,
@@ -223,6 +239,36 @@ pub fn bench() {
             format!(
                 "{:.0} k events/s",
                 flat.len() as f64 / t.elapsed().as_secs_f64() / 1e3
+            ),
+        ));
+        drop(server);
+
+        // StatsD over TCP: two connections, flat out.
+        let server = Running::start(fsync);
+        let stream: Arc<Vec<u8>> = Arc::new(grams.iter().flat_map(|(d, _)| d.clone()).collect());
+        let t = Instant::now();
+        let senders: Vec<_> = (0..2)
+            .map(|_| {
+                let (stream, addr) = (stream.clone(), server.tcp);
+                std::thread::spawn(move || {
+                    use std::io::Write;
+                    let mut conn = std::net::TcpStream::connect(addr).expect("connect");
+                    conn.write_all(&stream).expect("write");
+                })
+            })
+            .collect();
+        for th in senders {
+            th.join().expect("sender");
+        }
+        let total = 2 * flat.len() as u64;
+        let (decided, done) = server.settle(total);
+        assert_eq!(decided, total, "TCP loses nothing");
+        assert_eq!(server.lines("accepted"), total);
+        rows.push((
+            format!("StatsD over TCP, fsync={fsync}, 2 connections"),
+            format!(
+                "{:.0} k lines/s",
+                total as f64 / (done - t).as_secs_f64() / 1e3
             ),
         ));
         drop(server);

@@ -139,6 +139,22 @@ fn serve_refuses_a_bad_or_busy_statsd_address() {
         &addr,
     ]);
     refused(&out, &format!("listening for StatsD on udp {addr}"));
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = busy.local_addr().unwrap().to_string();
+    let out = run(&[
+        "serve",
+        "--data",
+        dir.path().join("d").to_str().unwrap(),
+        "--listen",
+        "127.0.0.1:0",
+        "--statsd-tcp",
+        &addr,
+    ]);
+    refused(&out, &format!("listening for StatsD on tcp {addr}"));
+    refused(
+        &run(&["serve", "--listen", "127.0.0.1:0", "--statsd-tcp", "x"]),
+        "invalid value",
+    );
 }
 
 #[test]

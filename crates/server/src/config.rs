@@ -47,6 +47,12 @@ pub enum ConfigError {
     Scope { got: String },
     #[error("[statsd] {key}: {why}")]
     Statsd { key: &'static str, why: String },
+    #[error("[[statsd.map]] #{number}: {field}: {why}")]
+    StatsdRule {
+        number: usize,
+        field: &'static str,
+        why: String,
+    },
     #[error("scope {got:?}")]
     ScopeNamespace {
         got: String,
@@ -72,8 +78,26 @@ struct FileConfig {
 #[serde(deny_unknown_fields)]
 struct StatsdDoc {
     listen: Option<String>,
+    listen_tcp: Option<String>,
     namespace: Option<String>,
+    key: Option<String>,
+    dimensions: Option<Vec<String>>,
+    #[serde(default)]
+    map: Vec<StatsdMapDoc>,
 }
+
+/// `[[statsd.map]]`: a rule; what it omits comes from `[statsd]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StatsdMapDoc {
+    prefix: String,
+    namespace: Option<String>,
+    key: Option<String>,
+    dimensions: Option<Vec<String>>,
+}
+
+/// `[[statsd.map]]` rules at most: each line is matched against them in turn.
+pub const MAX_STATSD_RULES: usize = 256;
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -221,22 +245,15 @@ impl Default for ServerLimits {
     }
 }
 
-/// `[statsd]`: StatsD / DogStatsD counters over UDP.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// `[statsd]`: StatsD / DogStatsD counters over UDP and TCP.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StatsdSettings {
-    /// Where to listen; `--statsd` / `TALLY_STATSD` override it. None: no listener.
+    /// Where to listen on UDP; `--statsd` / `TALLY_STATSD` override it. None: no listener.
     pub listen: Option<SocketAddr>,
-    /// The namespace every line counts into (a valid namespace name).
-    pub namespace: String,
-}
-
-impl Default for StatsdSettings {
-    fn default() -> Self {
-        StatsdSettings {
-            listen: None,
-            namespace: crate::statsd::DEFAULT_NAMESPACE.to_owned(),
-        }
-    }
+    /// Where to listen on TCP; `--statsd-tcp` / `TALLY_STATSD_TCP` override it.
+    pub listen_tcp: Option<SocketAddr>,
+    /// Where each line goes: namespace, key, dimensions.
+    pub map: crate::statsd::Mapping,
 }
 
 /// The validated configuration.
@@ -367,22 +384,55 @@ impl Settings {
             });
         }
         if let Some(d) = file.statsd {
-            if let Some(l) = d.listen {
-                s.statsd.listen = Some(l.parse().map_err(|_| ConfigError::Statsd {
-                    key: "listen",
-                    why: format!("{l:?} is not an ADDR:PORT (e.g. \"127.0.0.1:8125\")"),
-                })?);
-            }
-            if let Some(n) = d.namespace {
-                Namespace::new(&n).map_err(|e| ConfigError::Statsd {
-                    key: "namespace",
-                    why: e.to_string(),
-                })?;
-                s.statsd.namespace = n;
-            }
+            s.statsd = statsd_settings(d)?;
         }
         Ok(s)
     }
+}
+
+/// Checks `[statsd]` and its rules.
+fn statsd_settings(d: StatsdDoc) -> Result<StatsdSettings, ConfigError> {
+    use crate::statsd::map::{Mapping, Rule};
+    let addr = |key: &'static str, l: String| {
+        l.parse().map_err(|_| ConfigError::Statsd {
+            key,
+            why: format!("{l:?} is not an ADDR:PORT (e.g. \"127.0.0.1:8125\")"),
+        })
+    };
+    let listen = d.listen.map(|l| addr("listen", l)).transpose()?;
+    let listen_tcp = d.listen_tcp.map(|l| addr("listen_tcp", l)).transpose()?;
+    let namespace = d
+        .namespace
+        .unwrap_or_else(|| crate::statsd::DEFAULT_NAMESPACE.to_owned());
+    let key = d.key.unwrap_or_else(|| "{name}".to_owned());
+    let fallback = Rule::new("", &namespace, &key, d.dimensions.clone())
+        .map_err(|(key, why)| ConfigError::Statsd { key, why })?;
+    if d.map.len() > MAX_STATSD_RULES {
+        return Err(ConfigError::Statsd {
+            key: "map",
+            why: format!("at most {MAX_STATSD_RULES} rules, got {}", d.map.len()),
+        });
+    }
+    let mut rules = Vec::with_capacity(d.map.len());
+    for (i, r) in d.map.into_iter().enumerate() {
+        let rule = Rule::new(
+            &r.prefix,
+            r.namespace.as_deref().unwrap_or(&namespace),
+            r.key.as_deref().unwrap_or(&key),
+            r.dimensions.or_else(|| d.dimensions.clone()),
+        )
+        .map_err(|(field, why)| ConfigError::StatsdRule {
+            number: i + 1,
+            field,
+            why,
+        })?;
+        rules.push(rule);
+    }
+    Ok(StatsdSettings {
+        listen,
+        listen_tcp,
+        map: Mapping::new(fallback, rules),
+    })
 }
 
 #[cfg(test)]
@@ -444,7 +494,15 @@ scopes = ["write:clicks", "read:*"]
 
 [statsd]
 listen = "127.0.0.1:8125"
+listen_tcp = "127.0.0.1:8125"
 namespace = "statsd"
+key = "{name}"
+
+[[statsd.map]]
+prefix = "api."
+namespace = "api"
+key = "{rest}.{tag:org}"
+dimensions = ["status"]
 "#,
         )
         .unwrap();
@@ -453,7 +511,9 @@ namespace = "statsd"
             s.statsd.listen,
             Some(SocketAddr::from(([127, 0, 0, 1], 8125)))
         );
-        assert_eq!(s.statsd.namespace, "statsd");
+        assert_eq!(s.statsd.listen_tcp, s.statsd.listen);
+        assert_eq!(s.statsd.map.fallback().namespace, "statsd");
+        assert_eq!(s.statsd.map.rule("api.hits").namespace, "api");
         assert_eq!(s.server, ServerLimits::default());
         assert_eq!(s.tokens.len(), 1);
         assert!(s.tokens[0].allows(Action::Read, "anything"));
@@ -499,6 +559,30 @@ namespace = "statsd"
                 "[statsd] namespace: invalid",
             ),
             ("[statsd]\nport = 8125", "unknown field"),
+            (
+                "[statsd]\nlisten_tcp = \"localhost\"",
+                "[statsd] listen_tcp: \"localhost\" is not",
+            ),
+            (
+                "[statsd]\nkey = \"{nam}\"",
+                "[statsd] key: \"{nam}\": unknown",
+            ),
+            (
+                "[statsd]\ndimensions = [\"Bad\"]",
+                "[statsd] dimensions: invalid dimension",
+            ),
+            (
+                "[[statsd.map]]\nprefix = \"a.\"\nnamespace = \"B\"",
+                "[[statsd.map]] #1: namespace: invalid",
+            ),
+            (
+                "[[statsd.map]]\nprefix = \"a.\"\n[[statsd.map]]\nprefix = \"b.\"\nkey = \"{\"",
+                "[[statsd.map]] #2: key:",
+            ),
+            (
+                "[[statsd.map]]\nnamespace = \"a\"",
+                "missing field `prefix`",
+            ),
         ] {
             let e = chain(&Settings::from_toml(text).unwrap_err());
             assert!(e.contains(needle), "{text:?}: {e}");

@@ -126,6 +126,11 @@ impl Metrics {
                     self.statsd.get(o)
                 );
             }
+            let _ = writeln!(
+                out,
+                "# HELP tally_statsd_tcp_connections StatsD TCP connections open now.\n# TYPE tally_statsd_tcp_connections gauge\ntally_statsd_tcp_connections {}",
+                self.statsd.tcp_connections.load(Ordering::Relaxed)
+            );
         }
         let _ = writeln!(
             out,

@@ -42,6 +42,10 @@ pub struct ServeArgs {
     /// `[statsd] listen` in the config).
     #[arg(long, env = "TALLY_STATSD")]
     statsd: Option<SocketAddr>,
+    /// Also count StatsD / DogStatsD lines received on this TCP address, newline-delimited
+    /// (overrides `[statsd] listen_tcp` in the config).
+    #[arg(long, env = "TALLY_STATSD_TCP")]
+    statsd_tcp: Option<SocketAddr>,
     /// Start even if log records are missing (a deleted or lost log file): the missing range
     /// is logged and lost for good. Without it, such a data directory refuses to open.
     #[arg(long, env = "TALLY_ACCEPT_DATA_LOSS")]
@@ -83,6 +87,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let scheme = if tls.is_some() { "https" } else { "http" };
     let limits = settings.server;
     let statsd_listen = settings.statsd.listen;
+    let statsd_listen_tcp = settings.statsd.listen_tcp;
     let mut cfg = Config::new(&args.data);
     cfg.fsync = fsync;
     cfg.accept_data_loss = args.accept_data_loss;
@@ -101,14 +106,22 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("listening on {}", args.listen))?;
         let addr = listener.local_addr()?;
-        let statsd = match args.statsd.or(statsd_listen) {
-            Some(a) => Some(
+        let mut statsd = tally_server::statsd::Sockets::default();
+        if let Some(a) = args.statsd.or(statsd_listen) {
+            statsd.udp = Some(
                 tally_server::statsd::bind(a)
                     .await
                     .with_context(|| format!("listening for StatsD on udp {a}"))?,
-            ),
-            None => None,
-        };
+            );
+        }
+        if let Some(a) = args.statsd_tcp.or(statsd_listen_tcp) {
+            statsd.tcp = Some(
+                tally_server::statsd::bind_tcp(a)
+                    .await
+                    .with_context(|| format!("listening for StatsD on tcp {a}"))?,
+            );
+        }
+        let statsd = (statsd.udp.is_some() || statsd.tcp.is_some()).then_some(statsd);
         let routes = Routes::recovering();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(tally_server::serve_with(
@@ -136,7 +149,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 .context("applying the config's namespaces")?
                 .context("applying the config's namespaces")?;
             routes.ready(&app);
-            let statsd = statsd.map(|socket| Statsd::start(socket, &app));
+            let statsd = statsd.map(|sockets| Statsd::start(sockets, &app));
             tracing::info!("tally listening on {scheme}://{addr} (backend {url})");
             stop.await;
             tracing::info!("shutting down: finishing in-flight requests");
@@ -164,7 +177,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             .context("applying the config's namespaces")?
             .context("applying the config's namespaces")?;
         routes.ready(&app);
-        let statsd = statsd.map(|socket| Statsd::start(socket, &app));
+        let statsd = statsd.map(|sockets| Statsd::start(sockets, &app));
         let rec = engine.recovery();
         tracing::info!(
             "tally listening on {scheme}://{addr} (data {}, fsync {fsync}, {} archive segments, replayed {} events in {} ms)",
@@ -215,14 +228,22 @@ struct Statsd {
 }
 
 impl Statsd {
-    fn start(socket: tokio::net::UdpSocket, app: &App) -> Statsd {
-        if let Ok(a) = socket.local_addr() {
-            let ns = &app.settings().statsd.namespace;
-            tracing::info!("counting StatsD lines on udp {a} into namespace {ns}");
+    fn start(sockets: tally_server::statsd::Sockets, app: &App) -> Statsd {
+        let names = app.settings().statsd.map.namespaces();
+        let ns = format!(
+            "namespace{} {}",
+            if names.len() == 1 { "" } else { "s" },
+            names.join(", ")
+        );
+        if let Some(a) = sockets.udp.as_ref().and_then(|s| s.local_addr().ok()) {
+            tracing::info!("counting StatsD lines on udp {a} into {ns}");
+        }
+        if let Some(a) = sockets.tcp.as_ref().and_then(|s| s.local_addr().ok()) {
+            tracing::info!("counting StatsD lines on tcp {a} into {ns}");
         }
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(tally_server::statsd::serve(
-            socket,
+            sockets,
             app.clone(),
             async move {
                 let _ = stopped.await;

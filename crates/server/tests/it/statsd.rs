@@ -15,6 +15,7 @@ use super::{NOW, open_engine};
 struct Running {
     http: SocketAddr,
     udp: SocketAddr,
+    tcp: SocketAddr,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
     _dir: tempfile::TempDir,
@@ -44,13 +45,27 @@ impl Running {
                 let udp = tally_server::statsd::bind("127.0.0.1:0".parse().unwrap())
                     .await
                     .unwrap();
+                let tcp = tally_server::statsd::bind_tcp("127.0.0.1:0".parse().unwrap())
+                    .await
+                    .unwrap();
                 addr_tx
-                    .send((listener.local_addr().unwrap(), udp.local_addr().unwrap()))
+                    .send((
+                        listener.local_addr().unwrap(),
+                        udp.local_addr().unwrap(),
+                        tcp.local_addr().unwrap(),
+                    ))
                     .unwrap();
                 let (udp_stop_tx, udp_stop_rx) = tokio::sync::oneshot::channel::<()>();
-                let statsd = tokio::spawn(tally_server::statsd::serve(udp, app.clone(), async {
-                    let _ = udp_stop_rx.await;
-                }));
+                let statsd = tokio::spawn(tally_server::statsd::serve(
+                    tally_server::statsd::Sockets {
+                        udp: Some(udp),
+                        tcp: Some(tcp),
+                    },
+                    app.clone(),
+                    async {
+                        let _ = udp_stop_rx.await;
+                    },
+                ));
                 tally_server::serve(listener, app, async move {
                     let _ = rx.await;
                 })
@@ -60,10 +75,11 @@ impl Running {
                 statsd.await.unwrap();
             });
         });
-        let (http, udp) = addr_rx.recv().unwrap();
+        let (http, udp, tcp) = addr_rx.recv().unwrap();
         Running {
             http,
             udp,
+            tcp,
             stop: Some(tx),
             thread: Some(thread),
             _dir: dir,
@@ -196,4 +212,76 @@ fn a_batch_the_store_refuses_is_counted_not_a_crash() {
     let by = |o: &str| lines.iter().find(|(k, _)| k == o).map(|(_, n)| *n);
     assert_eq!(by("store_error"), Some(3), "{lines:?}");
     assert_eq!(by("unsupported_type"), Some(1), "{lines:?}");
+}
+
+#[test]
+fn tcp_lines_and_mapping_rules_are_counted() {
+    use std::io::Write;
+    let s = Running::start(
+        r#"
+[statsd]
+namespace = "statsd"
+
+[[statsd.map]]
+prefix = "api."
+namespace = "api"
+key = "{rest}.{tag:org}"
+dimensions = ["status"]
+"#,
+    );
+    let ts = NOW - 60;
+    let mut conn = std::net::TcpStream::connect(s.tcp).unwrap();
+    // A line split across writes is one line; tags not listed are ignored.
+    conn.write_all(format!("api.hits:2|c|#org:42,status:200,env:prod|T{ts}\napi.hi").as_bytes())
+        .unwrap();
+    conn.flush().unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    conn.write_all(format!("ts:3|c|#org:42,status:500|T{ts}\r\n").as_bytes())
+        .unwrap();
+    // Dropped: the key's tag is missing; a line over 64 KiB; the default rule still counts.
+    conn.write_all(format!("api.hits:1|c|#status:200|T{ts}\n").as_bytes())
+        .unwrap();
+    conn.write_all(&vec![b'x'; 70_000]).unwrap();
+    conn.write_all(format!("\nweb.views:5|c|T{ts}\n").as_bytes())
+        .unwrap();
+    // Cut by the close: never counted as a shorter line.
+    conn.write_all(b"web.views:9").unwrap();
+    let lines = s.wait_for_lines(5);
+    let by = |o: &str| lines.iter().find(|(k, _)| k == o).map(|(_, n)| *n);
+    assert_eq!(by("accepted"), Some(3), "{lines:?}");
+    let (_, metrics) = s.get("/metrics");
+    assert!(
+        metrics.contains("tally_statsd_tcp_connections 1"),
+        "{metrics}"
+    );
+    drop(conn);
+    let lines = s.wait_for_lines(6);
+    let by = |o: &str| lines.iter().find(|(k, _)| k == o).map(|(_, n)| *n);
+    assert_eq!(by("accepted"), Some(3), "{lines:?}");
+    assert_eq!(by("invalid"), Some(1), "{lines:?}");
+    assert_eq!(by("malformed"), Some(2), "{lines:?}");
+
+    let (from, to) = (NOW - 3600, NOW + 3600);
+    let b = s.json(&format!(
+        "/v1/ns/api/keys/hits.42/breakdown?dim=status&from={from}&to={to}&unit=hour"
+    ));
+    assert_eq!(b["total"], 5, "{b}");
+    assert_eq!(
+        b["values"],
+        json!([{"value": "500", "n": 3}, {"value": "200", "n": 2}]),
+        "{b}"
+    );
+    let series = s.json(&format!(
+        "/v1/ns/statsd/keys/web.views/series?from={from}&to={to}&unit=hour"
+    ));
+    assert_eq!(series["total"], 5, "{series}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (_, metrics) = s.get("/metrics");
+        if metrics.contains("tally_statsd_tcp_connections 0") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{metrics}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }

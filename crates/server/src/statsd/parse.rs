@@ -1,125 +1,11 @@
-//! StatsD / DogStatsD counters over UDP (issue 13): existing apps count into tally without new
-//! client code.
-//!
-//! **Format.** A datagram holds one or more newline-separated lines (a trailing `\r` is
-//! ignored, blank lines are skipped), each
-//! `<name>:<value>[:<value>…]|<type>[|@<rate>][|#<k:v>,<k:v>…][|T<unix>][|c:<container>]`.
-//! Only counters (`|c`) are counted: the metric name is the key, the namespace is
-//! `[statsd] namespace` (default `statsd`), each tag `k:v` is a dimension (so it must be a valid
-//! dimension name, and in the namespace's allow-list if it has one) and `|T<unix>` is the
-//! event's timestamp (default: now). Several values packed in one line (DogStatsD 1.1) add up.
-//!
-//! **Sample rates.** `|@r` (0 < r ≤ 1) means the client sent one line in 1/r, so the line counts
-//! `x = value / r`. Counts are integers, so `x` is rounded *stochastically*: `floor(x)`, plus 1
-//! with probability `x − floor(x)`, drawn from a seeded PRNG (splitmix64, seeded per listener
-//! from the clock). The expected count is exactly `x`, so totals over many lines are unbiased;
-//! a line without a rate and with integer values is counted exactly. The same rounding applies
-//! to fractional values (`1.5|c`).
-//!
-//! **Outcomes.** Every line ends in exactly one outcome, counted in `/metrics` as
-//! `tally_statsd_lines_total{outcome=…}`: `accepted`; `malformed` (not the format above);
-//! `unsupported_type` (gauges `g`, timers `ms`, histograms `h`, sets `s`, distributions `d`);
-//! `invalid` (refused by the HTTP API's own rules — [`ingest::prepare_owned`] — e.g. a key over
-//! 256 bytes, a tag outside the allow-list, more than 16 tags); `store_error` (the store refused
-//! the batch, e.g. backend unavailable). A dropped line is never partly applied, and is named
-//! with its reason in a log line at most once a second.
-//!
-//! **Bounds.** A datagram is read into a 65,535-byte buffer (the UDP maximum); at most
-//! [`MAX_LINES_PER_DATAGRAM`] lines of one datagram are parsed, the rest are `malformed`; a line
-//! carries at most 16 tags. Accepted lines are applied in batches of at most [`BATCH_LINES`]
-//! lines or [`BATCH_MS`] ms, whichever comes first, through the path `POST /v1/events` takes
-//! (validate, then `Store::apply` on the blocking pool), so every backend works unchanged. At
-//! most [`QUEUED_BATCHES`] batches wait for the store; past that the listener stops reading,
-//! datagrams wait in the socket's receive buffer ([`RECV_BUFFER_BYTES`] asked, capped by the
-//! kernel's `net.core.rmem_max`), and past that the kernel drops them, as UDP does.
-//!
-//! UDP carries no token: the listener writes only its one namespace, and belongs on a trusted
-//! network (it listens on the loopback by default in the SPEC's example).
-
-use std::future::Future;
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+//! The StatsD line format: a datagram (or a TCP stream's lines) into events, each line alone.
 
 use tally_core::ingest::{self, Defaults, IngestError, Limits};
 use tally_core::model::{AMOUNT_LIMIT, MAX_DIMS_PER_EVENT, RawEvent};
 use tally_core::store::{Batch, Store, StoreError};
-use tokio::net::UdpSocket;
 
-use crate::app::App;
-
-/// The largest UDP payload, and the receive buffer's size.
-pub const MAX_DATAGRAM_BYTES: usize = 65_535;
-/// Lines parsed per datagram; the rest are dropped as `malformed`.
-pub const MAX_LINES_PER_DATAGRAM: usize = 4096;
-/// Tags per line: one dimension each, so the API's limit.
-pub const MAX_TAGS_PER_LINE: usize = MAX_DIMS_PER_EVENT;
-/// A batch is applied once it holds this many lines …
-pub const BATCH_LINES: usize = 2000;
-/// … or this many milliseconds after its first line arrived.
-pub const BATCH_MS: u64 = 5;
-/// Batches waiting for the store at most.
-pub const QUEUED_BATCHES: usize = 4;
-/// The receive buffer asked of the kernel (capped by `net.core.rmem_max`): datagrams wait
-/// there while a batch is applied, so it decides how long a stall the listener rides out
-/// without loss — the 208 KiB Linux default holds ~80 ms at 25 k lines/s.
-pub const RECV_BUFFER_BYTES: usize = 8 * 1024 * 1024;
-/// The namespace lines go to unless `[statsd] namespace` says otherwise.
-pub const DEFAULT_NAMESPACE: &str = "statsd";
-
-/// How a line ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    Accepted,
-    Malformed,
-    UnsupportedType,
-    Invalid,
-    StoreError,
-}
-
-impl Outcome {
-    pub const ALL: [Outcome; 5] = [
-        Outcome::Accepted,
-        Outcome::Malformed,
-        Outcome::UnsupportedType,
-        Outcome::Invalid,
-        Outcome::StoreError,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Accepted => "accepted",
-            Outcome::Malformed => "malformed",
-            Outcome::UnsupportedType => "unsupported_type",
-            Outcome::Invalid => "invalid",
-            Outcome::StoreError => "store_error",
-        }
-    }
-}
-
-/// A line that was not counted, and why.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Dropped {
-    pub outcome: Outcome,
-    pub reason: String,
-}
-
-impl Dropped {
-    fn malformed(reason: impl Into<String>) -> Dropped {
-        Dropped {
-            outcome: Outcome::Malformed,
-            reason: reason.into(),
-        }
-    }
-
-    fn invalid(reason: impl Into<String>) -> Dropped {
-        Dropped {
-            outcome: Outcome::Invalid,
-            reason: reason.into(),
-        }
-    }
-}
+use super::map::Mapping;
+use super::{Dropped, MAX_LINES_PER_DATAGRAM, MAX_TAGS_PER_LINE, Outcome};
 
 /// splitmix64: small, fast, and good enough to round sample rates without bias.
 #[derive(Debug, Clone)]
@@ -144,41 +30,11 @@ impl Rng {
     }
 }
 
-/// The lines' counters for `/metrics`; rendered once a listener has started.
-#[derive(Debug, Default)]
-pub struct LineCounts {
-    enabled: AtomicBool,
-    counts: [AtomicU64; 5],
-}
-
-impl LineCounts {
-    pub fn add(&self, outcome: Outcome, n: u64) {
-        if let Some(i) = Outcome::ALL.iter().position(|o| *o == outcome) {
-            self.counts[i].fetch_add(n, Ordering::Relaxed);
-        }
-    }
-
-    pub fn get(&self, outcome: Outcome) -> u64 {
-        Outcome::ALL
-            .iter()
-            .position(|o| *o == outcome)
-            .map_or(0, |i| self.counts[i].load(Ordering::Relaxed))
-    }
-
-    pub fn enable(&self) {
-        self.enabled.store(true, Ordering::Relaxed);
-    }
-
-    pub fn enabled(&self) -> bool {
-        self.enabled.load(Ordering::Relaxed)
-    }
-}
-
-/// Parses one datagram: each line becomes an event of namespace `ns` in `out`, or is passed to
+/// Parses one datagram: each line becomes an event in `out` (where `map` says), or is passed to
 /// `dropped` with its reason.
 pub fn parse_datagram(
     datagram: &[u8],
-    ns: &str,
+    map: &Mapping,
     rng: &mut Rng,
     out: &mut Vec<RawEvent>,
     dropped: &mut dyn FnMut(Dropped),
@@ -196,16 +52,16 @@ pub fn parse_datagram(
             continue;
         }
         parsed += 1;
-        match parse_line(line, ns, rng) {
+        match parse_line(line, map, rng) {
             Ok(raw) => out.push(raw),
             Err(d) => dropped(d),
         }
     }
 }
 
-/// Parses one line (without its newline) into an event of namespace `ns`. Only the format is
+/// Parses one line (without its newline) into an event where `map` says. Only the format is
 /// checked here; the API's rules (key, dimensions, allow-list, timestamp) are [`prepare_lines`]'s.
-pub fn parse_line(line: &[u8], ns: &str, rng: &mut Rng) -> Result<RawEvent, Dropped> {
+pub fn parse_line(line: &[u8], map: &Mapping, rng: &mut Rng) -> Result<RawEvent, Dropped> {
     let line =
         std::str::from_utf8(line).map_err(|_| Dropped::malformed("the line is not UTF-8"))?;
     let (name, rest) = line
@@ -283,27 +139,46 @@ pub fn parse_line(line: &[u8], ns: &str, rng: &mut Rng) -> Result<RawEvent, Drop
         }
     }
     let n = count(values, rate.unwrap_or(1.0), rng)?;
-    let mut dims = Vec::new();
+    let rule = map.rule(name);
+    let mut pairs: Vec<(&str, &str)> = Vec::new();
     if let Some(tags) = tags.filter(|t| !t.is_empty()) {
-        let got = tags.split(',').count();
-        if got > MAX_TAGS_PER_LINE {
-            return Err(Dropped::invalid(format!(
-                "an event carries at most {MAX_DIMS_PER_EVENT} dimensions, got {got} tags"
-            )));
-        }
-        for tag in tags.split(',') {
-            let (k, v) = tag.split_once(':').ok_or_else(|| {
-                Dropped::invalid(format!(
-                    "tag {:?} has no value: a dimension is name:value",
-                    clip(tag)
-                ))
-            })?;
-            dims.push((k.to_owned(), v.to_owned()));
+        for (i, tag) in tags.split(',').enumerate() {
+            if i == MAX_TAGS_PER_LINE {
+                return Err(Dropped::invalid(format!(
+                    "a line carries at most {MAX_TAGS_PER_LINE} tags"
+                )));
+            }
+            match tag.split_once(':') {
+                Some(kv) => pairs.push(kv),
+                None if rule.keeps_tag(tag) => {
+                    return Err(Dropped::invalid(format!(
+                        "tag {:?} has no value: a dimension is name:value",
+                        clip(tag)
+                    )));
+                }
+                None => {}
+            }
         }
     }
+    let rest = name.strip_prefix(rule.prefix.as_str()).unwrap_or(name);
+    let key = rule
+        .key
+        .render(name, rest, &pairs)
+        .map_err(Dropped::invalid)?;
+    let dims: Vec<(String, String)> = pairs
+        .iter()
+        .filter(|(k, _)| rule.keeps_tag(k))
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    if dims.len() > MAX_DIMS_PER_EVENT {
+        return Err(Dropped::invalid(format!(
+            "an event carries at most {MAX_DIMS_PER_EVENT} dimensions, got {} tags",
+            dims.len()
+        )));
+    }
     Ok(RawEvent {
-        ns: ns.to_owned(),
-        key: name.to_owned(),
+        ns: rule.namespace.clone(),
+        key,
         ts,
         n: Some(n),
         dims,
@@ -391,167 +266,6 @@ pub fn prepare_lines(
     Ok(batch)
 }
 
-/// Logs dropped lines with their reason, at most once a second, saying how many it skipped.
-#[derive(Debug, Default)]
-struct DropLog(Mutex<(Option<Instant>, u64)>);
-
-impl DropLog {
-    fn note(&self, d: &Dropped) {
-        let mut s = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if s.0.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
-            tracing::warn!(
-                outcome = d.outcome.as_str(),
-                reason = %d.reason,
-                also_dropped_since_last_log = s.1,
-                "statsd line dropped"
-            );
-            *s = (Some(Instant::now()), 0);
-        } else {
-            s.1 += 1;
-        }
-    }
-}
-
-/// Receives StatsD lines on `socket` into `app`'s store until `shutdown` completes, then
-/// applies what it holds and returns.
-pub async fn serve(socket: UdpSocket, app: App, shutdown: impl Future<Output = ()>) {
-    let counts = &app.metrics().statsd;
-    counts.enable();
-    let ns = app.settings().statsd.namespace.clone();
-    let log = Arc::new(DropLog::default());
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    let mut rng = Rng::new(seed ^ socket.local_addr().map_or(0, |a| u64::from(a.port())));
-    tracing::debug!(
-        receive_buffer_bytes = socket2::SockRef::from(&socket)
-            .recv_buffer_size()
-            .unwrap_or(0),
-        "statsd listener started"
-    );
-    let (tx, rx) = tokio::sync::mpsc::channel::<Vec<RawEvent>>(QUEUED_BATCHES);
-    let applier = tokio::spawn(apply_batches(app.clone(), rx, log.clone()));
-    let mut buf = vec![0u8; MAX_DATAGRAM_BYTES];
-    let mut pending: Vec<RawEvent> = Vec::new();
-    let mut due: Option<tokio::time::Instant> = None;
-    tokio::pin!(shutdown);
-    loop {
-        let flush = tokio::select! {
-            biased;
-            _ = &mut shutdown => break,
-            _ = tokio::time::sleep_until(due.unwrap_or_else(tokio::time::Instant::now)), if due.is_some() => true,
-            got = socket.recv_from(&mut buf) => match got {
-                Ok((len, _from)) => {
-                    let datagram = buf.get(..len).unwrap_or_default();
-                    parse_datagram(datagram, &ns, &mut rng, &mut pending, &mut |d| {
-                        counts.add(d.outcome, 1);
-                        log.note(&d);
-                    });
-                    if !pending.is_empty() && due.is_none() {
-                        due = Some(tokio::time::Instant::now() + Duration::from_millis(BATCH_MS));
-                    }
-                    pending.len() >= BATCH_LINES
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "statsd: receiving failed");
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                    false
-                }
-            },
-        };
-        if flush && !pending.is_empty() {
-            due = None;
-            if tx.send(std::mem::take(&mut pending)).await.is_err() {
-                break;
-            }
-        }
-    }
-    if !pending.is_empty() {
-        let _ = tx.send(pending).await;
-    }
-    drop(tx);
-    let _ = applier.await;
-}
-
-/// Applies the batches the receiver sends, one at a time, on the blocking pool.
-async fn apply_batches(
-    app: App,
-    mut rx: tokio::sync::mpsc::Receiver<Vec<RawEvent>>,
-    log: Arc<DropLog>,
-) {
-    while let Some(lines) = rx.recv().await {
-        let n = lines.len() as u64;
-        let (a, l) = (app.clone(), log.clone());
-        let done = tokio::task::spawn_blocking(move || apply_lines(&a, lines, &l)).await;
-        if let Err(e) = done {
-            app.metrics().statsd.add(Outcome::StoreError, n);
-            log.note(&Dropped {
-                outcome: Outcome::StoreError,
-                reason: format!("a statsd batch task failed: {e}"),
-            });
-        }
-    }
-}
-
-/// Validates and applies one batch, counting every line's outcome.
-fn apply_lines(app: &App, lines: Vec<RawEvent>, log: &DropLog) {
-    let counts = &app.metrics().statsd;
-    let n = lines.len() as u64;
-    let settings = app.settings();
-    let mut note = |d: Dropped| {
-        counts.add(d.outcome, 1);
-        log.note(&d);
-    };
-    let batch = match prepare_lines(
-        &**app.store(),
-        lines,
-        app.now(),
-        &settings.limits,
-        &settings.defaults,
-        &mut note,
-    ) {
-        Ok(b) => b,
-        Err(e) => {
-            counts.add(Outcome::StoreError, n);
-            log.note(&Dropped {
-                outcome: Outcome::StoreError,
-                reason: e.detail(),
-            });
-            return;
-        }
-    };
-    let good = batch.increments.len() as u64;
-    if good == 0 {
-        return;
-    }
-    match app.store().apply(&batch) {
-        Ok(()) => {
-            counts.add(Outcome::Accepted, good);
-            app.metrics().events.fetch_add(good, Ordering::Relaxed);
-            app.metrics().batches.fetch_add(1, Ordering::Relaxed);
-        }
-        Err(e) => {
-            counts.add(Outcome::StoreError, good);
-            log.note(&Dropped {
-                outcome: Outcome::StoreError,
-                reason: e.detail(),
-            });
-        }
-    }
-}
-
-/// Binds the StatsD socket (before the engine recovers, so a bad address fails at once), asking
-/// for a [`RECV_BUFFER_BYTES`] receive buffer.
-pub async fn bind(addr: SocketAddr) -> std::io::Result<UdpSocket> {
-    use socket2::{Domain, Protocol, Socket, Type};
-    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
-    // Best effort: the kernel caps it at net.core.rmem_max, and a smaller buffer still works.
-    let _ = socket.set_recv_buffer_size(RECV_BUFFER_BYTES);
-    socket.set_nonblocking(true)?;
-    socket.bind(&addr.into())?;
-    UdpSocket::from_std(socket.into())
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -567,7 +281,7 @@ mod tests {
     const NOW: i64 = 1_795_176_000;
 
     fn line(s: &str) -> Result<RawEvent, Dropped> {
-        parse_line(s.as_bytes(), "statsd", &mut Rng::new(7))
+        parse_line(s.as_bytes(), &Mapping::default(), &mut Rng::new(7))
     }
 
     fn ev(key: &str, n: i64, ts: Option<i64>, dims: &[(&str, &str)]) -> RawEvent {
@@ -631,7 +345,7 @@ mod tests {
         let mut dropped = Vec::new();
         parse_datagram(
             b"a:1|c\nb:2|c|#k:v\r\n\nc:3|g\nd:4|c\n",
-            "statsd",
+            &Mapping::default(),
             &mut Rng::new(1),
             &mut out,
             &mut |d| dropped.push(d.outcome),
@@ -685,7 +399,7 @@ mod tests {
             assert_eq!(d.outcome, Outcome::Malformed, "{l}");
             assert!(d.reason.contains(reason), "{l}: {}", d.reason);
         }
-        let d = parse_line(b"a\xff:1|c", "statsd", &mut Rng::new(1)).unwrap_err();
+        let d = parse_line(b"a\xff:1|c", &Mapping::default(), &mut Rng::new(1)).unwrap_err();
         assert_eq!(d, Dropped::malformed("the line is not UTF-8"));
     }
 
@@ -711,7 +425,7 @@ mod tests {
         let (mut out, mut dropped) = (Vec::new(), Vec::new());
         parse_datagram(
             datagram.as_bytes(),
-            "statsd",
+            &Mapping::default(),
             &mut Rng::new(1),
             &mut out,
             &mut |d| dropped.push(d),
@@ -719,6 +433,51 @@ mod tests {
         assert_eq!(out.len(), MAX_LINES_PER_DATAGRAM);
         assert_eq!(dropped.len(), 3);
         assert!(dropped.iter().all(|d| d.outcome == Outcome::Malformed));
+    }
+
+    #[test]
+    fn rules_route_names_build_keys_and_choose_tags() {
+        use super::super::map::Rule;
+        let dims = |d: &[&str]| Some(d.iter().map(|s| (*s).to_owned()).collect());
+        let map = Mapping::new(
+            Rule::new("", "statsd", "{name}", None).unwrap(),
+            vec![
+                Rule::new("api.", "api", "{rest}.{tag:org}", dims(&["status"])).unwrap(),
+                Rule::new("web.", "web", "{tag:site}", None).unwrap(),
+            ],
+        );
+        let parse = |l: &str| parse_line(l.as_bytes(), &map, &mut Rng::new(1));
+        let mut want = ev("hits.42", 1, None, &[("status", "200")]);
+        want.ns = "api".into();
+        // Unlisted tags are ignored, with or without a value.
+        assert_eq!(
+            parse("api.hits:1|c|#org:42,status:200,env:prod,production"),
+            Ok(want)
+        );
+        // Without a list: every tag but the key's.
+        let mut want = ev("example.com", 2, None, &[("country", "de")]);
+        want.ns = "web".into();
+        assert_eq!(
+            parse("web.views:2|c|#site:example.com,country:de"),
+            Ok(want)
+        );
+        assert_eq!(
+            parse("other:1|c|#env:prod"),
+            Ok(ev("other", 1, None, &[("env", "prod")]))
+        );
+        let d = parse("api.hits:1|c|#status:200").unwrap_err();
+        assert_eq!(d.outcome, Outcome::Invalid);
+        assert!(d.reason.contains("tag \"org\""), "{}", d.reason);
+        // A listed tag without a value still spoils the line.
+        let d = parse("api.hits:1|c|#org:1,status").unwrap_err();
+        assert!(d.reason.contains("has no value"), "{}", d.reason);
+        // Tags that are not dimensions do not count toward the 16.
+        let tags: Vec<String> = (0..40).map(|i| format!("t{i}:v")).collect();
+        let l = format!("api.hits:1|c|#org:1,{}", tags.join(","));
+        assert_eq!(parse(&l).unwrap().dims.len(), 0);
+        let tags: Vec<String> = (0..65).map(|i| format!("t{i}:v")).collect();
+        let d = parse(&format!("api.hits:1|c|#{}", tags.join(","))).unwrap_err();
+        assert!(d.reason.contains("at most 64 tags"), "{}", d.reason);
     }
 
     #[test]
@@ -735,7 +494,7 @@ mod tests {
         let mut rng = Rng::new(42);
         let mut total = 0i64;
         for _ in 0..100_000 {
-            let e = parse_line(b"k:1|c|@0.3", "statsd", &mut rng).unwrap();
+            let e = parse_line(b"k:1|c|@0.3", &Mapping::default(), &mut rng).unwrap();
             let n = e.n.unwrap();
             assert!(n == 3 || n == 4, "{n}");
             total += n;
@@ -745,7 +504,7 @@ mod tests {
         let mut rng = Rng::new(42);
         let halves: i64 = (0..10_000)
             .map(|_| {
-                parse_line(b"k:0.5|c", "statsd", &mut rng)
+                parse_line(b"k:0.5|c", &Mapping::default(), &mut rng)
                     .unwrap()
                     .n
                     .unwrap()
