@@ -285,3 +285,48 @@ dimensions = ["status"]
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+#[test]
+fn tcp_connections_past_the_cap_are_closed_and_the_rest_still_count() {
+    use std::io::{Read, Write};
+    let s = Running::start("");
+    let max = tally_server::statsd::tcp::MAX_TCP_CONNECTIONS;
+    let mut held: Vec<std::net::TcpStream> = (0..max)
+        .map(|_| std::net::TcpStream::connect(s.tcp).unwrap())
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !s
+        .get("/metrics")
+        .1
+        .contains(&format!("tally_statsd_tcp_connections {max}"))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the held connections were not all served"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut extra = std::net::TcpStream::connect(s.tcp).unwrap();
+    extra
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut buf = [0u8; 1];
+    assert_eq!(extra.read(&mut buf).unwrap(), 0, "closed by the server");
+    // A held connection still counts, and once one closes a new one is served.
+    held[0].write_all(b"held:1|c\n").unwrap();
+    s.wait_for_lines(1);
+    held.truncate(max - 1);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !s
+        .get("/metrics")
+        .1
+        .contains(&format!("tally_statsd_tcp_connections {}", max - 1))
+    {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut again = std::net::TcpStream::connect(s.tcp).unwrap();
+    again.write_all(b"again:1|c\n").unwrap();
+    let lines = s.wait_for_lines(2);
+    assert!(lines.contains(&("accepted".to_owned(), 2)), "{lines:?}");
+}
