@@ -12,6 +12,7 @@ mod body;
 pub mod config;
 mod error;
 mod events;
+mod export;
 mod idempotency;
 mod json;
 mod listen;

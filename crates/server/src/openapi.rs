@@ -57,7 +57,7 @@ fn parameter(name: &str) -> Option<Value> {
         "value" => {
             json!({"type": "string", "minLength": 1, "maxLength": MAX_DIM_VALUE_BYTES, "pattern": NO_CONTROL})
         }
-        "last" | "window" => json!({"type": "string", "pattern": DURATION}),
+        "last" | "window" | "resolution" => json!({"type": "string", "pattern": DURATION}),
         "n" => json!({"type": "integer", "minimum": -amount, "maximum": amount}),
         "max" => json!({"type": "integer", "minimum": 0, "maximum": amount}),
         // Any text: a prefix no key has matches nothing.

@@ -12,7 +12,7 @@ use utoipa_axum::routes;
 use crate::admission::{self, Admission};
 use crate::app::App;
 use crate::error::ApiError;
-use crate::{events, ops, queries, schemas};
+use crate::{events, export, ops, queries, schemas};
 
 /// The router, and the OpenAPI document of its routes.
 pub fn router(app: App) -> (Router, utoipa::openapi::OpenApi) {
@@ -25,6 +25,7 @@ pub fn router(app: App) -> (Router, utoipa::openapi::OpenApi) {
         .routes(routes!(queries::dashboard))
         .routes(routes!(queries::top))
         .routes(routes!(queries::keys))
+        .routes(routes!(export::export))
         .routes(routes!(queries::batch))
         .routes(routes!(schemas::list))
         .routes(routes!(schemas::get, schemas::put))

@@ -4,6 +4,7 @@
 
 mod answer;
 mod exec;
+mod export;
 mod params;
 mod window;
 
@@ -12,6 +13,7 @@ pub use answer::{
     TopAnswer, ValueCount, WindowAnswer, WindowCount,
 };
 pub use exec::{breakdown, dashboard, keys, rollup, series, top};
+pub use export::{EXPORT_PAGE_KEYS, ExportPlan, ExportQuery, Row, export, export_plan};
 pub use params::{
     BreakdownQuery, DashboardQuery, KeysQuery, Params, SeriesQuery, TopQuery, WindowQuery,
 };

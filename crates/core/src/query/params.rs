@@ -24,7 +24,10 @@ impl Params for [(&str, &str)] {
     }
 }
 
-fn required<'p>(p: &'p (impl Params + ?Sized), field: &'static str) -> Result<&'p str, QueryError> {
+pub(super) fn required<'p>(
+    p: &'p (impl Params + ?Sized),
+    field: &'static str,
+) -> Result<&'p str, QueryError> {
     p.get(field).ok_or(QueryError::MissingParameter { field })
 }
 

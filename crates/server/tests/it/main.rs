@@ -6,6 +6,7 @@ mod api;
 mod concurrency;
 mod connections;
 mod errors;
+mod export;
 mod idempotency;
 mod limits;
 mod ratelimit;

@@ -1,0 +1,186 @@
+//! `GET /v1/ns/{ns}/export`: streaming CSV of one tier, checked against the query answers.
+
+use serde_json::json;
+use tally_server::Settings;
+
+use crate::{NOW, Server, err};
+
+fn seed(s: &Server) {
+    let body = json!([
+        {"ns": "clicks", "key": "lnk_1", "ts": NOW - 7200, "dims": {"country": "US", "referrer": "news, \"hn\""}},
+        {"ns": "clicks", "key": "lnk_1", "ts": NOW - 3600, "n": 2, "dims": {"country": "DE"}},
+        {"ns": "clicks", "key": "a,b", "ts": NOW - 3590, "n": 5},
+        {"ns": "clicks", "key": "a,b", "ts": NOW - 3500, "n": -5},
+        {"ns": "clicks", "key": "zero", "ts": NOW - 60, "n": 0},
+    ]);
+    assert_eq!(
+        s.post("/v1/events", &body.to_string()),
+        (200, json!({"accepted": 5}))
+    );
+}
+
+#[test]
+fn an_export_holds_every_total_and_subtotal_of_the_tier() {
+    let s = Server::start(Settings::default());
+    seed(&s);
+    let (from, to) = (NOW - 86_400, NOW);
+    let (st, csv) = s.raw(
+        "GET",
+        &format!("/v1/ns/clicks/export?from={from}&to={to}&resolution=1h"),
+        None,
+        &[],
+    );
+    assert_eq!(st, 200, "{csv}");
+    let (h1, h2) = (NOW - 7200, NOW - 3600);
+    // Keys in byte order; a key's totals, then its subtotals by dimension and value; zero
+    // counts (a,b's +5 −5 hour; zero's 0) are left out; commas and quotes are quoted.
+    assert_eq!(
+        csv,
+        format!(
+            "ns,key,ts,resolution,dim,value,n\n\
+             clicks,lnk_1,{h1},1h,,,1\n\
+             clicks,lnk_1,{h2},1h,,,2\n\
+             clicks,lnk_1,{h2},1h,country,DE,2\n\
+             clicks,lnk_1,{h1},1h,country,US,1\n\
+             clicks,lnk_1,{h1},1h,referrer,\"news, \"\"hn\"\"\",1\n"
+        )
+    );
+    // The minute tier keeps no subtotals; the range is widened to whole buckets.
+    let (st, csv) = s.raw(
+        "GET",
+        &format!(
+            "/v1/ns/clicks/export?from={}&to={}&resolution=1m",
+            NOW - 7199,
+            NOW - 3599
+        ),
+        None,
+        &[],
+    );
+    assert_eq!(st, 200);
+    assert_eq!(
+        csv,
+        format!(
+            "ns,key,ts,resolution,dim,value,n\n\
+             clicks,\"a,b\",{},1m,,,5\n\
+             clicks,lnk_1,{},1m,,,1\n\
+             clicks,lnk_1,{},1m,,,2\n",
+            NOW - 3600,
+            NOW - 7200,
+            NOW - 3600
+        )
+    );
+    // Sums agree with the series answer.
+    let (_, series) = s.get(&format!(
+        "/v1/ns/clicks/keys/lnk_1/series?from={from}&to={to}&unit=day"
+    ));
+    assert_eq!(series["total"], 3);
+}
+
+#[test]
+fn many_keys_come_page_by_page_in_order() {
+    let s = Server::start(Settings::default());
+    let n = tally_core::query::EXPORT_PAGE_KEYS * 2 + 7;
+    let body: Vec<_> = (0..n)
+        .map(|i| json!({"ns": "big", "key": format!("k{i:05}"), "ts": NOW - 100, "n": i + 1}))
+        .collect();
+    assert_eq!(s.post("/v1/events", &json!(body).to_string()).0, 200);
+    let (st, csv) = s.raw(
+        "GET",
+        &format!(
+            "/v1/ns/big/export?from={}&to={NOW}&resolution=1h",
+            NOW - 3600
+        ),
+        None,
+        &[],
+    );
+    assert_eq!(st, 200);
+    let rows: Vec<&str> = csv.lines().skip(1).collect();
+    assert_eq!(rows.len(), n);
+    for (i, r) in rows.iter().enumerate() {
+        assert_eq!(*r, format!("big,k{i:05},{},1h,,,{}", NOW - 3600, i + 1));
+    }
+}
+
+#[test]
+fn bad_exports_are_refused_before_the_answer_starts() {
+    let s = Server::start(Settings::default());
+    seed(&s);
+    let q = |rest: &str| s.get(&format!("/v1/ns/clicks/export?{rest}"));
+    let (from, to) = (NOW - 3600, NOW);
+    err(
+        s.get(&format!(
+            "/v1/ns/nope/export?from={from}&to={to}&resolution=1h"
+        )),
+        404,
+        "unknown_namespace",
+    );
+    let e = err(
+        q(&format!("from={from}&to={to}&resolution=15m")),
+        400,
+        "invalid_parameter",
+    );
+    assert!(
+        e["error"]["message"].as_str().unwrap().contains("1m, 1h"),
+        "{e}"
+    );
+    err(
+        q(&format!("to={to}&resolution=1h")),
+        400,
+        "missing_parameter",
+    );
+    err(
+        q(&format!("from={from}&to={to}&resolution=1h&tz=UTC")),
+        400,
+        "invalid_parameter",
+    );
+    err(
+        q(&format!("from={to}&to={from}&resolution=1h")),
+        400,
+        "invalid_range",
+    );
+    // A year of minutes is more than max_points buckets per key.
+    err(
+        q(&format!("from={}&to={to}&resolution=1m", to - 366 * 86_400)),
+        422,
+        "too_many_points",
+    );
+}
+
+#[test]
+fn an_export_needs_a_read_token() {
+    let s = Server::with_config(
+        r#"
+[[tokens]]
+token = "w"
+scopes = ["write:*"]
+
+[[tokens]]
+token = "r"
+scopes = ["read:clicks"]
+"#,
+    );
+    let body = json!([{"ns": "clicks", "key": "k", "ts": NOW - 10}]).to_string();
+    let auth = |t: &str| format!("Bearer {t}");
+    assert_eq!(
+        s.req(
+            "POST",
+            "/v1/events",
+            Some(&body),
+            &[("Authorization", &auth("w"))]
+        )
+        .0,
+        200
+    );
+    let path = format!(
+        "/v1/ns/clicks/export?from={}&to={NOW}&resolution=1h",
+        NOW - 3600
+    );
+    err(s.get(&path), 401, "unauthorized");
+    err(
+        s.req("GET", &path, None, &[("Authorization", &auth("w"))]),
+        403,
+        "forbidden",
+    );
+    let (st, csv) = s.raw("GET", &path, None, &[("Authorization", &auth("r"))]);
+    assert_eq!((st, csv.lines().count()), (200, 2), "{csv}");
+}
