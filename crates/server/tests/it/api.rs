@@ -310,6 +310,7 @@ fn health_metrics_openapi() {
         ("/v1/ns/{ns}/keys/{key}/dashboard", "get"),
         ("/v1/ns/{ns}/top", "get"),
         ("/v1/ns/{ns}/keys", "get"),
+        ("/v1/ns/{ns}/export", "get"),
         ("/v1/query", "post"),
         ("/v1/ns", "get"),
         ("/v1/ns/{ns}", "get"),
@@ -368,7 +369,7 @@ fn health_metrics_openapi() {
     );
     assert_eq!(
         paths.len(),
-        15,
+        16,
         "a route in the document that the test does not know: {:?}",
         paths.keys().collect::<Vec<_>>()
     );
