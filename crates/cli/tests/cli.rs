@@ -8,6 +8,10 @@ use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+/// Kept under `tests/cli/` so it is a module of this test binary, not one more binary.
+#[path = "cli/dashboard.rs"]
+mod dashboard;
+
 fn tally() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_tally"));
     c.env_remove("TALLY_DATA")
