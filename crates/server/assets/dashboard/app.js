@@ -207,8 +207,8 @@
     const range = h("select", { name: "range" },
       PRESETS.map((p) => h("option", { value: p.id, selected: v.range === p.id }, p.label)),
       h("option", { value: "custom", selected: v.range === "custom" }, "Custom"));
-    const from = h("input", { name: "from", value: v.range === "custom" ? v.from : "", placeholder: "RFC 3339 or unix s", size: 22 });
-    const to = h("input", { name: "to", value: v.range === "custom" ? v.to : "", placeholder: "RFC 3339 or unix s", size: 22 });
+    const from = h("input", { name: "from", value: v.range === "custom" ? v.from : "", placeholder: "RFC 3339 or unix s", size: 26 });
+    const to = h("input", { name: "to", value: v.range === "custom" ? v.to : "", placeholder: "RFC 3339 or unix s", size: 26 });
     const unit = h("select", { name: "unit" },
       UNITS.map((u) => h("option", { value: u, selected: v.unit === u }, u)));
     const tz = h("input", { name: "tz", value: v.tz, list: "zones", size: 18, autocomplete: "off" });
@@ -310,7 +310,7 @@
       h("td", {}, h("a", { href: link(["key", ns.name, k.key], carry(params)) }, k.key)),
       h("td", { class: "n", "data-testid": "top-n", "data-ns": ns.name, "data-key": k.key }, num(k.n))));
     body.replaceChildren(effective(top),
-      h("table", { class: "top" },
+      h("table", { class: "topkeys" },
         h("caption", {}, "Top keys"),
         h("thead", {}, h("tr", {}, h("th", { scope: "col" }, "Key"), h("th", { scope: "col", class: "n" }, "Count"))),
         h("tbody", {}, rows),
@@ -419,7 +419,10 @@
   /** The timeline as SVG bars, one per bucket the API returned. */
   function chart(series) {
     const points = series.timeline;
-    const W = 800, H = 240, left = 56, right = 8, top = 10, bottom = 34;
+    // Drawn at the width it will have, so its text keeps its size on a phone.
+    const room = document.getElementById("main").clientWidth - 48;
+    const W = Math.max(300, Math.min(1100, room || 800)), H = 240;
+    const left = 56, right = 8, top = 10, bottom = 34;
     const plotW = W - left - right, plotH = H - top - bottom;
     const max = Math.max(1, ...points.map((p) => p.n));
     const min = Math.min(0, ...points.map((p) => p.n));
@@ -435,7 +438,7 @@
       s("line", { x1: left, x2: W - right, y1: y(max), y2: y(max), class: "gridline" }),
       s("text", { x: left - 6, y: y(max) + 4, class: "ylabel" }, num(max)),
       s("text", { x: left - 6, y: y(0) + 4, class: "ylabel" }, "0"));
-    const ticks = Math.min(points.length, 8);
+    const ticks = Math.min(points.length, Math.max(3, Math.floor(W / 90)));
     const every = Math.max(1, Math.ceil(points.length / ticks));
     points.forEach((p, i) => {
       const x = left + i * bw;
