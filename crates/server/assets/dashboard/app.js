@@ -453,9 +453,24 @@
         svg.append(s("text", { x: (x + bw / 2).toFixed(2), y: H - bottom + 16, class: "xlabel" }, label));
       }
     });
-    return h("figure", {}, svg,
+    const figure = h("figure", { "data-chart": "" }, svg,
       h("figcaption", {}, `${num(points.length)} buckets; hover a bar for its time and count.`));
+    drawn.set(figure, series);
+    return figure;
   }
+
+  /** Charts on screen and their series, to draw again at a new width without a request. */
+  const drawn = new WeakMap();
+  let resizeTimer = null;
+  window.addEventListener("resize", () => {
+    clearTimeout(resizeTimer);
+    resizeTimer = setTimeout(() => {
+      for (const fig of document.querySelectorAll("figure[data-chart]")) {
+        const series = drawn.get(fig);
+        if (series) fig.replaceWith(chart(series));
+      }
+    }, 200);
+  });
 
   async function keyWindows(box, ns, key) {
     const cells = WINDOWS.map(([last, label]) => {
