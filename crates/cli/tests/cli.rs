@@ -201,6 +201,16 @@ struct Serving {
     url: String,
 }
 
+/// A test that fails before `sigterm_and_wait` must not leave its server running.
+impl Drop for Serving {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 fn serve(data: &Path) -> Serving {
     serve_with(data, &[])
 }
