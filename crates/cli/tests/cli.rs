@@ -8,6 +8,10 @@ use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+/// Kept under `tests/cli/` so it is a module of this test binary, not one more binary.
+#[path = "cli/dashboard.rs"]
+mod dashboard;
+
 fn tally() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_tally"));
     c.env_remove("TALLY_DATA")
@@ -211,6 +215,16 @@ fn serve_refuses_half_or_bad_tls_flags_and_says_https_when_ready() {
 struct Serving {
     child: Child,
     url: String,
+}
+
+/// A test that fails before `sigterm_and_wait` must not leave its server running.
+impl Drop for Serving {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
 }
 
 fn serve(data: &Path) -> Serving {

@@ -309,6 +309,7 @@ mod tests {
             (&get, "/healthz", Class::Free),
             (&get, "/metrics", Class::Free),
             (&get, "/", Class::Free),
+            (&get, "/ui/app.js", Class::Free),
             (&get, "/v1x", Class::Free),
         ] {
             assert_eq!(class(m, p), c, "{m} {p}");

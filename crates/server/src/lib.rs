@@ -10,6 +10,7 @@ mod app;
 mod auth;
 mod body;
 pub mod config;
+mod dashboard;
 mod error;
 mod events;
 mod export;

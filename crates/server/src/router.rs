@@ -1,5 +1,6 @@
 //! The router: every route with its OpenAPI entry (collected by utoipa from the handlers, so
-//! the document cannot drift from them), the fallback, the admission middleware (see
+//! the document cannot drift from them), the dashboard's static routes (`dashboard.rs`, outside
+//! the document), the fallback, the admission middleware (see
 //! `admission.rs`) and the one that makes every error JSON and counts responses.
 
 use std::sync::Arc;
@@ -12,7 +13,7 @@ use utoipa_axum::routes;
 use crate::admission::{self, Admission};
 use crate::app::App;
 use crate::error::ApiError;
-use crate::{events, export, ops, queries, schemas};
+use crate::{dashboard, events, export, ops, queries, schemas};
 
 /// The router, and the OpenAPI document of its routes.
 pub fn router(app: App) -> (Router, utoipa::openapi::OpenApi) {
@@ -45,7 +46,9 @@ pub fn router(app: App) -> (Router, utoipa::openapi::OpenApi) {
     app.set_openapi(json);
     let app2 = app.clone();
     let admission = Arc::new(Admission::new(app.clone()));
+    // The dashboard joins after the document is collected: it is not part of the API.
     let router = router
+        .merge(dashboard::routes())
         .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such route") })
         .layer(axum::middleware::from_fn(
             move |req: axum::extract::Request, next: axum::middleware::Next| {

@@ -539,6 +539,10 @@ fn errors_axum_answers_itself_are_json_too() {
         ("DELETE", "/v1/ns/clicks", 405, Some("GET,HEAD,PUT")),
         ("PATCH", "/healthz", 405, Some("GET,HEAD")),
         ("TRACE", "/nowhere", 404, None),
+        // The dashboard's static routes are no exception.
+        ("POST", "/", 405, Some("GET,HEAD")),
+        ("DELETE", "/ui/app.js", 405, Some("GET,HEAD")),
+        ("GET", "/ui/", 404, None),
     ] {
         let answer = raw_http(
             s.addr,

@@ -5,6 +5,7 @@
 mod api;
 mod concurrency;
 mod connections;
+mod dashboard;
 mod errors;
 mod export;
 mod idempotency;
