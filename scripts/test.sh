@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Every test of tally, on a fresh machine with the Rust toolchain (and Python 3, as the
 # machine has): the workspace's tests (the server's HTTP suite on the embedded engine, the
-# dashboard in headless Chromium), the server's HTTP suite again on a single redis-server
+# dashboard in headless Chromium, exports read back by DuckDB), the server's HTTP suite again on a single redis-server
 # and on a 3-master Redis Cluster, then schemathesis against a live server's OpenAPI
 # document. Whatever a step needs beyond the toolchain (redis-server and chromium from
-# Debian's packages), this script or the step's own installs.
+# Debian's packages, duckdb from PyPI), this script or the step's own installs.
 #
 #   scripts/test.sh
 set -euo pipefail
@@ -31,6 +31,16 @@ fi
 chromium --version 2>/dev/null
 # Here a missing browser fails that test instead of skipping it.
 export TALLY_REQUIRE_CHROMIUM=1
+
+echo "== duckdb (the export test reads tally's Parquet and CSV back with it)"
+duckdb_venv="target/duckdb-venv"
+if ! "$duckdb_venv/bin/python" -c "import duckdb" 2>/dev/null; then
+    python3 -m venv "$duckdb_venv"
+    "$duckdb_venv/bin/pip" install --quiet "duckdb==2.0.0"
+fi
+export TALLY_DUCKDB_PYTHON="$PWD/$duckdb_venv/bin/python"
+# Here a missing DuckDB fails that test instead of skipping it.
+export TALLY_REQUIRE_DUCKDB=1
 
 echo "== cargo test --workspace"
 cargo test --workspace --locked

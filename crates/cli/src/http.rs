@@ -136,6 +136,16 @@ impl Client {
         self.answer(req.call())
     }
 
+    /// A GET whose answer is read by the caller as it streams (any status).
+    pub fn get_raw(&self, route: &Route) -> anyhow::Result<ureq::http::Response<ureq::Body>> {
+        let mut req = self.agent.get(self.url(route));
+        if let Some(a) = &self.authorization {
+            req = req.header("Authorization", a);
+        }
+        req.call()
+            .with_context(|| format!("cannot reach the server at {}", self.server))
+    }
+
     /// A POST with an empty body (the parameters are in the route).
     pub fn post<T: DeserializeOwned>(&self, route: &Route) -> anyhow::Result<Answer<T>> {
         let mut req = self.agent.post(self.url(route));
@@ -237,7 +247,7 @@ pub struct ServerError {
 
 impl ServerError {
     /// Reads the error body; one of another shape still gives the status.
-    fn new(status: u16, json: Value) -> ServerError {
+    pub fn new(status: u16, json: Value) -> ServerError {
         #[derive(Deserialize)]
         struct Body {
             error: Detail,

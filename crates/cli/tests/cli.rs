@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 /// Kept under `tests/cli/` so it is a module of this test binary, not one more binary.
 #[path = "cli/dashboard.rs"]
 mod dashboard;
+#[path = "cli/export.rs"]
+mod export;
 
 fn tally() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_tally"));

@@ -4,6 +4,7 @@ pub mod backup;
 pub mod bench;
 pub mod check;
 pub mod compact;
+pub mod export;
 pub mod incr;
 pub mod keys;
 pub mod query;

@@ -98,7 +98,7 @@ pub fn export_plan(
     let from = q.from.div_euclid(r) * r;
     let to = q.to.div_euclid(r) * r + if q.to.rem_euclid(r) == 0 { 0 } else { r };
     let buckets = (to - from) / r;
-    if buckets > max_points as i64 {
+    if usize::try_from(buckets).map_or(true, |b| b > max_points) {
         return Err(QueryError::Time {
             field: "to",
             source: TimeError::TooManyPoints { max: max_points },

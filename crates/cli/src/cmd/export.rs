@@ -1,0 +1,234 @@
+//! `tally export`: one namespace's totals and subtotals of one tier over a range, as
+//! Hive-style partitioned Parquet or CSV files (`parts`), for DuckDB, Athena and Spark.
+//!
+//! The rows come from a running server (`--server URL`: `GET /v1/ns/{ns}/export`, streamed) or
+//! from a stopped server's data directory (`--data DIR`: the same `query::export`, in
+//! process). Memory stays bounded either way: the rows stream from the source into the
+//! partition writers, which bound what they hold.
+//!
+//! The files are written under `<out>/ns=<ns>.partial-<pid>` and renamed to `<out>/ns=<ns>`
+//! once every file is complete and synced, so a reader never sees half an export; an existing
+//! `<out>/ns=<ns>` is refused rather than mixed with. An export that fails removes its partial
+//! directory.
+
+use std::io::BufReader;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use tally_core::query::{self, ExportQuery};
+use tally_core::store::Deadline;
+use tally_engine::{Config, Engine};
+
+use crate::http::{Client, Route, ServerError};
+use crate::parts::{Format, Parts, Row};
+
+#[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("source").required(true).args(["data", "server"])))]
+pub struct ExportArgs {
+    /// The namespace.
+    #[arg(long)]
+    ns: String,
+    /// Start of the range (unix seconds or RFC 3339), widened to a whole bucket.
+    #[arg(long)]
+    from: String,
+    /// End of the range (exclusive), widened to a whole bucket.
+    #[arg(long)]
+    to: String,
+    /// The tier to export, e.g. 1h (one of the namespace's tiers).
+    #[arg(long)]
+    resolution: String,
+    /// File format.
+    #[arg(long, value_enum, default_value = "parquet")]
+    format: Format,
+    /// Directory to write `ns=<ns>/date=<YYYY-MM-DD>/part-<N>.<ext>` under.
+    #[arg(long)]
+    out: PathBuf,
+    /// Read a stopped server's data directory.
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Read from this running server.
+    #[arg(long)]
+    server: Option<String>,
+    /// Bearer token for --server (needs read on the namespace).
+    #[arg(long, env = "TALLY_TOKEN", requires = "server")]
+    token: Option<String>,
+    /// No progress line.
+    #[arg(long)]
+    quiet: bool,
+}
+
+pub fn run(a: ExportArgs) -> anyhow::Result<()> {
+    let done = a.out.join(format!("ns={}", a.ns));
+    if done.exists() {
+        bail!(
+            "{} already exists: remove it, or export to another --out",
+            done.display()
+        );
+    }
+    let partial = a
+        .out
+        .join(format!("ns={}.partial-{}", a.ns, std::process::id()));
+    std::fs::create_dir_all(&partial).with_context(|| format!("creating {}", partial.display()))?;
+    let progress = Progress::new(a.quiet);
+    let mut parts = Parts::new(&partial, a.format);
+    let written = match &a.server {
+        Some(server) => from_server(&a, server, &mut parts, &progress),
+        None => from_data(&a, &mut parts, &progress),
+    }
+    .and_then(|()| parts.finish());
+    let (rows, files) = match written {
+        Ok(counts) => counts,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&partial);
+            return Err(e);
+        }
+    };
+    std::fs::rename(&partial, &done)
+        .with_context(|| format!("renaming {} to {}", partial.display(), done.display()))?;
+    if let Ok(dir) = std::fs::File::open(&a.out) {
+        let _ = dir.sync_all();
+    }
+    progress.finish();
+    eprintln!(
+        "exported {rows} rows into {files} files under {} in {:.1} s",
+        done.display(),
+        progress.start.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Streams `GET /v1/ns/{ns}/export` and reads it as CSV.
+fn from_server(
+    a: &ExportArgs,
+    server: &str,
+    parts: &mut Parts,
+    progress: &Progress,
+) -> anyhow::Result<()> {
+    let route = Route::namespace(&a.ns, "export")
+        .param("from", &a.from)
+        .param("to", &a.to)
+        .param("resolution", &a.resolution);
+    let client = Client::new(server, a.token.as_deref());
+    let mut resp = client.get_raw(&route)?;
+    let status = resp.status().as_u16();
+    if status >= 400 {
+        let text = resp.body_mut().read_to_string().unwrap_or_default();
+        let json = serde_json::from_str(&text).unwrap_or_default();
+        return Err(ServerError::new(status, json).into());
+    }
+    let body = BufReader::with_capacity(256 * 1024, resp.into_body().into_reader());
+    let mut csv = csv::ReaderBuilder::new()
+        .has_headers(true)
+        .from_reader(body);
+    let header = csv
+        .headers()
+        .context("reading the export's header")?
+        .clone();
+    if header.iter().collect::<Vec<_>>() != ["ns", "key", "ts", "resolution", "dim", "value", "n"] {
+        bail!("the server's export has an unexpected header: {header:?}");
+    }
+    let mut record = csv::StringRecord::new();
+    while csv.read_record(&mut record).context(
+        "reading the server's export (cut off: the server failed mid-way, or the connection broke)",
+    )? {
+        let field = |i: usize| record.get(i).unwrap_or_default();
+        let number = |i: usize| -> anyhow::Result<i64> {
+            field(i)
+                .parse()
+                .with_context(|| format!("row {}: bad number {:?}", parts.rows + 1, field(i)))
+        };
+        let row = Row {
+            key: field(1),
+            ts: number(2)?,
+            resolution: field(3),
+            dim: field(4),
+            value: field(5),
+            n: number(6)?,
+        };
+        parts.write(&row)?;
+        progress.tick(parts.rows);
+    }
+    Ok(())
+}
+
+/// Runs the export in process on a stopped server's data directory.
+fn from_data(a: &ExportArgs, parts: &mut Parts, progress: &Progress) -> anyhow::Result<()> {
+    let dir = a.data.as_deref().unwrap_or(Path::new("tally-data"));
+    let engine = Engine::open(Config::new(dir))
+        .with_context(|| format!("opening data directory {}", dir.display()))?;
+    let params: [(&str, &str); 3] = [
+        ("from", &a.from),
+        ("to", &a.to),
+        ("resolution", &a.resolution),
+    ];
+    let q = ExportQuery::parse(&a.ns, &params[..]).map_err(|e| anyhow::anyhow!("{e}"))?;
+    // No per-query point cap offline: the rows stream to disk, memory stays bounded.
+    let plan = query::export_plan(&engine, &q, usize::MAX).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let res = plan.resolution.to_string();
+    let mut failed = None;
+    query::export(&engine, &plan, &Deadline::none, &mut |r| {
+        let row = Row {
+            key: r.key,
+            ts: r.ts,
+            resolution: &res,
+            dim: r.dim,
+            value: r.value,
+            n: r.n,
+        };
+        match parts.write(&row) {
+            Ok(()) => {
+                progress.tick(parts.rows);
+                true
+            }
+            Err(e) => {
+                failed = Some(e);
+                false
+            }
+        }
+    })
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
+    engine.close();
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// A progress line on stderr (rows, rows/s), hidden when stderr is not a terminal or with
+/// `--quiet`.
+struct Progress {
+    bar: indicatif::ProgressBar,
+    start: Instant,
+}
+
+impl Progress {
+    fn new(quiet: bool) -> Progress {
+        let bar = if quiet {
+            indicatif::ProgressBar::hidden()
+        } else {
+            let b = indicatif::ProgressBar::new_spinner();
+            b.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{spinner} {human_pos} rows, {per_sec}, {elapsed}",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+            );
+            b
+        };
+        Progress {
+            bar,
+            start: Instant::now(),
+        }
+    }
+
+    fn tick(&self, rows: u64) {
+        if rows.is_multiple_of(4096) {
+            self.bar.set_position(rows);
+        }
+    }
+
+    fn finish(&self) {
+        self.bar.finish_and_clear();
+    }
+}

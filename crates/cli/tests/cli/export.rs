@@ -1,0 +1,320 @@
+//! `tally export` end to end: a server's namespace exported from the server and from its
+//! stopped data directory, as Parquet and CSV, read back by DuckDB itself — sums per key and
+//! day match the server's own series answers, partitions prune, and bad exports are refused.
+//!
+//! DuckDB is the `duckdb` Python package: `$TALLY_DUCKDB_PYTHON`, else
+//! `target/duckdb-venv/bin/python` (`scripts/test.sh` installs it there). Without it the
+//! DuckDB checks say so and are skipped, unless `TALLY_REQUIRE_DUCKDB` is set (the script
+//! sets it), so CI cannot skip them silently.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::{Value, json};
+
+use super::{run, serve_cmd, sigterm_and_wait, tally};
+
+/// 2026-11-17T00:00:00Z: three whole days of events follow.
+const DAY0: i64 = 1_794_873_600;
+
+const CONFIG: &str = r#"
+[namespaces.clicks]
+tiers = ["1m:2d", "1h:forever"]
+breakdown_tiers = ["1h"]
+dimensions = ["country"]
+"#;
+
+fn duckdb_python() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("TALLY_DUCKDB_PYTHON") {
+        return Some(PathBuf::from(p));
+    }
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/duckdb-venv/bin/python");
+    let ok = Command::new(&p)
+        .args(["-c", "import duckdb"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    ok.then_some(p)
+}
+
+/// Runs `sql` in DuckDB; the rows as JSON arrays.
+fn duckdb(python: &Path, sql: &str) -> Result<Vec<Value>, String> {
+    let script = r#"
+import duckdb, json, sys
+rows = duckdb.sql(sys.argv[1]).fetchall()
+print(json.dumps([[str(c) if not isinstance(c, (int, float, type(None))) else c for c in r] for r in rows]))
+"#;
+    let out = Command::new(python)
+        .args(["-c", script, sql])
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    Ok(serde_json::from_slice(&out.stdout).unwrap())
+}
+
+fn events() -> Value {
+    let mut ev = Vec::new();
+    let mut x: u64 = 7;
+    for i in 0..3000i64 {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let key = if i % 10 == 0 {
+            "a,\"quoted\" key".to_owned()
+        } else {
+            format!("lnk_{}", (x >> 33) % 40)
+        };
+        let country = ["de", "fr", "us", "jp"][((x >> 20) % 4) as usize];
+        let ts = DAY0 + ((x >> 8) % (3 * 86_400)) as i64;
+        let mut e = json!({"ns": "clicks", "key": key, "ts": ts, "n": 1 + (i % 3)});
+        if i % 7 != 0 {
+            e["dims"] = json!({"country": country});
+        }
+        ev.push(e);
+    }
+    Value::Array(ev)
+}
+
+fn export(args: &[&str]) -> std::process::Output {
+    tally()
+        .arg("export")
+        .args(args)
+        .arg("--quiet")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn exports_read_back_by_duckdb_match_the_series_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("tally.toml");
+    std::fs::write(&cfg, CONFIG).unwrap();
+    let data = dir.path().join("data");
+    let s = serve_cmd(
+        tally().env("TALLY_DATA", &data),
+        &["--config", cfg.to_str().unwrap()],
+    );
+    let base = s.url.trim_end_matches('/').to_owned();
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let resp = agent
+        .post(format!("{base}/v1/events"))
+        .header("Content-Type", "application/json")
+        .send(events().to_string())
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+
+    let (from, to) = (DAY0.to_string(), (DAY0 + 3 * 86_400).to_string());
+    let range = [
+        "--ns",
+        "clicks",
+        "--from",
+        &from,
+        "--to",
+        &to,
+        "--resolution",
+        "1h",
+    ];
+    let out_dir = |name: &str| dir.path().join(name);
+    let path = |p: &Path| p.to_str().unwrap().to_owned();
+    for (name, format) in [("pq", "parquet"), ("csv", "csv")] {
+        let o = export(
+            &[
+                &range[..],
+                &[
+                    "--server",
+                    &base,
+                    "--format",
+                    format,
+                    "--out",
+                    &path(&out_dir(name)),
+                ],
+            ]
+            .concat(),
+        );
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let said = String::from_utf8_lossy(&o.stderr);
+        assert!(said.contains("into 3 files"), "{said}");
+    }
+    // The data directory is the running server's: refused.
+    let o = export(
+        &[
+            &range[..],
+            &["--data", &path(&data), "--out", &path(&out_dir("x"))],
+        ]
+        .concat(),
+    );
+    assert!(!o.status.success());
+    assert!(!out_dir("x").join("ns=clicks").exists());
+    // Refusals: an export already there, a tier the namespace lacks, no such namespace.
+    let o = export(
+        &[
+            &range[..],
+            &["--server", &base, "--out", &path(&out_dir("pq"))],
+        ]
+        .concat(),
+    );
+    assert!(String::from_utf8_lossy(&o.stderr).contains("already exists"));
+    let mut bad = range.to_vec();
+    bad[7] = "15m";
+    let o = export(
+        &[
+            &bad[..],
+            &["--server", &base, "--out", &path(&out_dir("bad"))],
+        ]
+        .concat(),
+    );
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && said.contains("no 15m tier"),
+        "{said}"
+    );
+    assert!(!out_dir("bad").join("ns=clicks").exists());
+    assert_eq!(
+        std::fs::read_dir(out_dir("bad")).unwrap().count(),
+        0,
+        "partial left behind"
+    );
+
+    // The server's own answers: per key, per UTC day.
+    let (_, keys) = {
+        let mut r = agent
+            .get(format!("{base}/v1/ns/clicks/keys?limit=1000"))
+            .call()
+            .unwrap();
+        (
+            (),
+            serde_json::from_str::<Value>(&r.body_mut().read_to_string().unwrap()).unwrap(),
+        )
+    };
+    let mut want: BTreeMap<(String, String), i64> = BTreeMap::new();
+    for k in keys["keys"].as_array().unwrap() {
+        let k = k.as_str().unwrap();
+        let enc: String = k
+            .bytes()
+            .map(|b| match b {
+                b'a'..=b'z' | b'0'..=b'9' | b'_' => (b as char).to_string(),
+                _ => format!("%{b:02X}"),
+            })
+            .collect();
+        let mut r = agent
+            .get(format!(
+                "{base}/v1/ns/clicks/keys/{enc}/series?from={from}&to={to}&unit=day"
+            ))
+            .call()
+            .unwrap();
+        let a: Value = serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap();
+        for p in a["points"].as_array().unwrap() {
+            let n = p["n"].as_i64().unwrap();
+            if n != 0 {
+                let day = p["t"].as_str().unwrap()[..10].to_owned();
+                want.insert((k.to_owned(), day), n);
+            }
+        }
+    }
+    assert_eq!(want.values().sum::<i64>(), 6000);
+    sigterm_and_wait(s);
+
+    // Offline, from the stopped server's directory: the same rows.
+    let o = export(
+        &[
+            &range[..],
+            &["--data", &path(&data), "--out", &path(&out_dir("offline"))],
+        ]
+        .concat(),
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+
+    let Some(py) = duckdb_python() else {
+        assert!(
+            std::env::var_os("TALLY_REQUIRE_DUCKDB").is_none(),
+            "TALLY_REQUIRE_DUCKDB is set but no duckdb is found (scripts/test.sh installs it)"
+        );
+        eprintln!("SKIPPED the DuckDB checks: no duckdb (pip install duckdb, or scripts/test.sh)");
+        return;
+    };
+    let per_day = |glob: &str, reader: &str| {
+        let rows = duckdb(
+            &py,
+            &format!(
+                "select key, cast(date as varchar), sum(n) from {reader}('{glob}', hive_partitioning = true) \
+                 where coalesce(dim, '') = '' and ns = 'clicks' group by all order by all"
+            ),
+        )
+        .unwrap();
+        rows.iter()
+            .map(|r| {
+                (
+                    (
+                        r[0].as_str().unwrap().to_owned(),
+                        r[1].as_str().unwrap().to_owned(),
+                    ),
+                    r[2].as_i64().unwrap(),
+                )
+            })
+            .collect::<BTreeMap<_, _>>()
+    };
+    let pq = path(&out_dir("pq"));
+    assert_eq!(per_day(&format!("{pq}/**/*.parquet"), "read_parquet"), want);
+    assert_eq!(
+        per_day(
+            &format!("{}/**/*.parquet", path(&out_dir("offline"))),
+            "read_parquet"
+        ),
+        want
+    );
+    assert_eq!(
+        per_day(&format!("{}/**/*.csv", path(&out_dir("csv"))), "read_csv"),
+        want
+    );
+    // Subtotals sum to at most their totals, per key and day (some events had no country).
+    let sub = duckdb(
+        &py,
+        &format!(
+            "select sum(n) from read_parquet('{pq}/**/*.parquet', hive_partitioning = true) where dim = 'country'"
+        ),
+    )
+    .unwrap();
+    let with_country: i64 = events()
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e.get("dims").is_some())
+        .map(|e| e["n"].as_i64().unwrap())
+        .sum();
+    assert_eq!(sub[0][0].as_i64(), Some(with_country));
+
+    // Partitions prune: with one day's file ruined (not the first, which DuckDB reads for the
+    // schema), a query of another day still reads.
+    let ruined = out_dir("pq").join("ns=clicks/date=2026-11-19/part-0.parquet");
+    std::fs::write(&ruined, b"not parquet").unwrap();
+    let one_day = duckdb(
+        &py,
+        &format!(
+            "select sum(n) from read_parquet('{pq}/**/*.parquet', hive_partitioning = true) \
+             where date = '2026-11-18' and dim = ''"
+        ),
+    )
+    .unwrap();
+    let day2: i64 = want
+        .iter()
+        .filter(|((_, d), _)| d == "2026-11-18")
+        .map(|(_, n)| n)
+        .sum();
+    assert_eq!(one_day[0][0].as_i64(), Some(day2));
+    assert!(
+        duckdb(
+            &py,
+            &format!(
+                "select sum(n) from read_parquet('{pq}/**/*.parquet', hive_partitioning = true)"
+            )
+        )
+        .is_err(),
+        "the ruined file is read when the query needs it"
+    );
+    let _ = run;
+}
