@@ -5,12 +5,13 @@
 //! cargo run --release -p tally-bench -- engine
 //! ```
 //!
-//! Subcommands: `engine`, `compare`, `http`, `ratelimit`, `statsd`, `redis-backend`, `archive`, `archive-year`, and `soak`
+//! Subcommands: `engine`, `compare`, `http`, `ratelimit`, `statsd`, `redis-backend`, `archive`, `archive-year`, `export`, and `soak`
 //! and `soak-disk-full` (the crash soak of `scripts/soak.sh`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod archive;
+mod export;
 mod http;
 mod ratelimit;
 mod redis_backend;
@@ -275,6 +276,7 @@ fn main() {
         Some("engine") | None => engine_bench(),
         Some("compare") => compare_bench(),
         Some("http") => http::bench(),
+        Some("export") => export::bench(rest),
         Some("ratelimit") => ratelimit::bench(rest),
         Some("statsd") => statsd::bench(),
         Some("redis-backend") => redis_backend::bench(rest),
@@ -284,7 +286,7 @@ fn main() {
         Some("soak-disk-full") => soak::disk_full(rest),
         Some(other) => {
             eprintln!(
-                "unknown benchmark {other:?}; known: engine, compare, http, ratelimit, statsd, redis-backend, archive, archive-year, soak, soak-disk-full"
+                "unknown benchmark {other:?}; known: engine, compare, http, export, ratelimit, statsd, redis-backend, archive, archive-year, soak, soak-disk-full"
             );
             std::process::exit(2);
         }

@@ -146,6 +146,35 @@ impl Client {
             .with_context(|| format!("cannot reach the server at {}", self.server))
     }
 
+    /// A POST of `body` with extra `headers`: the status and the answer's text.
+    pub fn post_body(
+        &self,
+        route: &Route,
+        content_type: &str,
+        body: &[u8],
+        headers: &[(&str, &str)],
+    ) -> anyhow::Result<(u16, String)> {
+        let mut req = self
+            .agent
+            .post(self.url(route))
+            .header("Content-Type", content_type);
+        if let Some(a) = &self.authorization {
+            req = req.header("Authorization", a);
+        }
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let mut resp = req
+            .send(body)
+            .with_context(|| format!("cannot reach the server at {}", self.server))?;
+        let status = resp.status().as_u16();
+        let text = resp
+            .body_mut()
+            .read_to_string()
+            .context("reading the answer")?;
+        Ok((status, text))
+    }
+
     /// A POST with an empty body (the parameters are in the route).
     pub fn post<T: DeserializeOwned>(&self, route: &Route) -> anyhow::Result<Answer<T>> {
         let mut req = self.agent.post(self.url(route));

@@ -1,5 +1,5 @@
 //! `tally`: runs the server (`tally serve`), talks to one (`incr`, `query …`, `keys`, `bench`), and
-//! looks after a data directory (`check`, `compact`, `backup`), and exports (`export`).
+//! looks after a data directory (`check`, `compact`, `backup`), and loads and exports history (`load`, `export`).
 //! This file is glue: clap parses and checks every argument before anything runs, `cmd` runs
 //! the subcommand, and an error prints as one line with its causes and exits 1 (clap's own
 //! refusals exit 2; a limited `incr` refused exits 3). A closed stdout is success.
@@ -7,6 +7,7 @@
 mod cmd;
 mod conn;
 mod http;
+mod load;
 mod parts;
 mod table;
 
@@ -36,6 +37,8 @@ enum Command {
     Check(cmd::check::CheckArgs),
     /// Flush every closed period of a stopped server's data directory into the archive.
     Compact(cmd::compact::CompactArgs),
+    /// Bulk-load events from CSV or NDJSON files into a server or a data directory.
+    Load(cmd::load::LoadArgs),
     /// Export a namespace's counts as Hive-partitioned Parquet or CSV files.
     Export(cmd::export::ExportArgs),
     /// Copy a data directory consistently, even while a server runs on it.
@@ -52,6 +55,7 @@ fn main() -> ExitCode {
         Command::Keys(args) => cmd::keys::run(args),
         Command::Check(args) => cmd::check::run(args),
         Command::Compact(args) => cmd::compact::run(args),
+        Command::Load(args) => cmd::load::run(args),
         Command::Export(args) => cmd::export::run(args),
         Command::Backup(args) => cmd::backup::run(args),
         Command::Bench(args) => cmd::bench::run(args),

@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 mod dashboard;
 #[path = "cli/export.rs"]
 mod export;
+#[path = "cli/load.rs"]
+mod load;
 
 fn tally() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_tally"));

@@ -151,6 +151,27 @@ impl std::fmt::Debug for Engine {
 }
 
 impl Engine {
+    /// Refuses, before anything is logged, a batch whose increments name a namespace that
+    /// neither exists nor is created by the batch: logged, such a record could not be applied
+    /// at the next start either, and recovery would stop on it.
+    fn check_namespaces(&self, batch: &Batch) -> Result<(), StoreError> {
+        let mut last: Option<&Namespace> = None;
+        for inc in &batch.increments {
+            if last == Some(&inc.ns) {
+                continue;
+            }
+            let created = batch.create.iter().any(|(n, _)| *n == inc.ns);
+            if !created && self.core.read_cat().ns_id(inc.ns.as_str()).is_none() {
+                return Err(StoreError::internal(format!(
+                    "namespace {} is unknown and the batch does not create it",
+                    inc.ns
+                )));
+            }
+            last = Some(&inc.ns);
+        }
+        Ok(())
+    }
+
     /// Opens (creating if needed) a data directory and recovers it from its log.
     pub fn open(config: Config) -> Result<Engine, OpenError> {
         let started = Instant::now();
@@ -337,6 +358,7 @@ impl Store for Engine {
 
     fn apply(&self, batch: &Batch) -> Result<(), StoreError> {
         let _gate = self.gate_shared();
+        self.check_namespaces(batch)?;
         let view = BatchView::from_batch(batch);
         let mut bytes = Vec::with_capacity(64 + 16 * batch.increments.len());
         view.encode(&mut bytes);

@@ -28,6 +28,17 @@ pub mod statsd;
 pub mod tls;
 
 pub use admission::{MAX_HEADER_BYTES, MAX_HEADER_FIELDS, MAX_URI_BYTES, OTHER_V1_PERMITS};
+/// `POST /v1/events`' body parser (a JSON array, or NDJSON), as the route runs it, with at
+/// most `max` events: `tally load` reads NDJSON lines with it, so a line loads exactly when
+/// the route would take it.
+pub fn parse_events(
+    body: &[u8],
+    ndjson: bool,
+    max: usize,
+) -> Result<Vec<tally_core::model::RawEvent>, ApiError> {
+    events::parse::parse_body(body, ndjson, max)
+}
+
 /// Entry points for the fuzz targets in `fuzz/`: thin wrappers over private parsers, so
 /// the fuzzers test the code the routes run. Not an API: it may change at any time.
 #[doc(hidden)]

@@ -7,5 +7,6 @@ pub mod compact;
 pub mod export;
 pub mod incr;
 pub mod keys;
+pub mod load;
 pub mod query;
 pub mod serve;

@@ -493,3 +493,31 @@ fn remembered_answers_survive_a_restart_and_expire() {
     c.advance(86_400);
     assert_eq!(e.idempotency("abc").unwrap(), None);
 }
+
+/// A batch naming a namespace that neither exists nor is created by it was once logged, then
+/// failed to apply, and every later start stopped on that record. It is refused before the log.
+#[test]
+fn a_batch_for_an_unknown_namespace_is_refused_before_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = clock(NOW);
+    let e = open(dir.path(), &c, FsyncPolicy::Always);
+    let mut batch = tally_core::ingest::prepare(
+        &e,
+        &[raw("clicks", "k", NOW - 10, 1, &[])],
+        NOW,
+        &tally_core::ingest::Limits::default(),
+        &tally_core::ingest::Defaults::default(),
+    )
+    .unwrap();
+    batch.create.clear();
+    let err = e.apply(&batch).unwrap_err();
+    assert!(
+        err.detail().contains("namespace clicks is unknown"),
+        "{err:?}"
+    );
+    assert!(e.health().is_ok());
+    write(&e, NOW, &[raw("clicks", "k", NOW - 10, 2, &[])]).unwrap();
+    drop(e);
+    let e = open(dir.path(), &c, FsyncPolicy::Always);
+    assert_eq!(total(&e, "clicks", "k", 3600), 2);
+}

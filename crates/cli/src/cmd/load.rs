@@ -1,0 +1,439 @@
+//! `tally load FILE… | -`: bulk-load events from CSV or NDJSON files (plain, `.gz`, `.zst`).
+//!
+//! Two passes over the input. The first checks every line by the rules the API applies (the
+//! event rules, and the namespaces' allow-lists as the target holds them): a bad line stops
+//! the load naming its file, line and reason **before anything is applied** (`--skip-bad`
+//! counts and skips bad lines instead). The second sends the events in batches:
+//! - `--server URL`: `POST /v1/events` (NDJSON), each batch with an `Idempotency-Key` made of
+//!   a digest of the file's bytes and the batch's first line, so a load that was interrupted
+//!   and run again counts every event exactly once (within the server's 24 h memory of keys);
+//!   unavailable servers and keys in flight are retried with backoff;
+//! - `--data DIR` (a stopped server's directory): the same batches applied to the engine in
+//!   process, each with the same idempotency record, flushed to archive segments as it goes.
+//!
+//! stdin (`-`) is copied to a temporary file first, as it is read twice.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use serde_json::{Map, Value, json};
+use tally_core::ingest::{self, Defaults, IngestError, Limits};
+use tally_core::model::{Namespace, RawEvent, Schema, SchemaDoc};
+use tally_core::reference::MemStore;
+use tally_core::store::{Batch, Clock, IdemRecord, Store, SystemClock};
+use tally_engine::{Config, Engine};
+
+use crate::http::{Client, Route};
+use crate::load::{Digest, Format, Input, spool_stdin};
+
+#[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("target").required(true).args(["data", "server"])))]
+pub struct LoadArgs {
+    /// Files of events (`-` for stdin): CSV (header ns,key,ts,n,<dimensions>…) or NDJSON,
+    /// plain, .gz or .zst.
+    #[arg(required = true)]
+    files: Vec<PathBuf>,
+    /// The format, when the file names do not tell (.csv, .ndjson, .jsonl).
+    #[arg(long, value_enum)]
+    format: Option<Format>,
+    /// Load into this running server.
+    #[arg(long)]
+    server: Option<String>,
+    /// Bearer token for --server (needs write on the namespaces).
+    #[arg(long, env = "TALLY_TOKEN", requires = "server")]
+    token: Option<String>,
+    /// Load into a stopped server's data directory.
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Events per batch.
+    #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    batch: u32,
+    /// Count and skip bad lines instead of refusing the load.
+    #[arg(long)]
+    skip_bad: bool,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+/// One input: where its bytes are, the name it is shown by, its digest.
+struct Source {
+    path: PathBuf,
+    name: String,
+    digest: Digest,
+    bytes: u64,
+}
+
+/// Where the batches go.
+enum Target {
+    Server(Client),
+    Engine(Box<Engine>),
+}
+
+/// Checks events by the API's rules against the target's schemas (namespaces created on the
+/// way are remembered, counts are not).
+struct Checker {
+    schemas: MemStore,
+    limits: Limits,
+    defaults: Defaults,
+    now: i64,
+}
+
+impl Checker {
+    fn of(target: &Target, batch: usize, now: i64) -> anyhow::Result<Checker> {
+        let checker = Checker {
+            schemas: MemStore::new(std::sync::Arc::new(SystemClock)),
+            limits: Limits {
+                max_batch_events: batch,
+                ..Limits::default()
+            },
+            defaults: Defaults::default(),
+            now,
+        };
+        for (ns, schema) in schemas_of(target)? {
+            checker
+                .schemas
+                .put_schema(&ns, &schema)
+                .map_err(|e| anyhow::anyhow!(e.detail()))?;
+        }
+        Ok(checker)
+    }
+
+    /// Checks `events`, taking out the bad ones (reported through `bad` with their line) until
+    /// the rest make one batch.
+    fn batch(
+        &self,
+        events: &mut Vec<(u64, RawEvent)>,
+        bad: &mut dyn FnMut(u64, String) -> anyhow::Result<()>,
+    ) -> anyhow::Result<Batch> {
+        loop {
+            let raws = events.iter().map(|(_, e)| e.clone()).collect();
+            match ingest::prepare_owned(&self.schemas, raws, self.now, &self.limits, &self.defaults)
+            {
+                Ok(b) => {
+                    for (ns, schema) in &b.create {
+                        self.schemas
+                            .put_schema(ns, schema)
+                            .map_err(|e| anyhow::anyhow!(e.detail()))?;
+                    }
+                    return Ok(b);
+                }
+                Err(e) => {
+                    let Some(i) = e.index().filter(|i| *i < events.len()) else {
+                        bail!("checking a batch: {e}");
+                    };
+                    let (line, _) = events.remove(i);
+                    let why = match e {
+                        IngestError::Event { source, .. } => source.to_string(),
+                        other => other.to_string(),
+                    };
+                    let why = why.split_once(": ").map_or(why.clone(), |(head, rest)| {
+                        if head.starts_with("event ") {
+                            rest.to_owned()
+                        } else {
+                            why.clone()
+                        }
+                    });
+                    bad(line, why)?;
+                }
+            }
+        }
+    }
+}
+
+pub fn run(a: LoadArgs) -> anyhow::Result<()> {
+    let spool = tempfile::tempdir().context("creating a temporary directory")?;
+    let mut sources = Vec::new();
+    for f in &a.files {
+        let (path, name) = if f.as_os_str() == "-" {
+            if a.format.is_none() {
+                bail!("stdin (-) needs --format csv or --format ndjson");
+            }
+            (spool_stdin(spool.path())?, "stdin".to_owned())
+        } else {
+            (f.clone(), f.display().to_string())
+        };
+        let bytes = std::fs::metadata(&path)
+            .with_context(|| format!("opening {name}"))?
+            .len();
+        sources.push(Source {
+            path,
+            name,
+            digest: Digest::default(),
+            bytes,
+        });
+    }
+    let total: u64 = sources.iter().map(|s| s.bytes).sum();
+    let target = match (&a.server, &a.data) {
+        (Some(server), _) => Target::Server(Client::new(server, a.token.as_deref())),
+        (None, Some(dir)) => Target::Engine(Box::new(
+            Engine::open(Config::new(dir))
+                .with_context(|| format!("opening data directory {}", dir.display()))?,
+        )),
+        (None, None) => bail!("give --server URL or --data DIR"),
+    };
+    let now = SystemClock.now();
+    let checker = Checker::of(&target, a.batch as usize, now)?;
+    let start = Instant::now();
+
+    // Pass 1: every line checked, and each file's digest.
+    let bar = progress(a.quiet, total, "checking");
+    let mut bad_lines = 0u64;
+    let mut shown = Vec::new();
+    let mut events = 0u64;
+    for s in &mut sources {
+        s.digest = digest(&s.path).with_context(|| format!("reading {}", s.name))?;
+        let name = s.name.clone();
+        let mut bad = |line: u64, why: String| -> anyhow::Result<()> {
+            if !a.skip_bad {
+                bail!("{name}:{line}: {why}; nothing was loaded (--skip-bad skips bad lines)");
+            }
+            bad_lines += 1;
+            if shown.len() < 5 {
+                shown.push(format!("{name}:{line}: {why}"));
+            }
+            Ok(())
+        };
+        let batch = a.batch as usize;
+        each_batch(s, a.format, &bar, batch, &mut bad, &mut |mut chunk, bad| {
+            events += checker.batch(&mut chunk, bad)?.increments.len() as u64;
+            Ok(())
+        })?;
+    }
+    bar.finish_and_clear();
+    if events == 0 {
+        bail!("no events to load");
+    }
+
+    // Pass 2: the batches applied, checked again against the target's own schemas (so a
+    // namespace created on the way is created by its first batch).
+    let checker = Checker::of(&target, a.batch as usize, now)?;
+    let bar = progress(a.quiet, total, "loading");
+    let mut loaded = 0u64;
+    let mut since_flush = 0u64;
+    let mut already = 0u64;
+    for s in &sources {
+        let batch = a.batch as usize;
+        each_batch(
+            s,
+            a.format,
+            &bar,
+            batch,
+            &mut |_, _| Ok(()),
+            &mut |mut chunk, _| {
+                let first = chunk.first().map_or(0, |(l, _)| *l);
+                let last = chunk.last().map_or(0, |(l, _)| *l);
+                let key = format!("tally-load-{:016x}-{first}", s.digest.0);
+                let mut b = checker.batch(&mut chunk, &mut |_, _| Ok(()))?;
+                let n = b.increments.len() as u64;
+                match &target {
+                    Target::Server(client) => post(client, &chunk, &key)
+                        .with_context(|| format!("{}: lines {first}–{last}", s.name))?,
+                    Target::Engine(engine) => {
+                        if engine
+                            .idempotency(&key)
+                            .map_err(|e| anyhow::anyhow!(e.detail()))?
+                            .is_none()
+                        {
+                            b.idempotency = Some(IdemRecord {
+                                key: key.clone(),
+                                fingerprint: key.clone(),
+                                expires: checker.now + 86_400,
+                                status: 200,
+                                body: json!({"accepted": n}).to_string(),
+                            });
+                            engine
+                                .apply(&b)
+                                .map_err(|e| anyhow::anyhow!(e.detail()))
+                                .with_context(|| format!("{}: lines {first}–{last}", s.name))?;
+                            since_flush += n;
+                            if since_flush >= 1_000_000 {
+                                engine.maintain().map_err(|e| anyhow::anyhow!(e.detail()))?;
+                                since_flush = 0;
+                            }
+                        } else {
+                            already += n;
+                        }
+                    }
+                }
+                loaded += n;
+                bar.set_message(format!("loading, {loaded} events"));
+                Ok(())
+            },
+        )?;
+    }
+    bar.finish_and_clear();
+    if let Target::Engine(engine) = &target {
+        engine.maintain().map_err(|e| anyhow::anyhow!(e.detail()))?;
+        engine.sync().map_err(|e| anyhow::anyhow!(e.detail()))?;
+        engine.close();
+    }
+    let secs = start.elapsed().as_secs_f64();
+    eprintln!(
+        "loaded {loaded} events from {} file(s) in {secs:.1} s ({:.0} events/s){}{}",
+        sources.len(),
+        loaded as f64 / secs.max(1e-9),
+        if already > 0 {
+            format!("; {already} of them were loaded before (the same file's batches count once)")
+        } else {
+            String::new()
+        },
+        if bad_lines > 0 {
+            format!("; skipped {bad_lines} bad line(s)")
+        } else {
+            String::new()
+        }
+    );
+    for s in shown {
+        eprintln!("  skipped {s}");
+    }
+    Ok(())
+}
+
+/// What to do with a bad line: (line number, why).
+type BadLine<'a> = dyn FnMut(u64, String) -> anyhow::Result<()> + 'a;
+
+/// What to do with a chunk of good lines (it may still find bad ones: they go to the second
+/// argument).
+type OnChunk<'a> = dyn FnMut(Vec<(u64, RawEvent)>, &mut BadLine<'_>) -> anyhow::Result<()> + 'a;
+
+/// Reads `s`'s events in chunks of `batch` lines, handing each chunk to `f`; bad lines go to
+/// `bad`.
+fn each_batch(
+    s: &Source,
+    format: Option<Format>,
+    bar: &indicatif::ProgressBar,
+    batch: usize,
+    bad: &mut BadLine<'_>,
+    f: &mut OnChunk<'_>,
+) -> anyhow::Result<()> {
+    let input = Input::open(&s.path, &s.name, format, bar)?;
+    let mut chunk = Vec::with_capacity(batch);
+    input.events(&mut |line, e| {
+        match e {
+            Ok(e) => chunk.push((line, e)),
+            Err(why) => bad(line, why)?,
+        }
+        if chunk.len() >= batch {
+            f(std::mem::take(&mut chunk), bad)?;
+        }
+        Ok(())
+    })?;
+    if !chunk.is_empty() {
+        f(chunk, bad)?;
+    }
+    Ok(())
+}
+
+/// The target's namespaces and schemas, to check events against.
+fn schemas_of(target: &Target) -> anyhow::Result<Vec<(Namespace, Schema)>> {
+    match target {
+        Target::Engine(e) => e.namespaces().map_err(|e| anyhow::anyhow!(e.detail())),
+        Target::Server(client) => {
+            let answer = client.get::<Value>(&Route::fixed("/v1/ns"))?;
+            let mut out = Vec::new();
+            for n in answer.json()["namespaces"].as_array().into_iter().flatten() {
+                let name = n["name"].as_str().unwrap_or_default();
+                let mut fields = n.clone();
+                if let Some(o) = fields.as_object_mut() {
+                    o.remove("name");
+                }
+                let doc: SchemaDoc = serde_json::from_value(fields)
+                    .with_context(|| format!("the server's schema of {name}"))?;
+                let ns = Namespace::new(name).map_err(|e| anyhow::anyhow!("{e}"))?;
+                let schema = Schema::from_doc(&doc).map_err(|e| anyhow::anyhow!("{e}"))?;
+                out.push((ns, schema));
+            }
+            Ok(out)
+        }
+    }
+}
+
+/// FNV-1a of a file's bytes.
+fn digest(path: &std::path::Path) -> std::io::Result<Digest> {
+    use std::io::Read;
+    let mut d = Digest::default();
+    let mut f = std::fs::File::open(path)?;
+    let mut buf = vec![0u8; 256 * 1024];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            return Ok(d);
+        }
+        d.update(buf.get(..n).unwrap_or_default());
+    }
+}
+
+/// POSTs one batch under `key`, retrying what may pass later: no connection, 503, and 409
+/// (the same key still in flight from an earlier attempt).
+fn post(client: &Client, chunk: &[(u64, RawEvent)], key: &str) -> anyhow::Result<()> {
+    let mut body = Vec::with_capacity(chunk.len() * 96);
+    for (_, e) in chunk {
+        let mut o = Map::new();
+        o.insert("ns".into(), json!(e.ns));
+        o.insert("key".into(), json!(e.key));
+        if let Some(ts) = e.ts {
+            o.insert("ts".into(), json!(ts));
+        }
+        if let Some(n) = e.n {
+            o.insert("n".into(), json!(n));
+        }
+        if !e.dims.is_empty() {
+            let dims: Map<String, Value> =
+                e.dims.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
+            o.insert("dims".into(), Value::Object(dims));
+        }
+        serde_json::to_writer(&mut body, &Value::Object(o))?;
+        body.push(b'\n');
+    }
+    let mut wait = Duration::from_millis(100);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let sent = client.post_body(
+            &Route::fixed("/v1/events"),
+            "application/x-ndjson",
+            &body,
+            &[("Idempotency-Key", key)],
+        );
+        let retry = match &sent {
+            Ok((200, _)) => return Ok(()),
+            Ok((409 | 503, _)) => true,
+            Ok((status, text)) => {
+                let json: Value = serde_json::from_str(text).unwrap_or_default();
+                return Err(crate::http::ServerError::new(*status, json).into());
+            }
+            Err(_) => true,
+        };
+        if retry && Instant::now() + wait > deadline {
+            return match sent {
+                Ok((status, text)) => bail!(
+                    "the server still answers {status} after 2 minutes of retries: {text}; run the \
+                     same command again to resume (loaded batches are not counted twice)"
+                ),
+                Err(e) => Err(e.context(
+                    "the server is unreachable after 2 minutes of retries; run the same command \
+                     again to resume (loaded batches are not counted twice)",
+                )),
+            };
+        }
+        std::thread::sleep(wait);
+        wait = (wait * 2).min(Duration::from_secs(5));
+    }
+}
+
+fn progress(quiet: bool, total: u64, what: &str) -> indicatif::ProgressBar {
+    if quiet {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(total);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{msg:20} [{bar:30}] {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} eta {eta}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    bar.set_message(what.to_owned());
+    bar
+}

@@ -1,0 +1,438 @@
+//! Reading `tally load`'s input: files (or stdin) of events as CSV or NDJSON, plain, `.gz` or
+//! `.zst`, one event at a time with its line number, each checked by the rules the API uses.
+//!
+//! - **CSV**: a header `ns,key,ts,n,<dimension>…`, then one event per record. `ts` is unix
+//!   seconds or RFC 3339 (empty: now), `n` an integer (empty: 1); a dimension column's empty
+//!   cell means the event does not carry it. Fields are RFC 4180 (quotes for commas).
+//! - **NDJSON**: one event per line, in the shape of `POST /v1/events`, read by the route's own
+//!   parser; blank lines are skipped.
+//!
+//! Every line is bounded ([`MAX_LINE_BYTES`]): a longer one is a bad line, not a reason to
+//! grow memory.
+
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use tally_core::model::{self as m, RawEvent};
+
+/// The longest line read.
+pub const MAX_LINE_BYTES: usize = 1024 * 1024;
+
+/// The input's format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Csv,
+    Ndjson,
+}
+
+/// How the bytes are compressed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compression {
+    None,
+    Gzip,
+    Zstd,
+}
+
+/// What a file's name says: its format (if the name tells) and compression.
+pub fn detect(path: &Path) -> (Option<Format>, Compression) {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().to_ascii_lowercase())
+        .unwrap_or_default();
+    let (rest, compression) = if let Some(r) = name.strip_suffix(".gz") {
+        (r.to_owned(), Compression::Gzip)
+    } else if let Some(r) = name.strip_suffix(".zst") {
+        (r.to_owned(), Compression::Zstd)
+    } else {
+        (name, Compression::None)
+    };
+    let format = if rest.ends_with(".csv") {
+        Some(Format::Csv)
+    } else if rest.ends_with(".ndjson") || rest.ends_with(".jsonl") {
+        Some(Format::Ndjson)
+    } else {
+        None
+    };
+    (format, compression)
+}
+
+/// One input, opened: its bytes decompressed, and how many compressed bytes were read so
+/// far (for the progress bar).
+pub struct Input {
+    pub name: String,
+    pub format: Format,
+    reader: Box<dyn BufRead>,
+}
+
+impl std::fmt::Debug for Input {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Input")
+            .field("name", &self.name)
+            .field("format", &self.format)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Counts the bytes read through it.
+struct Counted<R> {
+    inner: R,
+    progress: indicatif::ProgressBar,
+}
+
+impl<R: Read> Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.progress.inc(n as u64);
+        Ok(n)
+    }
+}
+
+impl Input {
+    /// Opens `path` (not `-`: stdin is spooled to a file first by the caller); `format`
+    /// overrides what the name says.
+    pub fn open(
+        path: &Path,
+        name: &str,
+        format: Option<Format>,
+        progress: &indicatif::ProgressBar,
+    ) -> anyhow::Result<Input> {
+        let (by_name, compression) = detect(Path::new(name));
+        let Some(format) = format.or(by_name) else {
+            bail!(
+                "{name}: cannot tell the format from the name (.csv, .ndjson or .jsonl, optionally \
+                 .gz or .zst): give --format"
+            );
+        };
+        let file = File::open(path).with_context(|| format!("opening {name}"))?;
+        let raw = Counted {
+            inner: file,
+            progress: progress.clone(),
+        };
+        let reader: Box<dyn BufRead> = match compression {
+            Compression::None => Box::new(BufReader::with_capacity(256 * 1024, raw)),
+            Compression::Gzip => Box::new(BufReader::with_capacity(
+                256 * 1024,
+                flate2::read::MultiGzDecoder::new(BufReader::new(raw)),
+            )),
+            Compression::Zstd => Box::new(BufReader::with_capacity(
+                256 * 1024,
+                zstd::stream::read::Decoder::new(raw).with_context(|| format!("opening {name}"))?,
+            )),
+        };
+        Ok(Input {
+            name: name.to_owned(),
+            format,
+            reader,
+        })
+    }
+
+    /// Reads the events, calling `each` with (line number, the event or why the line is bad).
+    /// An I/O or decompression error stops the read.
+    pub fn events(
+        self,
+        each: &mut dyn FnMut(u64, Result<RawEvent, String>) -> anyhow::Result<()>,
+    ) -> anyhow::Result<()> {
+        let name = self.name.clone();
+        match self.format {
+            Format::Ndjson => ndjson(self.reader, &name, each),
+            Format::Csv => csv(self.reader, &name, each),
+        }
+    }
+}
+
+/// One line into `buf` (without its newline), at most [`MAX_LINE_BYTES`]; `Ok(None)` at the
+/// end; `Ok(Some(false))` for a line that was too long (skipped to its end).
+fn read_line(r: &mut dyn BufRead, buf: &mut Vec<u8>) -> io::Result<Option<bool>> {
+    buf.clear();
+    let mut too_long = false;
+    let mut any = false;
+    loop {
+        let chunk = r.fill_buf()?;
+        if chunk.is_empty() {
+            return Ok(any.then_some(!too_long));
+        }
+        any = true;
+        let (take, done) = match chunk.iter().position(|&b| b == b'\n') {
+            Some(i) => (i, true),
+            None => (chunk.len(), false),
+        };
+        if !too_long {
+            if buf.len() + take > MAX_LINE_BYTES {
+                too_long = true;
+                buf.clear();
+            } else {
+                buf.extend_from_slice(&chunk[..take]);
+            }
+        }
+        r.consume(if done { take + 1 } else { take });
+        if done {
+            return Ok(Some(!too_long));
+        }
+    }
+}
+
+fn ndjson(
+    mut r: Box<dyn BufRead>,
+    name: &str,
+    each: &mut dyn FnMut(u64, Result<RawEvent, String>) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let mut buf = Vec::new();
+    let mut line = 0u64;
+    while let Some(ok) = read_line(&mut *r, &mut buf).with_context(|| format!("reading {name}"))? {
+        line += 1;
+        if !ok {
+            each(
+                line,
+                Err(format!("the line is longer than {MAX_LINE_BYTES} bytes")),
+            )?;
+            continue;
+        }
+        let text = buf.strip_suffix(b"\r").unwrap_or(&buf);
+        if text.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        match tally_server::parse_events(text, true, 1) {
+            Ok(mut events) if events.len() == 1 => each(line, Ok(events.remove(0)))?,
+            Ok(_) => each(line, Err("not one event".into()))?,
+            Err(e) => each(line, Err(e.message))?,
+        }
+    }
+    Ok(())
+}
+
+fn csv(
+    r: Box<dyn BufRead>,
+    name: &str,
+    each: &mut dyn FnMut(u64, Result<RawEvent, String>) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let mut rd = csv::ReaderBuilder::new()
+        .has_headers(true)
+        .flexible(true)
+        .from_reader(r);
+    let header = rd
+        .headers()
+        .with_context(|| format!("{name}: reading the CSV header"))?
+        .clone();
+    let cols: Vec<&str> = header.iter().collect();
+    if cols.len() < 4 || cols[..4] != ["ns", "key", "ts", "n"] {
+        bail!(
+            "{name}:1: the CSV header must start ns,key,ts,n (then one column per dimension), got {:?}",
+            cols.join(",")
+        );
+    }
+    let dims: Vec<String> = cols[4..].iter().map(|s| (*s).to_owned()).collect();
+    let mut rec = csv::ByteRecord::new();
+    loop {
+        match rd.read_byte_record(&mut rec) {
+            Ok(false) => return Ok(()),
+            Ok(true) => {
+                let line = rec.position().map_or(0, |p| p.line());
+                each(line, csv_event(&rec, &dims))?;
+            }
+            Err(e) => {
+                let line = e.position().map_or(0, |p| p.line());
+                match e.kind() {
+                    csv::ErrorKind::Io(_) => {
+                        return Err(anyhow::anyhow!("{e}")).context(format!("reading {name}"));
+                    }
+                    _ => each(line, Err(format!("not a CSV record: {e}")))?,
+                }
+            }
+        }
+    }
+}
+
+fn csv_event(rec: &csv::ByteRecord, dims: &[String]) -> Result<RawEvent, String> {
+    if rec.len() != dims.len() + 4 {
+        return Err(format!(
+            "{} fields, the header has {}",
+            rec.len(),
+            dims.len() + 4
+        ));
+    }
+    let field = |i: usize| -> Result<&str, String> {
+        let b = rec.get(i).unwrap_or_default();
+        if b.len() > MAX_LINE_BYTES {
+            return Err(format!("a field is longer than {MAX_LINE_BYTES} bytes"));
+        }
+        std::str::from_utf8(b).map_err(|_| format!("field {} is not UTF-8", i + 1))
+    };
+    let ts = match field(2)? {
+        "" => None,
+        t => Some(m::parse_timestamp(t).map_err(|e| format!("ts: {e}"))?),
+    };
+    let n = match field(3)? {
+        "" => None,
+        n => Some(
+            n.parse::<i64>()
+                .map_err(|_| format!("n: {n:?} is not a whole number"))?,
+        ),
+    };
+    let mut event_dims = Vec::new();
+    for (i, d) in dims.iter().enumerate() {
+        let v = field(4 + i)?;
+        if !v.is_empty() {
+            event_dims.push((d.clone(), v.to_owned()));
+        }
+    }
+    Ok(RawEvent {
+        ns: field(0)?.to_owned(),
+        key: field(1)?.to_owned(),
+        ts,
+        n,
+        dims: event_dims,
+    })
+}
+
+/// FNV-1a, 64-bit: a stable digest of the input (same bytes, same digest, whatever the build),
+/// so the idempotency keys of a re-run match the first run's.
+#[derive(Debug, Clone, Copy)]
+pub struct Digest(pub u64);
+
+impl Default for Digest {
+    fn default() -> Self {
+        Digest(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Digest {
+    pub fn update(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 ^= u64::from(b);
+            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+}
+
+/// Copies stdin into a file in `dir` (the load reads its input twice); answers its path.
+pub fn spool_stdin(dir: &Path) -> anyhow::Result<PathBuf> {
+    let path = dir.join("stdin");
+    let mut f = File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+    io::copy(&mut io::stdin().lock(), &mut f).context("reading stdin")?;
+    Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(format: Format, text: &str) -> Vec<(u64, Result<RawEvent, String>)> {
+        let dir = tempfile::tempdir().unwrap();
+        let name = match format {
+            Format::Csv => "x.csv",
+            Format::Ndjson => "x.ndjson",
+        };
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        let input = Input::open(&p, name, None, &indicatif::ProgressBar::hidden()).unwrap();
+        let mut out = Vec::new();
+        input
+            .events(&mut |line, e| {
+                out.push((line, e));
+                Ok(())
+            })
+            .unwrap();
+        out
+    }
+
+    #[test]
+    fn csv_records_become_events_with_their_line_numbers() {
+        let got = read(
+            Format::Csv,
+            "ns,key,ts,n,country,device\n\
+             clicks,lnk_1,1795176000,2,US,\n\
+             clicks,\"a,b\",2026-11-20T12:00:00Z,,,mobile\n\
+             clicks,k,soon,1,,\n\
+             clicks,k,1,x,,\n\
+             clicks,k\n",
+        );
+        assert_eq!(got.len(), 5);
+        let e = got[0].1.as_ref().unwrap();
+        assert_eq!((got[0].0, e.ts, e.n), (2, Some(1_795_176_000), Some(2)));
+        assert_eq!(e.dims, vec![("country".to_owned(), "US".to_owned())]);
+        let e = got[1].1.as_ref().unwrap();
+        assert_eq!(
+            (e.key.as_str(), e.ts, e.n),
+            ("a,b", Some(1_795_176_000), None)
+        );
+        assert!(got[2].1.as_ref().unwrap_err().contains("ts:"));
+        assert!(got[3].1.as_ref().unwrap_err().contains("n: \"x\""));
+        assert_eq!(got[4].0, 6);
+        assert!(got[4].1.as_ref().unwrap_err().contains("2 fields"));
+    }
+
+    #[test]
+    fn a_csv_header_must_start_with_the_event_columns() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("x.csv");
+        std::fs::write(&p, "key,ns,ts,n\n").unwrap();
+        let input = Input::open(&p, "x.csv", None, &indicatif::ProgressBar::hidden()).unwrap();
+        let err = input.events(&mut |_, _| Ok(())).unwrap_err();
+        assert!(err.to_string().contains("must start ns,key,ts,n"), "{err}");
+    }
+
+    #[test]
+    fn ndjson_lines_use_the_routes_parser_and_skip_blanks() {
+        let long = format!(
+            "{{\"ns\":\"a\",\"key\":\"{}\"}}",
+            "k".repeat(MAX_LINE_BYTES)
+        );
+        let got = read(
+            Format::Ndjson,
+            &format!(
+                "{{\"ns\":\"clicks\",\"key\":\"k\",\"ts\":5,\"dims\":{{\"c\":\"x\"}}}}\n\n  \n\
+                 {{\"ns\":\"clicks\"}}\n[1]\n{long}\n{{\"ns\":\"a\",\"key\":\"b\"}}"
+            ),
+        );
+        let lines: Vec<u64> = got.iter().map(|(l, _)| *l).collect();
+        assert_eq!(lines, vec![1, 4, 5, 6, 7]);
+        assert!(got[0].1.is_ok());
+        assert!(
+            got[1].1.as_ref().unwrap_err().contains("key"),
+            "{:?}",
+            got[1]
+        );
+        assert!(got[2].1.is_err());
+        assert!(got[3].1.as_ref().unwrap_err().contains("longer than"));
+        assert_eq!(got[4].1.as_ref().unwrap().key, "b");
+    }
+
+    #[test]
+    fn names_tell_format_and_compression() {
+        assert_eq!(
+            detect(Path::new("a/b.CSV.gz")),
+            (Some(Format::Csv), Compression::Gzip)
+        );
+        assert_eq!(
+            detect(Path::new("e.jsonl.zst")),
+            (Some(Format::Ndjson), Compression::Zstd)
+        );
+        assert_eq!(detect(Path::new("e.txt")), (None, Compression::None));
+    }
+
+    #[test]
+    fn compressed_inputs_read_like_plain_ones() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().unwrap();
+        let text = "ns,key,ts,n\nclicks,k,5,1\nclicks,k,6,2\n";
+        let gz = dir.path().join("a.csv.gz");
+        let mut e = flate2::write::GzEncoder::new(File::create(&gz).unwrap(), Default::default());
+        e.write_all(text.as_bytes()).unwrap();
+        e.finish().unwrap();
+        let zst = dir.path().join("a.csv.zst");
+        std::fs::write(&zst, zstd::encode_all(text.as_bytes(), 3).unwrap()).unwrap();
+        for (p, name) in [(gz, "a.csv.gz"), (zst, "a.csv.zst")] {
+            let input = Input::open(&p, name, None, &indicatif::ProgressBar::hidden()).unwrap();
+            let mut n = 0;
+            input
+                .events(&mut |_, e| {
+                    n += e.unwrap().n.unwrap();
+                    Ok(())
+                })
+                .unwrap();
+            assert_eq!(n, 3, "{name}");
+        }
+    }
+}

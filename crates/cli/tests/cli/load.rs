@@ -1,0 +1,338 @@
+//! `tally load` end to end: a generated clickstream loaded online (into a running server) and
+//! offline (into a stopped server's data directory) answers exactly as the same events sent
+//! through `POST /v1/events`; an interrupted online load, run again, counts every event once;
+//! a bad line refuses the load with its file and line, and nothing is applied.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use super::{serve_cmd, sigterm_and_wait, tally};
+
+/// 2026-11-17T00:00:00Z.
+const DAY0: i64 = 1_794_873_600;
+const CONFIG: &str = r#"
+[namespaces.clicks]
+tiers = ["1m:30d", "1h:forever"]
+breakdown_tiers = ["1h"]
+dimensions = ["country", "referrer"]
+"#;
+
+/// `n` events: (key, ts, n, country or "", referrer or "").
+fn events(n: usize, seed: u64) -> Vec<(String, i64, i64, String, String)> {
+    let mut x = seed;
+    (0..n)
+        .map(|i| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let key = if i % 50 == 0 {
+                "a,\"b\" c".to_owned()
+            } else {
+                format!("lnk_{}", (x >> 33) % 500)
+            };
+            let country = if i % 5 == 0 {
+                String::new()
+            } else {
+                format!("C{}", (x >> 12) % 20)
+            };
+            let referrer = if i % 3 == 0 {
+                String::new()
+            } else {
+                format!("r{}.example", (x >> 40) % 30)
+            };
+            (
+                key,
+                DAY0 + ((x >> 8) % (3 * 86_400)) as i64,
+                1 + (i % 4) as i64,
+                country,
+                referrer,
+            )
+        })
+        .collect()
+}
+
+fn csv_field(s: &str) -> String {
+    if s.contains([',', '"']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_owned()
+    }
+}
+
+fn write_csv(path: &Path, ev: &[(String, i64, i64, String, String)]) {
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    writeln!(f, "ns,key,ts,n,country,referrer").unwrap();
+    for (k, ts, n, c, r) in ev {
+        writeln!(f, "clicks,{},{ts},{n},{c},{r}", csv_field(k)).unwrap();
+    }
+}
+
+fn as_json(ev: &[(String, i64, i64, String, String)]) -> Vec<Value> {
+    ev.iter()
+        .map(|(k, ts, n, c, r)| {
+            let mut dims = serde_json::Map::new();
+            if !c.is_empty() {
+                dims.insert("country".into(), json!(c));
+            }
+            if !r.is_empty() {
+                dims.insert("referrer".into(), json!(r));
+            }
+            json!({"ns": "clicks", "key": k, "ts": ts, "n": n, "dims": dims})
+        })
+        .collect()
+}
+
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into()
+}
+
+/// The server's whole export of the three days, both tiers: what it holds, row by row.
+fn holdings(base: &str) -> String {
+    let mut out = String::new();
+    for res in ["1m", "1h"] {
+        let mut r = agent()
+            .get(format!(
+                "{base}/v1/ns/clicks/export?from={DAY0}&to={}&resolution={res}",
+                DAY0 + 3 * 86_400
+            ))
+            .call()
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+        out.push_str(&r.body_mut().read_to_string().unwrap());
+    }
+    out
+}
+
+fn total(base: &str) -> i64 {
+    let mut r = agent()
+        .get(format!(
+            "{base}/v1/ns/clicks/top?from={DAY0}&to={}&limit=1",
+            DAY0 + 3 * 86_400
+        ))
+        .call()
+        .unwrap();
+    let v: Value = serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap();
+    v["total"].as_i64().unwrap_or(0)
+}
+
+fn serve_dir(dir: &Path) -> super::Serving {
+    let cfg = dir.join("tally.toml");
+    std::fs::write(&cfg, CONFIG).unwrap();
+    serve_cmd(
+        tally().env("TALLY_DATA", dir.join("data")),
+        &["--config", cfg.to_str().unwrap()],
+    )
+}
+
+fn load(args: &[&str]) -> std::process::Output {
+    tally()
+        .arg("load")
+        .args(args)
+        .arg("--quiet")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn loads_online_and_offline_answer_like_the_api() {
+    let ev = events(4000, 3);
+    let tmp = tempfile::tempdir().unwrap();
+    let csv = tmp.path().join("clicks.csv");
+    write_csv(&csv, &ev);
+    // NDJSON, zstd-compressed, for the offline load.
+    let nd = tmp.path().join("clicks.ndjson.zst");
+    let lines: String = as_json(&ev).iter().map(|e| format!("{e}\n")).collect();
+    std::fs::write(&nd, zstd::encode_all(lines.as_bytes(), 3).unwrap()).unwrap();
+
+    // A: the events through the API.
+    let a_dir = tmp.path().join("a");
+    std::fs::create_dir(&a_dir).unwrap();
+    let a = serve_dir(&a_dir);
+    let a_url = a.url.trim_end_matches('/').to_owned();
+    let r = agent()
+        .post(format!("{a_url}/v1/events"))
+        .send(json!(as_json(&ev)).to_string())
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let want = holdings(&a_url);
+    assert!(want.lines().count() > 4000, "{}", want.lines().count());
+
+    // B: the CSV loaded online.
+    let b_dir = tmp.path().join("b");
+    std::fs::create_dir(&b_dir).unwrap();
+    let b = serve_dir(&b_dir);
+    let b_url = b.url.trim_end_matches('/').to_owned();
+    let o = load(&[csv.to_str().unwrap(), "--server", &b_url, "--batch", "700"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(holdings(&b_url), want);
+
+    // C: the NDJSON loaded offline into a directory, then served.
+    let c_dir = tmp.path().join("c");
+    std::fs::create_dir(&c_dir).unwrap();
+    let c = serve_dir(&c_dir);
+    sigterm_and_wait(c); // creates the namespace from the config, then stops
+    let o = load(&[
+        nd.to_str().unwrap(),
+        "--data",
+        c_dir.join("data").to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let c = serve_dir(&c_dir);
+    assert_eq!(holdings(c.url.trim_end_matches('/')), want);
+
+    // Loaded again, offline: every batch is already there.
+    sigterm_and_wait(c);
+    let o = load(&[
+        nd.to_str().unwrap(),
+        "--data",
+        c_dir.join("data").to_str().unwrap(),
+    ]);
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(said.contains("4000 of them were loaded before"), "{said}");
+    let c = serve_dir(&c_dir);
+    assert_eq!(holdings(c.url.trim_end_matches('/')), want);
+    sigterm_and_wait(c);
+    sigterm_and_wait(a);
+    sigterm_and_wait(b);
+}
+
+#[test]
+fn an_interrupted_online_load_run_again_counts_every_event_once() {
+    let ev = events(30_000, 9);
+    let expected: i64 = ev.iter().map(|e| e.2).sum();
+    let tmp = tempfile::tempdir().unwrap();
+    let csv = tmp.path().join("big.csv.gz");
+    {
+        let f = std::fs::File::create(&csv).unwrap();
+        let mut gz = flate2::write::GzEncoder::new(f, flate2::Compression::fast());
+        let plain = tmp.path().join("plain.csv");
+        write_csv(&plain, &ev);
+        gz.write_all(&std::fs::read(&plain).unwrap()).unwrap();
+        gz.finish().unwrap();
+    }
+    let s = serve_dir(tmp.path());
+    let url = s.url.trim_end_matches('/').to_owned();
+    let mut child = tally()
+        .args([
+            "load",
+            csv.to_str().unwrap(),
+            "--server",
+            &url,
+            "--batch",
+            "50",
+            "--quiet",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Kill it part-way (if it is that slow; else the re-run is simply all repeats).
+    let start = Instant::now();
+    loop {
+        let t = total(&url);
+        if t > 0 || start.elapsed() > Duration::from_secs(20) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let partial = total(&url);
+    eprintln!("interrupted after {partial} of {expected}");
+    assert!(partial <= expected);
+    let o = load(&[csv.to_str().unwrap(), "--server", &url, "--batch", "50"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(total(&url), expected);
+    // And a third time, whole: still once.
+    let o = load(&[csv.to_str().unwrap(), "--server", &url, "--batch", "50"]);
+    assert!(o.status.success());
+    assert_eq!(total(&url), expected);
+    sigterm_and_wait(s);
+}
+
+#[test]
+fn a_bad_line_refuses_the_load_and_changes_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = serve_dir(tmp.path());
+    let url = s.url.trim_end_matches('/').to_owned();
+    let good = tmp.path().join("good.csv");
+    write_csv(&good, &events(100, 1));
+    let bad = tmp.path().join("bad.csv");
+    std::fs::write(
+        &bad,
+        format!(
+            "ns,key,ts,n,country,referrer\nclicks,k,{DAY0},1,US,\nclicks,k,{DAY0},1,US,\n\
+             clicks,k,{DAY0},1,,,extra\n"
+        ),
+    )
+    .unwrap();
+    let device = tmp.path().join("device.ndjson");
+    std::fs::write(
+        &device,
+        format!(
+            "{{\"ns\":\"clicks\",\"key\":\"k\",\"ts\":{DAY0},\"dims\":{{\"device\":\"x\"}}}}\n"
+        ),
+    )
+    .unwrap();
+    let before = holdings(&url);
+    for (file, needle) in [
+        (&bad, "bad.csv:4: 7 fields, the header has 6"),
+        (&device, "device.ndjson:1:"),
+    ] {
+        let o = load(&[
+            good.to_str().unwrap(),
+            file.to_str().unwrap(),
+            "--server",
+            &url,
+        ]);
+        let said = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success());
+        assert!(
+            said.contains(needle) && said.contains("nothing was loaded"),
+            "{said}"
+        );
+        assert_eq!(holdings(&url), before, "a refused load changed nothing");
+    }
+    // --skip-bad loads the rest and says what it skipped.
+    let o = load(&[
+        good.to_str().unwrap(),
+        bad.to_str().unwrap(),
+        "--server",
+        &url,
+        "--skip-bad",
+    ]);
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{said}");
+    assert!(
+        said.contains("skipped 1 bad line") && said.contains("bad.csv:4"),
+        "{said}"
+    );
+    let mut r = agent()
+        .get(format!(
+            "{url}/v1/ns/clicks/keys/k/series?from={DAY0}&to={}&unit=day",
+            DAY0 + 86_400
+        ))
+        .call()
+        .unwrap();
+    let v: Value = serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap();
+    assert_eq!(v["total"], 2, "{v}");
+    // Unknown formats and stdin without --format are refused.
+    let txt = tmp.path().join("x.txt");
+    std::fs::write(&txt, "").unwrap();
+    let o = load(&[txt.to_str().unwrap(), "--server", &url]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("give --format"));
+    let o = Command::new(env!("CARGO_BIN_EXE_tally"))
+        .args(["load", "-", "--server", &url])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&o.stderr).contains("needs --format"));
+    sigterm_and_wait(s);
+}
