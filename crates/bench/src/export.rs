@@ -161,3 +161,158 @@ pub fn bench(args: &[String]) {
         );
     }
 }
+
+/// Peak resident memory (VmHWM) of a child, polled until it exits; (seconds, peak bytes).
+fn run_measured(cmd: &mut Command) -> (f64, u64, String) {
+    let t = Instant::now();
+    let mut child = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let pid = child.id();
+    let mut peak = 0u64;
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        let hwm = std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()
+            .and_then(|text| {
+                text.lines()
+                    .find_map(|l| l.strip_prefix("VmHWM:"))
+                    .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<u64>().ok())
+            });
+        peak = peak.max(hwm.unwrap_or(0) * 1024);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let secs = t.elapsed().as_secs_f64();
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        use std::io::Read;
+        let _ = e.read_to_string(&mut err);
+    }
+    assert!(status.success(), "{err}");
+    (secs, peak, err)
+}
+
+/// Bulk load (issue 11): `tally load --data` of a CSV of clickstream events against DuckDB
+/// loading the same CSV into rollup tables (hourly totals, hourly per country, hourly per
+/// referrer) — `events=N` (default 5 000 000); DuckDB is `$TALLY_DUCKDB_PYTHON` or
+/// `target/duckdb-venv/bin/python` (scripts/test.sh installs it).
+pub fn load_bench(args: &[String]) {
+    use std::io::Write;
+    let events: usize = args
+        .iter()
+        .find_map(|a| a.strip_prefix("events="))
+        .map_or(5_000_000, |n| n.parse().expect("events=N"));
+    let days = 30;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let csv = dir.path().join("clicks.csv");
+    let now = SystemClock.now();
+    let start = (now - days * 86_400).div_euclid(86_400) * 86_400;
+    {
+        let mut f = std::io::BufWriter::new(std::fs::File::create(&csv).expect("csv"));
+        writeln!(f, "ns,key,ts,n,country,referrer").expect("write");
+        let mut g = workload::Generator::new(workload::Shape::default(), 21);
+        let mut left = events;
+        while left > 0 {
+            let n = left.min(100_000);
+            for batch in g.span(start, days * 86_400, n) {
+                for e in batch {
+                    let dim = |d: &str| {
+                        e.dims
+                            .iter()
+                            .find(|(k, _)| k == d)
+                            .map_or("", |(_, v)| v.as_str())
+                            .to_owned()
+                    };
+                    writeln!(
+                        f,
+                        "clicks,{},{},1,{},{}",
+                        e.key,
+                        e.ts.unwrap_or_default(),
+                        dim("country"),
+                        dim("referrer")
+                    )
+                    .expect("write");
+                }
+            }
+            left -= n;
+        }
+    }
+    let csv_bytes = std::fs::metadata(&csv).expect("csv").len();
+    println!(
+        "workload: {events} clickstream events over {days} days in a {csv_bytes}-byte CSV (100 000 Zipf keys, country + referrer)"
+    );
+    let data = dir.path().join("data");
+    let (secs, peak, said) = run_measured(
+        Command::new(tally_bin())
+            .args([
+                "load",
+                csv.to_str().expect("utf-8"),
+                "--quiet",
+                "--batch",
+                "20000",
+            ])
+            .args(["--data", data.to_str().expect("utf-8")]),
+    );
+    let segments = dir_bytes(&data.join("segments"));
+    let all = dir_bytes(&data);
+    println!("tally: {}", said.trim());
+    let mut rows = vec![(
+        "tally load --data (check pass + load pass, into the engine, flushed to segments)"
+            .to_owned(),
+        secs,
+        peak,
+        format!("segments {segments} B, data directory {all} B"),
+    )];
+    let py = std::env::var_os("TALLY_DUCKDB_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            std::env::current_exe()
+                .expect("exe")
+                .parent()
+                .and_then(Path::parent)
+                .expect("target dir")
+                .join("duckdb-venv/bin/python")
+        });
+    if py.is_file() {
+        let db = dir.path().join("rollups.duckdb");
+        let sql = format!(
+            "create table events as select * from read_csv('{c}', header = true, \
+             columns = {{'ns': 'VARCHAR', 'key': 'VARCHAR', 'ts': 'BIGINT', 'n': 'BIGINT', 'country': 'VARCHAR', 'referrer': 'VARCHAR'}}); \
+             create table hourly as select ns, key, ts // 3600 * 3600 as hour, sum(n) as n from events group by all; \
+             create table hourly_country as select ns, key, ts // 3600 * 3600 as hour, country, sum(n) as n from events where country is not null group by all; \
+             create table hourly_referrer as select ns, key, ts // 3600 * 3600 as hour, referrer, sum(n) as n from events where referrer is not null group by all; \
+             drop table events; checkpoint;",
+            c = csv.display()
+        );
+        let script = format!(
+            "import duckdb; con = duckdb.connect('{}'); con.execute(\"{}\"); con.close()",
+            db.display(),
+            sql.replace('"', "\\\"")
+        );
+        let (secs, peak, _) = run_measured(Command::new(&py).args(["-c", &script]));
+        rows.push((
+            "DuckDB: the CSV into hourly rollup tables (totals, per country, per referrer)"
+                .to_owned(),
+            secs,
+            peak,
+            format!(
+                "database file {} B",
+                std::fs::metadata(&db).map_or(0, |m| m.len())
+            ),
+        ));
+    } else {
+        println!("(no DuckDB at {}: its row is left out)", py.display());
+    }
+    println!("\n| load | seconds | events/s | peak memory | on disk |\n|---|---|---|---|---|");
+    for (what, secs, peak, disk) in rows {
+        println!(
+            "| {what} | {secs:.1} | {:.0} k | {:.0} MiB | {disk} |",
+            events as f64 / secs / 1e3,
+            peak as f64 / 1_048_576.0
+        );
+    }
+}

@@ -5,7 +5,7 @@
 //! cargo run --release -p tally-bench -- engine
 //! ```
 //!
-//! Subcommands: `engine`, `compare`, `http`, `ratelimit`, `statsd`, `redis-backend`, `archive`, `archive-year`, `export`, and `soak`
+//! Subcommands: `engine`, `compare`, `http`, `ratelimit`, `statsd`, `redis-backend`, `archive`, `archive-year`, `export`, `load`, and `soak`
 //! and `soak-disk-full` (the crash soak of `scripts/soak.sh`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -277,6 +277,7 @@ fn main() {
         Some("compare") => compare_bench(),
         Some("http") => http::bench(),
         Some("export") => export::bench(rest),
+        Some("load") => export::load_bench(rest),
         Some("ratelimit") => ratelimit::bench(rest),
         Some("statsd") => statsd::bench(),
         Some("redis-backend") => redis_backend::bench(rest),
@@ -286,7 +287,7 @@ fn main() {
         Some("soak-disk-full") => soak::disk_full(rest),
         Some(other) => {
             eprintln!(
-                "unknown benchmark {other:?}; known: engine, compare, http, export, ratelimit, statsd, redis-backend, archive, archive-year, soak, soak-disk-full"
+                "unknown benchmark {other:?}; known: engine, compare, http, export, load, ratelimit, statsd, redis-backend, archive, archive-year, soak, soak-disk-full"
             );
             std::process::exit(2);
         }

@@ -146,14 +146,15 @@ impl Client {
             .with_context(|| format!("cannot reach the server at {}", self.server))
     }
 
-    /// A POST of `body` with extra `headers`: the status and the answer's text.
+    /// A POST of `body` with extra `headers`: the status, the answer's text, and whether the
+    /// server said it replayed a remembered answer (`Idempotent-Replayed`).
     pub fn post_body(
         &self,
         route: &Route,
         content_type: &str,
         body: &[u8],
         headers: &[(&str, &str)],
-    ) -> anyhow::Result<(u16, String)> {
+    ) -> anyhow::Result<(u16, String, bool)> {
         let mut req = self
             .agent
             .post(self.url(route))
@@ -168,11 +169,15 @@ impl Client {
             .send(body)
             .with_context(|| format!("cannot reach the server at {}", self.server))?;
         let status = resp.status().as_u16();
+        let replayed = resp
+            .headers()
+            .get("idempotent-replayed")
+            .is_some_and(|v| v.as_bytes() == b"true");
         let text = resp
             .body_mut()
             .read_to_string()
             .context("reading the answer")?;
-        Ok((status, text))
+        Ok((status, text, replayed))
     }
 
     /// A POST with an empty body (the parameters are in the route).

@@ -167,7 +167,16 @@ pub(crate) async fn begin(app: &App, headers: &HeaderMap, fp: String) -> Result<
         .blocking(move |app| Ok(app.store().idempotency(&key)?))
         .await?;
     match seen {
-        Some(r) if r.fingerprint == fp => Ok(Idem::Replay(replay(r.status, r.body))),
+        Some(r) if r.fingerprint == fp => {
+            // Said so a client can tell "done now" from "done before" (`tally load` counts
+            // the batches a re-run finds loaded already).
+            let mut resp = replay(r.status, r.body);
+            resp.headers_mut().insert(
+                "idempotent-replayed",
+                axum::http::HeaderValue::from_static("true"),
+            );
+            Ok(Idem::Replay(resp))
+        }
         Some(_) => Err(ApiError::new(
             ErrorCode::IdempotencyKeyReused,
             "this Idempotency-Key was used for a different request",

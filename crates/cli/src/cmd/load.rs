@@ -228,8 +228,13 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
                 let mut b = checker.batch(&mut chunk, &mut |_, _| Ok(()))?;
                 let n = b.increments.len() as u64;
                 match &target {
-                    Target::Server(client) => post(client, &chunk, &key)
-                        .with_context(|| format!("{}: lines {first}–{last}", s.name))?,
+                    Target::Server(client) => {
+                        if post(client, &chunk, &key)
+                            .with_context(|| format!("{}: lines {first}–{last}", s.name))?
+                        {
+                            already += n;
+                        }
+                    }
                     Target::Engine(engine) => {
                         if engine
                             .idempotency(&key)
@@ -366,8 +371,9 @@ fn digest(path: &std::path::Path) -> std::io::Result<Digest> {
 }
 
 /// POSTs one batch under `key`, retrying what may pass later: no connection, 503, and 409
-/// (the same key still in flight from an earlier attempt).
-fn post(client: &Client, chunk: &[(u64, RawEvent)], key: &str) -> anyhow::Result<()> {
+/// (the same key still in flight from an earlier attempt). Answers whether the server had
+/// applied it before (a re-run).
+fn post(client: &Client, chunk: &[(u64, RawEvent)], key: &str) -> anyhow::Result<bool> {
     let mut body = Vec::with_capacity(chunk.len() * 96);
     for (_, e) in chunk {
         let mut o = Map::new();
@@ -397,9 +403,9 @@ fn post(client: &Client, chunk: &[(u64, RawEvent)], key: &str) -> anyhow::Result
             &[("Idempotency-Key", key)],
         );
         let retry = match &sent {
-            Ok((200, _)) => return Ok(()),
-            Ok((409 | 503, _)) => true,
-            Ok((status, text)) => {
+            Ok((200, _, replayed)) => return Ok(*replayed),
+            Ok((409 | 503, _, _)) => true,
+            Ok((status, text, _)) => {
                 let json: Value = serde_json::from_str(text).unwrap_or_default();
                 return Err(crate::http::ServerError::new(*status, json).into());
             }
@@ -407,7 +413,7 @@ fn post(client: &Client, chunk: &[(u64, RawEvent)], key: &str) -> anyhow::Result
         };
         if retry && Instant::now() + wait > deadline {
             return match sent {
-                Ok((status, text)) => bail!(
+                Ok((status, text, _)) => bail!(
                     "the server still answers {status} after 2 minutes of retries: {text}; run the \
                      same command again to resume (loaded batches are not counted twice)"
                 ),

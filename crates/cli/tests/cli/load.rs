@@ -250,9 +250,11 @@ fn an_interrupted_online_load_run_again_counts_every_event_once() {
     let o = load(&[csv.to_str().unwrap(), "--server", &url, "--batch", "50"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(total(&url), expected);
-    // And a third time, whole: still once.
+    // And a third time, whole: still once, and it says so.
     let o = load(&[csv.to_str().unwrap(), "--server", &url, "--batch", "50"]);
+    let said = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success());
+    assert!(said.contains("30000 of them were loaded before"), "{said}");
     assert_eq!(total(&url), expected);
     sigterm_and_wait(s);
 }

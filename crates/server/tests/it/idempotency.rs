@@ -29,6 +29,25 @@ fn replays_before_and_after_a_restart() {
         (200, json!({"accepted": 1}))
     );
     assert_eq!(total(&s, "k"), 5);
+    // A replay says so in a header; a first answer does not.
+    let post = |key: &str, body: &str| {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .build()
+            .into();
+        let resp = agent
+            .post(&s.url("/v1/events"))
+            .header("Idempotency-Key", key)
+            .send(body)
+            .unwrap();
+        resp.headers()
+            .get("idempotent-replayed")
+            .map(|v| v.to_str().unwrap().to_owned())
+    };
+    assert_eq!(post("order-42", &body).as_deref(), Some("true"));
+    let other = json!([{"ns": "clicks", "key": "other", "ts": NOW - 60}]).to_string();
+    assert_eq!(post("order-43", &other), None);
+    assert_eq!(total(&s, "k"), 5);
     // incr with a window: the replay answers the first window count, applying nothing.
     let ih = [("Idempotency-Key", "incr-1")];
     let first = s.req("POST", "/v1/ns/clicks/keys/k/incr?n=2&window=1h", None, &ih);
