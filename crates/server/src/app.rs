@@ -35,18 +35,29 @@ struct Inner {
     in_flight: InFlight,
     /// Set once, by the router that serves this app.
     openapi: OnceLock<String>,
+    /// Exports streaming now, at most `max_concurrent_queries`: an export outlives its
+    /// handler (and so its admission permit), so it holds one of these instead.
+    exports: Arc<tokio::sync::Semaphore>,
 }
 
 impl App {
     pub fn new(store: Arc<dyn Store>, settings: Settings, clock: Arc<dyn Clock>) -> App {
         App(Arc::new(Inner {
             store,
-            settings,
             clock,
             metrics: Metrics::default(),
             in_flight: InFlight::default(),
             openapi: OnceLock::new(),
+            exports: Arc::new(tokio::sync::Semaphore::new(
+                settings.server.max_concurrent_queries,
+            )),
+            settings,
         }))
+    }
+
+    /// The permits of exports in flight.
+    pub(crate) fn exports(&self) -> &Arc<tokio::sync::Semaphore> {
+        &self.0.exports
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {

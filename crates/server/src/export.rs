@@ -6,7 +6,10 @@
 //! a queue of four for the client: a slow client slows the export, it never grows in memory.
 //! Each page of keys has its own `[limits] query_timeout_ms`; a failure after the answer
 //! started cuts the response off (no last chunk), so a client never takes a partial export
-//! for a whole one. A client that goes away stops the export at its next chunk.
+//! for a whole one. A client that goes away stops the export at its next chunk, and one that
+//! takes nothing for `[limits] body_timeout_ms` is cut off. At most `max_concurrent_queries`
+//! exports stream at once (each holds a permit of its own until it ends: it outlives its
+//! handler and so the admission permit); past that, `503` with `Retry-After`.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -60,6 +63,21 @@ pub async fn export(
         )
         .field(k.clone()));
     }
+    let Ok(permit) = app.exports().clone().try_acquire_owned() else {
+        let mut busy = ApiError::new(
+            ErrorCode::BackendUnavailable,
+            format!(
+                "{} exports are streaming already ([limits] max_concurrent_queries); try again soon",
+                app.settings().server.max_concurrent_queries
+            ),
+        )
+        .into_response();
+        busy.headers_mut().insert(
+            axum::http::header::RETRY_AFTER,
+            axum::http::HeaderValue::from_static("1"),
+        );
+        return Ok(busy);
+    };
     let max_points = app.settings().limits.max_points;
     let plan = app
         .query(move |app, deadline| {
@@ -70,7 +88,17 @@ pub async fn export(
         .await?;
     let (tx, rx) = mpsc::channel(QUEUED_CHUNKS);
     let timeout = Duration::from_millis(app.settings().server.query_timeout_ms);
+    // A client that takes none of the answer for this long is cut off: it holds a query
+    // permit and a blocking thread meanwhile.
+    let stalled = Duration::from_millis(app.settings().server.body_timeout_ms);
+    let handle = tokio::runtime::Handle::current();
     tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        let send = |chunk: Result<Bytes, std::io::Error>| {
+            handle
+                .block_on(tokio::time::timeout(stalled, tx.send(chunk)))
+                .is_ok_and(|sent| sent.is_ok())
+        };
         let mut buf = String::with_capacity(CHUNK_BYTES + 4096);
         buf.push_str(HEADER);
         let (ns, res) = (plan.ns.to_string(), plan.resolution.to_string());
@@ -81,17 +109,17 @@ pub async fn export(
                 return true;
             }
             let chunk = Bytes::from(std::mem::take(&mut buf).into_bytes());
-            tx.blocking_send(Ok(chunk)).is_ok()
+            send(Ok(chunk))
         });
         match done {
             Ok(()) => {
                 if !buf.is_empty() {
-                    let _ = tx.blocking_send(Ok(Bytes::from(buf.into_bytes())));
+                    send(Ok(Bytes::from(buf.into_bytes())));
                 }
             }
             Err(e) => {
                 tracing::warn!(error = %e, "an export failed after its answer started; cutting it off");
-                let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
+                send(Err(std::io::Error::other(e.to_string())));
             }
         }
     });
@@ -103,7 +131,7 @@ pub async fn export(
 }
 
 /// The chunks as a response body; an error ends it without its last chunk.
-struct Chunks(mpsc::Receiver<Result<Bytes, std::io::Error>>);
+pub(crate) struct Chunks(pub(crate) mpsc::Receiver<Result<Bytes, std::io::Error>>);
 
 impl hyper::body::Body for Chunks {
     type Data = Bytes;

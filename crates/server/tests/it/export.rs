@@ -184,3 +184,64 @@ scopes = ["read:clicks"]
     let (st, csv) = s.raw("GET", &path, None, &[("Authorization", &auth("r"))]);
     assert_eq!((st, csv.lines().count()), (200, 2), "{csv}");
 }
+
+/// An export whose client stops reading holds its export permit only until
+/// `body_timeout_ms` passes, then ends; meanwhile another is refused with 503. (250 000 rows,
+/// ~8 MB: more than the loopback's socket buffers hold, so the export really stalls. The
+/// engine only: loading that many events into Redis would take minutes.)
+#[test]
+fn a_stalled_export_is_cut_off_and_frees_its_permit() {
+    use std::io::{Read, Write};
+    if !crate::embedded() {
+        return;
+    }
+    let s = Server::with_config(
+        "[limits]\nmax_concurrent_queries = 1\nbody_timeout_ms = 300\nmax_batch_events = 125000\nmax_body_bytes = 33554432",
+    );
+    for part in 0..2 {
+        let body: String = (0..125_000)
+            .map(|i| {
+                format!(
+                    "{{\"ns\":\"big\",\"key\":\"k{part}{i:06}\",\"ts\":{}}}\n",
+                    NOW - 100
+                )
+            })
+            .collect();
+        let (st, _) = s.req(
+            "POST",
+            "/v1/events",
+            Some(&body),
+            &[("Content-Type", "application/x-ndjson")],
+        );
+        assert_eq!(st, 200);
+    }
+    let path = format!(
+        "/v1/ns/big/export?from={}&to={NOW}&resolution=1h",
+        NOW - 3600
+    );
+    let addr = s.url("").trim_start_matches("http://").to_owned();
+    let mut stalled = std::net::TcpStream::connect(&addr).unwrap();
+    write!(stalled, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut head = [0u8; 64];
+    stalled.read_exact(&mut head).unwrap();
+    assert!(head.starts_with(b"HTTP/1.1 200"));
+    // Busy: the one permit is the stalled export's.
+    let (st, busy) = s.raw("GET", &path, None, &[]);
+    assert_eq!(st, 503, "{}", &busy[..busy.len().min(200)]);
+    assert!(busy.contains("exports are streaming already"), "{busy}");
+    // Cut off after ~300 ms of nothing taken: the next export runs, whole.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let (st, csv) = s.raw("GET", &path, None, &[]);
+        if st == 200 {
+            assert_eq!(csv.lines().count(), 250_001);
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the stalled export kept its permit"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    drop(stalled);
+}
