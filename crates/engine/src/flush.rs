@@ -34,7 +34,7 @@ use crate::segment::{
 use crate::wal::list_files;
 
 /// A period's records by (namespace, key).
-type Records = BTreeMap<(String, String), KeyRecord>;
+pub(crate) type Records = BTreeMap<(String, String), KeyRecord>;
 
 /// What one flush did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -52,11 +52,12 @@ pub struct FlushReport {
 
 /// One period to flush.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Chosen {
-    slot: usize,
-    res: i64,
-    period: i64,
-    len: i64,
+pub(crate) struct Chosen {
+    /// The memtable slot of its resolution (unused by a bulk install).
+    pub(crate) slot: usize,
+    pub(crate) res: i64,
+    pub(crate) period: i64,
+    pub(crate) len: i64,
 }
 
 impl Chosen {
@@ -87,6 +88,11 @@ impl Engine {
     /// manifest even when memory held nothing, so `wal_start` moves past every gap and the
     /// files before it are removed.
     pub(crate) fn flush_all_after_loss(&self) -> Result<FlushReport, StoreError> {
+        self.flush_everything()
+    }
+
+    /// Flushes every period in memory, open ones too, and publishes a manifest.
+    pub(crate) fn flush_everything(&self) -> Result<FlushReport, StoreError> {
         let now = self.clock.now();
         self.flush_until(i64::MAX / 2, now, true)
     }
@@ -158,7 +164,7 @@ impl Engine {
             }
             (seq, taken)
         };
-        match self.write_and_publish(&chosen, seq, now) {
+        match self.write_and_publish(&chosen, seq, now, &mut |c| self.frozen_records(c)) {
             Ok(mut report) => {
                 report.forgotten_keys = self.forget_archived();
                 report.wal_files_removed = self.truncate_log(report.wal_start)?;
@@ -183,18 +189,21 @@ impl Engine {
         }
     }
 
-    fn write_and_publish(
+    /// Writes a segment per chosen period, its records from `records`, and publishes them in
+    /// one manifest flushed through `seq`.
+    pub(crate) fn write_and_publish(
         &self,
         chosen: &[Chosen],
         seq: u64,
         now: i64,
+        records: &mut dyn FnMut(&Chosen) -> Result<Records, StoreError>,
     ) -> Result<FlushReport, StoreError> {
         let old = Arc::clone(&self.core.archive());
         let mut next_id = old.manifest.next_segment_id.max(1);
         let mut report = FlushReport::default();
         let mut added: Vec<(SegmentEntry, Arc<Segment>)> = Vec::new();
         for c in chosen {
-            let records = self.frozen_records(c)?;
+            let records = records(c)?;
             if records.is_empty() {
                 continue;
             }

@@ -9,6 +9,7 @@
 
 pub mod archive;
 pub mod backup;
+pub mod bulk;
 pub mod catalog;
 pub mod check;
 pub mod compaction;
@@ -24,6 +25,7 @@ mod state;
 pub mod wal;
 
 pub use archive::FlushPolicy;
+pub use bulk::Bulk;
 pub use compaction::CompactReport;
 pub use engine::{Config, Engine, EngineStats, OpenError};
 pub use flush::FlushReport;

@@ -8,11 +8,14 @@
 //!   a digest of the file's bytes and the batch's first line, so a load that was interrupted
 //!   and run again counts every event exactly once (within the server's 24 h memory of keys);
 //!   unavailable servers and keys in flight are retried with backoff;
-//! - `--data DIR` (a stopped server's directory): the same batches applied to the engine in
-//!   process, each with the same idempotency record, flushed to archive segments as it goes.
+//! - `--data DIR` (a stopped server's directory): the batches' counters aggregated in memory
+//!   (`--memory-mb`) and written straight into archive segments whenever the budget fills and
+//!   at the end (`Engine::install`: no log, no memtable), each install published atomically
+//!   with the idempotency answers of its batches, so a re-run skips what was installed.
 //!
 //! stdin (`-`) is copied to a temporary file first, as it is read twice.
 
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -22,7 +25,7 @@ use tally_core::ingest::{self, Defaults, IngestError, Limits};
 use tally_core::model::{Namespace, RawEvent, Schema, SchemaDoc};
 use tally_core::reference::MemStore;
 use tally_core::store::{Batch, Clock, IdemRecord, Store, SystemClock};
-use tally_engine::{Config, Engine};
+use tally_engine::{Bulk, Config, Engine, FlushPolicy};
 
 use crate::http::{Client, Route};
 use crate::load::{Digest, Format, Input, spool_stdin};
@@ -49,6 +52,9 @@ pub struct LoadArgs {
     /// Events per batch.
     #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     batch: u32,
+    /// With --data: memory for counters aggregated before they are written as segments.
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(16..=1_048_576))]
+    memory_mb: u32,
     /// Count and skip bad lines instead of refusing the load.
     #[arg(long)]
     skip_bad: bool,
@@ -211,7 +217,17 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
     let checker = Checker::of(&target, a.batch as usize, now)?;
     let bar = progress(a.quiet, total, "loading");
     let mut loaded = 0u64;
-    let mut since_flush = 0u64;
+    // Offline: counters aggregate here and go to the archive as segments whenever they reach
+    // the memory budget, and at the end.
+    let mut bulk = Bulk::default();
+    let mut answers: Vec<IdemRecord> = Vec::new();
+    let mut pending: HashSet<String> = HashSet::new();
+    let mut schemas: HashMap<String, Schema> = HashMap::new();
+    let policy = match &target {
+        Target::Engine(e) => e.flush_policy(),
+        Target::Server(_) => FlushPolicy::default(),
+    };
+    let budget = (a.memory_mb as usize * 1024 * 1024 / BYTES_PER_COUNTER).max(1);
     let mut already = 0u64;
     for s in &sources {
         let batch = a.batch as usize;
@@ -225,7 +241,7 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
                 let first = chunk.first().map_or(0, |(l, _)| *l);
                 let last = chunk.last().map_or(0, |(l, _)| *l);
                 let key = format!("tally-load-{:016x}-{first}", s.digest.0);
-                let mut b = checker.batch(&mut chunk, &mut |_, _| Ok(()))?;
+                let b = checker.batch(&mut chunk, &mut |_, _| Ok(()))?;
                 let n = b.increments.len() as u64;
                 match &target {
                     Target::Server(client) => {
@@ -236,29 +252,42 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
                         }
                     }
                     Target::Engine(engine) => {
-                        if engine
-                            .idempotency(&key)
-                            .map_err(|e| anyhow::anyhow!(e.detail()))?
-                            .is_none()
-                        {
-                            b.idempotency = Some(IdemRecord {
+                        let seen = pending.contains(&key)
+                            || engine
+                                .idempotency(&key)
+                                .map_err(|e| anyhow::anyhow!(e.detail()))?
+                                .is_some();
+                        if seen {
+                            already += n;
+                        } else {
+                            for (ns, schema) in &b.create {
+                                engine
+                                    .put_schema(ns, schema)
+                                    .map_err(|e| anyhow::anyhow!(e.detail()))?;
+                            }
+                            for inc in &b.increments {
+                                if !schemas.contains_key(inc.ns.as_str()) {
+                                    let schema = engine
+                                        .schema(&inc.ns)
+                                        .map_err(|e| anyhow::anyhow!(e.detail()))?
+                                        .with_context(|| format!("namespace {}", inc.ns))?;
+                                    schemas.insert(inc.ns.as_str().to_owned(), schema);
+                                }
+                                if let Some(schema) = schemas.get(inc.ns.as_str()) {
+                                    bulk.add(&policy, schema, inc, checker.now);
+                                }
+                            }
+                            pending.insert(key.clone());
+                            answers.push(IdemRecord {
                                 key: key.clone(),
                                 fingerprint: key.clone(),
                                 expires: checker.now + 86_400,
                                 status: 200,
                                 body: json!({"accepted": n}).to_string(),
                             });
-                            engine
-                                .apply(&b)
-                                .map_err(|e| anyhow::anyhow!(e.detail()))
-                                .with_context(|| format!("{}: lines {first}–{last}", s.name))?;
-                            since_flush += n;
-                            if since_flush >= 1_000_000 {
-                                engine.maintain().map_err(|e| anyhow::anyhow!(e.detail()))?;
-                                since_flush = 0;
+                            if bulk.counters() >= budget {
+                                install(engine, &mut bulk, &mut answers)?;
                             }
-                        } else {
-                            already += n;
                         }
                     }
                 }
@@ -270,7 +299,7 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
     }
     bar.finish_and_clear();
     if let Target::Engine(engine) = &target {
-        engine.maintain().map_err(|e| anyhow::anyhow!(e.detail()))?;
+        install(engine, &mut bulk, &mut answers)?;
         engine.sync().map_err(|e| anyhow::anyhow!(e.detail()))?;
         engine.close();
     }
@@ -293,6 +322,23 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
     for s in shown {
         eprintln!("  skipped {s}");
     }
+    Ok(())
+}
+
+/// Memory an aggregated counter takes, about (its bucket in a hash map, its share of the
+/// key's and the dimension's maps), for `--memory-mb`.
+const BYTES_PER_COUNTER: usize = 96;
+
+/// Installs the aggregated counters as archive segments (with the batches' idempotency
+/// answers), and starts again empty.
+fn install(engine: &Engine, bulk: &mut Bulk, answers: &mut Vec<IdemRecord>) -> anyhow::Result<()> {
+    if bulk.is_empty() && answers.is_empty() {
+        return Ok(());
+    }
+    engine
+        .install(std::mem::take(bulk), std::mem::take(answers))
+        .map_err(|e| anyhow::anyhow!(e.detail()))
+        .context("installing archive segments")?;
     Ok(())
 }
 

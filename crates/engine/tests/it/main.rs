@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod archive;
+mod bulk;
 mod crash;
 mod crash_publish;
 mod fixtures;

@@ -1,0 +1,200 @@
+//! Bulk install (`tally load --data`): counters aggregated outside the write path, written
+//! straight into archive segments and published in one manifest — no log record, no memtable.
+//!
+//! [`Bulk`] aggregates validated increments by tier, period, key and bucket (every event of
+//! one series and bucket becomes one counter), keeping only the buckets a tier's retention
+//! still shows. [`Engine::install`] then flushes whatever memory holds, writes one segment per
+//! (resolution, period) — a delta where the period is archived already — flushed through the
+//! last log record, and publishes them with the given idempotency answers, atomically: after a
+//! crash the directory holds all of an install or none of it.
+//!
+//! For a directory no one else writes to: a write between the flush and the publish would be
+//! marked archived by the install's segments and skipped by the next recovery, so `install`
+//! refuses to publish if memory took a write meanwhile.
+
+use std::collections::{BTreeMap, HashMap};
+
+use tally_core::model::Schema;
+use tally_core::store::{IdemRecord, Increment, StoreError};
+
+use crate::archive::FlushPolicy;
+use crate::engine::Engine;
+use crate::flush::{Chosen, FlushReport, Records};
+use crate::segment::{DimRecord, KeyRecord};
+
+/// One key's counters in one period: totals and subtotals by bucket index.
+#[derive(Debug, Default)]
+struct Cell {
+    totals: HashMap<u32, i64>,
+    /// dimension → value → bucket → count
+    subs: HashMap<String, HashMap<String, HashMap<u32, i64>>>,
+}
+
+/// Counters to install, by (resolution, period start) → namespace → key.
+#[derive(Debug, Default)]
+pub struct Bulk {
+    parts: HashMap<(i64, i64), HashMap<String, HashMap<String, Cell>>>,
+    counters: usize,
+}
+
+impl Bulk {
+    /// Counters held (each one (series, bucket)): what memory grows with.
+    pub fn counters(&self) -> usize {
+        self.counters
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.parts.is_empty()
+    }
+
+    /// Adds one increment under `schema` (its namespace's), as the engine's write path would
+    /// count it: every tier, subtotals in breakdown tiers, nothing a tier's retention no
+    /// longer shows at `now`.
+    pub fn add(&mut self, policy: &FlushPolicy, schema: &Schema, inc: &Increment, now: i64) {
+        for tier in schema.tiers() {
+            let res = tier.resolution.secs_i64();
+            let bucket = inc.ts.div_euclid(res) * res;
+            if !tier.retention.keeps_bucket(bucket, tier.resolution, now) {
+                continue;
+            }
+            let idx = (bucket / res) as u32;
+            let part = self
+                .parts
+                .entry((res, policy.period_of(res, bucket)))
+                .or_default();
+            let keys = match part.get_mut(inc.ns.as_str()) {
+                Some(k) => k,
+                None => part.entry(inc.ns.as_str().to_owned()).or_default(),
+            };
+            let cell = match keys.get_mut(inc.key.as_str()) {
+                Some(c) => c,
+                None => keys.entry(inc.key.as_str().to_owned()).or_default(),
+            };
+            let t = cell.totals.entry(idx).or_insert_with(|| {
+                self.counters += 1;
+                0
+            });
+            *t += inc.n;
+            if schema.is_breakdown(tier.resolution) {
+                for s in &inc.subtotals {
+                    let values = match cell.subs.get_mut(s.dim.as_str()) {
+                        Some(v) => v,
+                        None => cell.subs.entry(s.dim.clone()).or_default(),
+                    };
+                    let buckets = match values.get_mut(s.value.as_str()) {
+                        Some(b) => b,
+                        None => values.entry(s.value.clone()).or_default(),
+                    };
+                    let c = buckets.entry(idx).or_insert_with(|| {
+                        self.counters += 1;
+                        0
+                    });
+                    *c += inc.n;
+                }
+            }
+        }
+    }
+
+    /// The parts as the periods to write and their records (zero counts left out).
+    fn into_parts(self, policy: &FlushPolicy) -> Vec<(Chosen, Records)> {
+        let sorted = |m: HashMap<u32, i64>| {
+            let mut b: Vec<(u32, i64)> = m.into_iter().filter(|(_, n)| *n != 0).collect();
+            b.sort_unstable();
+            b
+        };
+        let mut out: Vec<(Chosen, Records)> = self
+            .parts
+            .into_iter()
+            .map(|((res, period), nss)| {
+                let mut records = Records::new();
+                for (ns, keys) in nss {
+                    for (key, cell) in keys {
+                        let mut dims: Vec<DimRecord> = Vec::new();
+                        for (dim, values) in cell.subs {
+                            let mut values: Vec<(String, Vec<(u32, i64)>)> = values
+                                .into_iter()
+                                .map(|(v, b)| (v, sorted(b)))
+                                .filter(|(_, b)| !b.is_empty())
+                                .collect();
+                            if values.is_empty() {
+                                continue;
+                            }
+                            values.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+                            dims.push(DimRecord { dim, values });
+                        }
+                        dims.sort_by(|a, b| a.dim.cmp(&b.dim));
+                        let rec = KeyRecord {
+                            totals: sorted(cell.totals),
+                            dims,
+                        };
+                        if !rec.totals.is_empty() || !rec.dims.is_empty() {
+                            records.insert((ns.clone(), key), rec);
+                        }
+                    }
+                }
+                let chosen = Chosen {
+                    slot: 0,
+                    res,
+                    period,
+                    len: policy.period_len(res),
+                };
+                (chosen, records)
+            })
+            .collect();
+        out.sort_by_key(|(c, _)| (c.res, c.period));
+        out
+    }
+}
+
+impl Engine {
+    /// How this engine cuts periods (what [`Bulk::add`] needs).
+    pub fn flush_policy(&self) -> FlushPolicy {
+        self.core.flush
+    }
+
+    /// Installs `bulk` as archive segments, with `answers` (idempotency records) in the same
+    /// manifest. For a directory no one else writes to (see the module's note).
+    pub fn install(&self, bulk: Bulk, answers: Vec<IdemRecord>) -> Result<FlushReport, StoreError> {
+        let now = self.clock.now();
+        // Memory to the archive first, so the install's segments can be marked flushed
+        // through the last log record without hiding anything a replay would need.
+        self.flush_everything()?;
+        let _one = self
+            .flush_lock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let seq = self.core.last_seq.load(std::sync::atomic::Ordering::SeqCst);
+        if !self
+            .core
+            .dirty
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_empty()
+        {
+            return Err(StoreError::internal(
+                "a bulk install needs a data directory no one else writes to: memory took a \
+                 write during the install",
+            ));
+        }
+        {
+            let mut idem = self
+                .core
+                .idem
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            for r in answers {
+                idem.insert(r.key.clone(), r);
+            }
+        }
+        let policy = self.core.flush;
+        let mut parts: BTreeMap<(i64, i64), Records> = BTreeMap::new();
+        let mut chosen = Vec::new();
+        for (c, records) in bulk.into_parts(&policy) {
+            parts.insert((c.res, c.period), records);
+            chosen.push(c);
+        }
+        self.write_and_publish(&chosen, seq, now, &mut |c| {
+            Ok(parts.remove(&(c.res, c.period)).unwrap_or_default())
+        })
+    }
+}
