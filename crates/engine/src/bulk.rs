@@ -35,12 +35,26 @@ struct Cell {
 pub struct Bulk {
     parts: HashMap<(i64, i64), HashMap<String, HashMap<String, Cell>>>,
     counters: usize,
+    bytes: usize,
 }
 
+/// Heap bytes of one hash-map entry beyond its key and value (control bytes, spare capacity
+/// at the usual load, the allocation's rounding), as measured on this workload (see
+/// docs/benchmarks.md): an estimate, so `--memory-mb` bounds the aggregate to within a small
+/// factor, not exactly.
+const ENTRY_OVERHEAD: usize = 24;
+/// A key's cell: the maps' own headers.
+const CELL_BYTES: usize = 2 * 48 + 64;
+
 impl Bulk {
-    /// Counters held (each one (series, bucket)): what memory grows with.
+    /// Counters held (each one (series, bucket)).
     pub fn counters(&self) -> usize {
         self.counters
+    }
+
+    /// Estimated heap bytes held: what `--memory-mb` compares with.
+    pub fn bytes(&self) -> usize {
+        self.bytes
     }
 
     pub fn is_empty(&self) -> bool {
@@ -68,10 +82,14 @@ impl Bulk {
             };
             let cell = match keys.get_mut(inc.key.as_str()) {
                 Some(c) => c,
-                None => keys.entry(inc.key.as_str().to_owned()).or_default(),
+                None => {
+                    self.bytes += CELL_BYTES + ENTRY_OVERHEAD + inc.key.as_str().len();
+                    keys.entry(inc.key.as_str().to_owned()).or_default()
+                }
             };
             let t = cell.totals.entry(idx).or_insert_with(|| {
                 self.counters += 1;
+                self.bytes += 12 + ENTRY_OVERHEAD;
                 0
             });
             *t += inc.n;
@@ -79,14 +97,21 @@ impl Bulk {
                 for s in &inc.subtotals {
                     let values = match cell.subs.get_mut(s.dim.as_str()) {
                         Some(v) => v,
-                        None => cell.subs.entry(s.dim.clone()).or_default(),
+                        None => {
+                            self.bytes += 48 + ENTRY_OVERHEAD + s.dim.len();
+                            cell.subs.entry(s.dim.clone()).or_default()
+                        }
                     };
                     let buckets = match values.get_mut(s.value.as_str()) {
                         Some(b) => b,
-                        None => values.entry(s.value.clone()).or_default(),
+                        None => {
+                            self.bytes += 48 + ENTRY_OVERHEAD + s.value.len();
+                            values.entry(s.value.clone()).or_default()
+                        }
                     };
                     let c = buckets.entry(idx).or_insert_with(|| {
                         self.counters += 1;
+                        self.bytes += 12 + ENTRY_OVERHEAD;
                         0
                     });
                     *c += inc.n;
