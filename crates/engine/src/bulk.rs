@@ -8,9 +8,11 @@
 //! last log record, and publishes them with the given idempotency answers, atomically: after a
 //! crash the directory holds all of an install or none of it.
 //!
-//! For a directory no one else writes to: a write between the flush and the publish would be
-//! marked archived by the install's segments and skipped by the next recovery, so `install`
-//! refuses to publish if memory took a write meanwhile.
+//! Meant for a directory no one else writes to (`tally load --data`), but safe beside writers:
+//! the last log record is read under the write gate with memory empty, so every record the
+//! installed segments are marked flushed through is archived already, and later writes are
+//! replayed as usual. A write between the flush and that moment makes `install` fail
+//! (`unavailable`, try again) rather than mark it archived.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -178,7 +180,7 @@ impl Engine {
     }
 
     /// Installs `bulk` as archive segments, with `answers` (idempotency records) in the same
-    /// manifest. For a directory no one else writes to (see the module's note).
+    /// manifest (see the module's note on concurrent writers).
     pub fn install(&self, bulk: Bulk, answers: Vec<IdemRecord>) -> Result<FlushReport, StoreError> {
         let now = self.clock.now();
         // Memory to the archive first, so the install's segments can be marked flushed
@@ -188,19 +190,28 @@ impl Engine {
             .flush_lock
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let seq = self.core.last_seq.load(std::sync::atomic::Ordering::SeqCst);
-        if !self
-            .core
-            .dirty
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .is_empty()
-        {
-            return Err(StoreError::internal(
-                "a bulk install needs a data directory no one else writes to: memory took a \
-                 write during the install",
-            ));
-        }
+        // Under the write gate, no batch is between its log append and its apply: every
+        // record up to `seq` is applied, and memory holds none of them (the flush took them),
+        // so the installed segments may be marked flushed through `seq`. A write after this
+        // lands in memory with a later record, replayed as usual.
+        let seq = {
+            let _gate = self
+                .gate
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if !self
+                .core
+                .dirty
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .is_empty()
+            {
+                return Err(StoreError::unavailable(
+                    "a write came in during the bulk install's flush; install again",
+                ));
+            }
+            self.core.last_seq.load(std::sync::atomic::Ordering::SeqCst)
+        };
         {
             let mut idem = self
                 .core

@@ -129,3 +129,53 @@ fn installed_segments_read_like_the_write_path() {
     }
     check(&a, &b);
 }
+
+/// Writes beside an install land on top of it, and survive a restart: nothing is marked
+/// archived that the archive does not hold.
+#[test]
+fn writes_during_an_install_are_kept() {
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let c = clock(NOW);
+    let e = Arc::new(open(dir.path(), &c, FsyncPolicy::Never));
+    let ns = Namespace::new("clicks").unwrap();
+    e.put_schema(&ns, &schema()).unwrap();
+    let history = events(5);
+    let batch =
+        ingest::prepare(&*e, &history, NOW, &Limits::default(), &Defaults::default()).unwrap();
+    let want_history: i64 = batch.increments.iter().map(|i| i.n).sum();
+    let writer = {
+        let e = e.clone();
+        std::thread::spawn(move || {
+            for i in 0..300 {
+                crate::write(&*e, NOW, &[raw("clicks", "live", NOW - 5 - i % 50, 1, &[])]).unwrap();
+            }
+        })
+    };
+    let policy = e.flush_policy();
+    let mut installed = 0;
+    while installed < 3 {
+        let mut bulk = Bulk::default();
+        for inc in &batch.increments {
+            bulk.add(&policy, &schema(), inc, NOW);
+        }
+        match e.install(bulk, Vec::new()) {
+            Ok(_) => installed += 1,
+            // A write between the flush and the install's snapshot: try again.
+            Err(err) => assert!(err.detail().contains("install again"), "{err:?}"),
+        }
+    }
+    writer.join().unwrap();
+    let sum_of = |e: &dyn Store| -> i64 {
+        (0..7)
+            .map(|k| crate::total(e, "clicks", &format!("k{k}"), 3600))
+            .sum()
+    };
+    assert_eq!(sum_of(&*e), 3 * want_history);
+    assert_eq!(crate::total(&*e, "clicks", "live", 3600), 300);
+    let e = Arc::try_unwrap(e).ok().unwrap();
+    drop(e);
+    let e = open(dir.path(), &c, FsyncPolicy::Never);
+    assert_eq!(sum_of(&e), 3 * want_history);
+    assert_eq!(crate::total(&e, "clicks", "live", 3600), 300);
+}
