@@ -32,6 +32,17 @@ struct Cell {
     subs: HashMap<String, HashMap<String, HashMap<u32, i64>>>,
 }
 
+/// One stored counter: key `key` of `ns`, the bucket starting at `start` of the tier of `res`
+/// seconds, its total (`sub` None) or the subtotal `sub` = (dimension, value).
+#[derive(Debug, Clone, Copy)]
+pub struct Counter<'a> {
+    pub ns: &'a str,
+    pub key: &'a str,
+    pub res: i64,
+    pub start: i64,
+    pub sub: Option<(&'a str, &'a str)>,
+}
+
 /// Counters to install, by (resolution, period start) → namespace → key.
 #[derive(Debug, Default)]
 pub struct Bulk {
@@ -120,6 +131,59 @@ impl Bulk {
                 }
             }
         }
+    }
+
+    /// Adds `n` to one stored counter (see [`Counter`]). For a rebuild, which subtracts what
+    /// a range holds: no retention is applied.
+    pub fn add_counter(&mut self, policy: &FlushPolicy, at: &Counter<'_>, n: i64) {
+        let Counter {
+            ns,
+            key,
+            res,
+            start,
+            sub,
+        } = *at;
+        let idx = (start / res) as u32;
+        let part = self
+            .parts
+            .entry((res, policy.period_of(res, start)))
+            .or_default();
+        let keys = match part.get_mut(ns) {
+            Some(k) => k,
+            None => part.entry(ns.to_owned()).or_default(),
+        };
+        let cell = match keys.get_mut(key) {
+            Some(c) => c,
+            None => {
+                self.bytes += CELL_BYTES + ENTRY_OVERHEAD + key.len();
+                keys.entry(key.to_owned()).or_default()
+            }
+        };
+        let buckets = match sub {
+            None => &mut cell.totals,
+            Some((dim, value)) => {
+                let values = match cell.subs.get_mut(dim) {
+                    Some(v) => v,
+                    None => {
+                        self.bytes += 48 + ENTRY_OVERHEAD + dim.len();
+                        cell.subs.entry(dim.to_owned()).or_default()
+                    }
+                };
+                match values.get_mut(value) {
+                    Some(b) => b,
+                    None => {
+                        self.bytes += 48 + ENTRY_OVERHEAD + value.len();
+                        values.entry(value.to_owned()).or_default()
+                    }
+                }
+            }
+        };
+        let c = buckets.entry(idx).or_insert_with(|| {
+            self.counters += 1;
+            self.bytes += 12 + ENTRY_OVERHEAD;
+            0
+        });
+        *c += n;
     }
 
     /// The parts as the periods to write and their records (zero counts left out).

@@ -24,8 +24,8 @@ use serde_json::{Map, Value, json};
 use tally_core::ingest::{self, Defaults, IngestError, Limits};
 use tally_core::model::{Namespace, RawEvent, Schema, SchemaDoc};
 use tally_core::reference::MemStore;
-use tally_core::store::{Batch, Clock, IdemRecord, Store, SystemClock};
-use tally_engine::{Bulk, Config, Engine, FlushPolicy};
+use tally_core::store::{Batch, Clock, IdemRecord, KeyList, KeyRead, Store, SystemClock, Want};
+use tally_engine::{Bulk, Config, Counter, Engine, FlushPolicy};
 
 use crate::http::{Client, Route};
 use crate::load::{Digest, Format, Input, spool_stdin};
@@ -55,6 +55,19 @@ pub struct LoadArgs {
     /// With --data: memory for counters aggregated before they are written as segments.
     #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(16..=1_048_576))]
     memory_mb: u32,
+    /// Rebuild (with --data): replace what --ns holds in [--from, --to) — whole hours, closed
+    /// — with what the files say, in one install; every event must fall inside.
+    #[arg(long, requires_all = ["data", "ns", "from", "to"])]
+    replace: bool,
+    /// With --replace: the namespace rebuilt.
+    #[arg(long, requires = "replace")]
+    ns: Option<String>,
+    /// With --replace: the range's start (unix seconds or RFC 3339; a whole hour).
+    #[arg(long, requires = "replace")]
+    from: Option<String>,
+    /// With --replace: the range's end, exclusive (a whole hour).
+    #[arg(long, requires = "replace")]
+    to: Option<String>,
     /// Count and skip bad lines instead of refusing the load.
     #[arg(long)]
     skip_bad: bool,
@@ -180,6 +193,10 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
         (None, None) => bail!("give --server URL or --data DIR"),
     };
     let now = SystemClock.now();
+    let rebuild = match (&a.replace, &a.ns, &a.from, &a.to) {
+        (true, Some(ns), Some(from), Some(to)) => Some(Rebuild::parse(ns, from, to, now)?),
+        _ => None,
+    };
     let checker = Checker::of(&target, a.batch as usize, now)?;
     let start = Instant::now();
 
@@ -203,12 +220,22 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
         };
         let batch = a.batch as usize;
         each_batch(s, a.format, &bar, batch, &mut bad, &mut |mut chunk, bad| {
+            if let Some(r) = &rebuild {
+                let mut kept = Vec::with_capacity(chunk.len());
+                for (line, e) in chunk {
+                    match r.refuses(&e, now) {
+                        Some(why) => bad(line, why)?,
+                        None => kept.push((line, e)),
+                    }
+                }
+                chunk = kept;
+            }
             events += checker.batch(&mut chunk, bad)?.increments.len() as u64;
             Ok(())
         })?;
     }
     bar.finish_and_clear();
-    if events == 0 {
+    if events == 0 && rebuild.is_none() {
         bail!("no events to load");
     }
 
@@ -244,8 +271,43 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
                 let first = chunk.first().map_or(0, |(l, _)| *l);
                 let last = chunk.last().map_or(0, |(l, _)| *l);
                 let key = format!("tally-load-{:016x}-{first}", s.digest.0);
+                if let Some(r) = &rebuild {
+                    chunk.retain(|(_, e)| r.refuses(e, now).is_none());
+                }
                 let b = checker.batch(&mut chunk, &mut |_, _| Ok(()))?;
                 let n = b.increments.len() as u64;
+                if let (Some(_), Target::Engine(engine)) = (&rebuild, &target) {
+                    // A rebuild is one install: everything stays in memory until the end.
+                    for (ns, schema) in &b.create {
+                        engine
+                            .put_schema(ns, schema)
+                            .map_err(|e| anyhow::anyhow!(e.detail()))?;
+                    }
+                    for inc in &b.increments {
+                        let schema = match schemas.get(inc.ns.as_str()) {
+                            Some(s) => s.clone(),
+                            None => {
+                                let s = engine
+                                    .schema(&inc.ns)
+                                    .map_err(|e| anyhow::anyhow!(e.detail()))?
+                                    .with_context(|| format!("namespace {}", inc.ns))?;
+                                schemas.insert(inc.ns.as_str().to_owned(), s.clone());
+                                s
+                            }
+                        };
+                        bulk.add(&policy, &schema, inc, checker.now);
+                    }
+                    if bulk.bytes() >= budget {
+                        bail!(
+                            "the rebuild's events need more than --memory-mb {} (a rebuild is \
+                             installed in one piece): give more, or replace a shorter range; \
+                             nothing was changed",
+                            a.memory_mb
+                        );
+                    }
+                    loaded += n;
+                    return Ok(());
+                }
                 match &target {
                     Target::Server(client) => {
                         if post(client, &chunk, &key)
@@ -301,6 +363,23 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
         )?;
     }
     bar.finish_and_clear();
+    if let (Some(r), Target::Engine(engine)) = (&rebuild, &target) {
+        let changed = r.subtract_held(engine, &policy, &mut bulk)?;
+        engine
+            .install(bulk, Vec::new())
+            .map_err(|e| anyhow::anyhow!(e.detail()))
+            .context("installing the rebuild")?;
+        engine.sync().map_err(|e| anyhow::anyhow!(e.detail()))?;
+        engine.close();
+        eprintln!(
+            "replaced [{}, {}) of namespace {} with {loaded} events in {:.1} s ({changed} counters held before)",
+            r.from,
+            r.to,
+            r.ns,
+            start.elapsed().as_secs_f64()
+        );
+        return Ok(());
+    }
     if let Target::Engine(engine) = &target {
         install(engine, &mut bulk, &mut answers)?;
         engine.sync().map_err(|e| anyhow::anyhow!(e.detail()))?;
@@ -326,6 +405,137 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
         eprintln!("  skipped {s}");
     }
     Ok(())
+}
+
+/// A rebuild's range: what it replaces, and which events belong to it.
+struct Rebuild {
+    ns: Namespace,
+    from: i64,
+    to: i64,
+}
+
+impl Rebuild {
+    fn parse(ns: &str, from: &str, to: &str, now: i64) -> anyhow::Result<Rebuild> {
+        let ns = Namespace::new(ns).map_err(|e| anyhow::anyhow!("--ns: {e}"))?;
+        let at = |what: &str, t: &str| {
+            tally_core::model::parse_timestamp(t).map_err(|e| anyhow::anyhow!("--{what}: {e}"))
+        };
+        let (from, to) = (at("from", from)?, at("to", to)?);
+        if from % 3600 != 0 || to % 3600 != 0 {
+            bail!(
+                "--from and --to of a rebuild are whole hours (every tier's buckets then lie wholly inside or outside)"
+            );
+        }
+        if from >= to {
+            bail!("--from ({from}) must be before --to ({to})");
+        }
+        if to > now {
+            bail!("a rebuild replaces a closed range: --to ({to}) is in the future");
+        }
+        Ok(Rebuild { ns, from, to })
+    }
+
+    /// Why an event does not belong to the rebuild, if it does not.
+    fn refuses(&self, e: &RawEvent, now: i64) -> Option<String> {
+        if e.ns != self.ns.as_str() {
+            return Some(format!(
+                "namespace {:?} is not the rebuilt one ({})",
+                e.ns, self.ns
+            ));
+        }
+        let ts = e.ts.unwrap_or(now);
+        (ts < self.from || ts >= self.to).then(|| {
+            format!(
+                "ts {ts} is outside the rebuilt range [{}, {})",
+                self.from, self.to
+            )
+        })
+    }
+
+    /// Subtracts what the namespace holds in the range, every tier, totals and subtotals,
+    /// from `bulk`; answers how many counters that was.
+    fn subtract_held(
+        &self,
+        engine: &Engine,
+        policy: &FlushPolicy,
+        bulk: &mut Bulk,
+    ) -> anyhow::Result<u64> {
+        let store: &dyn Store = engine;
+        let Some(schema) = store
+            .schema(&self.ns)
+            .map_err(|e| anyhow::anyhow!(e.detail()))?
+        else {
+            return Ok(0);
+        };
+        let mut held = 0u64;
+        let mut after: Option<String> = None;
+        loop {
+            let page = store
+                .keys(&KeyList {
+                    ns: &self.ns,
+                    prefix: "",
+                    after: after.as_deref(),
+                    limit: 1000,
+                })
+                .map_err(|e| anyhow::anyhow!(e.detail()))?;
+            let Some(last) = page.last() else {
+                return Ok(held);
+            };
+            after = Some(last.to_string());
+            for tier in schema.tiers() {
+                let want = if schema.is_breakdown(tier.resolution) {
+                    Want::All
+                } else {
+                    Want::Totals
+                };
+                let reads: Vec<KeyRead<'_>> = page
+                    .iter()
+                    .map(|key| KeyRead {
+                        ns: &self.ns,
+                        key,
+                        resolution: tier.resolution,
+                        from: self.from,
+                        to: self.to,
+                        want,
+                    })
+                    .collect();
+                let data = store
+                    .read(&reads)
+                    .map_err(|e| anyhow::anyhow!(e.detail()))?;
+                let res = tier.resolution.secs_i64();
+                for (key, d) in page.iter().zip(&data) {
+                    let at = |start, sub| Counter {
+                        ns: self.ns.as_str(),
+                        key: key.as_str(),
+                        res,
+                        start,
+                        sub,
+                    };
+                    for &(start, n) in &d.totals {
+                        if n != 0 {
+                            bulk.add_counter(policy, &at(start, None), -n);
+                            held += 1;
+                        }
+                    }
+                    for sub in &d.subtotals {
+                        for &(start, n) in &sub.buckets {
+                            if n != 0 {
+                                bulk.add_counter(
+                                    policy,
+                                    &at(start, Some((&sub.dim, &sub.value))),
+                                    -n,
+                                );
+                                held += 1;
+                            }
+                        }
+                    }
+                }
+            }
+            if page.len() < 1000 {
+                return Ok(held);
+            }
+        }
+    }
 }
 
 /// Installs the aggregated counters as archive segments (with the batches' idempotency

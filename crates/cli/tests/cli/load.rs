@@ -338,3 +338,81 @@ fn a_bad_line_refuses_the_load_and_changes_nothing() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("needs --format"));
     sigterm_and_wait(s);
 }
+
+#[test]
+fn a_rebuild_replaces_one_range_and_nothing_else() {
+    let tmp = tempfile::tempdir().unwrap();
+    let history = events(3000, 5);
+    let (day2, day3) = (DAY0 + 86_400, DAY0 + 2 * 86_400);
+    // The replacement: other events, all inside day 2.
+    let replacement: Vec<_> = events(800, 77)
+        .into_iter()
+        .map(|(k, ts, n, c, r)| (k, day2 + (ts - DAY0) % 86_400, n, c, r))
+        .collect();
+    let h = tmp.path().join("history.csv");
+    write_csv(&h, &history);
+    let r = tmp.path().join("day2.csv");
+    write_csv(&r, &replacement);
+    let kept: Vec<_> = history
+        .iter()
+        .filter(|e| e.1 < day2 || e.1 >= day3)
+        .cloned()
+        .chain(replacement.iter().cloned())
+        .collect();
+    let want_csv = tmp.path().join("want.csv");
+    write_csv(&want_csv, &kept);
+
+    let setup = |name: &str| {
+        let dir = tmp.path().join(name);
+        std::fs::create_dir(&dir).unwrap();
+        sigterm_and_wait(serve_dir(&dir)); // the namespace from the config
+        dir
+    };
+    let (a, b) = (setup("a"), setup("b"));
+    let data = |d: &Path| d.join("data").to_str().unwrap().to_owned();
+    let o = load(&[h.to_str().unwrap(), "--data", &data(&a)]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (from, to) = (day2.to_string(), day3.to_string());
+    let replace = |file: &Path| {
+        load(&[
+            file.to_str().unwrap(),
+            "--data",
+            &data(&a),
+            "--replace",
+            "--ns",
+            "clicks",
+            "--from",
+            &from,
+            "--to",
+            &to,
+        ])
+    };
+    // An event outside the range refuses the rebuild, naming it; nothing changes.
+    let outside = tmp.path().join("outside.csv");
+    std::fs::write(
+        &outside,
+        format!("ns,key,ts,n,country,referrer\nclicks,k,{day2},1,,\nclicks,k,{day3},1,,\n"),
+    )
+    .unwrap();
+    let o = replace(&outside);
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success()
+            && said.contains("outside.csv:3")
+            && said.contains("outside the rebuilt range"),
+        "{said}"
+    );
+    // The rebuild, twice (the second changes nothing).
+    for _ in 0..2 {
+        let o = replace(&r);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let o = load(&[want_csv.to_str().unwrap(), "--data", &data(&b)]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (sa, sb) = (serve_dir(&a), serve_dir(&b));
+    let got = holdings(sa.url.trim_end_matches('/'));
+    assert_eq!(got, holdings(sb.url.trim_end_matches('/')));
+    assert!(got.lines().count() > 3000);
+    sigterm_and_wait(sa);
+    sigterm_and_wait(sb);
+}
