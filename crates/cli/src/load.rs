@@ -7,8 +7,8 @@
 //! - **NDJSON**: one event per line, in the shape of `POST /v1/events`, read by the route's own
 //!   parser; blank lines are skipped.
 //!
-//! Every line is bounded ([`MAX_LINE_BYTES`]): a longer one is a bad line, not a reason to
-//! grow memory.
+//! Every line is bounded ([`MAX_LINE_BYTES`]): a longer NDJSON line is a bad line, a longer
+//! CSV line stops the load (a CSV record may not span lines), never a reason to grow memory.
 
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read};
@@ -207,10 +207,15 @@ fn csv(
     name: &str,
     each: &mut dyn FnMut(u64, Result<RawEvent, String>) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
+    // The csv crate holds a whole record: bounding lines bounds records, as no field may hold
+    // a line break (keys and values refuse control characters).
     let mut rd = csv::ReaderBuilder::new()
         .has_headers(true)
         .flexible(true)
-        .from_reader(r);
+        .from_reader(LineBound {
+            inner: r,
+            since_newline: 0,
+        });
     let header = rd
         .headers()
         .with_context(|| format!("{name}: reading the CSV header"))?
@@ -284,6 +289,34 @@ fn csv_event(rec: &csv::ByteRecord, dims: &[String]) -> Result<RawEvent, String>
         n,
         dims: event_dims,
     })
+}
+
+/// Fails the read once a line passes [`MAX_LINE_BYTES`].
+struct LineBound<R> {
+    inner: R,
+    since_newline: usize,
+}
+
+impl<R: Read> Read for LineBound<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        let mut parts = buf.get(..n).unwrap_or_default().split(|&b| b == b'\n');
+        // The first part goes on with the current line; each later one starts a line.
+        let mut run = self.since_newline + parts.next().map_or(0, <[u8]>::len);
+        let mut longest = run;
+        for p in parts {
+            run = p.len();
+            longest = longest.max(run);
+        }
+        self.since_newline = run;
+        if longest > MAX_LINE_BYTES {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("a line is longer than {MAX_LINE_BYTES} bytes"),
+            ));
+        }
+        Ok(n)
+    }
 }
 
 /// FNV-1a, 64-bit: a stable digest of the input (same bytes, same digest, whatever the build),
@@ -361,6 +394,33 @@ mod tests {
         assert!(got[3].1.as_ref().unwrap_err().contains("n: \"x\""));
         assert_eq!(got[4].0, 6);
         assert!(got[4].1.as_ref().unwrap_err().contains("2 fields"));
+    }
+
+    #[test]
+    fn a_csv_line_past_the_bound_stops_the_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("x.csv");
+        // An unclosed quote would otherwise make the csv crate hold the rest of the file.
+        let text = format!(
+            "ns,key,ts,n\nclicks,\"{}\n",
+            "k".repeat(MAX_LINE_BYTES + 10)
+        );
+        std::fs::write(&p, text).unwrap();
+        let input = Input::open(&p, "x.csv", None, &indicatif::ProgressBar::hidden()).unwrap();
+        let err = input.events(&mut |_, _| Ok(())).unwrap_err();
+        assert!(format!("{err:#}").contains("longer than"), "{err:#}");
+        // Exactly the bound is a line.
+        let ok = format!("ns,key,ts,n\nc,{},1,1\n", "k".repeat(MAX_LINE_BYTES - 7));
+        std::fs::write(&p, ok).unwrap();
+        let input = Input::open(&p, "x.csv", None, &indicatif::ProgressBar::hidden()).unwrap();
+        let mut n = 0;
+        input
+            .events(&mut |_, _| {
+                n += 1;
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(n, 1);
     }
 
     #[test]

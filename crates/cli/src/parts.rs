@@ -137,6 +137,16 @@ impl Parts {
         Ok(())
     }
 
+    /// Writes what is buffered and closes every open file (a date written to later gets a
+    /// new part).
+    pub fn close_all(&mut self) -> anyhow::Result<()> {
+        for (_, o) in self.open.drain() {
+            o.file.finish()?;
+        }
+        self.buffered = 0;
+        Ok(())
+    }
+
     /// Writes what is buffered and closes every file.
     pub fn finish(mut self) -> anyhow::Result<(u64, u64)> {
         for (_, o) in self.open.drain() {

@@ -276,6 +276,9 @@ impl Engine {
             }
             self.core.last_seq.load(std::sync::atomic::Ordering::SeqCst)
         };
+        // The answers go in the manifest the install publishes; if it fails, they come out
+        // again (a later flush must not publish answers for counts that are not there).
+        let keys: Vec<String> = answers.iter().map(|r| r.key.clone()).collect();
         {
             let mut idem = self
                 .core
@@ -293,8 +296,19 @@ impl Engine {
             parts.insert((c.res, c.period), records);
             chosen.push(c);
         }
-        self.write_and_publish(&chosen, seq, now, &mut |c| {
+        let done = self.write_and_publish(&chosen, seq, now, &mut |c| {
             Ok(parts.remove(&(c.res, c.period)).unwrap_or_default())
-        })
+        });
+        if done.is_err() {
+            let mut idem = self
+                .core
+                .idem
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            for k in &keys {
+                idem.remove(k);
+            }
+        }
+        done
     }
 }

@@ -87,6 +87,10 @@ pub async fn export(
         })
         .await?;
     let (tx, rx) = mpsc::channel(QUEUED_CHUNKS);
+    // Set once the last chunk is queued: a stream that ends without it was cut off, and the
+    // body then ends in an error (no last chunk), never like a whole export.
+    let complete = Arc::new(AtomicBool::new(false));
+    let done_flag = complete.clone();
     let timeout = Duration::from_millis(app.settings().server.query_timeout_ms);
     // A client that takes none of the answer for this long is cut off: it holds a query
     // permit and a blocking thread meanwhile.
@@ -103,20 +107,24 @@ pub async fn export(
         buf.push_str(HEADER);
         let (ns, res) = (plan.ns.to_string(), plan.resolution.to_string());
         let deadline = || Deadline::new(timeout, Arc::new(AtomicBool::new(false)));
+        let mut cut = false;
         let done = query::export(&**app.store(), &plan, &deadline, &mut |row| {
             write_row(&mut buf, &ns, &res, row);
             if buf.len() < CHUNK_BYTES {
                 return true;
             }
             let chunk = Bytes::from(std::mem::take(&mut buf).into_bytes());
-            send(Ok(chunk))
+            let sent = send(Ok(chunk));
+            cut |= !sent;
+            sent
         });
         match done {
-            Ok(()) => {
-                if !buf.is_empty() {
-                    send(Ok(Bytes::from(buf.into_bytes())));
+            Ok(()) if !cut => {
+                if buf.is_empty() || send(Ok(Bytes::from(buf.into_bytes()))) {
+                    done_flag.store(true, std::sync::atomic::Ordering::SeqCst);
                 }
             }
+            Ok(()) => {}
             Err(e) => {
                 tracing::warn!(error = %e, "an export failed after its answer started; cutting it off");
                 send(Err(std::io::Error::other(e.to_string())));
@@ -125,13 +133,17 @@ pub async fn export(
     });
     Ok((
         [(axum::http::header::CONTENT_TYPE, "text/csv; charset=utf-8")],
-        Body::new(Chunks(rx)),
+        Body::new(Chunks(rx, complete)),
     )
         .into_response())
 }
 
-/// The chunks as a response body; an error ends it without its last chunk.
-pub(crate) struct Chunks(pub(crate) mpsc::Receiver<Result<Bytes, std::io::Error>>);
+/// The chunks as a response body; an error, or an end before the producer said it was
+/// complete, ends it without its last chunk.
+pub(crate) struct Chunks(
+    pub(crate) mpsc::Receiver<Result<Bytes, std::io::Error>>,
+    pub(crate) Arc<AtomicBool>,
+);
 
 impl hyper::body::Body for Chunks {
     type Data = Bytes;
@@ -141,7 +153,12 @@ impl hyper::body::Body for Chunks {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
-        self.0.poll_recv(cx).map(|o| o.map(|r| r.map(Frame::data)))
+        let complete = self.1.clone();
+        self.0.poll_recv(cx).map(|o| match o {
+            Some(r) => Some(r.map(Frame::data)),
+            None if complete.load(std::sync::atomic::Ordering::SeqCst) => None,
+            None => Some(Err(std::io::Error::other("the export was cut off"))),
+        })
     }
 }
 

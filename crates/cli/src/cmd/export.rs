@@ -84,8 +84,11 @@ pub fn run(a: ExportArgs) -> anyhow::Result<()> {
             return Err(e);
         }
     };
-    std::fs::rename(&partial, &done)
-        .with_context(|| format!("renaming {} to {}", partial.display(), done.display()))?;
+    if let Err(e) = std::fs::rename(&partial, &done) {
+        let _ = std::fs::remove_dir_all(&partial);
+        return Err(e)
+            .with_context(|| format!("renaming {} to {}", partial.display(), done.display()));
+    }
     if let Ok(dir) = std::fs::File::open(&a.out) {
         let _ = dir.sync_all();
     }
@@ -98,6 +101,35 @@ pub fn run(a: ExportArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Days one request (or in-process pass) covers: rows come key by key, each key's days in
+/// turn, so a window of fewer days than `parts::MAX_OPEN` keeps every date's file open and
+/// writes one file per date, never one per key and date.
+const WINDOW_DAYS: i64 = 60;
+
+/// `[from, to)` cut at UTC midnights into windows of at most [`WINDOW_DAYS`] days.
+fn windows(from: i64, to: i64) -> Vec<(i64, i64)> {
+    let mut out = Vec::new();
+    let mut a = from;
+    while a < to {
+        let b = ((a.div_euclid(86_400) + WINDOW_DAYS) * 86_400).min(to);
+        out.push((a, b));
+        a = b;
+    }
+    out
+}
+
+/// The export's range as unix seconds.
+fn range(a: &ExportArgs) -> anyhow::Result<(i64, i64)> {
+    let at = |what: &str, t: &str| {
+        tally_core::model::parse_timestamp(t).map_err(|e| anyhow::anyhow!("--{what}: {e}"))
+    };
+    let (from, to) = (at("from", &a.from)?, at("to", &a.to)?);
+    if from > to {
+        bail!("--from ({from}) is after --to ({to})");
+    }
+    Ok((from, to))
+}
+
 /// Streams `GET /v1/ns/{ns}/export` and reads it as CSV.
 fn from_server(
     a: &ExportArgs,
@@ -105,49 +137,55 @@ fn from_server(
     parts: &mut Parts,
     progress: &Progress,
 ) -> anyhow::Result<()> {
-    let route = Route::namespace(&a.ns, "export")
-        .param("from", &a.from)
-        .param("to", &a.to)
-        .param("resolution", &a.resolution);
     let client = Client::new(server, a.token.as_deref());
-    let mut resp = client.get_raw(&route)?;
-    let status = resp.status().as_u16();
-    if status >= 400 {
-        let text = resp.body_mut().read_to_string().unwrap_or_default();
-        let json = serde_json::from_str(&text).unwrap_or_default();
-        return Err(ServerError::new(status, json).into());
-    }
-    let body = BufReader::with_capacity(256 * 1024, resp.into_body().into_reader());
-    let mut csv = csv::ReaderBuilder::new()
-        .has_headers(true)
-        .from_reader(body);
-    let header = csv
-        .headers()
-        .context("reading the export's header")?
-        .clone();
-    if header.iter().collect::<Vec<_>>() != ["ns", "key", "ts", "resolution", "dim", "value", "n"] {
-        bail!("the server's export has an unexpected header: {header:?}");
-    }
-    let mut record = csv::StringRecord::new();
-    while csv.read_record(&mut record).context(
-        "reading the server's export (cut off: the server failed mid-way, or the connection broke)",
-    )? {
-        let field = |i: usize| record.get(i).unwrap_or_default();
-        let number = |i: usize| -> anyhow::Result<i64> {
-            field(i)
-                .parse()
-                .with_context(|| format!("row {}: bad number {:?}", parts.rows + 1, field(i)))
-        };
-        let row = Row {
-            key: field(1),
-            ts: number(2)?,
-            resolution: field(3),
-            dim: field(4),
-            value: field(5),
-            n: number(6)?,
-        };
-        parts.write(&row)?;
-        progress.tick(parts.rows);
+    let (from, to) = range(a)?;
+    for (wf, wt) in windows(from, to) {
+        let route = Route::namespace(&a.ns, "export")
+            .param("from", wf)
+            .param("to", wt)
+            .param("resolution", &a.resolution);
+        let mut resp = client.get_raw(&route)?;
+        let status = resp.status().as_u16();
+        if status >= 400 {
+            let text = resp.body_mut().read_to_string().unwrap_or_default();
+            let json = serde_json::from_str(&text).unwrap_or_default();
+            return Err(ServerError::new(status, json).into());
+        }
+        let body = BufReader::with_capacity(256 * 1024, resp.into_body().into_reader());
+        let mut csv = csv::ReaderBuilder::new()
+            .has_headers(true)
+            .from_reader(body);
+        let header = csv
+            .headers()
+            .context("reading the export's header")?
+            .clone();
+        if header.iter().collect::<Vec<_>>()
+            != ["ns", "key", "ts", "resolution", "dim", "value", "n"]
+        {
+            bail!("the server's export has an unexpected header: {header:?}");
+        }
+        let mut record = csv::StringRecord::new();
+        while csv.read_record(&mut record).context(
+            "reading the server's export (cut off: the server failed mid-way, or the connection broke)",
+        )? {
+            let field = |i: usize| record.get(i).unwrap_or_default();
+            let number = |i: usize| -> anyhow::Result<i64> {
+                field(i)
+                    .parse()
+                    .with_context(|| format!("row {}: bad number {:?}", parts.rows + 1, field(i)))
+            };
+            let row = Row {
+                key: field(1),
+                ts: number(2)?,
+                resolution: field(3),
+                dim: field(4),
+                value: field(5),
+                n: number(6)?,
+            };
+            parts.write(&row)?;
+            progress.tick(parts.rows);
+        }
+        parts.close_all()?;
     }
     Ok(())
 }
@@ -157,37 +195,42 @@ fn from_data(a: &ExportArgs, parts: &mut Parts, progress: &Progress) -> anyhow::
     let dir = a.data.as_deref().unwrap_or(Path::new("tally-data"));
     let engine = Engine::open(Config::new(dir))
         .with_context(|| format!("opening data directory {}", dir.display()))?;
-    let params: [(&str, &str); 3] = [
-        ("from", &a.from),
-        ("to", &a.to),
-        ("resolution", &a.resolution),
-    ];
-    let q = ExportQuery::parse(&a.ns, &params[..]).map_err(|e| anyhow::anyhow!("{e}"))?;
-    // No per-query point cap offline: the rows stream to disk, memory stays bounded.
-    let plan = query::export_plan(&engine, &q, usize::MAX).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let res = plan.resolution.to_string();
+    let (from, to) = range(a)?;
     let mut failed = None;
-    query::export(&engine, &plan, &Deadline::none, &mut |r| {
-        let row = Row {
-            key: r.key,
-            ts: r.ts,
-            resolution: &res,
-            dim: r.dim,
-            value: r.value,
-            n: r.n,
-        };
-        match parts.write(&row) {
-            Ok(()) => {
-                progress.tick(parts.rows);
-                true
+    for (wf, wt) in windows(from, to) {
+        let (wf, wt) = (wf.to_string(), wt.to_string());
+        let params: [(&str, &str); 3] = [("from", &wf), ("to", &wt), ("resolution", &a.resolution)];
+        let q = ExportQuery::parse(&a.ns, &params[..]).map_err(|e| anyhow::anyhow!("{e}"))?;
+        // No per-query point cap offline: the rows stream to disk, memory stays bounded.
+        let plan =
+            query::export_plan(&engine, &q, usize::MAX).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let res = plan.resolution.to_string();
+        query::export(&engine, &plan, &Deadline::none, &mut |r| {
+            let row = Row {
+                key: r.key,
+                ts: r.ts,
+                resolution: &res,
+                dim: r.dim,
+                value: r.value,
+                n: r.n,
+            };
+            match parts.write(&row) {
+                Ok(()) => {
+                    progress.tick(parts.rows);
+                    true
+                }
+                Err(e) => {
+                    failed = Some(e);
+                    false
+                }
             }
-            Err(e) => {
-                failed = Some(e);
-                false
-            }
+        })
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+        if failed.is_some() {
+            break;
         }
-    })
-    .map_err(|e| anyhow::anyhow!("{e}"))?;
+        parts.close_all()?;
+    }
     engine.close();
     match failed {
         Some(e) => Err(e),
@@ -230,5 +273,27 @@ impl Progress {
 
     fn finish(&self) {
         self.bar.finish_and_clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_are_cut_at_midnights_into_windows_of_sixty_days() {
+        let day = 86_400;
+        let from = 100 * day + 3600;
+        let to = 250 * day + 7200;
+        let w = windows(from, to);
+        assert_eq!(w.first().map(|x| x.0), Some(from));
+        assert_eq!(w.last().map(|x| x.1), Some(to));
+        for pair in w.windows(2) {
+            assert_eq!(pair[0].1, pair[1].0);
+            assert_eq!(pair[0].1 % day, 0);
+        }
+        assert!(w.iter().all(|(a, b)| b - a <= WINDOW_DAYS * day && a < b));
+        assert_eq!(w.len(), 3);
+        assert!(windows(5, 5).is_empty());
     }
 }

@@ -11,7 +11,11 @@
 //! - `--data DIR` (a stopped server's directory): the batches' counters aggregated in memory
 //!   (`--memory-mb`) and written straight into archive segments whenever the budget fills and
 //!   at the end (`Engine::install`: no log, no memtable), each install published atomically
-//!   with the idempotency answers of its batches, so a re-run skips what was installed.
+//!   with the idempotency answers of its batches, so a re-run within 24 h (how long answers
+//!   are kept) skips what was installed.
+//!
+//! The keys are made of the file's bytes and name, `--batch` and the batch's first line: a
+//! re-run counts once only with the same files and the same `--batch`.
 //!
 //! stdin (`-`) is copied to a temporary file first, as it is read twice.
 
@@ -126,38 +130,58 @@ impl Checker {
         events: &mut Vec<(u64, RawEvent)>,
         bad: &mut dyn FnMut(u64, String) -> anyhow::Result<()>,
     ) -> anyhow::Result<Batch> {
-        loop {
-            let raws = events.iter().map(|(_, e)| e.clone()).collect();
-            match ingest::prepare_owned(&self.schemas, raws, self.now, &self.limits, &self.defaults)
-            {
+        let raws = events.iter().map(|(_, e)| e.clone()).collect();
+        match ingest::prepare_owned(&self.schemas, raws, self.now, &self.limits, &self.defaults) {
+            Ok(b) => return self.created(b),
+            Err(IngestError::Store(e)) => bail!("checking a batch: {}", e.detail()),
+            Err(_) => {}
+        }
+        // Some line is bad: check each alone (one pass, however many are bad), then the rest
+        // together.
+        let mut good = Vec::with_capacity(events.len());
+        for (line, e) in events.drain(..) {
+            match ingest::prepare_owned(
+                &self.schemas,
+                vec![e.clone()],
+                self.now,
+                &self.limits,
+                &self.defaults,
+            ) {
                 Ok(b) => {
-                    for (ns, schema) in &b.create {
-                        self.schemas
-                            .put_schema(ns, schema)
-                            .map_err(|e| anyhow::anyhow!(e.detail()))?;
-                    }
-                    return Ok(b);
+                    self.created(b)?;
+                    good.push((line, e));
                 }
-                Err(e) => {
-                    let Some(i) = e.index().filter(|i| *i < events.len()) else {
-                        bail!("checking a batch: {e}");
-                    };
-                    let (line, _) = events.remove(i);
-                    let why = match e {
-                        IngestError::Event { source, .. } => source.to_string(),
-                        other => other.to_string(),
-                    };
-                    let why = why.split_once(": ").map_or(why.clone(), |(head, rest)| {
-                        if head.starts_with("event ") {
-                            rest.to_owned()
-                        } else {
-                            why.clone()
-                        }
-                    });
-                    bad(line, why)?;
-                }
+                Err(IngestError::Store(e)) => bail!("checking a batch: {}", e.detail()),
+                Err(e) => bad(line, reason(e))?,
             }
         }
+        *events = good;
+        let raws = events.iter().map(|(_, e)| e.clone()).collect();
+        match ingest::prepare_owned(&self.schemas, raws, self.now, &self.limits, &self.defaults) {
+            Ok(b) => self.created(b),
+            Err(e) => bail!("checking a batch: {e}"),
+        }
+    }
+
+    /// Remembers the namespaces `b` creates (their schemas, not counts).
+    fn created(&self, b: Batch) -> anyhow::Result<Batch> {
+        for (ns, schema) in &b.create {
+            self.schemas
+                .put_schema(ns, schema)
+                .map_err(|e| anyhow::anyhow!(e.detail()))?;
+        }
+        Ok(b)
+    }
+}
+
+/// Why one event was refused, without the batch's "event N:" prefix.
+fn reason(e: IngestError) -> String {
+    match e {
+        IngestError::Event { source, .. } => source.to_string(),
+        IngestError::UnknownNamespace { ns, .. } => {
+            format!("namespace {ns} does not exist (auto_create is off)")
+        }
+        other => other.to_string(),
     }
 }
 
@@ -207,6 +231,9 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
     let mut events = 0u64;
     for s in &mut sources {
         s.digest = digest(&s.path).with_context(|| format!("reading {}", s.name))?;
+        // Two files with the same bytes under different names are two loads.
+        s.digest.update(b"\0");
+        s.digest.update(s.name.as_bytes());
         let name = s.name.clone();
         let mut bad = |line: u64, why: String| -> anyhow::Result<()> {
             if !a.skip_bad {
@@ -270,7 +297,7 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
             &mut |mut chunk, _| {
                 let first = chunk.first().map_or(0, |(l, _)| *l);
                 let last = chunk.last().map_or(0, |(l, _)| *l);
-                let key = format!("tally-load-{:016x}-{first}", s.digest.0);
+                let key = format!("tally-load-{:016x}-{}-{first}", s.digest.0, a.batch);
                 if let Some(r) = &rebuild {
                     chunk.retain(|(_, e)| r.refuses(e, now).is_none());
                 }

@@ -325,6 +325,37 @@ fn a_bad_line_refuses_the_load_and_changes_nothing() {
         .unwrap();
     let v: Value = serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap();
     assert_eq!(v["total"], 2, "{v}");
+    // Many bad lines cost one check each (the first cut re-checked the whole batch per bad
+    // line: 3000 of them in one batch took minutes).
+    let many = tmp.path().join("many.ndjson");
+    let lines: String = (0..3000)
+        .map(|i| {
+            format!(
+                "{{\"ns\":\"clicks\",\"key\":\"m\",\"ts\":{},\"dims\":{{\"device\":\"x\"}}}}\n",
+                DAY0 + i
+            )
+        })
+        .collect();
+    std::fs::write(
+        &many,
+        format!("{lines}{{\"ns\":\"clicks\",\"key\":\"m\",\"ts\":{DAY0}}}\n"),
+    )
+    .unwrap();
+    let t = Instant::now();
+    let o = load(&[
+        many.to_str().unwrap(),
+        "--server",
+        &url,
+        "--skip-bad",
+        "--batch",
+        "5000",
+    ]);
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.success() && said.contains("skipped 3000 bad line"),
+        "{said}"
+    );
+    assert!(t.elapsed() < Duration::from_secs(60), "{:?}", t.elapsed());
     // Unknown formats and stdin without --format are refused.
     let txt = tmp.path().join("x.txt");
     std::fs::write(&txt, "").unwrap();
