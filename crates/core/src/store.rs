@@ -193,6 +193,9 @@ pub enum StoreError {
     /// A bug: a state the backend should never reach.
     #[error("internal error: {what}")]
     Internal { what: String },
+    /// The backend does not offer this operation (a rebuild on Redis).
+    #[error("{what}")]
+    Unsupported { what: String },
 }
 
 impl StoreError {
@@ -230,6 +233,7 @@ impl StoreError {
             StoreError::Poisoned { what, .. } => StoreError::Poisoned { what, cause },
             StoreError::Timeout { what } => StoreError::Timeout { what },
             StoreError::Internal { what } => StoreError::Internal { what },
+            StoreError::Unsupported { what } => StoreError::Unsupported { what },
         }
     }
 
@@ -241,6 +245,7 @@ impl StoreError {
             StoreError::Corrupt { .. } => ErrorCode::CorruptData,
             StoreError::Timeout { .. } => ErrorCode::QueryTimeout,
             StoreError::Internal { .. } => ErrorCode::Internal,
+            StoreError::Unsupported { .. } => ErrorCode::NotFound,
         }
     }
 
@@ -299,6 +304,23 @@ pub trait Store: Send + Sync {
 
     /// The answer remembered under an idempotency key, if it has not expired.
     fn idempotency(&self, key: &str) -> Result<Option<IdemRecord>, StoreError>;
+
+    /// Replaces what namespace `ns` holds in `[from, to)` (whole hours, closed) with what
+    /// `batch`'s increments (all inside the range) count, atomically for readers: a read sees
+    /// the old counts or the new, never a mix. Writes to the range meanwhile are kept on top.
+    /// Answers how many counters the range held before. Backends without it refuse.
+    fn rebuild(
+        &self,
+        ns: &Namespace,
+        from: i64,
+        to: i64,
+        batch: &Batch,
+    ) -> Result<u64, StoreError> {
+        let _ = (ns, from, to, batch);
+        Err(StoreError::Unsupported {
+            what: "this backend cannot rebuild a range (the embedded engine can)".into(),
+        })
+    }
 
     /// Whether the backend can take writes (an engine whose log failed cannot).
     fn health(&self) -> Result<(), StoreError> {

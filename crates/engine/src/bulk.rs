@@ -8,11 +8,13 @@
 //! last log record, and publishes them with the given idempotency answers, atomically: after a
 //! crash the directory holds all of an install or none of it.
 //!
-//! Meant for a directory no one else writes to (`tally load --data`), but safe beside writers:
-//! the last log record is read under the write gate with memory empty, so every record the
-//! installed segments are marked flushed through is archived already, and later writes are
-//! replayed as usual. A write between the flush and that moment makes `install` fail
-//! (`unavailable`, try again) rather than mark it archived.
+//! Safe beside writers: the installed segments are marked flushed through the record before
+//! the first one memory still holds (read under the write gate), so every record they claim
+//! is archived already, and writes still in memory are replayed as usual.
+//!
+//! [`Engine::rebuild_bulk`] (a rebuild, `tally load --replace`) adds to a [`Bulk`] of the new
+//! counts the negation of what the range holds now, read through the store as queries read
+//! it, and installs the difference: readers see the old counts or the new, never a mix.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -238,6 +240,94 @@ impl Bulk {
 }
 
 impl Engine {
+    /// Replaces what `ns` holds in `[from, to)` with `bulk` (its new counts): the range's
+    /// current counters, every tier, totals and subtotals, are subtracted and the difference
+    /// installed in one manifest. One rebuild at a time. Answers how many counters the range
+    /// held.
+    pub fn rebuild_bulk(
+        &self,
+        ns: &tally_core::model::Namespace,
+        from: i64,
+        to: i64,
+        mut bulk: Bulk,
+    ) -> Result<u64, StoreError> {
+        use tally_core::store::{KeyList, KeyRead, Store, Want};
+        let _one = self
+            .rebuild_lock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(schema) = self.schema(ns)? else {
+            return Err(StoreError::internal(format!("namespace {ns} is unknown")));
+        };
+        let policy = self.core.flush;
+        let mut held = 0u64;
+        let mut after: Option<String> = None;
+        loop {
+            let page = self.keys(&KeyList {
+                ns,
+                prefix: "",
+                after: after.as_deref(),
+                limit: 1000,
+            })?;
+            let Some(last) = page.last() else {
+                break;
+            };
+            after = Some(last.to_string());
+            for tier in schema.tiers() {
+                let want = if schema.is_breakdown(tier.resolution) {
+                    Want::All
+                } else {
+                    Want::Totals
+                };
+                let reads: Vec<KeyRead<'_>> = page
+                    .iter()
+                    .map(|key| KeyRead {
+                        ns,
+                        key,
+                        resolution: tier.resolution,
+                        from,
+                        to,
+                        want,
+                    })
+                    .collect();
+                let data = self.read(&reads)?;
+                let res = tier.resolution.secs_i64();
+                for (key, d) in page.iter().zip(&data) {
+                    let at = |start, sub| Counter {
+                        ns: ns.as_str(),
+                        key: key.as_str(),
+                        res,
+                        start,
+                        sub,
+                    };
+                    for &(start, n) in &d.totals {
+                        if n != 0 {
+                            bulk.add_counter(&policy, &at(start, None), -n);
+                            held += 1;
+                        }
+                    }
+                    for sub in &d.subtotals {
+                        for &(start, n) in &sub.buckets {
+                            if n != 0 {
+                                bulk.add_counter(
+                                    &policy,
+                                    &at(start, Some((&sub.dim, &sub.value))),
+                                    -n,
+                                );
+                                held += 1;
+                            }
+                        }
+                    }
+                }
+            }
+            if page.len() < 1000 {
+                break;
+            }
+        }
+        self.install(bulk, Vec::new())?;
+        Ok(held)
+    }
+
     /// How this engine cuts periods (what [`Bulk::add`] needs).
     pub fn flush_policy(&self) -> FlushPolicy {
         self.core.flush
@@ -254,27 +344,42 @@ impl Engine {
             .flush_lock
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        // Under the write gate, no batch is between its log append and its apply: every
-        // record up to `seq` is applied, and memory holds none of them (the flush took them),
-        // so the installed segments may be marked flushed through `seq`. A write after this
-        // lands in memory with a later record, replayed as usual.
+        // Under the write gate no batch is between its log append and its apply, so every
+        // record before the first one memory still holds (`dirty`) is archived: the installed
+        // segments may be marked flushed through the one before it. Writes in memory are
+        // replayed as usual; a schema change after that point would hide the install's data
+        // (its cutoff), so that one is refused.
         let seq = {
             let _gate = self
                 .gate
                 .write()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if !self
+            let first_dirty = self
                 .core
                 .dirty
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .is_empty()
-            {
+                .values()
+                .copied()
+                .min();
+            let seq = match first_dirty {
+                Some(f) => f.saturating_sub(1),
+                None => self.core.last_seq.load(std::sync::atomic::Ordering::SeqCst),
+            };
+            let cat = self.core.read_cat();
+            let newest_cutoff = cat
+                .ns
+                .iter()
+                .flat_map(|e| e.cutoffs.values())
+                .map(|c| c.all.max(c.subtotals))
+                .max()
+                .unwrap_or(0);
+            if newest_cutoff > seq {
                 return Err(StoreError::unavailable(
-                    "a write came in during the bulk install's flush; install again",
+                    "a schema changed during the bulk install; install again",
                 ));
             }
-            self.core.last_seq.load(std::sync::atomic::Ordering::SeqCst)
+            seq
         };
         // The answers go in the manifest the install publishes; if it fails, they come out
         // again (a later flush must not publish answers for counts that are not there).

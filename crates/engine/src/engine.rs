@@ -137,6 +137,8 @@ pub struct Engine {
     pub(crate) fs: Arc<dyn Fs>,
     /// One flush at a time.
     pub(crate) flush_lock: Mutex<()>,
+    /// One rebuild at a time: its read of what a range holds and its install are one step.
+    pub(crate) rebuild_lock: Mutex<()>,
     /// Conditional writes (`apply_if`) of one key serialise on its stripe.
     conditional: Vec<Mutex<()>>,
     _lock: File,
@@ -254,6 +256,7 @@ impl Engine {
             segments_dir,
             fs: config.fs,
             flush_lock: Mutex::new(()),
+            rebuild_lock: Mutex::new(()),
             conditional: (0..CONDITIONAL_STRIPES).map(|_| Mutex::new(())).collect(),
             _lock: lock,
         };
@@ -474,6 +477,25 @@ impl Store for Engine {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         Ok(idem.get(key).filter(|r| r.expires > now).cloned())
+    }
+
+    fn rebuild(
+        &self,
+        ns: &Namespace,
+        from: i64,
+        to: i64,
+        batch: &Batch,
+    ) -> Result<u64, StoreError> {
+        let schema = self
+            .schema(ns)?
+            .ok_or_else(|| StoreError::internal(format!("namespace {ns} is unknown")))?;
+        let policy = self.core.flush;
+        let now = self.clock.now();
+        let mut bulk = crate::bulk::Bulk::default();
+        for inc in &batch.increments {
+            bulk.add(&policy, &schema, inc, now);
+        }
+        self.rebuild_bulk(ns, from, to, bulk)
     }
 }
 
