@@ -22,6 +22,7 @@ mod openapi;
 mod ops;
 mod params;
 mod queries;
+mod rebuild;
 mod router;
 mod schemas;
 pub mod statsd;

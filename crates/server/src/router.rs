@@ -13,7 +13,7 @@ use utoipa_axum::routes;
 use crate::admission::{self, Admission};
 use crate::app::App;
 use crate::error::ApiError;
-use crate::{dashboard, events, export, ops, queries, schemas};
+use crate::{dashboard, events, export, ops, queries, rebuild, schemas};
 
 /// The router, and the OpenAPI document of its routes.
 pub fn router(app: App) -> (Router, utoipa::openapi::OpenApi) {
@@ -34,6 +34,7 @@ pub fn router(app: App) -> (Router, utoipa::openapi::OpenApi) {
         .routes(routes!(ops::metrics))
         .routes(routes!(ops::openapi))
         .routes(routes!(ops::compact))
+        .routes(routes!(rebuild::rebuild))
         .with_state(app.clone())
         .split_for_parts();
     api.info.title = "tally".into();

@@ -195,7 +195,7 @@ fn limited_answer(outcome: &query::Limited) -> (u16, serde_json::Value) {
 
 /// Whether the body is NDJSON: `Content-Type: application/x-ndjson`, the media type matched
 /// without regard to case and its parameters (`; charset=utf-8`) ignored, as RFC 9110 says.
-fn is_ndjson(headers: &HeaderMap) -> bool {
+pub(crate) fn is_ndjson(headers: &HeaderMap) -> bool {
     headers
         .get(axum::http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())

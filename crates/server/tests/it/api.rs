@@ -319,6 +319,7 @@ fn health_metrics_openapi() {
         ("/metrics", "get"),
         ("/openapi.json", "get"),
         ("/v1/admin/compact", "post"),
+        ("/v1/ns/{ns}/rebuild", "post"),
     ] {
         let op = paths.get(path).and_then(|p| p.get(method));
         assert!(
@@ -369,7 +370,7 @@ fn health_metrics_openapi() {
     );
     assert_eq!(
         paths.len(),
-        16,
+        17,
         "a route in the document that the test does not know: {:?}",
         paths.keys().collect::<Vec<_>>()
     );

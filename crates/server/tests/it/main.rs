@@ -11,6 +11,7 @@ mod export;
 mod idempotency;
 mod limits;
 mod ratelimit;
+mod rebuild;
 mod statsd;
 
 use std::net::SocketAddr;
@@ -173,6 +174,15 @@ impl Store for Gated {
     }
     fn idempotency(&self, key: &str) -> Result<Option<IdemRecord>, StoreError> {
         self.inner.idempotency(key)
+    }
+    fn rebuild(
+        &self,
+        ns: &Namespace,
+        from: i64,
+        to: i64,
+        batch: &Batch,
+    ) -> Result<u64, StoreError> {
+        self.inner.rebuild(ns, from, to, batch)
     }
     fn health(&self) -> Result<(), StoreError> {
         self.inner.health()
