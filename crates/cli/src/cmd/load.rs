@@ -19,7 +19,7 @@
 //!
 //! stdin (`-`) is copied to a temporary file first, as it is read twice.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -28,8 +28,8 @@ use serde_json::{Map, Value, json};
 use tally_core::ingest::{self, Defaults, IngestError, Limits};
 use tally_core::model::{Namespace, RawEvent, Schema, SchemaDoc};
 use tally_core::reference::MemStore;
-use tally_core::store::{Batch, Clock, IdemRecord, KeyList, KeyRead, Store, SystemClock, Want};
-use tally_engine::{Bulk, Config, Counter, Engine, FlushPolicy};
+use tally_core::store::{Batch, Clock, IdemRecord, Store, SystemClock};
+use tally_engine::{Bulk, Config, Engine, FlushPolicy};
 
 use crate::http::{Client, Route};
 use crate::load::{Digest, Format, Input, spool_stdin};
@@ -59,9 +59,10 @@ pub struct LoadArgs {
     /// With --data: memory for counters aggregated before they are written as segments.
     #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(16..=1_048_576))]
     memory_mb: u32,
-    /// Rebuild (with --data): replace what --ns holds in [--from, --to) — whole hours, closed
-    /// — with what the files say, in one install; every event must fall inside.
-    #[arg(long, requires_all = ["data", "ns", "from", "to"])]
+    /// Rebuild: replace what --ns holds in [--from, --to) — whole hours, closed — with what
+    /// the files say, atomically; every event must fall inside. With --server, in one request
+    /// (POST /v1/ns/{ns}/rebuild, an admin token); with --data, in one install.
+    #[arg(long, requires_all = ["ns", "from", "to"])]
     replace: bool,
     /// With --replace: the namespace rebuilt.
     #[arg(long, requires = "replace")]
@@ -286,6 +287,9 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
     // which kept the whole process within ~1.3x of --memory-mb (docs/benchmarks.md).
     let budget = a.memory_mb as usize * 1024 * 1024 / 2;
     let mut already = 0u64;
+    // A rebuild through a server: its events aggregated, by (key, bucket, dimensions).
+    type Aggregated = BTreeMap<(String, i64, Vec<(String, String)>), i64>;
+    let mut rebuilt: Aggregated = BTreeMap::new();
     for s in &sources {
         let batch = a.batch as usize;
         each_batch(
@@ -303,6 +307,27 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
                 }
                 let b = checker.batch(&mut chunk, &mut |_, _| Ok(()))?;
                 let n = b.increments.len() as u64;
+                if let (Some(r), Target::Server(_)) = (&rebuild, &target) {
+                    // Sent in one request at the end, aggregated: events of one key, dimensions
+                    // and bucket of the namespace's finest tier count as one.
+                    let finest = checker
+                        .schemas
+                        .schema(&r.ns)
+                        .ok()
+                        .flatten()
+                        .and_then(|s| s.tiers().iter().map(|t| t.resolution.secs_i64()).min())
+                        .unwrap_or(1);
+                    for (_, e) in &chunk {
+                        let ts = e.ts.unwrap_or(now);
+                        let mut dims = e.dims.clone();
+                        dims.sort();
+                        *rebuilt
+                            .entry((e.key.clone(), ts.div_euclid(finest) * finest, dims))
+                            .or_insert(0) += e.n.unwrap_or(1);
+                    }
+                    loaded += n;
+                    return Ok(());
+                }
                 if let (Some(_), Target::Engine(engine)) = (&rebuild, &target) {
                     // A rebuild is one install: everything stays in memory until the end.
                     for (ns, schema) in &b.create {
@@ -390,10 +415,54 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
         )?;
     }
     bar.finish_and_clear();
+    if let (Some(r), Target::Server(client)) = (&rebuild, &target) {
+        let mut body = Vec::with_capacity(rebuilt.len() * 96);
+        for ((key, ts, dims), n) in &rebuilt {
+            let mut o = Map::new();
+            o.insert("ns".into(), json!(r.ns.as_str()));
+            o.insert("key".into(), json!(key));
+            o.insert("ts".into(), json!(ts));
+            o.insert("n".into(), json!(n));
+            if !dims.is_empty() {
+                let d: Map<String, Value> =
+                    dims.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
+                o.insert("dims".into(), Value::Object(d));
+            }
+            serde_json::to_writer(&mut body, &Value::Object(o))?;
+            body.push(b'\n');
+        }
+        let route = Route::namespace(r.ns.as_str(), "rebuild")
+            .param("from", r.from)
+            .param("to", r.to);
+        let (status, text, _) = client.post_body(&route, "application/x-ndjson", &body, &[])?;
+        if status != 200 {
+            let json: Value = serde_json::from_str(&text).unwrap_or_default();
+            let e = crate::http::ServerError::new(status, json);
+            if status == 413 {
+                return Err(anyhow::anyhow!(e)).context(format!(
+                    "the rebuild's {} aggregated events do not fit one request (the server's \
+                     [limits] max_body_bytes / max_batch_events): rebuild a shorter range, or \
+                     offline with --data",
+                    rebuilt.len()
+                ));
+            }
+            return Err(e.into());
+        }
+        let v: Value = serde_json::from_str(&text).unwrap_or_default();
+        eprintln!(
+            "replaced [{}, {}) of namespace {} with {loaded} events ({} sent aggregated) in {:.1} s ({} counters held before)",
+            r.from,
+            r.to,
+            r.ns,
+            rebuilt.len(),
+            start.elapsed().as_secs_f64(),
+            v["held_before"]
+        );
+        return Ok(());
+    }
     if let (Some(r), Target::Engine(engine)) = (&rebuild, &target) {
-        let changed = r.subtract_held(engine, &policy, &mut bulk)?;
-        engine
-            .install(bulk, Vec::new())
+        let changed = engine
+            .rebuild_bulk(&r.ns, r.from, r.to, bulk)
             .map_err(|e| anyhow::anyhow!(e.detail()))
             .context("installing the rebuild")?;
         engine.sync().map_err(|e| anyhow::anyhow!(e.detail()))?;
@@ -477,91 +546,6 @@ impl Rebuild {
                 self.from, self.to
             )
         })
-    }
-
-    /// Subtracts what the namespace holds in the range, every tier, totals and subtotals,
-    /// from `bulk`; answers how many counters that was.
-    fn subtract_held(
-        &self,
-        engine: &Engine,
-        policy: &FlushPolicy,
-        bulk: &mut Bulk,
-    ) -> anyhow::Result<u64> {
-        let store: &dyn Store = engine;
-        let Some(schema) = store
-            .schema(&self.ns)
-            .map_err(|e| anyhow::anyhow!(e.detail()))?
-        else {
-            return Ok(0);
-        };
-        let mut held = 0u64;
-        let mut after: Option<String> = None;
-        loop {
-            let page = store
-                .keys(&KeyList {
-                    ns: &self.ns,
-                    prefix: "",
-                    after: after.as_deref(),
-                    limit: 1000,
-                })
-                .map_err(|e| anyhow::anyhow!(e.detail()))?;
-            let Some(last) = page.last() else {
-                return Ok(held);
-            };
-            after = Some(last.to_string());
-            for tier in schema.tiers() {
-                let want = if schema.is_breakdown(tier.resolution) {
-                    Want::All
-                } else {
-                    Want::Totals
-                };
-                let reads: Vec<KeyRead<'_>> = page
-                    .iter()
-                    .map(|key| KeyRead {
-                        ns: &self.ns,
-                        key,
-                        resolution: tier.resolution,
-                        from: self.from,
-                        to: self.to,
-                        want,
-                    })
-                    .collect();
-                let data = store
-                    .read(&reads)
-                    .map_err(|e| anyhow::anyhow!(e.detail()))?;
-                let res = tier.resolution.secs_i64();
-                for (key, d) in page.iter().zip(&data) {
-                    let at = |start, sub| Counter {
-                        ns: self.ns.as_str(),
-                        key: key.as_str(),
-                        res,
-                        start,
-                        sub,
-                    };
-                    for &(start, n) in &d.totals {
-                        if n != 0 {
-                            bulk.add_counter(policy, &at(start, None), -n);
-                            held += 1;
-                        }
-                    }
-                    for sub in &d.subtotals {
-                        for &(start, n) in &sub.buckets {
-                            if n != 0 {
-                                bulk.add_counter(
-                                    policy,
-                                    &at(start, Some((&sub.dim, &sub.value))),
-                                    -n,
-                                );
-                                held += 1;
-                            }
-                        }
-                    }
-                }
-            }
-            if page.len() < 1000 {
-                return Ok(held);
-            }
-        }
     }
 }
 

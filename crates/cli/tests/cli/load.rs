@@ -399,7 +399,7 @@ fn a_rebuild_replaces_one_range_and_nothing_else() {
         sigterm_and_wait(serve_dir(&dir)); // the namespace from the config
         dir
     };
-    let (a, b) = (setup("a"), setup("b"));
+    let (a, b, c) = (setup("a"), setup("b"), setup("c"));
     let data = |d: &Path| d.join("data").to_str().unwrap().to_owned();
     let o = load(&[h.to_str().unwrap(), "--data", &data(&a)]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -444,6 +444,27 @@ fn a_rebuild_replaces_one_range_and_nothing_else() {
     let got = holdings(sa.url.trim_end_matches('/'));
     assert_eq!(got, holdings(sb.url.trim_end_matches('/')));
     assert!(got.lines().count() > 3000);
+    // The same rebuild through a running server (one request, aggregated).
+    let o = load(&[h.to_str().unwrap(), "--data", &data(&c)]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let sc = serve_dir(&c);
+    let url = sc.url.trim_end_matches('/').to_owned();
+    let o = load(&[
+        r.to_str().unwrap(),
+        "--server",
+        &url,
+        "--replace",
+        "--ns",
+        "clicks",
+        "--from",
+        &from,
+        "--to",
+        &to,
+    ]);
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success() && said.contains("replaced ["), "{said}");
+    assert_eq!(holdings(&url), got);
     sigterm_and_wait(sa);
     sigterm_and_wait(sb);
+    sigterm_and_wait(sc);
 }
