@@ -261,8 +261,7 @@ pub fn load_bench(args: &[String]) {
     let all = dir_bytes(&data);
     println!("tally: {}", said.trim());
     let mut rows = vec![(
-        "tally load --data (check pass + load pass, into the engine, flushed to segments)"
-            .to_owned(),
+        "tally load --data (a check pass, then the load)".to_owned(),
         secs,
         peak,
         format!("segments {segments} B, data directory {all} B"),
