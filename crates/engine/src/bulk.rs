@@ -24,14 +24,23 @@ use tally_core::store::{IdemRecord, Increment, StoreError};
 use crate::archive::FlushPolicy;
 use crate::engine::Engine;
 use crate::flush::{Chosen, FlushReport, Records};
-use crate::segment::{DimRecord, KeyRecord};
+use crate::segment::{Buckets, DimRecord, KeyRecord};
+
+type Fast = foldhash::fast::FixedState;
+type Map<K, V> = HashMap<K, V, Fast>;
 
 /// One key's counters in one period: totals and subtotals by bucket index.
 #[derive(Debug, Default)]
 struct Cell {
-    totals: HashMap<u32, i64>,
-    /// dimension → value → bucket → count
-    subs: HashMap<String, HashMap<String, HashMap<u32, i64>>>,
+    totals: Map<u32, i64>,
+    /// `dimension \0 value` → bucket → count
+    subs: Map<String, Map<u32, i64>>,
+}
+
+/// One key's cells, by (resolution, period start).
+#[derive(Debug, Default)]
+struct KeyAgg {
+    parts: Map<(i64, i64), Cell>,
 }
 
 /// One stored counter: key `key` of `ns`, the bucket starting at `start` of the tier of `res`
@@ -45,12 +54,16 @@ pub struct Counter<'a> {
     pub sub: Option<(&'a str, &'a str)>,
 }
 
-/// Counters to install, by (resolution, period start) → namespace → key.
+/// Counters to install, by `namespace \0 key` (one lookup per event: neither holds a NUL),
+/// then (resolution, period start).
 #[derive(Debug, Default)]
 pub struct Bulk {
-    parts: HashMap<(i64, i64), HashMap<String, HashMap<String, Cell>>>,
+    keys: Map<String, KeyAgg>,
     counters: usize,
     bytes: usize,
+    /// Reused to build lookup names without allocating.
+    scratch: String,
+    sub_scratch: String,
 }
 
 /// Heap bytes of one hash-map entry beyond its key and value (control bytes, spare capacity
@@ -58,8 +71,8 @@ pub struct Bulk {
 /// docs/benchmarks.md): an estimate, so `--memory-mb` bounds the aggregate to within a small
 /// factor, not exactly.
 const ENTRY_OVERHEAD: usize = 24;
-/// A key's cell: the maps' own headers.
-const CELL_BYTES: usize = 2 * 48 + 64;
+/// A key's and a cell's maps' own headers.
+const CELL_BYTES: usize = 3 * 48 + 64;
 
 impl Bulk {
     /// Counters held (each one (series, bucket)).
@@ -73,66 +86,76 @@ impl Bulk {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.parts.is_empty()
+        self.keys.is_empty()
+    }
+
+    /// Runs `f` on the key's aggregate, made on first use (a lookup by a reused buffer: no
+    /// allocation for a key seen before).
+    fn with_key<R>(&mut self, ns: &str, key: &str, f: impl FnOnce(&mut KeyAgg) -> R) -> R {
+        self.scratch.clear();
+        self.scratch.push_str(ns);
+        self.scratch.push('\0');
+        self.scratch.push_str(key);
+        if let Some(agg) = self.keys.get_mut(self.scratch.as_str()) {
+            return f(agg);
+        }
+        self.bytes += CELL_BYTES + ENTRY_OVERHEAD + self.scratch.len();
+        f(self.keys.entry(self.scratch.clone()).or_default())
     }
 
     /// Adds one increment under `schema` (its namespace's), as the engine's write path would
     /// count it: every tier, subtotals in breakdown tiers, nothing a tier's retention no
     /// longer shows at `now`.
     pub fn add(&mut self, policy: &FlushPolicy, schema: &Schema, inc: &Increment, now: i64) {
-        for tier in schema.tiers() {
-            let res = tier.resolution.secs_i64();
-            let bucket = inc.ts.div_euclid(res) * res;
-            if !tier.retention.keeps_bucket(bucket, tier.resolution, now) {
-                continue;
-            }
-            let idx = (bucket / res) as u32;
-            let part = self
-                .parts
-                .entry((res, policy.period_of(res, bucket)))
-                .or_default();
-            let keys = match part.get_mut(inc.ns.as_str()) {
-                Some(k) => k,
-                None => part.entry(inc.ns.as_str().to_owned()).or_default(),
-            };
-            let cell = match keys.get_mut(inc.key.as_str()) {
-                Some(c) => c,
-                None => {
-                    self.bytes += CELL_BYTES + ENTRY_OVERHEAD + inc.key.as_str().len();
-                    keys.entry(inc.key.as_str().to_owned()).or_default()
+        let mut sub_name = std::mem::take(&mut self.sub_scratch);
+        let (counters, bytes, sub_name) = self.with_key(inc.ns.as_str(), inc.key.as_str(), |agg| {
+            let (mut counters, mut bytes) = (0usize, 0usize);
+            for tier in schema.tiers() {
+                let res = tier.resolution.secs_i64();
+                let bucket = inc.ts.div_euclid(res) * res;
+                if !tier.retention.keeps_bucket(bucket, tier.resolution, now) {
+                    continue;
                 }
-            };
-            let t = cell.totals.entry(idx).or_insert_with(|| {
-                self.counters += 1;
-                self.bytes += 12 + ENTRY_OVERHEAD;
-                0
-            });
-            *t += inc.n;
-            if schema.is_breakdown(tier.resolution) {
-                for s in &inc.subtotals {
-                    let values = match cell.subs.get_mut(s.dim.as_str()) {
-                        Some(v) => v,
-                        None => {
-                            self.bytes += 48 + ENTRY_OVERHEAD + s.dim.len();
-                            cell.subs.entry(s.dim.clone()).or_default()
-                        }
-                    };
-                    let buckets = match values.get_mut(s.value.as_str()) {
-                        Some(b) => b,
-                        None => {
-                            self.bytes += 48 + ENTRY_OVERHEAD + s.value.len();
-                            values.entry(s.value.clone()).or_default()
-                        }
-                    };
-                    let c = buckets.entry(idx).or_insert_with(|| {
-                        self.counters += 1;
-                        self.bytes += 12 + ENTRY_OVERHEAD;
-                        0
+                let idx = (bucket / res) as u32;
+                let cell = agg
+                    .parts
+                    .entry((res, policy.period_of(res, bucket)))
+                    .or_insert_with(|| {
+                        bytes += 48 + ENTRY_OVERHEAD;
+                        Cell::default()
                     });
-                    *c += inc.n;
+                let t = cell.totals.entry(idx).or_insert_with(|| {
+                    counters += 1;
+                    bytes += 12 + ENTRY_OVERHEAD;
+                    0
+                });
+                *t += inc.n;
+                if schema.is_breakdown(tier.resolution) {
+                    for s in &inc.subtotals {
+                        sub_name.clear();
+                        sub_name.push_str(&s.dim);
+                        sub_name.push('\0');
+                        sub_name.push_str(&s.value);
+                        if !cell.subs.contains_key(sub_name.as_str()) {
+                            bytes += 48 + ENTRY_OVERHEAD + sub_name.len();
+                            cell.subs.insert(sub_name.clone(), Map::default());
+                        }
+                        if let Some(buckets) = cell.subs.get_mut(sub_name.as_str()) {
+                            let c = buckets.entry(idx).or_insert_with(|| {
+                                counters += 1;
+                                bytes += 12 + ENTRY_OVERHEAD;
+                                0
+                            });
+                            *c += inc.n;
+                        }
+                    }
                 }
             }
-        }
+            (counters, bytes, sub_name)
+        });
+        self.sub_scratch = sub_name;
+        self.counters += counters;
+        self.bytes += bytes;
     }
 
     /// Adds `n` to one stored counter (see [`Counter`]). For a rebuild, which subtracts what
@@ -146,85 +169,81 @@ impl Bulk {
             sub,
         } = *at;
         let idx = (start / res) as u32;
-        let part = self
-            .parts
-            .entry((res, policy.period_of(res, start)))
-            .or_default();
-        let keys = match part.get_mut(ns) {
-            Some(k) => k,
-            None => part.entry(ns.to_owned()).or_default(),
-        };
-        let cell = match keys.get_mut(key) {
-            Some(c) => c,
-            None => {
-                self.bytes += CELL_BYTES + ENTRY_OVERHEAD + key.len();
-                keys.entry(key.to_owned()).or_default()
-            }
-        };
-        let buckets = match sub {
-            None => &mut cell.totals,
-            Some((dim, value)) => {
-                let values = match cell.subs.get_mut(dim) {
-                    Some(v) => v,
-                    None => {
-                        self.bytes += 48 + ENTRY_OVERHEAD + dim.len();
-                        cell.subs.entry(dim.to_owned()).or_default()
+        let (counters, bytes) = self.with_key(ns, key, |agg| {
+            let (mut counters, mut bytes) = (0usize, 0usize);
+            let cell = agg
+                .parts
+                .entry((res, policy.period_of(res, start)))
+                .or_insert_with(|| {
+                    bytes += 48 + ENTRY_OVERHEAD;
+                    Cell::default()
+                });
+            let buckets = match sub {
+                None => &mut cell.totals,
+                Some((dim, value)) => {
+                    let name = format!("{dim}\0{value}");
+                    if !cell.subs.contains_key(name.as_str()) {
+                        bytes += 48 + ENTRY_OVERHEAD + name.len();
                     }
-                };
-                match values.get_mut(value) {
-                    Some(b) => b,
-                    None => {
-                        self.bytes += 48 + ENTRY_OVERHEAD + value.len();
-                        values.entry(value.to_owned()).or_default()
-                    }
+                    cell.subs.entry(name).or_default()
                 }
-            }
-        };
-        let c = buckets.entry(idx).or_insert_with(|| {
-            self.counters += 1;
-            self.bytes += 12 + ENTRY_OVERHEAD;
-            0
+            };
+            let c = buckets.entry(idx).or_insert_with(|| {
+                counters += 1;
+                bytes += 12 + ENTRY_OVERHEAD;
+                0
+            });
+            *c += n;
+            (counters, bytes)
         });
-        *c += n;
+        self.counters += counters;
+        self.bytes += bytes;
     }
 
     /// The parts as the periods to write and their records (zero counts left out).
     fn into_parts(self, policy: &FlushPolicy) -> Vec<(Chosen, Records)> {
-        let sorted = |m: HashMap<u32, i64>| {
+        let sorted = |m: Map<u32, i64>| {
             let mut b: Vec<(u32, i64)> = m.into_iter().filter(|(_, n)| *n != 0).collect();
             b.sort_unstable();
             b
         };
-        let mut out: Vec<(Chosen, Records)> = self
-            .parts
-            .into_iter()
-            .map(|((res, period), nss)| {
-                let mut records = Records::new();
-                for (ns, keys) in nss {
-                    for (key, cell) in keys {
-                        let mut dims: Vec<DimRecord> = Vec::new();
-                        for (dim, values) in cell.subs {
-                            let mut values: Vec<(String, Vec<(u32, i64)>)> = values
-                                .into_iter()
-                                .map(|(v, b)| (v, sorted(b)))
-                                .filter(|(_, b)| !b.is_empty())
-                                .collect();
-                            if values.is_empty() {
-                                continue;
-                            }
-                            values.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
-                            dims.push(DimRecord { dim, values });
-                        }
-                        dims.sort_by(|a, b| a.dim.cmp(&b.dim));
-                        let rec = KeyRecord {
-                            totals: sorted(cell.totals),
-                            dims,
-                        };
-                        if !rec.totals.is_empty() || !rec.dims.is_empty() {
-                            records.insert((ns.clone(), key), rec);
-                        }
+        let mut by_part: BTreeMap<(i64, i64), Records> = BTreeMap::new();
+        for (name, agg) in self.keys {
+            let (ns, key) = name.split_once('\0').unwrap_or((name.as_str(), ""));
+            for (part, cell) in agg.parts {
+                let mut dims: BTreeMap<String, Vec<(String, Buckets)>> = BTreeMap::new();
+                for (sub, buckets) in cell.subs {
+                    let b = sorted(buckets);
+                    if b.is_empty() {
+                        continue;
                     }
+                    let (dim, value) = sub.split_once('\0').unwrap_or((sub.as_str(), ""));
+                    dims.entry(dim.to_owned())
+                        .or_default()
+                        .push((value.to_owned(), b));
                 }
+                let dims: Vec<DimRecord> = dims
+                    .into_iter()
+                    .map(|(dim, mut values)| {
+                        values.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+                        DimRecord { dim, values }
+                    })
+                    .collect();
+                let rec = KeyRecord {
+                    totals: sorted(cell.totals),
+                    dims,
+                };
+                if !rec.totals.is_empty() || !rec.dims.is_empty() {
+                    by_part
+                        .entry(part)
+                        .or_default()
+                        .insert((ns.to_owned(), key.to_owned()), rec);
+                }
+            }
+        }
+        by_part
+            .into_iter()
+            .map(|((res, period), records)| {
                 let chosen = Chosen {
                     slot: 0,
                     res,
@@ -233,9 +252,7 @@ impl Bulk {
                 };
                 (chosen, records)
             })
-            .collect();
-        out.sort_by_key(|(c, _)| (c.res, c.period));
-        out
+            .collect()
     }
 }
 

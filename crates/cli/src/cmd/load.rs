@@ -164,6 +164,15 @@ impl Checker {
         }
     }
 
+    /// Prepares a chunk the first pass found clean, taking its events (no copy).
+    fn batch_owned(&self, events: Vec<(u64, RawEvent)>) -> anyhow::Result<Batch> {
+        let raws = events.into_iter().map(|(_, e)| e).collect();
+        match ingest::prepare_owned(&self.schemas, raws, self.now, &self.limits, &self.defaults) {
+            Ok(b) => self.created(b),
+            Err(e) => bail!("checking a batch the first pass took: {e}"),
+        }
+    }
+
     /// Remembers the namespaces `b` creates (their schemas, not counts).
     fn created(&self, b: Batch) -> anyhow::Result<Batch> {
         for (ns, schema) in &b.create {
@@ -227,7 +236,10 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
 
     // Pass 1: every line checked, and each file's digest.
     let bar = progress(a.quiet, total, "checking");
-    let mut bad_lines = 0u64;
+    let bad_lines = std::cell::Cell::new(0u64);
+    // Chunks (by first line) where the check found a bad line: the second pass checks those
+    // again line by line; the others it hands to the batch without a copy.
+    let mut dirty: HashSet<u64> = HashSet::new();
     let mut shown = Vec::new();
     let mut events = 0u64;
     for s in &mut sources {
@@ -240,7 +252,7 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
             if !a.skip_bad {
                 bail!("{name}:{line}: {why}; nothing was loaded (--skip-bad skips bad lines)");
             }
-            bad_lines += 1;
+            bad_lines.set(bad_lines.get() + 1);
             if shown.len() < 5 {
                 shown.push(format!("{name}:{line}: {why}"));
             }
@@ -248,6 +260,8 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
         };
         let batch = a.batch as usize;
         each_batch(s, a.format, &bar, batch, &mut bad, &mut |mut chunk, bad| {
+            let first = chunk.first().map_or(0, |(l, _)| *l);
+            let before = bad_lines.get();
             if let Some(r) = &rebuild {
                 let mut kept = Vec::with_capacity(chunk.len());
                 for (line, e) in chunk {
@@ -259,6 +273,9 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
                 chunk = kept;
             }
             events += checker.batch(&mut chunk, bad)?.increments.len() as u64;
+            if bad_lines.get() > before {
+                dirty.insert(first);
+            }
             Ok(())
         })?;
     }
@@ -305,8 +322,20 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
                 if let Some(r) = &rebuild {
                     chunk.retain(|(_, e)| r.refuses(e, now).is_none());
                 }
-                let b = checker.batch(&mut chunk, &mut |_, _| Ok(()))?;
-                let n = b.increments.len() as u64;
+                let clean = !dirty.contains(&first);
+                let offline = matches!(target, Target::Engine(_));
+                let b = match (clean, offline) {
+                    // Offline needs the batch, not the lines: no copy of them.
+                    (true, true) => checker.batch_owned(std::mem::take(&mut chunk))?,
+                    // Online needs the lines; a clean chunk needs no second check.
+                    (true, false) => Batch::default(),
+                    (false, _) => checker.batch(&mut chunk, &mut |_, _| Ok(()))?,
+                };
+                let n = if clean && !offline {
+                    chunk.len() as u64
+                } else {
+                    b.increments.len() as u64
+                };
                 if let (Some(r), Target::Server(_)) = (&rebuild, &target) {
                     // Sent in one request at the end, aggregated: events of one key, dimensions
                     // and bucket of the namespace's finest tier count as one.
@@ -491,8 +520,8 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
         } else {
             String::new()
         },
-        if bad_lines > 0 {
-            format!("; skipped {bad_lines} bad line(s)")
+        if bad_lines.get() > 0 {
+            format!("; skipped {} bad line(s)", bad_lines.get())
         } else {
             String::new()
         }
