@@ -63,7 +63,7 @@ pub fn detect(path: &Path) -> (Option<Format>, Compression) {
 pub struct Input {
     pub name: String,
     pub format: Format,
-    reader: Box<dyn BufRead>,
+    reader: Box<dyn BufRead + Send>,
 }
 
 impl std::fmt::Debug for Input {
@@ -110,7 +110,7 @@ impl Input {
             inner: file,
             progress: progress.clone(),
         };
-        let reader: Box<dyn BufRead> = match compression {
+        let reader: Box<dyn BufRead + Send> = match compression {
             Compression::None => Box::new(BufReader::with_capacity(256 * 1024, raw)),
             Compression::Gzip => Box::new(BufReader::with_capacity(
                 256 * 1024,
@@ -134,6 +134,7 @@ impl Input {
         self,
         each: &mut dyn FnMut(u64, Result<RawEvent, String>) -> anyhow::Result<()>,
     ) -> anyhow::Result<()> {
+        // (The reader runs on its own thread in `tally load`: see `cmd::load::each_batch`.)
         let name = self.name.clone();
         match self.format {
             Format::Ndjson => ndjson(self.reader, &name, each),
@@ -174,7 +175,7 @@ fn read_line(r: &mut dyn BufRead, buf: &mut Vec<u8>) -> io::Result<Option<bool>>
 }
 
 fn ndjson(
-    mut r: Box<dyn BufRead>,
+    mut r: Box<dyn BufRead + Send>,
     name: &str,
     each: &mut dyn FnMut(u64, Result<RawEvent, String>) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
@@ -203,7 +204,7 @@ fn ndjson(
 }
 
 fn csv(
-    r: Box<dyn BufRead>,
+    r: Box<dyn BufRead + Send>,
     name: &str,
     each: &mut dyn FnMut(u64, Result<RawEvent, String>) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {

@@ -136,17 +136,22 @@ impl Bulk {
                         sub_name.push_str(&s.dim);
                         sub_name.push('\0');
                         sub_name.push_str(&s.value);
-                        if !cell.subs.contains_key(sub_name.as_str()) {
-                            bytes += 48 + ENTRY_OVERHEAD + sub_name.len();
-                            cell.subs.insert(sub_name.clone(), Map::default());
-                        }
-                        if let Some(buckets) = cell.subs.get_mut(sub_name.as_str()) {
-                            let c = buckets.entry(idx).or_insert_with(|| {
+                        match cell.subs.get_mut(sub_name.as_str()) {
+                            Some(buckets) => {
+                                let c = buckets.entry(idx).or_insert_with(|| {
+                                    counters += 1;
+                                    bytes += 12 + ENTRY_OVERHEAD;
+                                    0
+                                });
+                                *c += inc.n;
+                            }
+                            None => {
                                 counters += 1;
-                                bytes += 12 + ENTRY_OVERHEAD;
-                                0
-                            });
-                            *c += inc.n;
+                                bytes += 48 + 2 * ENTRY_OVERHEAD + 12 + sub_name.len();
+                                let mut buckets = Map::default();
+                                buckets.insert(idx, inc.n);
+                                cell.subs.insert(sub_name.clone(), buckets);
+                            }
                         }
                     }
                 }

@@ -608,21 +608,51 @@ fn each_batch(
     bad: &mut BadLine<'_>,
     f: &mut OnChunk<'_>,
 ) -> anyhow::Result<()> {
-    let input = Input::open(&s.path, &s.name, format, bar)?;
-    let mut chunk = Vec::with_capacity(batch);
-    input.events(&mut |line, e| {
-        match e {
-            Ok(e) => chunk.push((line, e)),
-            Err(why) => bad(line, why)?,
-        }
-        if chunk.len() >= batch {
-            f(std::mem::take(&mut chunk), bad)?;
-        }
-        Ok(())
-    })?;
-    if !chunk.is_empty() {
-        f(chunk, bad)?;
+    /// What the reading thread hands over: `batch` lines, or why it stopped.
+    enum Read {
+        Lines(Vec<(u64, Result<RawEvent, String>)>),
+        Failed(anyhow::Error),
     }
+    let input = Input::open(&s.path, &s.name, format, bar)?;
+    // Reading and parsing on one core, checking and applying on the other; two chunks in
+    // flight bound the memory.
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Read>(2);
+    let reader = std::thread::spawn(move || {
+        let mut lines = Vec::with_capacity(batch);
+        let read = input.events(&mut |line, e| {
+            lines.push((line, e));
+            if lines.len() >= batch {
+                tx.send(Read::Lines(std::mem::take(&mut lines)))
+                    .map_err(|_| anyhow::anyhow!("the load stopped"))?;
+            }
+            Ok(())
+        });
+        let _ = match read {
+            Ok(()) if lines.is_empty() => Ok(()),
+            Ok(()) => tx.send(Read::Lines(lines)),
+            Err(e) => tx.send(Read::Failed(e)),
+        };
+    });
+    for read in rx {
+        match read {
+            Read::Lines(lines) => {
+                let mut chunk = Vec::with_capacity(lines.len());
+                for (line, e) in lines {
+                    match e {
+                        Ok(e) => chunk.push((line, e)),
+                        Err(why) => bad(line, why)?,
+                    }
+                }
+                if !chunk.is_empty() {
+                    f(chunk, bad)?;
+                }
+            }
+            Read::Failed(e) => return Err(e),
+        }
+    }
+    reader
+        .join()
+        .map_err(|_| anyhow::anyhow!("the reading thread failed"))?;
     Ok(())
 }
 
