@@ -21,6 +21,7 @@ use parquet::data_type::{ByteArray, ByteArrayType, Int64Type};
 use parquet::file::properties::WriterProperties;
 use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::types::Type;
+use tally_core::query::csv_field;
 
 /// Partitions with an open file at most.
 pub const MAX_OPEN: usize = 64;
@@ -244,16 +245,6 @@ impl PartFile {
             }
             PartFile::Parquet(p) => p.finish(),
         }
-    }
-}
-
-fn csv_field(out: &mut String, s: &str) {
-    if s.contains([',', '"', '\n', '\r']) {
-        out.push('"');
-        out.push_str(&s.replace('"', "\"\""));
-        out.push('"');
-    } else {
-        out.push_str(s);
     }
 }
 

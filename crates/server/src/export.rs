@@ -23,7 +23,7 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use hyper::body::{Bytes, Frame};
 use tally_core::ErrorCode;
-use tally_core::query::{self, ExportQuery, Row};
+use tally_core::query::{self, ExportQuery, Row, csv_field};
 use tally_core::store::Deadline;
 use tokio::sync::mpsc;
 
@@ -166,24 +166,14 @@ impl hyper::body::Body for Chunks {
 /// keys and values hold no control characters, so no line breaks).
 pub fn write_row(out: &mut String, ns: &str, resolution: &str, row: &Row<'_>) {
     use std::fmt::Write;
-    field(out, ns);
+    csv_field(out, ns);
     out.push(',');
-    field(out, row.key);
+    csv_field(out, row.key);
     let _ = write!(out, ",{},{resolution},", row.ts);
-    field(out, row.dim);
+    csv_field(out, row.dim);
     out.push(',');
-    field(out, row.value);
+    csv_field(out, row.value);
     let _ = writeln!(out, ",{}", row.n);
-}
-
-fn field(out: &mut String, s: &str) {
-    if s.contains([',', '"', '\n', '\r']) {
-        out.push('"');
-        out.push_str(&s.replace('"', "\"\""));
-        out.push('"');
-    } else {
-        out.push_str(s);
-    }
 }
 
 #[cfg(test)]

@@ -191,3 +191,30 @@ pub fn export(
         }
     }
 }
+
+/// Appends one CSV field as RFC 4180 wants: quoted when it holds a comma, a quote or a line
+/// break, quotes doubled. The export's rows (the route's and `tally export`'s files) use it.
+pub fn csv_field(out: &mut String, s: &str) {
+    if s.contains([',', '"', '\n', '\r']) {
+        out.push('"');
+        out.push_str(&s.replace('"', "\"\""));
+        out.push('"');
+    } else {
+        out.push_str(s);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields_are_quoted_only_when_they_must_be() {
+        let mut out = String::new();
+        for f in ["plain", "a,b", "say \"hi\"", ""] {
+            csv_field(&mut out, f);
+            out.push('|');
+        }
+        assert_eq!(out, "plain|\"a,b\"|\"say \"\"hi\"\"\"||");
+    }
+}

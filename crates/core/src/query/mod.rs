@@ -13,7 +13,7 @@ pub use answer::{
     TopAnswer, ValueCount, WindowAnswer, WindowCount,
 };
 pub use exec::{breakdown, dashboard, keys, rollup, series, top};
-pub use export::{EXPORT_PAGE_KEYS, ExportPlan, ExportQuery, Row, export, export_plan};
+pub use export::{EXPORT_PAGE_KEYS, ExportPlan, ExportQuery, Row, csv_field, export, export_plan};
 pub use params::{
     BreakdownQuery, DashboardQuery, KeysQuery, Params, SeriesQuery, TopQuery, WindowQuery,
 };
