@@ -28,6 +28,14 @@ fn tally() -> Command {
     c
 }
 
+/// An HTTP client that takes error statuses as answers.
+fn http_agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into()
+}
+
 fn run(args: &[&str]) -> Output {
     tally().args(args).output().unwrap()
 }

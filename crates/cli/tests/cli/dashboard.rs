@@ -158,10 +158,7 @@ fn n(v: &Value) -> i64 {
 
 /// The API's answer (and status) to `GET {base}{path}`.
 fn get(base: &str, path: &str, token: Option<&str>) -> (u16, Value) {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .build()
-        .into();
+    let agent = super::http_agent();
     let mut req = agent.get(format!("{base}{path}"));
     if let Some(t) = token {
         req = req.header("Authorization", format!("Bearer {t}"));
@@ -211,10 +208,7 @@ fn dashboard_pages_show_the_apis_numbers_in_a_browser() {
     let profile = dir.path().join("chromium-profile");
     let s = serve_config(dir.path(), CONFIG);
     let base = s.url.trim_end_matches('/').to_owned();
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .build()
-        .into();
+    let agent = super::http_agent();
     let resp = agent
         .post(format!("{base}/v1/events"))
         .header("Content-Type", "application/json")

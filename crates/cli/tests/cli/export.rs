@@ -97,10 +97,7 @@ fn exports_read_back_by_duckdb_match_the_series_answers() {
         &["--config", cfg.to_str().unwrap()],
     );
     let base = s.url.trim_end_matches('/').to_owned();
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .build()
-        .into();
+    let agent = super::http_agent();
     let resp = agent
         .post(format!("{base}/v1/events"))
         .header("Content-Type", "application/json")

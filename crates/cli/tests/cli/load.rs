@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use super::{serve_cmd, sigterm_and_wait, tally};
+use super::{http_agent, serve_cmd, sigterm_and_wait, tally};
 
 /// 2026-11-17T00:00:00Z.
 const DAY0: i64 = 1_794_873_600;
@@ -86,18 +86,11 @@ fn as_json(ev: &[(String, i64, i64, String, String)]) -> Vec<Value> {
         .collect()
 }
 
-fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .build()
-        .into()
-}
-
 /// The server's whole export of the three days, both tiers: what it holds, row by row.
 fn holdings(base: &str) -> String {
     let mut out = String::new();
     for res in ["1m", "1h"] {
-        let mut r = agent()
+        let mut r = http_agent()
             .get(format!(
                 "{base}/v1/ns/clicks/export?from={DAY0}&to={}&resolution={res}",
                 DAY0 + 3 * 86_400
@@ -111,7 +104,7 @@ fn holdings(base: &str) -> String {
 }
 
 fn total(base: &str) -> i64 {
-    let mut r = agent()
+    let mut r = http_agent()
         .get(format!(
             "{base}/v1/ns/clicks/top?from={DAY0}&to={}&limit=1",
             DAY0 + 3 * 86_400
@@ -156,7 +149,7 @@ fn loads_online_and_offline_answer_like_the_api() {
     std::fs::create_dir(&a_dir).unwrap();
     let a = serve_dir(&a_dir);
     let a_url = a.url.trim_end_matches('/').to_owned();
-    let r = agent()
+    let r = http_agent()
         .post(format!("{a_url}/v1/events"))
         .send(json!(as_json(&ev)).to_string())
         .unwrap();
@@ -316,7 +309,7 @@ fn a_bad_line_refuses_the_load_and_changes_nothing() {
         said.contains("skipped 1 bad line") && said.contains("bad.csv:4"),
         "{said}"
     );
-    let mut r = agent()
+    let mut r = http_agent()
         .get(format!(
             "{url}/v1/ns/clicks/keys/k/series?from={DAY0}&to={}&unit=day",
             DAY0 + 86_400
