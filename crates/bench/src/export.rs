@@ -208,10 +208,18 @@ pub fn load_bench(args: &[String]) {
         .map_or(5_000_000, |n| n.parse().expect("events=N"));
     let days = 30;
     let dir = tempfile::tempdir().expect("tempdir");
-    let csv = dir.path().join("clicks.csv");
+    // `csv=PATH` keeps the generated CSV there (and reuses it when it exists: the same events
+    // for several runs, as long as the clock has not moved by days).
+    let kept = args
+        .iter()
+        .find_map(|a| a.strip_prefix("csv="))
+        .map(PathBuf::from);
+    let csv = kept
+        .clone()
+        .unwrap_or_else(|| dir.path().join("clicks.csv"));
     let now = SystemClock.now();
     let start = (now - days * 86_400).div_euclid(86_400) * 86_400;
-    {
+    if kept.is_none() || !csv.is_file() {
         let mut f = std::io::BufWriter::new(std::fs::File::create(&csv).expect("csv"));
         writeln!(f, "ns,key,ts,n,country,referrer").expect("write");
         let mut g = workload::Generator::new(workload::Shape::default(), 21);

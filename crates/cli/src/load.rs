@@ -128,6 +128,11 @@ impl Input {
         })
     }
 
+    /// The records of a CSV input (its header read and checked).
+    pub fn csv(self) -> anyhow::Result<CsvRecords> {
+        CsvRecords::new(self.reader, &self.name)
+    }
+
     /// Reads the events, calling `each` with (line number, the event or why the line is bad).
     /// An I/O or decompression error stops the read.
     pub fn events(
@@ -208,49 +213,80 @@ fn csv(
     name: &str,
     each: &mut dyn FnMut(u64, Result<RawEvent, String>) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
-    // The csv crate holds a whole record: bounding lines bounds records, as no field may hold
-    // a line break (keys and values refuse control characters).
-    let mut rd = csv::ReaderBuilder::new()
-        .has_headers(true)
-        .flexible(true)
-        .from_reader(LineBound {
-            inner: r,
-            since_newline: 0,
-        });
-    let header = rd
-        .headers()
-        .with_context(|| format!("{name}: reading the CSV header"))?
-        .clone();
-    let cols: Vec<&str> = header.iter().collect();
-    if cols.len() < 4 || cols[..4] != ["ns", "key", "ts", "n"] {
-        bail!(
-            "{name}:1: the CSV header must start ns,key,ts,n (then one column per dimension), got {:?}",
-            cols.join(",")
-        );
-    }
-    let dims: Vec<String> = cols[4..].iter().map(|s| (*s).to_owned()).collect();
+    let mut records = CsvRecords::new(r, name)?;
     let mut rec = csv::ByteRecord::new();
-    loop {
-        match rd.read_byte_record(&mut rec) {
-            Ok(false) => return Ok(()),
-            Ok(true) => {
-                let line = rec.position().map_or(0, |p| p.line());
-                each(line, csv_event(&rec, &dims))?;
-            }
+    while let Some(read) = records.next(&mut rec)? {
+        match read {
+            Ok(line) => each(line, csv_event(&rec, &records.dims))?,
+            Err((line, why)) => each(line, Err(why))?,
+        }
+    }
+    Ok(())
+}
+
+/// A CSV input's records, after its header.
+pub struct CsvRecords {
+    /// The dimension columns' names, as the header gives them (unchecked).
+    pub dims: Vec<String>,
+    rd: csv::Reader<LineBound<Box<dyn BufRead + Send>>>,
+    name: String,
+}
+
+impl CsvRecords {
+    /// Reads and checks the header.
+    fn new(r: Box<dyn BufRead + Send>, name: &str) -> anyhow::Result<CsvRecords> {
+        // The csv crate holds a whole record: bounding lines bounds records, as no field may
+        // hold a line break (keys and values refuse control characters).
+        let mut rd = csv::ReaderBuilder::new()
+            .has_headers(true)
+            .flexible(true)
+            .from_reader(LineBound {
+                inner: r,
+                since_newline: 0,
+            });
+        let header = rd
+            .headers()
+            .with_context(|| format!("{name}: reading the CSV header"))?
+            .clone();
+        let cols: Vec<&str> = header.iter().collect();
+        if cols.len() < 4 || cols[..4] != ["ns", "key", "ts", "n"] {
+            bail!(
+                "{name}:1: the CSV header must start ns,key,ts,n (then one column per dimension), got {:?}",
+                cols.join(",")
+            );
+        }
+        let dims = cols[4..].iter().map(|s| (*s).to_owned()).collect();
+        Ok(CsvRecords {
+            dims,
+            rd,
+            name: name.to_owned(),
+        })
+    }
+
+    /// The next record into `rec`: `Ok(line)`, or `Err((line, why))` for a line that is not a
+    /// CSV record; `None` at the end. An I/O or decompression error stops the read.
+    pub fn next(
+        &mut self,
+        rec: &mut csv::ByteRecord,
+    ) -> anyhow::Result<Option<Result<u64, (u64, String)>>> {
+        match self.rd.read_byte_record(rec) {
+            Ok(false) => Ok(None),
+            Ok(true) => Ok(Some(Ok(rec.position().map_or(0, |p| p.line())))),
             Err(e) => {
                 let line = e.position().map_or(0, |p| p.line());
                 match e.kind() {
                     csv::ErrorKind::Io(_) => {
-                        return Err(anyhow::anyhow!("{e}")).context(format!("reading {name}"));
+                        Err(anyhow::anyhow!("{e}")).context(format!("reading {}", self.name))
                     }
-                    _ => each(line, Err(format!("not a CSV record: {e}")))?,
+                    _ => Ok(Some(Err((line, format!("not a CSV record: {e}"))))),
                 }
             }
         }
     }
 }
 
-fn csv_event(rec: &csv::ByteRecord, dims: &[String]) -> Result<RawEvent, String> {
+/// One record as an event (its fields checked as text; the event rules come later).
+pub fn csv_event(rec: &csv::ByteRecord, dims: &[String]) -> Result<RawEvent, String> {
     if rec.len() != dims.len() + 4 {
         return Err(format!(
             "{} fields, the header has {}",
@@ -320,23 +356,30 @@ impl<R: Read> Read for LineBound<R> {
     }
 }
 
-/// FNV-1a, 64-bit: a stable digest of the input (same bytes, same digest, whatever the build),
+/// XXH3-64 of the input (a specified algorithm: same bytes, same digest, whatever the build),
 /// so the idempotency keys of a re-run match the first run's.
-#[derive(Debug, Clone, Copy)]
-pub struct Digest(pub u64);
+#[derive(Clone)]
+pub struct Digest(xxhash_rust::xxh3::Xxh3);
 
 impl Default for Digest {
     fn default() -> Self {
-        Digest(0xcbf2_9ce4_8422_2325)
+        Digest(xxhash_rust::xxh3::Xxh3::new())
+    }
+}
+
+impl std::fmt::Debug for Digest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Digest({:016x})", self.value())
     }
 }
 
 impl Digest {
     pub fn update(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 ^= u64::from(b);
-            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
-        }
+        self.0.update(bytes);
+    }
+
+    pub fn value(&self) -> u64 {
+        self.0.digest()
     }
 }
 

@@ -16,31 +16,36 @@
 //! counts the negation of what the range holds now, read through the store as queries read
 //! it, and installs the difference: readers see the old counts or the new, never a mix.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use tally_core::model::Schema;
 use tally_core::store::{IdemRecord, Increment, StoreError};
 
 use crate::archive::FlushPolicy;
 use crate::engine::Engine;
-use crate::flush::{Chosen, FlushReport, Records};
-use crate::segment::{Buckets, DimRecord, KeyRecord};
+use crate::flush::{Chosen, FlushReport, Sink};
+use crate::segment::{DimRecord, KeyRecord};
 
 type Fast = foldhash::fast::FixedState;
 type Map<K, V> = HashMap<K, V, Fast>;
 
-/// One key's counters in one period: totals and subtotals by bucket index.
-#[derive(Debug, Default)]
-struct Cell {
-    totals: Map<u32, i64>,
-    /// `dimension \0 value` → bucket → count
-    subs: Map<String, Map<u32, i64>>,
-}
+/// A key of a [`Bulk`] (`namespace`, `key`), as [`Bulk::key`] numbers it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KeyId(u32);
 
-/// One key's cells, by (resolution, period start).
-#[derive(Debug, Default)]
-struct KeyAgg {
-    parts: Map<(i64, i64), Cell>,
+/// A subtotal of a [`Bulk`] (`dimension`, `value`), as [`Bulk::sub`] numbers it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SubId(u32);
+
+/// One counter: a key's total (`sub` 0) or subtotal (`sub` = [`SubId`] + 1) in the bucket
+/// `idx` (start / resolution) of the tier of `res` seconds. 16 bytes, so an entry of the
+/// counts map is 24.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct Slot {
+    res: u32,
+    key: u32,
+    sub: u32,
+    idx: u32,
 }
 
 /// One stored counter: key `key` of `ns`, the bucket starting at `start` of the tier of `res`
@@ -54,211 +59,333 @@ pub struct Counter<'a> {
     pub sub: Option<(&'a str, &'a str)>,
 }
 
-/// Counters to install, by `namespace \0 key` (one lookup per event: neither holds a NUL),
-/// then (resolution, period start).
+/// Counters to install: keys and subtotals numbered once (`namespace \0 key`, `dimension \0
+/// value`: neither part holds a NUL), and one flat map from (resolution, key, subtotal,
+/// bucket) to the count — an event costs one lookup per counter it adds to, with no
+/// allocation once its key and values have been seen.
 #[derive(Debug, Default)]
 pub struct Bulk {
-    keys: Map<String, KeyAgg>,
-    counters: usize,
-    bytes: usize,
+    key_ids: Map<Box<str>, u32>,
+    keys: Vec<Box<str>>,
+    sub_ids: Map<Box<str>, u32>,
+    subs: Vec<Box<str>>,
+    counts: Map<Slot, i64>,
+    /// Bytes of the names above (each held twice).
+    name_bytes: usize,
+    /// See [`Bulk::set_budget`].
+    budget: usize,
     /// Reused to build lookup names without allocating.
     scratch: String,
-    sub_scratch: String,
 }
 
-/// Heap bytes of one hash-map entry beyond its key and value (control bytes, spare capacity
-/// at the usual load, the allocation's rounding), as measured on this workload (see
-/// docs/benchmarks.md): an estimate, so `--memory-mb` bounds the aggregate to within a small
-/// factor, not exactly.
-const ENTRY_OVERHEAD: usize = 24;
-/// A key's and a cell's maps' own headers.
-const CELL_BYTES: usize = 3 * 48 + 64;
+/// Heap bytes per entry of a map beyond its key and value (a control byte and the spare
+/// capacity at hashbrown's 7/8 load): an estimate, so `--memory-mb` bounds the aggregate to
+/// within a small factor, not exactly.
+const NAME_OVERHEAD: usize = 2 * 16 + 8;
 
 impl Bulk {
     /// Counters held (each one (series, bucket)).
     pub fn counters(&self) -> usize {
-        self.counters
+        self.counts.len()
     }
 
-    /// Estimated heap bytes held: what `--memory-mb` compares with.
+    /// Bounds the counters' table: [`Bulk::has_room`] answers `false` once adding would make
+    /// it grow past `bytes` — counting the moment of growth, when the old table and the new
+    /// one (twice as large) are both held. 0: no bound.
+    pub fn set_budget(&mut self, bytes: usize) {
+        self.budget = bytes;
+    }
+
+    /// Whether `more` counters fit within the budget (see [`Bulk::set_budget`]).
+    pub fn has_room(&self, more: usize) -> bool {
+        if self.budget == 0 || self.counts.len() + more <= self.counts.capacity() {
+            return true;
+        }
+        // Growing: hashbrown doubles its buckets (a power of two, filled to 7/8) until the
+        // counters fit, holding the old table until the new one is filled.
+        let per = std::mem::size_of::<(Slot, i64)>() + 1;
+        let now = self.table_bytes();
+        let need = ((self.counts.len() + more) * 8 / 7 + 1).next_power_of_two() * per;
+        now + need <= self.budget
+    }
+
+    fn table_bytes(&self) -> usize {
+        let per = std::mem::size_of::<(Slot, i64)>() + 1;
+        if self.counts.capacity() == 0 {
+            return 0;
+        }
+        (self.counts.capacity() * 8 / 7).next_power_of_two() * per
+    }
+
+    /// Estimated heap bytes held (the counters' table at its size, and the names).
     pub fn bytes(&self) -> usize {
-        self.bytes
+        self.table_bytes() + self.name_bytes
     }
 
+    /// Estimated heap bytes of the names (kept by [`Bulk::take`]).
+    pub fn name_bytes(&self) -> usize {
+        self.name_bytes
+    }
+
+    /// Whether no counter is held (the names may be).
     pub fn is_empty(&self) -> bool {
-        self.keys.is_empty()
+        self.counts.is_empty()
     }
 
-    /// Runs `f` on the key's aggregate, made on first use (a lookup by a reused buffer: no
-    /// allocation for a key seen before).
-    fn with_key<R>(&mut self, ns: &str, key: &str, f: impl FnOnce(&mut KeyAgg) -> R) -> R {
+    /// The number of `key` of `ns`, given on first use.
+    pub fn key(&mut self, ns: &str, key: &str) -> KeyId {
         self.scratch.clear();
         self.scratch.push_str(ns);
         self.scratch.push('\0');
         self.scratch.push_str(key);
-        if let Some(agg) = self.keys.get_mut(self.scratch.as_str()) {
-            return f(agg);
-        }
-        self.bytes += CELL_BYTES + ENTRY_OVERHEAD + self.scratch.len();
-        f(self.keys.entry(self.scratch.clone()).or_default())
+        KeyId(intern(
+            &mut self.key_ids,
+            &mut self.keys,
+            &mut self.name_bytes,
+            &self.scratch,
+        ))
+    }
+
+    /// The number of the subtotal (`dim`, `value`), given on first use.
+    pub fn sub(&mut self, dim: &str, value: &str) -> SubId {
+        self.scratch.clear();
+        self.scratch.push_str(dim);
+        self.scratch.push('\0');
+        self.scratch.push_str(value);
+        SubId(intern(
+            &mut self.sub_ids,
+            &mut self.subs,
+            &mut self.name_bytes,
+            &self.scratch,
+        ))
+    }
+
+    /// Adds `n` to `key`'s total (`sub` None) or subtotal in the bucket starting at
+    /// `start` (a multiple of `res`) of the tier of `res` seconds.
+    pub fn add_to(&mut self, key: KeyId, sub: Option<SubId>, res: i64, start: i64, n: i64) {
+        let slot = Slot {
+            res: res as u32,
+            key: key.0,
+            sub: sub.map_or(0, |s| s.0 + 1),
+            idx: (start / res) as u32,
+        };
+        *self.counts.entry(slot).or_insert(0) += n;
     }
 
     /// Adds one increment under `schema` (its namespace's), as the engine's write path would
     /// count it: every tier, subtotals in breakdown tiers, nothing a tier's retention no
     /// longer shows at `now`.
-    pub fn add(&mut self, policy: &FlushPolicy, schema: &Schema, inc: &Increment, now: i64) {
-        let mut sub_name = std::mem::take(&mut self.sub_scratch);
-        let (counters, bytes, sub_name) = self.with_key(inc.ns.as_str(), inc.key.as_str(), |agg| {
-            let (mut counters, mut bytes) = (0usize, 0usize);
-            for tier in schema.tiers() {
-                let res = tier.resolution.secs_i64();
-                let bucket = inc.ts.div_euclid(res) * res;
-                if !tier.retention.keeps_bucket(bucket, tier.resolution, now) {
-                    continue;
-                }
-                let idx = (bucket / res) as u32;
-                let cell = agg
-                    .parts
-                    .entry((res, policy.period_of(res, bucket)))
-                    .or_insert_with(|| {
-                        bytes += 48 + ENTRY_OVERHEAD;
-                        Cell::default()
-                    });
-                let t = cell.totals.entry(idx).or_insert_with(|| {
-                    counters += 1;
-                    bytes += 12 + ENTRY_OVERHEAD;
-                    0
-                });
-                *t += inc.n;
-                if schema.is_breakdown(tier.resolution) {
-                    for s in &inc.subtotals {
-                        sub_name.clear();
-                        sub_name.push_str(&s.dim);
-                        sub_name.push('\0');
-                        sub_name.push_str(&s.value);
-                        match cell.subs.get_mut(sub_name.as_str()) {
-                            Some(buckets) => {
-                                let c = buckets.entry(idx).or_insert_with(|| {
-                                    counters += 1;
-                                    bytes += 12 + ENTRY_OVERHEAD;
-                                    0
-                                });
-                                *c += inc.n;
-                            }
-                            None => {
-                                counters += 1;
-                                bytes += 48 + 2 * ENTRY_OVERHEAD + 12 + sub_name.len();
-                                let mut buckets = Map::default();
-                                buckets.insert(idx, inc.n);
-                                cell.subs.insert(sub_name.clone(), buckets);
-                            }
-                        }
-                    }
+    pub fn add(&mut self, schema: &Schema, inc: &Increment, now: i64) {
+        let key = self.key(inc.ns.as_str(), inc.key.as_str());
+        let subs: Vec<SubId> = inc
+            .subtotals
+            .iter()
+            .map(|s| self.sub(&s.dim, &s.value))
+            .collect();
+        for tier in schema.tiers() {
+            let res = tier.resolution.secs_i64();
+            let start = inc.ts.div_euclid(res) * res;
+            if !tier.retention.keeps_bucket(start, tier.resolution, now) {
+                continue;
+            }
+            self.add_to(key, None, res, start, inc.n);
+            if schema.is_breakdown(tier.resolution) {
+                for s in &subs {
+                    self.add_to(key, Some(*s), res, start, inc.n);
                 }
             }
-            (counters, bytes, sub_name)
-        });
-        self.sub_scratch = sub_name;
-        self.counters += counters;
-        self.bytes += bytes;
+        }
     }
 
     /// Adds `n` to one stored counter (see [`Counter`]). For a rebuild, which subtracts what
     /// a range holds: no retention is applied.
-    pub fn add_counter(&mut self, policy: &FlushPolicy, at: &Counter<'_>, n: i64) {
-        let Counter {
-            ns,
-            key,
-            res,
-            start,
-            sub,
-        } = *at;
-        let idx = (start / res) as u32;
-        let (counters, bytes) = self.with_key(ns, key, |agg| {
-            let (mut counters, mut bytes) = (0usize, 0usize);
-            let cell = agg
-                .parts
-                .entry((res, policy.period_of(res, start)))
-                .or_insert_with(|| {
-                    bytes += 48 + ENTRY_OVERHEAD;
-                    Cell::default()
-                });
-            let buckets = match sub {
-                None => &mut cell.totals,
-                Some((dim, value)) => {
-                    let name = format!("{dim}\0{value}");
-                    if !cell.subs.contains_key(name.as_str()) {
-                        bytes += 48 + ENTRY_OVERHEAD + name.len();
-                    }
-                    cell.subs.entry(name).or_default()
-                }
-            };
-            let c = buckets.entry(idx).or_insert_with(|| {
-                counters += 1;
-                bytes += 12 + ENTRY_OVERHEAD;
-                0
-            });
-            *c += n;
-            (counters, bytes)
-        });
-        self.counters += counters;
-        self.bytes += bytes;
+    pub fn add_counter(&mut self, at: &Counter<'_>, n: i64) {
+        let key = self.key(at.ns, at.key);
+        let sub = at.sub.map(|(dim, value)| self.sub(dim, value));
+        self.add_to(key, sub, at.res, at.start, n);
     }
 
-    /// The parts as the periods to write and their records (zero counts left out).
-    fn into_parts(self, policy: &FlushPolicy) -> Vec<(Chosen, Records)> {
-        let sorted = |m: Map<u32, i64>| {
-            let mut b: Vec<(u32, i64)> = m.into_iter().filter(|(_, n)| *n != 0).collect();
-            b.sort_unstable();
-            b
+    /// Moves the counters out into a new `Bulk` (with a copy of the names), keeping the
+    /// names here: the numbers given so far stay valid for what is added next.
+    pub fn take(&mut self) -> Bulk {
+        Bulk {
+            key_ids: self.key_ids.clone(),
+            keys: self.keys.clone(),
+            sub_ids: self.sub_ids.clone(),
+            subs: self.subs.clone(),
+            counts: std::mem::take(&mut self.counts),
+            name_bytes: self.name_bytes,
+            budget: 0,
+            scratch: String::new(),
+        }
+    }
+
+    /// The counters in the order segments are written (zero counts left out), cut into the
+    /// periods to write.
+    fn into_sorted(self, policy: &FlushPolicy) -> Sorted {
+        // Keys and subtotals ranked by their names' bytes: `ns \0 key` sorts as segments
+        // want keys, `dim \0 value` as records want dimensions and values.
+        let rank = |names: &[Box<str>]| -> (Vec<u32>, Vec<u32>) {
+            let mut by_rank: Vec<u32> = (0..names.len() as u32).collect();
+            by_rank.sort_unstable_by(|a, b| {
+                names[*a as usize]
+                    .as_bytes()
+                    .cmp(names[*b as usize].as_bytes())
+            });
+            let mut rank_of = vec![0u32; names.len()];
+            for (r, id) in by_rank.iter().enumerate() {
+                rank_of[*id as usize] = r as u32;
+            }
+            (by_rank, rank_of)
         };
-        let mut by_part: BTreeMap<(i64, i64), Records> = BTreeMap::new();
-        for (name, agg) in self.keys {
-            let (ns, key) = name.split_once('\0').unwrap_or((name.as_str(), ""));
-            for (part, cell) in agg.parts {
-                let mut dims: BTreeMap<String, Vec<(String, Buckets)>> = BTreeMap::new();
-                for (sub, buckets) in cell.subs {
-                    let b = sorted(buckets);
-                    if b.is_empty() {
-                        continue;
-                    }
-                    let (dim, value) = sub.split_once('\0').unwrap_or((sub.as_str(), ""));
-                    dims.entry(dim.to_owned())
-                        .or_default()
-                        .push((value.to_owned(), b));
+        let (keys_by_rank, key_rank) = rank(&self.keys);
+        let (subs_by_rank, sub_rank) = rank(&self.subs);
+        let mut resolutions: Vec<u32> = Vec::new();
+        let mut counts: Vec<Entry> = Vec::with_capacity(self.counts.len());
+        for (slot, n) in self.counts {
+            if n == 0 {
+                continue;
+            }
+            let r = match resolutions.iter().position(|r| *r == slot.res) {
+                Some(r) => r,
+                None => {
+                    resolutions.push(slot.res);
+                    resolutions.len() - 1
                 }
-                let dims: Vec<DimRecord> = dims
-                    .into_iter()
-                    .map(|(dim, mut values)| {
-                        values.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
-                        DimRecord { dim, values }
-                    })
-                    .collect();
-                let rec = KeyRecord {
-                    totals: sorted(cell.totals),
-                    dims,
-                };
-                if !rec.totals.is_empty() || !rec.dims.is_empty() {
-                    by_part
-                        .entry(part)
-                        .or_default()
-                        .insert((ns.to_owned(), key.to_owned()), rec);
+            };
+            let res = i64::from(slot.res);
+            let len = policy.period_len(res);
+            let period = policy.period_of(res, i64::from(slot.idx) * res) / len;
+            let sub = match slot.sub {
+                0 => 0,
+                s => u64::from(sub_rank[s as usize - 1]) + 1,
+            };
+            counts.push(Entry {
+                hi: ((r as u64) << 56)
+                    | ((period as u64) << 32)
+                    | u64::from(key_rank[slot.key as usize]),
+                lo: (sub << 32) | u64::from(slot.idx),
+                n,
+            });
+        }
+        // Resolutions ranked in order, so parts come out by (resolution, period).
+        let mut sorted_res = resolutions.clone();
+        sorted_res.sort_unstable();
+        let res_rank: Vec<u64> = resolutions
+            .iter()
+            .map(|r| sorted_res.iter().position(|x| x == r).unwrap_or(0) as u64)
+            .collect();
+        for e in &mut counts {
+            let r = (e.hi >> 56) as usize;
+            e.hi = (e.hi & ((1 << 56) - 1)) | (res_rank[r] << 56);
+        }
+        counts.sort_unstable_by_key(|e| (e.hi, e.lo));
+        let mut parts = Vec::new();
+        let mut at = 0;
+        while let Some(first) = counts.get(at) {
+            let part = first.hi >> 32;
+            let len = counts[at..]
+                .iter()
+                .take_while(|e| e.hi >> 32 == part)
+                .count();
+            let res = i64::from(sorted_res[(part >> 24) as usize]);
+            let period_len = policy.period_len(res);
+            let chosen = Chosen {
+                slot: 0,
+                res,
+                period: (part & ((1 << 24) - 1)) as i64 * period_len,
+                len: period_len,
+            };
+            parts.push((chosen, at..at + len));
+            at += len;
+        }
+        Sorted {
+            counts,
+            parts,
+            keys: self.keys,
+            keys_by_rank,
+            subs: self.subs,
+            subs_by_rank,
+        }
+    }
+}
+
+/// One counter, packed so that sorting by (`hi`, `lo`) gives segments' order: resolution rank
+/// (8 bits), period number (24; period start / period length), key rank (32) | subtotal rank
+/// + 1, or 0 for the total (32), bucket index (32).
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    hi: u64,
+    lo: u64,
+    n: i64,
+}
+
+/// A [`Bulk`]'s counters sorted for writing (see [`Bulk::into_sorted`]).
+struct Sorted {
+    counts: Vec<Entry>,
+    parts: Vec<(Chosen, std::ops::Range<usize>)>,
+    keys: Vec<Box<str>>,
+    keys_by_rank: Vec<u32>,
+    subs: Vec<Box<str>>,
+    subs_by_rank: Vec<u32>,
+}
+
+impl Sorted {
+    /// Hands the records of the part `range` of `counts` to `sink`, keys in order.
+    fn feed(&self, range: std::ops::Range<usize>, sink: &mut Sink<'_>) -> Result<(), StoreError> {
+        let counts = &self.counts[range];
+        let mut at = 0;
+        while let Some(first) = counts.get(at) {
+            let run = counts[at..].iter().take_while(|e| e.hi == first.hi).count();
+            let key_rank = (first.hi & 0xffff_ffff) as usize;
+            let name = &self.keys[self.keys_by_rank[key_rank] as usize];
+            let (ns, key) = name.split_once('\0').unwrap_or((name, ""));
+            let mut rec = KeyRecord::default();
+            let mut last_sub = 0u64;
+            for e in &counts[at..at + run] {
+                let (sub, idx) = (e.lo >> 32, e.lo as u32);
+                if sub == 0 {
+                    rec.totals.push((idx, e.n));
+                    continue;
+                }
+                if sub != last_sub {
+                    last_sub = sub;
+                    let name = &self.subs[self.subs_by_rank[sub as usize - 1] as usize];
+                    let (dim, value) = name.split_once('\0').unwrap_or((name, ""));
+                    match rec.dims.last_mut() {
+                        Some(d) if d.dim == dim => d.values.push((value.to_owned(), Vec::new())),
+                        _ => rec.dims.push(DimRecord {
+                            dim: dim.to_owned(),
+                            values: vec![(value.to_owned(), Vec::new())],
+                        }),
+                    }
+                }
+                if let Some((_, buckets)) = rec.dims.last_mut().and_then(|d| d.values.last_mut()) {
+                    buckets.push((idx, e.n));
                 }
             }
+            sink(ns, key, rec)?;
+            at += run;
         }
-        by_part
-            .into_iter()
-            .map(|((res, period), records)| {
-                let chosen = Chosen {
-                    slot: 0,
-                    res,
-                    period,
-                    len: policy.period_len(res),
-                };
-                (chosen, records)
-            })
-            .collect()
+        Ok(())
     }
+}
+
+/// The number of `name` in (`ids`, `names`), given on first use.
+fn intern(
+    ids: &mut Map<Box<str>, u32>,
+    names: &mut Vec<Box<str>>,
+    bytes: &mut usize,
+    name: &str,
+) -> u32 {
+    if let Some(id) = ids.get(name) {
+        return *id;
+    }
+    let id = names.len() as u32;
+    *bytes += 2 * name.len() + NAME_OVERHEAD;
+    names.push(name.into());
+    ids.insert(name.into(), id);
+    id
 }
 
 impl Engine {
@@ -281,7 +408,6 @@ impl Engine {
         let Some(schema) = self.schema(ns)? else {
             return Err(StoreError::internal(format!("namespace {ns} is unknown")));
         };
-        let policy = self.core.flush;
         let mut held = 0u64;
         let mut after: Option<String> = None;
         loop {
@@ -324,18 +450,14 @@ impl Engine {
                     };
                     for &(start, n) in &d.totals {
                         if n != 0 {
-                            bulk.add_counter(&policy, &at(start, None), -n);
+                            bulk.add_counter(&at(start, None), -n);
                             held += 1;
                         }
                     }
                     for sub in &d.subtotals {
                         for &(start, n) in &sub.buckets {
                             if n != 0 {
-                                bulk.add_counter(
-                                    &policy,
-                                    &at(start, Some((&sub.dim, &sub.value))),
-                                    -n,
-                                );
+                                bulk.add_counter(&at(start, Some((&sub.dim, &sub.value))), -n);
                                 held += 1;
                             }
                         }
@@ -417,14 +539,15 @@ impl Engine {
             }
         }
         let policy = self.core.flush;
-        let mut parts: BTreeMap<(i64, i64), Records> = BTreeMap::new();
-        let mut chosen = Vec::new();
-        for (c, records) in bulk.into_parts(&policy) {
-            parts.insert((c.res, c.period), records);
-            chosen.push(c);
-        }
-        let done = self.write_and_publish(&chosen, seq, now, &mut |c| {
-            Ok(parts.remove(&(c.res, c.period)).unwrap_or_default())
+        let sorted = bulk.into_sorted(&policy);
+        let chosen: Vec<Chosen> = sorted.parts.iter().map(|(c, _)| *c).collect();
+        let done = self.write_and_publish(&chosen, seq, now, &mut |c, sink| match sorted
+            .parts
+            .iter()
+            .find(|(p, _)| (p.res, p.period) == (c.res, c.period))
+        {
+            Some((_, range)) => sorted.feed(range.clone(), sink),
+            None => Ok(()),
         });
         if done.is_err() {
             let mut idem = self
@@ -437,5 +560,138 @@ impl Engine {
             }
         }
         done
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A budget stops the table before it doubles past it, counting both tables of the move.
+    #[test]
+    fn a_budget_stops_the_table_before_it_grows_past_it() {
+        let mut b = Bulk::default();
+        assert!(b.has_room(1_000_000), "no budget, no bound");
+        b.set_budget(1 << 20);
+        let k = b.key("ns", "k");
+        let mut added = 0u32;
+        while b.has_room(1) {
+            b.add_to(k, None, 1, i64::from(added), 1);
+            added += 1;
+        }
+        assert!(b.counters() > 10_000, "{}", b.counters());
+        let per = std::mem::size_of::<(Slot, i64)>() + 1;
+        // Growing now would hold the table and one twice its size.
+        assert!(3 * b.bytes() > 1 << 20);
+        assert!(b.bytes() <= (1 << 20) * 2 / 3 + per, "{}", b.bytes());
+    }
+
+    /// Taken counters keep their names; later additions by name find the same numbers.
+    #[test]
+    fn taking_keeps_names_and_numbers() {
+        let mut b = Bulk::default();
+        let k = b.key("ns", "k");
+        let s = b.sub("country", "US");
+        b.add_to(k, Some(s), 3600, 7200, 2);
+        let mut taken = b.take();
+        assert!(b.is_empty() && !taken.is_empty());
+        assert_eq!(b.key("ns", "k"), k);
+        assert_eq!(taken.key("ns", "k"), k);
+        assert_eq!(taken.sub("country", "US"), s);
+        taken.add_counter(
+            &Counter {
+                ns: "ns",
+                key: "k",
+                res: 3600,
+                start: 7200,
+                sub: Some(("country", "US")),
+            },
+            -2,
+        );
+        taken.add_counter(
+            &Counter {
+                ns: "ns",
+                key: "a",
+                res: 3600,
+                start: 0,
+                sub: None,
+            },
+            5,
+        );
+        let policy = FlushPolicy::default();
+        let sorted = taken.into_sorted(&policy);
+        // The zero is left out; one part, one key.
+        assert_eq!(sorted.parts.len(), 1);
+        let mut got = Vec::new();
+        sorted
+            .feed(sorted.parts[0].1.clone(), &mut |ns, key, rec| {
+                got.push((ns.to_owned(), key.to_owned(), rec));
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(got.len(), 1);
+        assert_eq!((got[0].0.as_str(), got[0].1.as_str()), ("ns", "a"));
+        assert_eq!(got[0].2.totals, vec![(0, 5)]);
+    }
+
+    /// Records come out as segments want them: keys by bytes, dimensions by name, values by
+    /// bytes, buckets in order, one part per (resolution, period).
+    #[test]
+    fn records_come_out_in_segment_order() {
+        let mut b = Bulk::default();
+        for (key, dim, value, start) in [
+            ("b", "referrer", "x.com", 3600),
+            ("a", "referrer", "b.com", 0),
+            ("a", "country", "US", 3600),
+            ("a", "country", "DE", 0),
+            ("a", "country", "US", 0),
+            ("a\u{e9}", "country", "FR", 0),
+        ] {
+            let k = b.key("clicks", key);
+            let s = b.sub(dim, value);
+            b.add_to(k, None, 3600, start, 1);
+            b.add_to(k, Some(s), 3600, start, 1);
+            b.add_to(k, None, 60, start, 1);
+        }
+        let policy = FlushPolicy::default();
+        let sorted = b.into_sorted(&policy);
+        let parts: Vec<(i64, i64)> = sorted
+            .parts
+            .iter()
+            .map(|(c, _)| (c.res, c.period))
+            .collect();
+        // (Minute buckets in periods of an hour, hourly ones of a day.)
+        assert_eq!(parts, vec![(60, 0), (60, 3600), (3600, 0)]);
+        let mut got = Vec::new();
+        sorted
+            .feed(sorted.parts[2].1.clone(), &mut |_, key, rec| {
+                got.push((key.to_owned(), rec));
+                Ok(())
+            })
+            .unwrap();
+        let keys: Vec<&str> = got.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, vec!["a", "a\u{e9}", "b"]);
+        let a = &got[0].1;
+        assert_eq!(a.totals, vec![(0, 3), (1, 1)]);
+        let dims: Vec<(&str, Vec<(&str, &Vec<(u32, i64)>)>)> = a
+            .dims
+            .iter()
+            .map(|d| {
+                (
+                    d.dim.as_str(),
+                    d.values.iter().map(|(v, b)| (v.as_str(), b)).collect(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            dims,
+            vec![
+                (
+                    "country",
+                    vec![("DE", &vec![(0, 1)]), ("US", &vec![(0, 1), (1, 1)])]
+                ),
+                ("referrer", vec![("b.com", &vec![(0, 1)])]),
+            ]
+        );
     }
 }

@@ -489,11 +489,10 @@ impl Store for Engine {
         let schema = self
             .schema(ns)?
             .ok_or_else(|| StoreError::internal(format!("namespace {ns} is unknown")))?;
-        let policy = self.core.flush;
         let now = self.clock.now();
         let mut bulk = crate::bulk::Bulk::default();
         for inc in &batch.increments {
-            bulk.add(&policy, &schema, inc, now);
+            bulk.add(&schema, inc, now);
         }
         self.rebuild_bulk(ns, from, to, bulk)
     }

@@ -36,6 +36,12 @@ use crate::wal::list_files;
 /// A period's records by (namespace, key).
 pub(crate) type Records = BTreeMap<(String, String), KeyRecord>;
 
+/// Where a period's records go, in strictly increasing (namespace, key) order.
+pub(crate) type Sink<'a> = dyn FnMut(&str, &str, KeyRecord) -> Result<(), StoreError> + 'a;
+
+/// Hands a chosen period's records to the sink (none: no segment for it).
+pub(crate) type Feed<'a> = dyn FnMut(&Chosen, &mut Sink<'_>) -> Result<(), StoreError> + 'a;
+
 /// What one flush did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FlushReport {
@@ -164,7 +170,13 @@ impl Engine {
             }
             (seq, taken)
         };
-        match self.write_and_publish(&chosen, seq, now, &mut |c| self.frozen_records(c)) {
+        let mut feed = |c: &Chosen, sink: &mut Sink<'_>| {
+            for ((ns, key), rec) in self.frozen_records(c)? {
+                sink(&ns, &key, rec)?;
+            }
+            Ok(())
+        };
+        match self.write_and_publish(&chosen, seq, now, &mut feed) {
             Ok(mut report) => {
                 report.forgotten_keys = self.forget_archived();
                 report.wal_files_removed = self.truncate_log(report.wal_start)?;
@@ -196,17 +208,13 @@ impl Engine {
         chosen: &[Chosen],
         seq: u64,
         now: i64,
-        records: &mut dyn FnMut(&Chosen) -> Result<Records, StoreError>,
+        records: &mut Feed<'_>,
     ) -> Result<FlushReport, StoreError> {
         let old = Arc::clone(&self.core.archive());
         let mut next_id = old.manifest.next_segment_id.max(1);
         let mut report = FlushReport::default();
         let mut added: Vec<(SegmentEntry, Arc<Segment>)> = Vec::new();
         for c in chosen {
-            let records = records(c)?;
-            if records.is_empty() {
-                continue;
-            }
             let delta = old.has_period(c.res as u32, c.period)
                 || added
                     .iter()
@@ -219,12 +227,8 @@ impl Engine {
                 period_end: c.period + c.len,
                 flushed_seq: seq,
             };
-            next_id += 1;
             let final_path = segment_path(&self.segments_dir, entry.id);
             let tmp = final_path.with_extension("tmp");
-            self.fs
-                .remove(&tmp)
-                .map_err(io("removing a stale segment"))?;
             let meta = SegmentMeta {
                 id: entry.id,
                 kind: if delta {
@@ -237,10 +241,24 @@ impl Engine {
                 period_end: entry.period_end,
             };
             let seg_err = |e| StoreError::unavailable("writing an archive segment").because(e);
-            let mut w = SegmentWriter::create(&tmp, meta).map_err(seg_err)?;
-            for ((ns, key), rec) in &records {
-                w.add(ns, key, rec).map_err(seg_err)?;
-            }
+            // Made on the first record: a period without records writes no file.
+            let mut writer: Option<SegmentWriter> = None;
+            records(c, &mut |ns, key, rec| {
+                let w = match &mut writer {
+                    Some(w) => w,
+                    None => {
+                        self.fs
+                            .remove(&tmp)
+                            .map_err(io("removing a stale segment"))?;
+                        writer.insert(SegmentWriter::create(&tmp, meta.clone()).map_err(seg_err)?)
+                    }
+                };
+                w.add_owned(ns, key, rec).map_err(seg_err)
+            })?;
+            let Some(w) = writer else {
+                continue;
+            };
+            next_id += 1;
             let stats = w.finish().map_err(seg_err)?;
             self.fs
                 .rename(&tmp, &final_path)

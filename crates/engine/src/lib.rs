@@ -25,7 +25,7 @@ mod state;
 pub mod wal;
 
 pub use archive::FlushPolicy;
-pub use bulk::{Bulk, Counter};
+pub use bulk::{Bulk, Counter, KeyId, SubId};
 pub use compaction::CompactReport;
 pub use engine::{Config, Engine, EngineStats, OpenError};
 pub use flush::FlushReport;

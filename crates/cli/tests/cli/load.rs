@@ -196,6 +196,72 @@ fn loads_online_and_offline_answer_like_the_api() {
     sigterm_and_wait(b);
 }
 
+/// The offline CSV loader, in one pass and (with little memory) in two, holds what the
+/// NDJSON loader (which checks and aggregates event by event) holds; a re-run adds nothing; a
+/// bad line refuses the load and changes nothing.
+#[test]
+fn offline_csv_loads_in_one_pass_or_two_alike() {
+    let ev = events(120_000, 11);
+    let tmp = tempfile::tempdir().unwrap();
+    let csv = tmp.path().join("clicks.csv");
+    write_csv(&csv, &ev);
+    let nd = tmp.path().join("clicks.ndjson");
+    let lines: String = as_json(&ev).iter().map(|e| format!("{e}\n")).collect();
+    std::fs::write(&nd, lines).unwrap();
+    let setup = |name: &str| {
+        let dir = tmp.path().join(name);
+        std::fs::create_dir(&dir).unwrap();
+        sigterm_and_wait(serve_dir(&dir)); // the namespace from the config
+        dir
+    };
+    let data = |d: &Path| d.join("data").to_str().unwrap().to_owned();
+    let (one, two, oracle) = (setup("one"), setup("two"), setup("oracle"));
+    let o = load(&[csv.to_str().unwrap(), "--data", &data(&one)]);
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success() && !said.contains("two passes"), "{said}");
+    // 16 MiB holds ~230 000 counters: these events make more.
+    let small = ["--memory-mb", "16", "--batch", "3000"];
+    let o = load(&[&[csv.to_str().unwrap(), "--data", &data(&two)][..], &small].concat());
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success() && said.contains("two passes"), "{said}");
+    let o = load(
+        &[
+            &[nd.to_str().unwrap(), "--data", &data(&oracle)][..],
+            &small,
+        ]
+        .concat(),
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // Again: every batch is there already.
+    let o = load(&[&[csv.to_str().unwrap(), "--data", &data(&two)][..], &small].concat());
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(said.contains("120000 of them were loaded before"), "{said}");
+    // A bad line at the end refuses the load, naming it; nothing changes.
+    let bad = tmp.path().join("bad.csv");
+    let mut text = std::fs::read_to_string(&csv).unwrap();
+    text.push_str(&format!("clicks,k,{},1,,\n", DAY0 + 30 * 86_400));
+    std::fs::write(&bad, text).unwrap();
+    let o = load(&[bad.to_str().unwrap(), "--data", &data(&one)]);
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success()
+            && said.contains("bad.csv:120002")
+            && said.contains("in the future")
+            && said.contains("nothing was loaded"),
+        "{said}"
+    );
+    let held = |d: &Path| {
+        let s = serve_dir(d);
+        let h = holdings(s.url.trim_end_matches('/'));
+        sigterm_and_wait(s);
+        h
+    };
+    let want = held(&oracle);
+    assert!(want.lines().count() > 100_000, "{}", want.lines().count());
+    assert_eq!(held(&one), want);
+    assert_eq!(held(&two), want);
+}
+
 #[test]
 fn an_interrupted_online_load_run_again_counts_every_event_once() {
     let ev = events(30_000, 9);

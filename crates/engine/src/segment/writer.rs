@@ -123,6 +123,16 @@ impl SegmentWriter {
     /// buckets must be strictly increasing, non-zero and inside the period; dimensions and
     /// values sorted and unique.
     pub fn add(&mut self, ns: &str, key: &str, record: &KeyRecord) -> Result<(), SegmentError> {
+        self.add_owned(ns, key, record.clone())
+    }
+
+    /// As [`SegmentWriter::add`], taking the record (held until its block is written).
+    pub fn add_owned(
+        &mut self,
+        ns: &str,
+        key: &str,
+        record: KeyRecord,
+    ) -> Result<(), SegmentError> {
         if self.poisoned {
             return Err(SegmentError::Poisoned {
                 path: self.path.clone(),
@@ -140,7 +150,7 @@ impl SegmentWriter {
                 "a namespace is non-empty and has no NUL byte".into(),
             ));
         }
-        if let Some(why) = record_problem(record, self.period.first, self.period.end) {
+        if let Some(why) = record_problem(&record, self.period.first, self.period.end) {
             return Err(invalid(why));
         }
         let k = index_key(ns, key);
@@ -153,7 +163,7 @@ impl SegmentWriter {
                 next: format!("{ns}/{key}"),
             });
         }
-        let size = estimate(record, &self.period);
+        let size = estimate(&record, &self.period);
         if size > MAX_BLOCK_RAW_LEN / 2 {
             return Err(invalid(format!(
                 "record of about {size} bytes is too large"
@@ -167,11 +177,11 @@ impl SegmentWriter {
             self.poisoned = true;
             return Err(invalid(format!("key index: {e}")));
         }
-        self.pending.push(record.clone());
-        self.pending_bytes += size;
-        self.last_key = Some(k);
         self.keys += 1;
         self.data_points += record.data_points();
+        self.pending.push(record);
+        self.pending_bytes += size;
+        self.last_key = Some(k);
         Ok(())
     }
 

@@ -63,11 +63,10 @@ fn installed_segments_read_like_the_write_path() {
     a.apply(&batch).unwrap();
     let batch =
         ingest::prepare(&b, &history, NOW, &Limits::default(), &Defaults::default()).unwrap();
-    let policy = b.flush_policy();
     let (first, second) = batch.increments.split_at(1000);
     let mut bulk = Bulk::default();
     for inc in first {
-        bulk.add(&policy, &schema(), inc, NOW);
+        bulk.add(&schema(), inc, NOW);
     }
     assert!(bulk.counters() > 0);
     let answer = IdemRecord {
@@ -81,7 +80,7 @@ fn installed_segments_read_like_the_write_path() {
     assert!(report.segments > 0);
     let mut bulk = Bulk::default();
     for inc in second {
-        bulk.add(&policy, &schema(), inc, NOW);
+        bulk.add(&schema(), inc, NOW);
     }
     b.install(bulk, Vec::new()).unwrap();
     assert_eq!(b.idempotency("load-1").unwrap(), Some(answer.clone()));
@@ -152,12 +151,11 @@ fn writes_during_an_install_are_kept() {
             }
         })
     };
-    let policy = e.flush_policy();
     let mut installed = 0;
     while installed < 3 {
         let mut bulk = Bulk::default();
         for inc in &batch.increments {
-            bulk.add(&policy, &schema(), inc, NOW);
+            bulk.add(&schema(), inc, NOW);
         }
         e.install(bulk, Vec::new()).unwrap();
         installed += 1;
