@@ -39,8 +39,12 @@ pub(crate) type Records = BTreeMap<(String, String), KeyRecord>;
 /// Where a period's records go, in strictly increasing (namespace, key) order.
 pub(crate) type Sink<'a> = dyn FnMut(&str, &str, KeyRecord) -> Result<(), StoreError> + 'a;
 
-/// Hands a chosen period's records to the sink (none: no segment for it).
-pub(crate) type Feed<'a> = dyn FnMut(&Chosen, &mut Sink<'_>) -> Result<(), StoreError> + 'a;
+/// Hands a chosen period's records to the sink (none: no segment for it); called from
+/// several threads at once when segments are written in parallel.
+pub(crate) type Feed<'a> = dyn Fn(&Chosen, &mut Sink<'_>) -> Result<(), StoreError> + Sync + 'a;
+
+/// A segment written: its entry, the open segment, what it holds.
+type Written = (SegmentEntry, Arc<Segment>, crate::segment::SegmentStats);
 
 /// What one flush did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -170,13 +174,14 @@ impl Engine {
             }
             (seq, taken)
         };
-        let mut feed = |c: &Chosen, sink: &mut Sink<'_>| {
+        let feed = |c: &Chosen, sink: &mut Sink<'_>| {
             for ((ns, key), rec) in self.frozen_records(c)? {
                 sink(&ns, &key, rec)?;
             }
             Ok(())
         };
-        match self.write_and_publish(&chosen, seq, now, &mut feed) {
+        // One writer: a flush runs beside the server's work.
+        match self.write_and_publish(&chosen, seq, now, &feed, 1) {
             Ok(mut report) => {
                 report.forgotten_keys = self.forget_archived();
                 report.wal_files_removed = self.truncate_log(report.wal_start)?;
@@ -201,6 +206,53 @@ impl Engine {
         }
     }
 
+    /// Writes the segment of one chosen period as `entry` says (a temporary file renamed
+    /// into place, not yet synced), its records from `records`; `None` if it has none.
+    fn write_segment(
+        &self,
+        c: &Chosen,
+        entry: SegmentEntry,
+        records: &Feed<'_>,
+    ) -> Result<Option<Written>, StoreError> {
+        let final_path = segment_path(&self.segments_dir, entry.id);
+        let tmp = final_path.with_extension("tmp");
+        let meta = SegmentMeta {
+            id: entry.id,
+            kind: if entry.delta {
+                SegmentKind::Delta
+            } else {
+                SegmentKind::Base
+            },
+            resolution: entry.resolution,
+            period_start: entry.period_start,
+            period_end: entry.period_end,
+        };
+        let seg_err = |e| StoreError::unavailable("writing an archive segment").because(e);
+        // Made on the first record: a period without records writes no file.
+        let mut writer: Option<SegmentWriter> = None;
+        records(c, &mut |ns, key, rec| {
+            let w = match &mut writer {
+                Some(w) => w,
+                None => {
+                    self.fs
+                        .remove(&tmp)
+                        .map_err(io("removing a stale segment"))?;
+                    writer.insert(SegmentWriter::create(&tmp, meta.clone()).map_err(seg_err)?)
+                }
+            };
+            w.add_owned(ns, key, rec).map_err(seg_err)
+        })?;
+        let Some(w) = writer else {
+            return Ok(None);
+        };
+        let stats = w.finish().map_err(seg_err)?;
+        self.fs
+            .rename(&tmp, &final_path)
+            .map_err(io("naming an archive segment"))?;
+        let seg = Segment::open(&final_path).map_err(seg_err)?;
+        Ok(Some((entry, Arc::new(seg), stats)))
+    }
+
     /// Writes a segment per chosen period, its records from `records`, and publishes them in
     /// one manifest flushed through `seq`.
     pub(crate) fn write_and_publish(
@@ -208,67 +260,112 @@ impl Engine {
         chosen: &[Chosen],
         seq: u64,
         now: i64,
-        records: &mut Feed<'_>,
+        records: &Feed<'_>,
+        workers: usize,
     ) -> Result<FlushReport, StoreError> {
         let old = Arc::clone(&self.core.archive());
         let mut next_id = old.manifest.next_segment_id.max(1);
         let mut report = FlushReport::default();
         let mut added: Vec<(SegmentEntry, Arc<Segment>)> = Vec::new();
-        for c in chosen {
-            let delta = old.has_period(c.res as u32, c.period)
-                || added
-                    .iter()
-                    .any(|(e, _)| e.resolution == c.res as u32 && e.period_start == c.period);
-            let entry = SegmentEntry {
-                id: next_id,
-                delta,
-                resolution: c.res as u32,
-                period_start: c.period,
-                period_end: c.period + c.len,
-                flushed_seq: seq,
-            };
-            let final_path = segment_path(&self.segments_dir, entry.id);
-            let tmp = final_path.with_extension("tmp");
-            let meta = SegmentMeta {
-                id: entry.id,
-                kind: if delta {
-                    SegmentKind::Delta
-                } else {
-                    SegmentKind::Base
-                },
-                resolution: entry.resolution,
-                period_start: entry.period_start,
-                period_end: entry.period_end,
-            };
-            let seg_err = |e| StoreError::unavailable("writing an archive segment").because(e);
-            // Made on the first record: a period without records writes no file.
-            let mut writer: Option<SegmentWriter> = None;
-            records(c, &mut |ns, key, rec| {
-                let w = match &mut writer {
-                    Some(w) => w,
-                    None => {
-                        self.fs
-                            .remove(&tmp)
-                            .map_err(io("removing a stale segment"))?;
-                        writer.insert(SegmentWriter::create(&tmp, meta.clone()).map_err(seg_err)?)
-                    }
-                };
-                w.add_owned(ns, key, rec).map_err(seg_err)
-            })?;
-            let Some(w) = writer else {
-                continue;
-            };
-            next_id += 1;
-            let stats = w.finish().map_err(seg_err)?;
-            self.fs
-                .rename(&tmp, &final_path)
-                .map_err(io("naming an archive segment"))?;
+        let entry = |id: u64, delta: bool, c: &Chosen| SegmentEntry {
+            id,
+            delta,
+            resolution: c.res as u32,
+            period_start: c.period,
+            period_end: c.period + c.len,
+            flushed_seq: seq,
+        };
+        // Several writers only when no two chosen periods are the same (then which one is
+        // the base does not depend on which came first).
+        let distinct = chosen.iter().enumerate().all(|(i, c)| {
+            !chosen[..i]
+                .iter()
+                .any(|p| (p.res, p.period) == (c.res, c.period))
+        });
+        let workers = if distinct {
+            workers.clamp(1, chosen.len().max(1))
+        } else {
+            1
+        };
+        let mut written: Vec<Written> = Vec::new();
+        if workers == 1 {
+            for c in chosen {
+                let delta = old.has_period(c.res as u32, c.period)
+                    || added
+                        .iter()
+                        .any(|(e, _)| e.resolution == c.res as u32 && e.period_start == c.period);
+                if let Some(w) = self.write_segment(c, entry(next_id, delta, c), records)? {
+                    next_id += 1;
+                    added.push((w.0, Arc::clone(&w.1)));
+                    written.push(w);
+                }
+            }
+        } else {
+            // Ids in the chosen order; a period without records leaves its id unused.
+            let entries: Vec<SegmentEntry> = chosen
+                .iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    entry(
+                        next_id + i as u64,
+                        old.has_period(c.res as u32, c.period),
+                        c,
+                    )
+                })
+                .collect();
+            next_id += chosen.len() as u64;
+            let next = std::sync::atomic::AtomicUsize::new(0);
+            let failed = std::sync::atomic::AtomicBool::new(false);
+            let results: Vec<(usize, Result<Option<Written>, StoreError>)> =
+                std::thread::scope(|scope| {
+                    let handles: Vec<_> = (0..workers)
+                        .map(|_| {
+                            scope.spawn(|| {
+                                let mut out = Vec::new();
+                                loop {
+                                    if failed.load(Ordering::Relaxed) {
+                                        break;
+                                    }
+                                    let i = next.fetch_add(1, Ordering::Relaxed);
+                                    let (Some(c), Some(e)) = (chosen.get(i), entries.get(i)) else {
+                                        break;
+                                    };
+                                    let r = self.write_segment(c, *e, records);
+                                    if r.is_err() {
+                                        failed.store(true, Ordering::Relaxed);
+                                    }
+                                    out.push((i, r));
+                                }
+                                out
+                            })
+                        })
+                        .collect();
+                    handles
+                        .into_iter()
+                        .flat_map(|h| {
+                            h.join().unwrap_or_else(|_| {
+                                vec![(
+                                    usize::MAX,
+                                    Err(StoreError::internal("a segment writer panicked")),
+                                )]
+                            })
+                        })
+                        .collect()
+                });
+            let mut results = results;
+            results.sort_by_key(|(i, _)| *i);
+            for (_, r) in results {
+                if let Some(w) = r? {
+                    added.push((w.0, Arc::clone(&w.1)));
+                    written.push(w);
+                }
+            }
+        }
+        for (_, _, stats) in &written {
             report.segments += 1;
             report.keys += stats.keys;
             report.data_points += stats.data_points;
             report.bytes += stats.bytes;
-            let seg = Segment::open(&final_path).map_err(seg_err)?;
-            added.push((entry, Arc::new(seg)));
         }
         self.fs
             .sync_dir(&self.segments_dir)
