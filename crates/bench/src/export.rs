@@ -253,27 +253,46 @@ pub fn load_bench(args: &[String]) {
     println!(
         "workload: {events} clickstream events over {days} days in a {csv_bytes}-byte CSV (100 000 Zipf keys, country + referrer)"
     );
-    let data = dir.path().join("data");
-    let (secs, peak, said) = run_measured(
-        Command::new(tally_bin())
-            .args([
-                "load",
-                csv.to_str().expect("utf-8"),
-                "--quiet",
-                "--batch",
-                "20000",
-            ])
-            .args(["--data", data.to_str().expect("utf-8")]),
-    );
-    let segments = dir_bytes(&data.join("segments"));
-    let all = dir_bytes(&data);
-    println!("tally: {}", said.trim());
-    let mut rows = vec![(
-        "tally load --data (a check pass, then the load)".to_owned(),
-        secs,
-        peak,
-        format!("segments {segments} B, data directory {all} B"),
-    )];
+    // `mem=512,2048`: a tally run per --memory-mb (default: the flag's default, 512).
+    let mems: Vec<String> = args
+        .iter()
+        .find_map(|a| a.strip_prefix("mem="))
+        .unwrap_or("512")
+        .split(',')
+        .map(str::to_owned)
+        .collect();
+    let mut rows = Vec::new();
+    for mem in &mems {
+        let data = dir.path().join(format!("data-{mem}"));
+        let (secs, peak, said) = run_measured(
+            Command::new(tally_bin())
+                .args([
+                    "load",
+                    csv.to_str().expect("utf-8"),
+                    "--quiet",
+                    "--batch",
+                    "20000",
+                    "--memory-mb",
+                    mem,
+                ])
+                .args(["--data", data.to_str().expect("utf-8")]),
+        );
+        let segments = dir_bytes(&data.join("segments"));
+        let all = dir_bytes(&data);
+        println!("tally --memory-mb {mem}: {}", said.trim());
+        let passes = if said.contains("two passes") {
+            "two passes"
+        } else {
+            "one pass"
+        };
+        rows.push((
+            format!("tally load --data --memory-mb {mem} ({passes})"),
+            secs,
+            peak,
+            format!("segments {segments} B, data directory {all} B"),
+        ));
+        std::fs::remove_dir_all(&data).expect("remove the data directory");
+    }
     let py = std::env::var_os("TALLY_DUCKDB_PYTHON")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
@@ -313,6 +332,57 @@ pub fn load_bench(args: &[String]) {
         ));
     } else {
         println!("(no DuckDB at {}: its row is left out)", py.display());
+    }
+    // chDB (ClickHouse in a Python process): the same rollups as SummingMergeTree tables.
+    let venv = |env: &str, dir: &str| {
+        std::env::var_os(env).map(PathBuf::from).unwrap_or_else(|| {
+            std::env::current_exe()
+                .expect("exe")
+                .parent()
+                .and_then(Path::parent)
+                .expect("target dir")
+                .join(dir)
+        })
+    };
+    let chdb = venv("TALLY_CHDB_PYTHON", "chdb-venv/bin/python");
+    if chdb.is_file() {
+        let db = dir.path().join("chdb");
+        let cols = "ns String, key String, ts Int64, n Int64, country String, referrer String";
+        let rollup = |table: &str, dim: &str| {
+            let (col, filter) = if dim.is_empty() {
+                (String::new(), String::new())
+            } else {
+                (format!(", {dim}"), format!(" WHERE {dim} != ''"))
+            };
+            format!(
+                "s.query(\"CREATE TABLE db.{table} (ns String, key String, hour Int64{coldef}, n Int64) ENGINE = SummingMergeTree ORDER BY (ns, key, hour{col})\"); \
+                 s.query(\"INSERT INTO db.{table} SELECT ns, key, intDiv(ts, 3600) * 3600 AS hour{col}, sum(n) FROM db.events{filter} GROUP BY ns, key, hour{col}\"); ",
+                coldef = if dim.is_empty() { String::new() } else { format!(", {dim} String") },
+            )
+        };
+        let script = format!(
+            "from chdb import session; s = session.Session('{db}'); \
+             s.query('CREATE DATABASE IF NOT EXISTS db ENGINE = Atomic'); \
+             s.query(\"CREATE TABLE db.events ({cols}) ENGINE = Memory\"); \
+             s.query(\"INSERT INTO db.events SELECT * FROM file('{csv}', 'CSVWithNames', '{cols}')\"); \
+             {} {} {} s.query('DROP TABLE db.events'); s.close()",
+            rollup("hourly", ""),
+            rollup("hourly_country", "country"),
+            rollup("hourly_referrer", "referrer"),
+            db = db.display(),
+            csv = csv.display(),
+        );
+        let (secs, peak, said) = run_measured(Command::new(&chdb).args(["-c", &script]));
+        assert!(!said.contains("Traceback"), "chDB: {said}");
+        rows.push((
+            "chDB: the CSV into hourly SummingMergeTree rollups (totals, per country, per referrer)"
+                .to_owned(),
+            secs,
+            peak,
+            format!("database directory {} B", dir_bytes(&db)),
+        ));
+    } else {
+        println!("(no chDB at {}: its row is left out)", chdb.display());
     }
     println!("\n| load | seconds | events/s | peak memory | on disk |\n|---|---|---|---|---|");
     for (what, secs, peak, disk) in rows {
