@@ -357,7 +357,11 @@ pub fn load_bench(args: &[String]) {
             format!(
                 "s.query(\"CREATE TABLE db.{table} (ns String, key String, hour Int64{coldef}, n Int64) ENGINE = SummingMergeTree ORDER BY (ns, key, hour{col})\"); \
                  s.query(\"INSERT INTO db.{table} SELECT ns, key, intDiv(ts, 3600) * 3600 AS hour{col}, sum(n) FROM db.events{filter} GROUP BY ns, key, hour{col}\"); ",
-                coldef = if dim.is_empty() { String::new() } else { format!(", {dim} String") },
+                coldef = if dim.is_empty() {
+                    String::new()
+                } else {
+                    format!(", {dim} String")
+                },
             )
         };
         let script = format!(

@@ -1,28 +1,26 @@
 //! `tally load FILE… | -`: bulk-load events from CSV or NDJSON files (plain, `.gz`, `.zst`).
 //!
-//! Two passes over the input. The first checks every line by the rules the API applies (the
-//! event rules, and the namespaces' allow-lists as the target holds them): a bad line stops
-//! the load naming its file, line and reason **before anything is applied** (`--skip-bad`
-//! counts and skips bad lines instead). The second sends the events in batches:
-//! - `--server URL`: `POST /v1/events` (NDJSON), each batch with an `Idempotency-Key` made of
-//!   a digest of the file's bytes and the batch's first line, so a load that was interrupted
-//!   and run again counts every event exactly once (within the server's 24 h memory of keys);
-//!   unavailable servers and keys in flight are retried with backoff;
-//! - `--data DIR` (a stopped server's directory): the batches' counters aggregated in memory
-//!   (`--memory-mb`) and written straight into archive segments whenever the budget fills and
-//!   at the end (`Engine::install`: no log, no memtable), each install published atomically
-//!   with the idempotency answers of its batches, so a re-run within 24 h (how long answers
-//!   are kept) skips what was installed.
+//! Every line is checked by the rules the API applies (the event rules, and the namespaces'
+//! allow-lists as the target holds them): a bad line stops the load naming its file, line
+//! and reason **before anything is applied** (`--skip-bad` counts and skips bad lines
+//! instead). Then:
+//! - `--server URL` (this module): a check pass, then the events in batches, `POST
+//!   /v1/events` (NDJSON), each with an `Idempotency-Key`, so a load that was interrupted and
+//!   run again counts every event exactly once (within the server's 24 h memory of keys);
+//!   unavailable servers and keys in flight are retried with backoff. A rebuild sends the
+//!   events aggregated in one `POST /v1/ns/{ns}/rebuild`.
+//! - `--data DIR` (a stopped server's directory; `offline`): counters aggregated in memory
+//!   within `--memory-mb` and written straight into archive segments (`Engine::install`: no
+//!   log, no memtable) — in one pass when they fit, else two — each install published
+//!   atomically with the idempotency answers of its batches, so a re-run within 24 h (how
+//!   long answers are kept) skips what was installed.
 //!
 //! The keys are made of the file's bytes and name, `--batch` and the batch's first line: a
 //! re-run counts once only with the same files and the same `--batch`.
 //!
-//! CSV into a data directory takes a faster way, one pass when the aggregate fits
-//! `--memory-mb` (see `fast`).
-//!
 //! stdin (`-`) is copied to a temporary file first, as it may be read twice.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -31,13 +29,13 @@ use serde_json::{Map, Value, json};
 use tally_core::ingest::{self, Defaults, IngestError, Limits};
 use tally_core::model::{Namespace, RawEvent, Schema, SchemaDoc};
 use tally_core::reference::MemStore;
-use tally_core::store::{Batch, Clock, IdemRecord, Store, SystemClock};
-use tally_engine::{Bulk, Config, Engine};
+use tally_core::store::{Batch, Clock, Store, SystemClock};
+use tally_engine::{Config, Engine};
 
 use crate::http::{Client, Route};
 use crate::load::{Digest, Format, Input, spool_stdin};
 
-mod fast;
+mod offline;
 
 #[derive(Debug, clap::Args)]
 #[command(group(clap::ArgGroup::new("target").required(true).args(["data", "server"])))]
@@ -186,15 +184,6 @@ impl Checker {
         }
     }
 
-    /// Prepares a chunk the first pass found clean, taking its events (no copy).
-    fn batch_owned(&self, events: Vec<(u64, RawEvent)>) -> anyhow::Result<Batch> {
-        let raws = events.into_iter().map(|(_, e)| e).collect();
-        match ingest::prepare_owned(&self.schemas, raws, self.now, &self.limits, &self.defaults) {
-            Ok(b) => self.created(b),
-            Err(e) => bail!("checking a batch the first pass took: {e}"),
-        }
-    }
-
     /// Remembers the namespaces `b` creates (their schemas, not counts).
     fn created(&self, b: Batch) -> anyhow::Result<Batch> {
         for (ns, schema) in &b.create {
@@ -262,14 +251,12 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
         d.update(s.name.as_bytes());
         s.digest = d.value();
     }
-    let csv_only = sources.iter().all(|s| {
-        a.format
-            .or(crate::load::detect(std::path::Path::new(&s.name)).0)
-            == Some(Format::Csv)
-    });
-    if let (Target::Engine(engine), true) = (&target, csv_only) {
-        return fast::run(&a, engine, &sources, &checker, rebuild.as_ref(), start);
-    }
+    let client = match &target {
+        Target::Engine(engine) => {
+            return offline::run(&a, engine, &sources, &checker, rebuild.as_ref(), start);
+        }
+        Target::Server(client) => client,
+    };
 
     // Pass 1: every line checked.
     let bar = progress(a.quiet, total, "checking");
@@ -322,16 +309,6 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
     let checker = Checker::of(&target, a.batch as usize, now)?;
     let bar = progress(a.quiet, total, "loading");
     let mut loaded = 0u64;
-    // Offline: counters aggregate here and go to the archive as segments whenever they reach
-    // the memory budget, and at the end.
-    let mut bulk = Bulk::default();
-    let mut answers: Vec<IdemRecord> = Vec::new();
-    let mut pending: HashSet<String> = HashSet::new();
-    let mut schemas: HashMap<String, Schema> = HashMap::new();
-    // The aggregate's estimate runs low (maps grow by doubling), and writing segments takes
-    // about half as much again (its records, sorted): the aggregate gets half the budget,
-    // which kept the whole process within ~1.3x of --memory-mb (docs/benchmarks.md).
-    let budget = a.memory_mb as usize * 1024 * 1024 / 2;
     let mut already = 0u64;
     // A rebuild through a server: its events aggregated, by (key, bucket, dimensions).
     type Aggregated = BTreeMap<(String, i64, Vec<(String, String)>), i64>;
@@ -351,21 +328,12 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
                 if let Some(r) = &rebuild {
                     chunk.retain(|(_, e)| r.refuses(e, now).is_none());
                 }
-                let clean = !dirty.contains(&first);
-                let offline = matches!(target, Target::Engine(_));
-                let b = match (clean, offline) {
-                    // Offline needs the batch, not the lines: no copy of them.
-                    (true, true) => checker.batch_owned(std::mem::take(&mut chunk))?,
-                    // Online needs the lines; a clean chunk needs no second check.
-                    (true, false) => Batch::default(),
-                    (false, _) => checker.batch(&mut chunk, &mut |_, _| Ok(()))?,
-                };
-                let n = if clean && !offline {
-                    chunk.len() as u64
-                } else {
-                    b.increments.len() as u64
-                };
-                if let (Some(r), Target::Server(_)) = (&rebuild, &target) {
+                // A clean chunk needs no second check; the others are checked line by line.
+                if dirty.contains(&first) {
+                    checker.batch(&mut chunk, &mut |_, _| Ok(()))?;
+                }
+                let n = chunk.len() as u64;
+                if let Some(r) = &rebuild {
                     // Sent in one request at the end, aggregated: events of one key, dimensions
                     // and bucket of the namespace's finest tier count as one.
                     let finest = checker
@@ -386,85 +354,10 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
                     loaded += n;
                     return Ok(());
                 }
-                if let (Some(_), Target::Engine(engine)) = (&rebuild, &target) {
-                    // A rebuild is one install: everything stays in memory until the end.
-                    for (ns, schema) in &b.create {
-                        engine
-                            .put_schema(ns, schema)
-                            .map_err(|e| anyhow::anyhow!(e.detail()))?;
-                    }
-                    for inc in &b.increments {
-                        let schema = match schemas.get(inc.ns.as_str()) {
-                            Some(s) => s.clone(),
-                            None => {
-                                let s = engine
-                                    .schema(&inc.ns)
-                                    .map_err(|e| anyhow::anyhow!(e.detail()))?
-                                    .with_context(|| format!("namespace {}", inc.ns))?;
-                                schemas.insert(inc.ns.as_str().to_owned(), s.clone());
-                                s
-                            }
-                        };
-                        bulk.add(&schema, inc, checker.now);
-                    }
-                    if bulk.bytes() >= budget {
-                        bail!(
-                            "the rebuild's events need more than --memory-mb {} (a rebuild is \
-                             installed in one piece): give more, or replace a shorter range; \
-                             nothing was changed",
-                            a.memory_mb
-                        );
-                    }
-                    loaded += n;
-                    return Ok(());
-                }
-                match &target {
-                    Target::Server(client) => {
-                        if post(client, &chunk, &key)
-                            .with_context(|| format!("{}: lines {first}–{last}", s.name))?
-                        {
-                            already += n;
-                        }
-                    }
-                    Target::Engine(engine) => {
-                        let seen = pending.contains(&key)
-                            || engine
-                                .idempotency(&key)
-                                .map_err(|e| anyhow::anyhow!(e.detail()))?
-                                .is_some();
-                        if seen {
-                            already += n;
-                        } else {
-                            for (ns, schema) in &b.create {
-                                engine
-                                    .put_schema(ns, schema)
-                                    .map_err(|e| anyhow::anyhow!(e.detail()))?;
-                            }
-                            for inc in &b.increments {
-                                if !schemas.contains_key(inc.ns.as_str()) {
-                                    let schema = engine
-                                        .schema(&inc.ns)
-                                        .map_err(|e| anyhow::anyhow!(e.detail()))?
-                                        .with_context(|| format!("namespace {}", inc.ns))?;
-                                    schemas.insert(inc.ns.as_str().to_owned(), schema);
-                                }
-                                if let Some(schema) = schemas.get(inc.ns.as_str()) {
-                                    bulk.add(schema, inc, checker.now);
-                                }
-                            }
-                            pending.insert(key.clone());
-                            answers.push(IdemRecord {
-                                key: key.clone(),
-                                fingerprint: key.clone(),
-                                expires: checker.now + 86_400,
-                                status: 200,
-                                body: json!({"accepted": n}).to_string(),
-                            });
-                            if bulk.bytes() >= budget {
-                                install(engine, &mut bulk, &mut answers)?;
-                            }
-                        }
-                    }
+                if post(client, &chunk, &key)
+                    .with_context(|| format!("{}: lines {first}–{last}", s.name))?
+                {
+                    already += n;
                 }
                 loaded += n;
                 bar.set_message(format!("loading, {loaded} events"));
@@ -473,7 +366,7 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
         )?;
     }
     bar.finish_and_clear();
-    if let (Some(r), Target::Server(client)) = (&rebuild, &target) {
+    if let Some(r) = &rebuild {
         let mut body = Vec::with_capacity(rebuilt.len() * 96);
         for ((key, ts, dims), n) in &rebuilt {
             let mut o = Map::new();
@@ -517,27 +410,6 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
             v["held_before"]
         );
         return Ok(());
-    }
-    if let (Some(r), Target::Engine(engine)) = (&rebuild, &target) {
-        let changed = engine
-            .rebuild_bulk(&r.ns, r.from, r.to, bulk)
-            .map_err(|e| anyhow::anyhow!(e.detail()))
-            .context("installing the rebuild")?;
-        engine.sync().map_err(|e| anyhow::anyhow!(e.detail()))?;
-        engine.close();
-        eprintln!(
-            "replaced [{}, {}) of namespace {} with {loaded} events in {:.1} s ({changed} counters held before)",
-            r.from,
-            r.to,
-            r.ns,
-            start.elapsed().as_secs_f64()
-        );
-        return Ok(());
-    }
-    if let Target::Engine(engine) = &target {
-        install(engine, &mut bulk, &mut answers)?;
-        engine.sync().map_err(|e| anyhow::anyhow!(e.detail()))?;
-        engine.close();
     }
     let secs = start.elapsed().as_secs_f64();
     eprintln!(
@@ -605,19 +477,6 @@ impl Rebuild {
             )
         })
     }
-}
-
-/// Installs the aggregated counters as archive segments (with the batches' idempotency
-/// answers), and starts again empty.
-fn install(engine: &Engine, bulk: &mut Bulk, answers: &mut Vec<IdemRecord>) -> anyhow::Result<()> {
-    if bulk.is_empty() && answers.is_empty() {
-        return Ok(());
-    }
-    engine
-        .install(std::mem::take(bulk), std::mem::take(answers))
-        .map_err(|e| anyhow::anyhow!(e.detail()))
-        .context("installing archive segments")?;
-    Ok(())
 }
 
 /// What to do with a bad line: (line number, why).

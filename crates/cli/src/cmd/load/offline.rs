@@ -1,13 +1,13 @@
-//! `tally load --data` of CSV files: the offline loader that meets its data once per pass.
+//! `tally load --data`: the offline loader, which meets its input once per pass.
 //!
-//! A reading thread decompresses the input, splits its records (the csv crate) and checks
-//! each one by the API's rules, remembering what it has checked: a namespace, a key, a
-//! dimension value and a combination of one line's values (what decides its subtotals, the
-//! schema's allow-list and compounds included) are each checked once, then known by a number.
-//! A line it cannot decide that way — quoted or not UTF-8, a timestamp or amount out of
-//! bounds, anything the rules refuse — goes through the check every other path uses
-//! ([`Checker`], one event at a time), which also gives the reason. So the two ways accept
-//! exactly the same lines (`tests::the_fast_check_agrees_with_the_api_rules`).
+//! A reading thread decompresses the input, splits its records and checks each one by the
+//! API's rules. For CSV it remembers what it has checked: a namespace, a key, a dimension
+//! value and a combination of one line's values (what decides its subtotals, the schema's
+//! allow-list and compounds included) are each checked once, then known by a number. A line
+//! it cannot decide that way — quoted or not UTF-8, a timestamp or amount out of bounds,
+//! anything the rules refuse — and every NDJSON event go through the check every other path
+//! uses ([`Checker`], one event at a time), which also gives the reason. So the two ways
+//! accept exactly the same lines (`tests::the_fast_check_agrees_with_the_api_rules`).
 //!
 //! The main thread adds the numbered rows into a [`Bulk`] and installs it:
 //! - pass 1 checks every line and aggregates while the aggregate fits its share of
@@ -32,12 +32,12 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use serde_json::json;
-use tally_core::model::{self as m, DimName, DimValue, Key, Namespace, Schema};
+use tally_core::model::{self as m, DimName, DimValue, Key, Namespace, RawEvent, Schema};
 use tally_core::store::{IdemRecord, Store};
 use tally_engine::{Bulk, Engine, KeyId, SubId};
 
 use super::{Checker, LoadArgs, Rebuild, Source, progress};
-use crate::load::{Input, csv_event};
+use crate::load::{Format, Input, csv_event};
 
 type Fast = foldhash::fast::FixedState;
 type Map<K, V> = HashMap<K, V, Fast>;
@@ -352,10 +352,18 @@ impl<'a> Scanner<'a> {
         rec: &csv::ByteRecord,
         chunk: &mut Chunk,
     ) -> anyhow::Result<Result<(), String>> {
-        let raw = match csv_event(rec, &self.dims) {
-            Ok(r) => r,
-            Err(why) => return Ok(Err(why)),
-        };
+        match csv_event(rec, &self.dims) {
+            Ok(raw) => self.slow_event(raw, chunk),
+            Err(why) => Ok(Err(why)),
+        }
+    }
+
+    /// Checks an event as every other path does; adds its row, or answers why it is bad.
+    fn slow_event(
+        &mut self,
+        raw: RawEvent,
+        chunk: &mut Chunk,
+    ) -> anyhow::Result<Result<(), String>> {
         if let Some(why) = self.rebuild.and_then(|r| r.refuses(&raw, self.checker.now)) {
             return Ok(Err(why));
         }
@@ -772,77 +780,131 @@ fn read(
     forget: &AtomicBool,
 ) -> anyhow::Result<Found> {
     let mut found = Found::default();
-    let batch = a.batch as usize;
-    let mut rec = csv::ByteRecord::new();
     for s in sources {
-        let mut records = Input::open(&s.path, &s.name, a.format, bar)?.csv()?;
-        scanner.header(&records.dims);
-        let mut chunk = Chunk::default();
-        let mut in_chunk = 0usize;
-        let mut skip = false;
-        loop {
-            let next = records.next(&mut rec)?;
-            if in_chunk == batch || (next.is_none() && in_chunk > 0) {
-                scanner.end_chunk(&mut chunk);
-                tx.send(std::mem::take(&mut chunk))
-                    .map_err(|_| anyhow::anyhow!("the load stopped"))?;
-                in_chunk = 0;
-            }
-            let Some(next) = next else {
-                break;
-            };
-            let line = match next {
-                Ok(line) | Err((line, _)) => line,
-            };
-            if in_chunk == 0 {
-                if forget.swap(false, Ordering::Relaxed) {
-                    scanner.forget();
-                }
-                scanner.start_chunk(&mut chunk);
-                let key = format!("tally-load-{:016x}-{}-{line}", s.digest, a.batch);
-                skip = scanner
-                    .engine
-                    .idempotency(&key)
-                    .map_err(|e| anyhow::anyhow!(e.detail()))?
-                    .is_some();
-                chunk.answer = (!skip).then_some(key);
-            }
-            in_chunk += 1;
-            let rows = chunk.rows.len();
-            let verdict = match next {
-                Err((_, why)) => Err(why),
-                Ok(_) if scanner.fast(&rec, &mut chunk)? => Ok(()),
-                Ok(_) => scanner.slow(&rec, &mut chunk)?,
-            };
-            match verdict {
-                Ok(()) if skip => found.already += 1,
-                Ok(()) => {
-                    found.events += 1;
-                    chunk.events += 1;
-                }
-                Err(why) => {
-                    if !a.skip_bad {
-                        bail!(
-                            "{}:{line}: {why}; nothing was loaded (--skip-bad skips bad lines)",
-                            s.name
-                        );
-                    }
-                    found.bad += 1;
-                    if found.shown.len() < 5 {
-                        found.shown.push(format!("{}:{line}: {why}", s.name));
-                    }
+        let input = Input::open(&s.path, &s.name, a.format, bar)?;
+        let mut chunks = Chunker {
+            a,
+            s,
+            tx,
+            check_only,
+            forget,
+            found: &mut found,
+            chunk: Chunk::default(),
+            lines: 0,
+            skip: false,
+        };
+        match input.format {
+            Format::Csv => {
+                let mut records = input.csv()?;
+                scanner.header(&records.dims);
+                let mut rec = csv::ByteRecord::new();
+                while let Some(next) = records.next(&mut rec)? {
+                    let line = match next {
+                        Ok(line) | Err((line, _)) => line,
+                    };
+                    chunks.line(scanner, line, |scanner, chunk| match next {
+                        Err((_, why)) => Ok(Err(why)),
+                        Ok(_) if scanner.fast(&rec, chunk)? => Ok(Ok(())),
+                        Ok(_) => scanner.slow(&rec, chunk),
+                    })?;
                 }
             }
-            if skip || check_only.load(Ordering::Relaxed) {
-                // Checked, not sent: the rows go (names stay, later rows may use them).
-                chunk.rows.truncate(rows);
-                if chunk.rows.is_empty() {
-                    chunk.subs.clear();
+            Format::Ndjson => {
+                scanner.header(&[]);
+                input.events(&mut |line, event| {
+                    chunks.line(scanner, line, |scanner, chunk| match event {
+                        Err(why) => Ok(Err(why)),
+                        Ok(raw) => scanner.slow_event(raw, chunk),
+                    })
+                })?;
+            }
+        }
+        chunks.send(scanner)?;
+    }
+    Ok(found)
+}
+
+/// Cuts one source's lines into chunks of `--batch`, each with its idempotency key.
+struct Chunker<'r> {
+    a: &'r LoadArgs,
+    s: &'r Source,
+    tx: &'r mpsc::SyncSender<Chunk>,
+    check_only: &'r AtomicBool,
+    forget: &'r AtomicBool,
+    found: &'r mut Found,
+    chunk: Chunk,
+    /// Lines in `chunk`, good or bad.
+    lines: usize,
+    /// An earlier run installed this chunk: its lines are checked, not sent.
+    skip: bool,
+}
+
+impl Chunker<'_> {
+    /// Checks line `line` with `check` (which adds its row to the chunk, or says why it is
+    /// bad), in the chunk it belongs to.
+    fn line(
+        &mut self,
+        scanner: &mut Scanner<'_>,
+        line: u64,
+        check: impl FnOnce(&mut Scanner<'_>, &mut Chunk) -> anyhow::Result<Result<(), String>>,
+    ) -> anyhow::Result<()> {
+        if self.lines == self.a.batch as usize {
+            self.send(scanner)?;
+        }
+        if self.lines == 0 {
+            if self.forget.swap(false, Ordering::Relaxed) {
+                scanner.forget();
+            }
+            scanner.start_chunk(&mut self.chunk);
+            let key = format!("tally-load-{:016x}-{}-{line}", self.s.digest, self.a.batch);
+            self.skip = scanner
+                .engine
+                .idempotency(&key)
+                .map_err(|e| anyhow::anyhow!(e.detail()))?
+                .is_some();
+            self.chunk.answer = (!self.skip).then_some(key);
+        }
+        self.lines += 1;
+        let rows = self.chunk.rows.len();
+        match check(scanner, &mut self.chunk)? {
+            Ok(()) if self.skip => self.found.already += 1,
+            Ok(()) => {
+                self.found.events += 1;
+                self.chunk.events += 1;
+            }
+            Err(why) => {
+                let name = &self.s.name;
+                if !self.a.skip_bad {
+                    bail!("{name}:{line}: {why}; nothing was loaded (--skip-bad skips bad lines)");
+                }
+                self.found.bad += 1;
+                if self.found.shown.len() < 5 {
+                    self.found.shown.push(format!("{name}:{line}: {why}"));
                 }
             }
         }
+        if self.skip || self.check_only.load(Ordering::Relaxed) {
+            // Checked, not sent: the rows go (names stay, later rows may use them).
+            self.chunk.rows.truncate(rows);
+            if self.chunk.rows.is_empty() {
+                self.chunk.subs.clear();
+            }
+        }
+        Ok(())
     }
-    Ok(found)
+
+    /// Hands the chunk over (if it holds any line).
+    fn send(&mut self, scanner: &mut Scanner<'_>) -> anyhow::Result<()> {
+        if self.lines == 0 {
+            return Ok(());
+        }
+        scanner.end_chunk(&mut self.chunk);
+        self.tx
+            .send(std::mem::take(&mut self.chunk))
+            .map_err(|_| anyhow::anyhow!("the load stopped"))?;
+        self.lines = 0;
+        Ok(())
+    }
 }
 
 #[cfg(test)]
