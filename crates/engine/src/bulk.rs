@@ -685,24 +685,20 @@ mod tests {
         assert_eq!(keys, vec!["a", "a\u{e9}", "b"]);
         let a = &got[0].1;
         assert_eq!(a.totals, vec![(0, 3), (1, 1)]);
-        let dims: Vec<(&str, Vec<(&str, &Vec<(u32, i64)>)>)> = a
+        let dims: Vec<String> = a
             .dims
             .iter()
             .map(|d| {
-                (
-                    d.dim.as_str(),
-                    d.values.iter().map(|(v, b)| (v.as_str(), b)).collect(),
-                )
+                let values: Vec<String> =
+                    d.values.iter().map(|(v, b)| format!("{v}={b:?}")).collect();
+                format!("{}: {}", d.dim, values.join(" "))
             })
             .collect();
         assert_eq!(
             dims,
             vec![
-                (
-                    "country",
-                    vec![("DE", &vec![(0, 1)]), ("US", &vec![(0, 1), (1, 1)])]
-                ),
-                ("referrer", vec![("b.com", &vec![(0, 1)])]),
+                "country: DE=[(0, 1)] US=[(0, 1), (1, 1)]",
+                "referrer: b.com=[(0, 1)]"
             ]
         );
     }

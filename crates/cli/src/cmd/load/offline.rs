@@ -692,9 +692,9 @@ fn pass(
         a.quiet,
         total,
         if which == Pass::First {
-            "checking"
-        } else {
             "loading"
+        } else {
+            "loading, 2nd pass"
         },
     );
     let check_only = AtomicBool::new(false);
