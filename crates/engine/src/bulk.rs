@@ -89,22 +89,26 @@ impl Bulk {
         self.counts.len()
     }
 
-    /// Bounds the counters' table: [`Bulk::has_room`] answers `false` once adding would make
-    /// it grow past `bytes` — counting the moment of growth, when the old table and the new
-    /// one (twice as large) are both held. 0: no bound.
+    /// Bounds the counters' table and the names: [`Bulk::has_room`] answers `false` once
+    /// adding would make them grow past `bytes` — counting the moment of growth, when the old
+    /// table and the new one (twice as large) are both held. 0: no bound.
     pub fn set_budget(&mut self, bytes: usize) {
         self.budget = bytes;
     }
 
-    /// Whether `more` counters fit within the budget (see [`Bulk::set_budget`]).
+    /// Whether `more` counters fit within the budget (see [`Bulk::set_budget`]), the names
+    /// held counted too.
     pub fn has_room(&self, more: usize) -> bool {
-        if self.budget == 0 || self.counts.len() + more <= self.counts.capacity() {
+        if self.budget == 0 {
             return true;
+        }
+        let now = self.table_bytes() + self.name_bytes;
+        if self.counts.len() + more <= self.counts.capacity() {
+            return now <= self.budget;
         }
         // Growing: hashbrown doubles its buckets (a power of two, filled to 7/8) until the
         // counters fit, holding the old table until the new one is filled.
         let per = std::mem::size_of::<(Slot, i64)>() + 1;
-        let now = self.table_bytes();
         let need = ((self.counts.len() + more) * 8 / 7 + 1).next_power_of_two() * per;
         now + need <= self.budget
     }

@@ -637,6 +637,8 @@ pub(super) fn run(
             &mut agg,
             total,
         )?;
+        // (Each install wrote a segment per (tier, period); a server merges them in its
+        // minutely compaction, `tally compact --data` at once.)
         agg.install(engine)?;
     } else {
         agg.install(engine)?;
