@@ -1,6 +1,7 @@
 //! Crash consistency of archive publication: the engine's `Fs` is made to fail at its n-th
 //! operation (a file write + fsync, a rename, a directory sync, a removal), for every n a
-//! flush — a second flush of late events, and a compaction — performs; then the machine "loses power":
+//! flush — a second flush of late events, and a compaction — or a bulk install (segments
+//! written by several threads) performs; then the machine "loses power":
 //! every name created, renamed or removed since its directory was last synced is undone.
 //! Reopened, the engine must find a consistent archive and exactly the acknowledged counts.
 
@@ -44,7 +45,7 @@ impl Undo {
 #[derive(Debug)]
 struct CrashFs {
     ops: AtomicUsize,
-    crash_at: usize,
+    crash_at: AtomicUsize,
     crashed: AtomicBool,
     unsynced: Mutex<Vec<Undo>>,
 }
@@ -53,16 +54,22 @@ impl CrashFs {
     fn new(crash_at: usize) -> Self {
         CrashFs {
             ops: AtomicUsize::new(0),
-            crash_at,
+            crash_at: AtomicUsize::new(crash_at),
             crashed: AtomicBool::new(false),
             unsynced: Mutex::new(Vec::new()),
         }
     }
 
+    /// Crashes at the `n`-th operation from now (the ones before only count).
+    fn arm(&self, n: usize) {
+        self.crash_at
+            .store(self.ops.load(Ordering::SeqCst) + n, Ordering::SeqCst);
+    }
+
     /// Counts an operation; fails it (and every later one) once the crash point is reached.
     fn step(&self) -> io::Result<()> {
         let n = self.ops.fetch_add(1, Ordering::SeqCst);
-        if n == self.crash_at {
+        if n == self.crash_at.load(Ordering::SeqCst) {
             self.crashed.store(true, Ordering::SeqCst);
         }
         if self.crashed.load(Ordering::SeqCst) {
@@ -228,6 +235,96 @@ fn a_crash_at_any_step_of_a_flush_or_compaction_loses_nothing_and_doubles_nothin
     }
     // Two flushes take several steps each: segments, their directory, the manifest,
     // CURRENT, old manifest and log removals.
+    assert!(crash_at >= 10, "only {crash_at} steps were tried");
+    eprintln!("crash points tried: {crash_at}");
+}
+
+/// A bulk install (several segments, written by several threads, bases and deltas) with a
+/// crash at operation `crash_at` of it; returns whether it crashed. After the power loss the
+/// directory holds all of the install — its counts and its idempotency answer — or none.
+fn run_install(crash_at: usize) -> bool {
+    use tally_core::ingest::{self, Defaults, Limits};
+    use tally_core::store::IdemRecord;
+    use tally_engine::Bulk;
+
+    let dir = tempfile::tempdir().unwrap();
+    let clock = crate::clock(NOW);
+    let before = MemStore::new(clock.clone());
+    let after = MemStore::new(clock.clone());
+    let fs = Arc::new(CrashFs::new(usize::MAX));
+    let e = open(dir.path(), &clock, fs.clone());
+    // Archived already: the first day (so the install writes deltas there, bases elsewhere).
+    let early: Vec<_> = (0..24)
+        .map(|h| {
+            raw(
+                "clicks",
+                "lnk_1",
+                NOW - 3 * 86_400 + h * 3600,
+                2,
+                &[("country", "US")],
+            )
+        })
+        .collect();
+    for s in [&e as &dyn tally_core::store::Store, &before, &after] {
+        write(s, NOW, &early).unwrap();
+    }
+    e.flush().unwrap();
+    let mut history = Vec::new();
+    for h in 0..72 {
+        for (i, k) in ["lnk_1", "lnk_2", "é/x"].iter().enumerate() {
+            let country = ["US", "DE", "JP"][(h as usize + i) % 3];
+            history.push(raw(
+                "clicks",
+                k,
+                NOW - 3 * 86_400 + h * 3600 + i as i64,
+                1 + h % 4,
+                &[("country", country)],
+            ));
+        }
+    }
+    write(&after, NOW, &history).unwrap();
+    let batch =
+        ingest::prepare(&e, &history, NOW, &Limits::default(), &Defaults::default()).unwrap();
+    let schema =
+        tally_core::store::Store::schema(&e, &tally_core::model::Namespace::new("clicks").unwrap())
+            .unwrap()
+            .unwrap();
+    let mut bulk = Bulk::default();
+    for inc in &batch.increments {
+        bulk.add(&schema, inc, NOW);
+    }
+    let answer = IdemRecord {
+        key: "load-1".into(),
+        fingerprint: "load-1".into(),
+        expires: NOW + 86_400,
+        status: 200,
+        body: "{}".into(),
+    };
+    fs.arm(crash_at);
+    let crashed = e.install(bulk, vec![answer]).is_err();
+    drop(e);
+    fs.lose_unsynced();
+    let e = open(dir.path(), &clock, Arc::new(OsFs));
+    let installed = tally_core::store::Store::idempotency(&e, "load-1")
+        .unwrap()
+        .is_some();
+    assert!(crashed || installed, "a finished install kept its answer");
+    same(&e, if installed { &after } else { &before }, NOW);
+    // The recovered engine flushes and compacts on.
+    e.flush().unwrap();
+    e.compact().unwrap();
+    same(&e, if installed { &after } else { &before }, NOW);
+    crashed
+}
+
+#[test]
+fn a_crash_at_any_step_of_an_install_leaves_all_of_it_or_none() {
+    let mut crash_at = 0;
+    while run_install(crash_at) {
+        crash_at += 1;
+        assert!(crash_at < 400, "the install never finished without a crash");
+    }
+    // Segments (written in parallel), their directory, the manifest, CURRENT.
     assert!(crash_at >= 10, "only {crash_at} steps were tried");
     eprintln!("crash points tried: {crash_at}");
 }
