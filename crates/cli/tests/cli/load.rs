@@ -316,6 +316,62 @@ fn an_offline_load_within_little_memory_forgets_names_and_counts_right() {
     sigterm_and_wait(s);
 }
 
+/// A long backfill in little memory installs in pieces, each a segment per day touched:
+/// the loader compacts once they pile up (every segment holds a file open), and the counts
+/// stay whole.
+#[test]
+fn a_long_backfill_in_pieces_is_compacted_on_the_way() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("long");
+    std::fs::create_dir(&dir).unwrap();
+    sigterm_and_wait(serve_dir(&dir));
+    // 160 days, every hour, 70 keys: ~270 000 hourly counters, more than 16 MiB holds; all
+    // older than the minute tier's 30 days.
+    let days = 160;
+    let end = DAY0 - 30 * 86_400;
+    let start = end - days * 86_400;
+    let csv = tmp.path().join("long.csv");
+    let mut f = std::io::BufWriter::new(std::fs::File::create(&csv).unwrap());
+    writeln!(f, "ns,key,ts,n").unwrap();
+    let mut sum = 0i64;
+    // Key by key: every install then touches every day.
+    for k in 0..70 {
+        for h in 0..days * 24 {
+            let n = 1 + (h + k) % 3;
+            sum += n;
+            writeln!(f, "clicks,k{k},{},{n}", start + h * 3600 + k).unwrap();
+        }
+    }
+    drop(f);
+    let o = load(&[
+        csv.to_str().unwrap(),
+        "--data",
+        dir.join("data").to_str().unwrap(),
+        "--memory-mb",
+        "16",
+        "--batch",
+        "20000",
+    ]);
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success() && said.contains("two passes"), "{said}");
+    // Two installs would leave ~320 segments of days; compacted, a few months and days.
+    let segments = std::fs::read_dir(dir.join("data").join("segments"))
+        .unwrap()
+        .count();
+    assert!(segments < 200, "{segments} segment files");
+    let s = serve_dir(&dir);
+    let url = s.url.trim_end_matches('/').to_owned();
+    let mut r = http_agent()
+        .get(format!(
+            "{url}/v1/ns/clicks/top?from={start}&to={end}&limit=1"
+        ))
+        .call()
+        .unwrap();
+    let v: Value = serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap();
+    assert_eq!(v["total"].as_i64(), Some(sum), "{v}");
+    sigterm_and_wait(s);
+}
+
 #[test]
 fn an_interrupted_online_load_run_again_counts_every_event_once() {
     let ev = events(30_000, 9);

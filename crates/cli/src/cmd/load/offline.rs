@@ -44,6 +44,8 @@ type Map<K, V> = HashMap<K, V, Fast>;
 
 /// Heap bytes of one remembered name beyond its own bytes (map entry, spare capacity).
 const NAME_OVERHEAD: usize = 48;
+/// Segments installed before the archive is compacted (see `Aggregate::install`).
+const COMPACT_AFTER_SEGMENTS: usize = 256;
 /// Combinations of values remembered before the table starts again.
 const MAX_COMBOS: usize = 1 << 20;
 
@@ -429,6 +431,8 @@ struct Aggregate {
     used: Vec<bool>,
     schemas: Vec<Schema>,
     answers: Vec<IdemRecord>,
+    /// Segments installed since the archive was last compacted.
+    segments: usize,
 }
 
 impl Aggregate {
@@ -445,6 +449,7 @@ impl Aggregate {
             used: Vec::new(),
             schemas: Vec::new(),
             answers: Vec::new(),
+            segments: 0,
         }
     }
 
@@ -523,13 +528,27 @@ impl Aggregate {
     }
 
     /// Installs what is held (with the answers of its batches), keeping the names.
+    ///
+    /// Every install writes a segment per (tier, period) it touches, and every segment keeps
+    /// a file open: once the installs since the last compaction have written
+    /// [`COMPACT_AFTER_SEGMENTS`], the archive is compacted (a period's pieces merged), so a
+    /// long backfill in little memory does not run out of file descriptors.
     fn install(&mut self, engine: &Engine) -> anyhow::Result<()> {
-        if !self.bulk.is_empty() || !self.answers.is_empty() {
-            self.create(engine)?;
+        if self.bulk.is_empty() && self.answers.is_empty() {
+            return Ok(());
+        }
+        self.create(engine)?;
+        let report = engine
+            .install(self.bulk.take(), std::mem::take(&mut self.answers))
+            .map_err(|e| anyhow::anyhow!(e.detail()))
+            .context("installing archive segments")?;
+        self.segments += report.segments;
+        if self.segments >= COMPACT_AFTER_SEGMENTS {
             engine
-                .install(self.bulk.take(), std::mem::take(&mut self.answers))
+                .compact()
                 .map_err(|e| anyhow::anyhow!(e.detail()))
-                .context("installing archive segments")?;
+                .context("compacting the installed segments")?;
+            self.segments = 0;
         }
         Ok(())
     }
@@ -724,6 +743,7 @@ fn pass(
                     nss: std::mem::take(&mut agg.nss),
                     used: std::mem::take(&mut agg.used),
                     schemas: std::mem::take(&mut agg.schemas),
+                    segments: agg.segments,
                     ..Aggregate::new(budget)
                 };
             }
