@@ -325,8 +325,8 @@ fn a_long_backfill_in_pieces_is_compacted_on_the_way() {
     let dir = tmp.path().join("long");
     std::fs::create_dir(&dir).unwrap();
     sigterm_and_wait(serve_dir(&dir));
-    // 160 days, every hour, 70 keys: ~270 000 hourly counters, more than 16 MiB holds; all
-    // older than the minute tier's 30 days.
+    // 160 days, every hour, 200 keys: 768 000 hourly counters, more than three times what
+    // 16 MiB holds; all older than the minute tier's 30 days.
     let days = 160;
     let end = DAY0 - 30 * 86_400;
     let start = end - days * 86_400;
@@ -335,7 +335,7 @@ fn a_long_backfill_in_pieces_is_compacted_on_the_way() {
     writeln!(f, "ns,key,ts,n").unwrap();
     let mut sum = 0i64;
     // Key by key: every install then touches every day.
-    for k in 0..70 {
+    for k in 0..200 {
         for h in 0..days * 24 {
             let n = 1 + (h + k) % 3;
             sum += n;
@@ -354,7 +354,7 @@ fn a_long_backfill_in_pieces_is_compacted_on_the_way() {
     ]);
     let said = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success() && said.contains("two passes"), "{said}");
-    // Two installs would leave ~320 segments of days; compacted, a few months and days.
+    // Four installs would leave ~640 segments of days; compacted, a few months and days.
     let segments = std::fs::read_dir(dir.join("data").join("segments"))
         .unwrap()
         .count();

@@ -45,7 +45,7 @@ type Map<K, V> = HashMap<K, V, Fast>;
 /// Heap bytes of one remembered name beyond its own bytes (map entry, spare capacity).
 const NAME_OVERHEAD: usize = 48;
 /// Segments installed before the archive is compacted (see `Aggregate::install`).
-const COMPACT_AFTER_SEGMENTS: usize = 256;
+const COMPACT_AFTER_SEGMENTS: usize = 512;
 /// Combinations of values remembered before the table starts again.
 const MAX_COMBOS: usize = 1 << 20;
 
