@@ -130,6 +130,31 @@ fn serve_dir(dir: &Path) -> super::Serving {
     )
 }
 
+/// A directory `name` in `tmp` whose data directory holds the config's namespace (a server
+/// started there once and stopped).
+fn stopped_dir(tmp: &Path, name: &str) -> std::path::PathBuf {
+    let dir = tmp.join(name);
+    std::fs::create_dir(&dir).unwrap();
+    sigterm_and_wait(serve_dir(&dir));
+    dir
+}
+
+/// What a server in `dir` holds once `ev` went through `POST /v1/events`, in batches.
+fn through_the_api(dir: &Path, ev: &[(String, i64, i64, String, String)]) -> String {
+    let s = serve_dir(dir);
+    let url = s.url.trim_end_matches('/').to_owned();
+    for part in as_json(ev).chunks(20_000) {
+        let r = http_agent()
+            .post(format!("{url}/v1/events"))
+            .send(json!(part).to_string())
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+    }
+    let held = holdings(&url);
+    sigterm_and_wait(s);
+    held
+}
+
 fn load(args: &[&str]) -> std::process::Output {
     tally()
         .arg("load")
@@ -211,12 +236,7 @@ fn offline_csv_loads_in_one_pass_or_two_alike() {
     let tmp = tempfile::tempdir().unwrap();
     let csv = tmp.path().join("clicks.csv");
     write_csv(&csv, &ev);
-    let setup = |name: &str| {
-        let dir = tmp.path().join(name);
-        std::fs::create_dir(&dir).unwrap();
-        sigterm_and_wait(serve_dir(&dir)); // the namespace from the config
-        dir
-    };
+    let setup = |name: &str| stopped_dir(tmp.path(), name);
     let data = |d: &Path| d.join("data").to_str().unwrap().to_owned();
     let (one, two, oracle) = (setup("one"), setup("two"), setup("oracle"));
     let o = load(&[csv.to_str().unwrap(), "--data", &data(&one)]);
@@ -252,17 +272,7 @@ fn offline_csv_loads_in_one_pass_or_two_alike() {
         h
     };
     // The oracle: the events through the API.
-    let s = serve_dir(&oracle);
-    let url = s.url.trim_end_matches('/').to_owned();
-    for part in as_json(&ev).chunks(40_000) {
-        let r = http_agent()
-            .post(format!("{url}/v1/events"))
-            .send(json!(part).to_string())
-            .unwrap();
-        assert_eq!(r.status().as_u16(), 200);
-    }
-    let want = holdings(&url);
-    sigterm_and_wait(s);
+    let want = through_the_api(&oracle, &ev);
     assert!(want.lines().count() > 100_000, "{}", want.lines().count());
     assert_eq!(held(&one), want);
     assert_eq!(held(&two), want);
@@ -282,12 +292,7 @@ fn an_offline_load_within_little_memory_forgets_names_and_counts_right() {
     let tmp = tempfile::tempdir().unwrap();
     let csv = tmp.path().join("wide.csv");
     write_csv(&csv, &ev);
-    let setup = |name: &str| {
-        let dir = tmp.path().join(name);
-        std::fs::create_dir(&dir).unwrap();
-        sigterm_and_wait(serve_dir(&dir));
-        dir
-    };
+    let setup = |name: &str| stopped_dir(tmp.path(), name);
     let (got, oracle) = (setup("got"), setup("oracle"));
     let o = load(&[
         csv.to_str().unwrap(),
@@ -300,17 +305,7 @@ fn an_offline_load_within_little_memory_forgets_names_and_counts_right() {
     ]);
     let said = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success() && said.contains("two passes"), "{said}");
-    let s = serve_dir(&oracle);
-    let url = s.url.trim_end_matches('/').to_owned();
-    for part in as_json(&ev).chunks(20_000) {
-        let r = http_agent()
-            .post(format!("{url}/v1/events"))
-            .send(json!(part).to_string())
-            .unwrap();
-        assert_eq!(r.status().as_u16(), 200);
-    }
-    let want = holdings(&url);
-    sigterm_and_wait(s);
+    let want = through_the_api(&oracle, &ev);
     let s = serve_dir(&got);
     assert_eq!(holdings(s.url.trim_end_matches('/')), want);
     sigterm_and_wait(s);
@@ -322,9 +317,7 @@ fn an_offline_load_within_little_memory_forgets_names_and_counts_right() {
 #[test]
 fn a_long_backfill_in_pieces_is_compacted_on_the_way() {
     let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("long");
-    std::fs::create_dir(&dir).unwrap();
-    sigterm_and_wait(serve_dir(&dir));
+    let dir = stopped_dir(tmp.path(), "long");
     // 160 days, every hour, 200 keys: 768 000 hourly counters, more than three times what
     // 16 MiB holds; all older than the minute tier's 30 days.
     let days = 160;
@@ -562,12 +555,7 @@ fn a_rebuild_replaces_one_range_and_nothing_else() {
     let want_csv = tmp.path().join("want.csv");
     write_csv(&want_csv, &kept);
 
-    let setup = |name: &str| {
-        let dir = tmp.path().join(name);
-        std::fs::create_dir(&dir).unwrap();
-        sigterm_and_wait(serve_dir(&dir)); // the namespace from the config
-        dir
-    };
+    let setup = |name: &str| stopped_dir(tmp.path(), name);
     let (a, b, c) = (setup("a"), setup("b"), setup("c"));
     let data = |d: &Path| d.join("data").to_str().unwrap().to_owned();
     let o = load(&[h.to_str().unwrap(), "--data", &data(&a)]);
