@@ -138,29 +138,27 @@ impl Bulk {
 
     /// The number of `key` of `ns`, given on first use.
     pub fn key(&mut self, ns: &str, key: &str) -> KeyId {
-        self.scratch.clear();
-        self.scratch.push_str(ns);
-        self.scratch.push('\0');
-        self.scratch.push_str(key);
+        let (ids, names) = (&mut self.key_ids, &mut self.keys);
         KeyId(intern(
-            &mut self.key_ids,
-            &mut self.keys,
+            ids,
+            names,
             &mut self.name_bytes,
-            &self.scratch,
+            &mut self.scratch,
+            ns,
+            key,
         ))
     }
 
     /// The number of the subtotal (`dim`, `value`), given on first use.
     pub fn sub(&mut self, dim: &str, value: &str) -> SubId {
-        self.scratch.clear();
-        self.scratch.push_str(dim);
-        self.scratch.push('\0');
-        self.scratch.push_str(value);
+        let (ids, names) = (&mut self.sub_ids, &mut self.subs);
         SubId(intern(
-            &mut self.sub_ids,
-            &mut self.subs,
+            ids,
+            names,
             &mut self.name_bytes,
-            &self.scratch,
+            &mut self.scratch,
+            dim,
+            value,
         ))
     }
 
@@ -384,20 +382,27 @@ impl Sorted {
     }
 }
 
-/// The number of `name` in (`ids`, `names`), given on first use.
+/// The number of the name `a \0 b` in (`ids`, `names`), given on first use (built in
+/// `scratch`: no allocation for a name seen before).
 fn intern(
     ids: &mut Map<Box<str>, u32>,
     names: &mut Vec<Box<str>>,
     bytes: &mut usize,
-    name: &str,
+    scratch: &mut String,
+    a: &str,
+    b: &str,
 ) -> u32 {
-    if let Some(id) = ids.get(name) {
+    scratch.clear();
+    scratch.push_str(a);
+    scratch.push('\0');
+    scratch.push_str(b);
+    if let Some(id) = ids.get(scratch.as_str()) {
         return *id;
     }
     let id = names.len() as u32;
-    *bytes += 2 * name.len() + NAME_OVERHEAD;
-    names.push(name.into());
-    ids.insert(name.into(), id);
+    *bytes += 2 * scratch.len() + NAME_OVERHEAD;
+    names.push(scratch.as_str().into());
+    ids.insert(scratch.as_str().into(), id);
     id
 }
 

@@ -146,19 +146,9 @@ impl Checker {
         // together.
         let mut good = Vec::with_capacity(events.len());
         for (line, e) in events.drain(..) {
-            match ingest::prepare_owned(
-                &self.schemas,
-                vec![e.clone()],
-                self.now,
-                &self.limits,
-                &self.defaults,
-            ) {
-                Ok(b) => {
-                    self.created(b)?;
-                    good.push((line, e));
-                }
-                Err(IngestError::Store(e)) => bail!("checking a batch: {}", e.detail()),
-                Err(e) => bad(line, reason(e))?,
+            match self.one(e.clone())? {
+                Ok(_) => good.push((line, e)),
+                Err(why) => bad(line, why)?,
             }
         }
         *events = good;
