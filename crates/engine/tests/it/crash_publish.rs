@@ -157,13 +157,8 @@ fn open(dir: &Path, clock: &Arc<tally_core::store::ManualClock>, fs: Arc<dyn Fs>
     Engine::open(c).unwrap()
 }
 
-/// Runs the scenario with a crash at operation `crash_at`; returns whether it crashed.
-fn run(crash_at: usize) -> bool {
-    let dir = tempfile::tempdir().unwrap();
-    let clock = crate::clock(NOW);
-    let reference = MemStore::new(clock.clone());
-    let fs = Arc::new(CrashFs::new(crash_at));
-    let e = open(dir.path(), &clock, fs.clone());
+/// Three days of hourly events over three keys, each with a country and a referrer.
+fn three_days() -> Vec<tally_core::model::RawEvent> {
     let mut events = Vec::new();
     for h in 0..72 {
         for (i, k) in ["lnk_1", "lnk_2", "é/x"].iter().enumerate() {
@@ -177,6 +172,17 @@ fn run(crash_at: usize) -> bool {
             ));
         }
     }
+    events
+}
+
+/// Runs the scenario with a crash at operation `crash_at`; returns whether it crashed.
+fn run(crash_at: usize) -> bool {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = crate::clock(NOW);
+    let reference = MemStore::new(clock.clone());
+    let fs = Arc::new(CrashFs::new(crash_at));
+    let e = open(dir.path(), &clock, fs.clone());
+    let events = three_days();
     write(&e, NOW, &events).unwrap();
     write(&reference, NOW, &events).unwrap();
     let mut crashed = e.flush().is_err();
@@ -269,19 +275,7 @@ fn run_install(crash_at: usize) -> bool {
         write(s, NOW, &early).unwrap();
     }
     e.flush().unwrap();
-    let mut history = Vec::new();
-    for h in 0..72 {
-        for (i, k) in ["lnk_1", "lnk_2", "é/x"].iter().enumerate() {
-            let country = ["US", "DE", "JP"][(h as usize + i) % 3];
-            history.push(raw(
-                "clicks",
-                k,
-                NOW - 3 * 86_400 + h * 3600 + i as i64,
-                1 + h % 4,
-                &[("country", country)],
-            ));
-        }
-    }
+    let history = three_days();
     write(&after, NOW, &history).unwrap();
     let batch =
         ingest::prepare(&e, &history, NOW, &Limits::default(), &Defaults::default()).unwrap();
