@@ -365,6 +365,58 @@ fn a_long_backfill_in_pieces_is_compacted_on_the_way() {
     sigterm_and_wait(s);
 }
 
+/// Offline refusals that change nothing: an input without events, and a rebuild whose
+/// events need more memory than --memory-mb (a rebuild is installed in one piece).
+#[test]
+fn offline_refusals_name_the_reason_and_change_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = stopped_dir(tmp.path(), "d");
+    let data = dir.join("data");
+    let empty = tmp.path().join("empty.csv");
+    std::fs::write(&empty, "ns,key,ts,n\n").unwrap();
+    let o = load(&[empty.to_str().unwrap(), "--data", data.to_str().unwrap()]);
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && said.contains("no events to load"),
+        "{said}"
+    );
+    // One hour, 300 000 keys: more counters than 16 MiB holds.
+    let hour = DAY0 - 40 * 86_400;
+    let big = tmp.path().join("big.csv");
+    let mut f = std::io::BufWriter::new(std::fs::File::create(&big).unwrap());
+    writeln!(f, "ns,key,ts,n").unwrap();
+    for k in 0..300_000 {
+        writeln!(f, "clicks,k{k},{},1", hour + k % 3600).unwrap();
+    }
+    drop(f);
+    let (from, to) = (hour.to_string(), (hour + 3600).to_string());
+    let o = load(&[
+        big.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+        "--memory-mb",
+        "16",
+        "--replace",
+        "--ns",
+        "clicks",
+        "--from",
+        &from,
+        "--to",
+        &to,
+    ]);
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success()
+            && said.contains("need more than --memory-mb 16")
+            && said.contains("nothing was changed"),
+        "{said}"
+    );
+    let segments = std::fs::read_dir(data.join("segments"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert_eq!(segments, 0, "a refused load writes no segment");
+}
+
 #[test]
 fn an_interrupted_online_load_run_again_counts_every_event_once() {
     let ev = events(30_000, 9);
