@@ -48,7 +48,10 @@ impl Scenario {
 
     /// `key=value` arguments after the subcommand override the defaults.
     fn with_args(mut self, args: &[String]) -> Scenario {
-        for a in args {
+        for a in args
+            .iter()
+            .filter(|a| !a.starts_with("dir=") && !a.starts_with("only="))
+        {
             let (k, v) = a
                 .split_once('=')
                 .unwrap_or_else(|| panic!("not key=value: {a}"));
@@ -648,6 +651,73 @@ pub fn bench(args: &[String]) {
         "Archive vs log-only (answers checked equal on both engines):",
         &rows,
     );
+}
+
+/// `archive-queries dir=DIR`: the query rows alone, on data kept in `DIR` between runs (fed
+/// once, both engines, on the first run), to measure a change to the read path quickly.
+pub fn queries_bench(args: &[String]) {
+    let sc = Scenario {
+        events: 4_000_000,
+        days: 30,
+        shape: Shape::default(),
+        start: 1_792_022_400,
+        seed: 8,
+    }
+    .with_args(args);
+    let root = args
+        .iter()
+        .find_map(|a| a.strip_prefix("dir="))
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| panic!("archive-queries needs dir=PATH"));
+    let grace = FlushPolicy::default().grace;
+    let (adir, ldir) = (root.join("archive"), root.join("log"));
+    if !root.join("fed").exists() {
+        let _ = std::fs::remove_dir_all(&root);
+        let clock = Arc::new(ManualClock::new(sc.start));
+        let engine = open(&adir, &clock);
+        feed(&engine, &clock, &sc, true);
+        engine.flush_closed(sc.end() + grace).expect("flush");
+        engine.compact().expect("compact");
+        drop(engine);
+        let clock = Arc::new(ManualClock::new(sc.start));
+        let engine = open(&ldir, &clock);
+        feed(&engine, &clock, &sc, false);
+        drop(engine);
+        std::fs::write(root.join("fed"), format!("{sc:?}")).expect("mark");
+    }
+    let clock = Arc::new(ManualClock::new(sc.end() + grace));
+    let q = Queries {
+        busy: "lnk_0".into(),
+        median: format!("lnk_{}", sc.shape.keys / 2 - 1),
+        from: sc.start,
+        to: sc.end(),
+        day: sc.start + (sc.days / 2) * DAY,
+    };
+    // `only=archive` or `only=log` runs one engine's queries (for a profile).
+    let only = args.iter().find_map(|a| a.strip_prefix("only="));
+    let run = |dir: &Path, name: &str| {
+        if only.is_some_and(|o| o != name) {
+            return Vec::new();
+        }
+        let engine = Arc::new(open(dir, &clock));
+        q.run(&engine, &clock)
+    };
+    let (aq, lq) = (run(&adir, "archive"), run(&ldir, "log"));
+    if only.is_some() {
+        for (what, fig, _) in aq.iter().chain(&lq) {
+            println!("| {what} | {fig} |");
+        }
+        return;
+    }
+    let rows: Vec<Row> = aq
+        .iter()
+        .zip(&lq)
+        .map(|((what, afig, aans), (_, lfig, lans))| {
+            assert_eq!(aans, lans, "{what}: archive and memory answer differently");
+            row(what.clone(), afig.clone(), lfig.clone())
+        })
+        .collect();
+    print("Queries (answers checked equal on both engines):", &rows);
 }
 
 /// `archive-year`: a lighter rate over a year, flushing engine only: does restart (and a

@@ -261,6 +261,7 @@ pub(crate) fn tally_hour_total(engine: &Engine, key: &str) -> i64 {
         from: 0,
         to: 1 << 32,
         want: Want::Totals,
+        sum_subtotals: false,
     };
     engine.read(&[read]).unwrap()[0]
         .totals
@@ -283,11 +284,12 @@ fn main() {
         Some("redis-backend") => redis_backend::bench(rest),
         Some("archive") => archive::bench(rest),
         Some("archive-year") => archive::year_bench(rest),
+        Some("archive-queries") => archive::queries_bench(rest),
         Some("soak") => soak::run(rest),
         Some("soak-disk-full") => soak::disk_full(rest),
         Some(other) => {
             eprintln!(
-                "unknown benchmark {other:?}; known: engine, compare, http, export, load, ratelimit, statsd, redis-backend, archive, archive-year, soak, soak-disk-full"
+                "unknown benchmark {other:?}; known: engine, compare, http, export, load, ratelimit, statsd, redis-backend, archive, archive-year, archive-queries, soak, soak-disk-full"
             );
             std::process::exit(2);
         }

@@ -69,6 +69,10 @@ pub struct KeyRead<'a> {
     pub from: i64,
     pub to: i64,
     pub want: Want<'a>,
+    /// The caller only sums each subtotal series over the range (a breakdown, a dashboard's
+    /// breakdowns): a store may then answer each with one bucket, at `from`, holding its
+    /// sum, instead of all of them. Totals are always answered bucket by bucket.
+    pub sum_subtotals: bool,
 }
 
 /// Sparse buckets: `(bucket start, count)`, sorted by start, zero buckets may be left out.

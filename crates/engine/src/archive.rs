@@ -211,6 +211,48 @@ impl Archive {
     }
 }
 
+/// What [`Archive::sum_key`] reads of one key.
+pub(crate) struct SumRead<'a> {
+    pub resolution: u32,
+    pub ns: &'a str,
+    pub key: &'a str,
+    pub cutoff: Cutoff,
+    /// The bucket indexes to count (range and retention).
+    pub inside: &'a dyn Fn(u32) -> bool,
+    /// The dimensions whose subtotals are summed; the others are skipped.
+    pub dim_ok: &'a dyn Fn(&str) -> bool,
+}
+
+impl Archive {
+    /// One key's archived buckets over `[from, to)` with each subtotal series summed: totals
+    /// bucket by bucket into `totals`, one sum per (dimension, value) to `sub`, from every
+    /// segment that shows subtotals. Nothing of a value is copied unless `sub` copies it.
+    pub(crate) fn sum_key(
+        &self,
+        r: &SumRead<'_>,
+        (from, to): (i64, i64),
+        totals: &mut BTreeMap<u32, i64>,
+        sub: &mut dyn FnMut(&str, &str, i64),
+    ) -> Result<(), SegmentError> {
+        for (seg, (_, show_subs)) in self.overlapping(r.resolution, from, to, r.cutoff) {
+            if show_subs {
+                seg.sums(
+                    (r.ns, r.key),
+                    r.inside,
+                    r.dim_ok,
+                    &mut |i, n| *totals.entry(i).or_default() += n,
+                    sub,
+                )?;
+            } else if let Some(t) = seg.get_totals(r.ns, r.key)? {
+                for &(i, n) in t.iter().filter(|(i, _)| (r.inside)(*i)) {
+                    *totals.entry(i).or_default() += n;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The bucket indexes `[lo, hi)` of a resolution that `[from, to)` covers.
 pub fn index_range(resolution: u32, from: i64, to: i64) -> (u32, u32) {
     let r = i64::from(resolution.max(1));

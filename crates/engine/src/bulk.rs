@@ -454,6 +454,7 @@ impl Engine {
                         from,
                         to,
                         want,
+                        sum_subtotals: false,
                     })
                     .collect();
                 let data = self.read(&reads)?;

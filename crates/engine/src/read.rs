@@ -3,13 +3,13 @@
 //! lock shared while it reads memory, so a flush's frozen counters are seen either in memory
 //! or in the archive, never both; the archive's segments are then read without any lock.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use tally_core::model::Key;
 use tally_core::store::{KeyData, KeyList, KeyRead, Scan, StoreError, SubtotalBuckets, Want};
 
-use crate::archive::{SubSums, Wants, index_range};
+use crate::archive::{SubSums, SumRead, Wants, index_range};
 use crate::catalog::{SeriesId, TierPlan};
 use crate::memtable::{Counters, Shard, split_key};
 use crate::segment::SegmentError;
@@ -26,6 +26,10 @@ impl Core {
             return Ok(KeyData::default());
         };
         let wants_subtotals = tier.breakdown && !matches!(r.want, Want::Totals);
+        if wants_subtotals && r.sum_subtotals {
+            drop(cat);
+            return self.read_summed(r, now);
+        }
         let want: Box<Wants<'_>> = match (tier.breakdown, r.want) {
             (false, _) | (_, Want::Totals) => Box::new(|_, _| false),
             (true, Want::Value { dim, value }) => Box::new(move |d, v| d == dim && v == value),
@@ -82,6 +86,101 @@ impl Core {
                 })
                 .filter(|s| !s.buckets.is_empty())
                 .collect(),
+        })
+    }
+
+    /// One key's totals bucket by bucket and each wanted subtotal series as one sum (a
+    /// bucket at `from`): what a breakdown or a dashboard needs, without a map entry per
+    /// subtotal bucket. The subtotals of other dimensions are not decoded from the archive.
+    fn read_summed(&self, r: &KeyRead<'_>, now: i64) -> Result<KeyData, StoreError> {
+        let cat = self.read_cat();
+        let Some(ns) = cat.ns_id(r.ns.as_str()) else {
+            return Ok(KeyData::default());
+        };
+        let Some(tier) = cat.ns[ns as usize].tier(r.resolution) else {
+            return Ok(KeyData::default());
+        };
+        let (one_dim, one_value) = match r.want {
+            Want::Totals => (Some(""), None),
+            Want::Value { dim, value } => (Some(dim), Some(value)),
+            Want::Dim { dim } => (Some(dim), None),
+            Want::All => (None, None),
+        };
+        let dim_ok = |d: &str| one_dim.is_none_or(|w| w == d);
+        let want = |d: &str, v: &str| dim_ok(d) && one_value.is_none_or(|w| w == v);
+        let window = Window::new(&tier, r.from, r.to, now);
+        let res = r.resolution.secs() as u32;
+        let cutoff = cat.ns[ns as usize].cutoff(res);
+        let mut totals = BTreeMap::new();
+        // dimension → value → sum; looked up by `&str`, so a name is copied once.
+        type Map<V> = HashMap<String, V, foldhash::fast::FixedState>;
+        let mut sums: Map<Map<i64>> = Map::default();
+        let mut add = |d: &str, v: &str, n: i64| {
+            if !want(d, v) {
+                return;
+            }
+            let values = match sums.get_mut(d) {
+                Some(m) => m,
+                None => sums.entry(d.to_owned()).or_default(),
+            };
+            match values.get_mut(v) {
+                Some(s) => *s += n,
+                None => {
+                    values.insert(v.to_owned(), n);
+                }
+            }
+        };
+        let archive = {
+            let archive = self.archive();
+            if let Some(key) = cat.key_id(ns, r.key.as_str()) {
+                let entry = &cat.keys[key as usize];
+                let shard = self.mem.lock(self.mem.shard_of(key));
+                window.add_into(&shard, entry.total, &mut totals);
+                for &(d, v, sid) in &entry.subs {
+                    let (d, v) = (cat.str(d), cat.str(v));
+                    if want(d, v) {
+                        let n: i64 = window.collect(&shard, sid).iter().map(|(_, n)| n).sum();
+                        add(d, v, n);
+                    }
+                }
+            }
+            Arc::clone(&archive)
+        };
+        drop(cat);
+        let (lo, hi) = index_range(res, r.from, r.to);
+        let inside = |i: u32| lo <= i && i < hi && window.keeps(i);
+        let read = SumRead {
+            resolution: res,
+            ns: r.ns.as_str(),
+            key: r.key.as_str(),
+            cutoff,
+            inside: &inside,
+            dim_ok: &dim_ok,
+        };
+        archive
+            .sum_key(&read, (r.from, r.to), &mut totals, &mut add)
+            .map_err(|e| self.archive_error(e))?;
+        let mut subtotals: Vec<SubtotalBuckets> = sums
+            .into_iter()
+            .flat_map(|(dim, values)| {
+                values
+                    .into_iter()
+                    .filter(|&(_, n)| n != 0)
+                    .map(move |(value, n)| SubtotalBuckets {
+                        dim: dim.clone(),
+                        value,
+                        buckets: vec![(r.from, n)],
+                    })
+            })
+            .collect();
+        subtotals.sort_unstable_by(|a, b| (&a.dim, &a.value).cmp(&(&b.dim, &b.value)));
+        Ok(KeyData {
+            totals: totals
+                .into_iter()
+                .filter(|&(i, n)| n != 0 && window.keeps(i))
+                .map(|(i, n)| (i64::from(i) * window.res, n))
+                .collect(),
+            subtotals,
         })
     }
 

@@ -182,6 +182,7 @@ pub fn series(store: &dyn Store, ctx: Ctx, q: &SeriesQuery) -> Result<SeriesAnsw
             from,
             to,
             want,
+            sum_subtotals: false,
         };
         let data = read_one(store, read, &ctx.deadline)?;
         let buckets = match &q.filter {
@@ -235,6 +236,7 @@ pub fn breakdown(
         from,
         to,
         want: Want::Dim { dim: q.dim.name() },
+        sum_subtotals: true,
     };
     let data = if from < to {
         read_one(store, read, &ctx.deadline)?
@@ -288,6 +290,7 @@ pub fn dashboard(
         from,
         to,
         want: Want::All,
+        sum_subtotals: true,
     };
     let data = if bounds.is_empty() {
         Default::default()

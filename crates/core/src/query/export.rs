@@ -149,6 +149,7 @@ pub fn export(
                 from: plan.from,
                 to: plan.to,
                 want,
+                sum_subtotals: false,
             })
             .collect();
         let data = store.read(&reads)?;

@@ -28,6 +28,7 @@ impl WindowPlan {
             from: self.from,
             to: self.to,
             want: Want::Totals,
+            sum_subtotals: false,
         }
     }
 

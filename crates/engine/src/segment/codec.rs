@@ -437,6 +437,106 @@ impl Block {
         Ok(KeyRecord { totals, dims })
     }
 
+    /// Record `j` summed rather than decoded: its totals bucket by bucket, those `inside`
+    /// accepts, go to `total`; each subtotal series of a dimension `dim_ok` accepts goes to
+    /// `sub` as one sum over the buckets `inside` accepts (non-zero sums only). Other
+    /// dimensions are skipped without decoding, and no name is copied: what a breakdown
+    /// needs of a key with thousands of values over a month.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn sums(
+        &self,
+        j: usize,
+        dict: &Dictionary,
+        period: &Period,
+        inside: &dyn Fn(u32) -> bool,
+        dim_ok: &dyn Fn(&str) -> bool,
+        total: &mut dyn FnMut(u32, i64),
+        sub: &mut dyn FnMut(&str, &str, i64),
+    ) -> Result<(), String> {
+        let Some(starts) = self.starts.get(j) else {
+            return Err(format!("no record {j}"));
+        };
+        let mut c: [Cur; STREAMS] = std::array::from_fn(|i| {
+            Cur::new(&self.raw[..self.ends[i] as usize], STREAM_NAMES[i]).at(starts[i] as usize)
+        });
+        let head = c[SHAPE].varint()?;
+        let (ndims, relative) = (head >> 1, head & 1 == 1);
+        let idx = c[TBITS].series(period)?;
+        let k = idx.len();
+        for &i in &idx {
+            match unzigzag(c[TCOUNTS].varint()?) {
+                0 => return Err(format!("{}: bucket {i} has a zero count", c[TCOUNTS].what)),
+                n if inside(i) => total(i, n),
+                _ => {}
+            }
+        }
+        let all_inside = idx.iter().all(|&i| inside(i));
+        for _ in 0..ndims {
+            let id = c[SHAPE].varint()?;
+            let Some((dim, names)) = usize::try_from(id).ok().and_then(|i| dict.dims.get(i)) else {
+                return Err(format!("dimension id {id} is not in the dictionary"));
+            };
+            let nvalues = c[SHAPE].varint()?;
+            let wanted = dim_ok(dim);
+            if !wanted {
+                c[IDS].skip_varints(nvalues)?;
+            }
+            for _ in 0..nvalues {
+                let value = if wanted {
+                    let id = c[IDS].varint()?;
+                    let Some(v) = usize::try_from(id).ok().and_then(|i| names.get(i)) else {
+                        return Err(format!("value id {id} of {dim:?} is not in the dictionary"));
+                    };
+                    Some(v)
+                } else {
+                    None
+                };
+                let mut n = 0i64;
+                if !relative {
+                    let sidx = c[SBITS].series(period)?;
+                    if value.is_none() {
+                        c[SCOUNTS].skip_varints(sidx.len() as u64)?;
+                        continue;
+                    }
+                    for i in sidx {
+                        let v = unzigzag(c[SCOUNTS].varint()?);
+                        if inside(i) {
+                            n += v;
+                        }
+                    }
+                } else {
+                    let mask = match k {
+                        0 => return Err("subtotals by position in no totals".into()),
+                        1 => 1,
+                        _ => c[SBITS].bits(k)?,
+                    };
+                    if mask == 0 {
+                        return Err(format!("a value of {dim:?} has no buckets"));
+                    }
+                    if value.is_none() {
+                        c[SCOUNTS].skip_varints(u64::from(mask.count_ones()))?;
+                        continue;
+                    }
+                    let mut m = mask;
+                    while m != 0 {
+                        let p = m.trailing_zeros() as usize;
+                        m &= m - 1;
+                        let v = unzigzag(c[SCOUNTS].varint()?);
+                        if all_inside || inside(idx[p]) {
+                            n += v;
+                        }
+                    }
+                }
+                if let Some(v) = value
+                    && n != 0
+                {
+                    sub(dim, v, n);
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Only the totals of record `j`: what a series, a window or a top of keys needs. The
     /// subtotal streams are not touched, so a key with thousands of subtotal values costs
     /// what its totals cost.

@@ -359,6 +359,7 @@ fn a_damaged_block_fails_the_reads_that_touch_it_and_is_named_by_check() {
         from: NOW - 3 * DAY,
         to: NOW,
         want: tally_core::store::Want::All,
+        sum_subtotals: false,
     };
     let err = e.read(&[read]).unwrap_err();
     assert_eq!(err.code(), tally_core::ErrorCode::CorruptData, "{err}");

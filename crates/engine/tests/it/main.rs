@@ -70,6 +70,7 @@ pub fn read_all(store: &dyn Store, ns: &str, key: &str, res_secs: u64) -> KeyDat
         from: 0,
         to: 1 << 32,
         want: Want::All,
+        sum_subtotals: false,
     };
     let mut d = store.read(&[read]).unwrap().pop().unwrap();
     d.subtotals

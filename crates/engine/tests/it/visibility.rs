@@ -53,6 +53,7 @@ fn a_reader_never_sees_half_an_event() {
                     from: 0,
                     to: 1 << 32,
                     want: Want::Dim { dim: "country" },
+                    sum_subtotals: false,
                 };
                 let d = engine.read(&[read]).unwrap().pop().unwrap();
                 let (total, subs) = crate::sums(&d);
@@ -158,6 +159,7 @@ fn flushes_under_readers_and_writers_neither_hide_nor_double_a_count() {
                     from: 0,
                     to: 1 << 32,
                     want: Want::Dim { dim: "country" },
+                    sum_subtotals: false,
                 };
                 let d = engine.read(&[read]).unwrap().pop().unwrap();
                 let (total, subs) = crate::sums(&d);

@@ -65,6 +65,7 @@ fn hammer(url: &str) {
         from: now - 3600,
         to: now + 60,
         want: tally_core::store::Want::Totals,
+        sum_subtotals: false,
     };
     let total: i64 = stores[1].read(&[read]).unwrap()[0]
         .totals

@@ -63,6 +63,7 @@ pub fn read_all(
         from: 0,
         to: 1 << 33,
         want: Want::All,
+        sum_subtotals: false,
     };
     let mut d = store.read(&[read])?.pop().unwrap();
     d.subtotals
