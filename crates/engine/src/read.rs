@@ -208,7 +208,16 @@ impl Core {
         let window = Window::new(&tier, scan.from, scan.to, now);
         let res = scan.resolution.secs() as u32;
         let cutoff = cat.ns[ns as usize].cutoff(res);
-        let mut sums: BTreeMap<String, i64> = BTreeMap::new();
+        // Key → its sum so far; looked up by `&str`, so a key is copied once.
+        let mut sums: HashMap<String, i64, foldhash::fast::FixedState> = HashMap::default();
+        fn add(sums: &mut HashMap<String, i64, foldhash::fast::FixedState>, key: &str, n: i64) {
+            match sums.get_mut(key) {
+                Some(s) => *s += n,
+                None => {
+                    sums.insert(key.to_owned(), n);
+                }
+            }
+        }
         // Every STEP keys, the query's deadline is checked (a top can visit millions).
         const STEP: u32 = 1024;
         let mut steps = 0u32;
@@ -237,7 +246,7 @@ impl Core {
                     window.collect(&shard, sid).iter().map(|(_, n)| n).sum()
                 };
                 if sum != 0 {
-                    sums.insert(name.to_string(), sum);
+                    add(&mut sums, name, sum);
                 }
             }
             Arc::clone(&archive)
@@ -245,22 +254,36 @@ impl Core {
         drop(cat);
         let (lo, hi) = index_range(res, scan.from, scan.to);
         let in_range = |i: u32| lo <= i && i < hi && window.keeps(i);
-        for (seg, (_, show_subs)) in archive.overlapping(res, scan.from, scan.to, cutoff) {
+        let segments: Vec<_> = archive
+            .overlapping(res, scan.from, scan.to, cutoff)
+            .collect();
+        let key_of = |name: String| {
+            Key::from_string(name).map_err(|e| StoreError::corrupt("a stored key").because(e))
+        };
+        if let ([(seg, _)], true, None) = (&segments[..], sums.is_empty(), scan.value) {
+            // One source alone (a closed day or month, nothing of it in memory): its keys
+            // come in order, each once, and go straight to `visit` without a map.
+            let mut bad = None;
+            seg.scan_total_sums(scan.ns.as_str(), &in_range, &mut |key, n| {
+                tick().map_err(stopped)?;
+                match key_of(key.to_owned()) {
+                    Ok(k) => visit(&k, n),
+                    Err(e) => bad = Some(e),
+                }
+                Ok(())
+            })
+            .map_err(|e| self.archive_error(e))?;
+            return bad.map_or(Ok(()), Err);
+        }
+        for (seg, (_, show_subs)) in segments {
             if scan.value.is_some() && !show_subs {
                 continue;
             }
             if scan.value.is_none() {
-                // A top of keys by total: the subtotals are not decoded.
-                seg.scan_totals(scan.ns.as_str(), &mut |key, totals| {
+                // A top of keys by total: the subtotals are not even walked.
+                seg.scan_total_sums(scan.ns.as_str(), &in_range, &mut |key, n| {
                     tick().map_err(stopped)?;
-                    let n: i64 = totals
-                        .iter()
-                        .filter(|(i, _)| in_range(*i))
-                        .map(|(_, n)| n)
-                        .sum();
-                    if n != 0 {
-                        *sums.entry(key.to_owned()).or_default() += n;
-                    }
+                    add(&mut sums, key, n);
                     Ok(())
                 })
                 .map_err(|e| self.archive_error(e))?;
@@ -280,7 +303,7 @@ impl Core {
                         .sum(),
                 };
                 if n != 0 {
-                    *sums.entry(key.to_owned()).or_default() += n;
+                    add(&mut sums, key, n);
                 }
                 Ok(())
             })
@@ -288,9 +311,7 @@ impl Core {
         }
         for (name, n) in sums {
             if n != 0 {
-                let key = Key::from_string(name)
-                    .map_err(|e| StoreError::corrupt("a stored key").because(e))?;
-                visit(&key, n);
+                visit(&key_of(name)?, n);
             }
         }
         Ok(())

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use fst::{IntoStreamer, Streamer};
 
-use super::codec::{Block, Dictionary, Period};
+use super::codec::{Block, Dictionary, Period, total_sums};
 use super::layout::{
     BLOCK_ENTRY_LEN, BlockEntry, CODEC_NONE, CODEC_ZSTD, DICT_HEADER_LEN, FOOTER_CRC_OFFSET,
     FOOTER_LEN, FOOTER_MAGIC_OFFSET, Footer, HEADER_LEN, MAGIC_V1, MAX_BLOCK_RAW_LEN,
@@ -343,6 +343,36 @@ impl Segment {
         self.scan_ns(ns, &mut |seg, cursor, key, v| {
             let totals = cursor.totals(seg, v)?;
             visit(key, &totals)
+        })
+    }
+
+    /// Every key of `ns` in key order with the sum of its totals over the buckets `inside`
+    /// accepts, when not zero. Each block is read once and only its shape and totals
+    /// streams are walked (see `codec::total_sums`): what a top of keys needs.
+    pub fn scan_total_sums(
+        &self,
+        ns: &str,
+        inside: &dyn Fn(u32) -> bool,
+        visit: &mut dyn FnMut(&str, i64) -> Result<(), SegmentError>,
+    ) -> Result<(), SegmentError> {
+        let mut at: Option<(usize, Vec<i64>)> = None;
+        self.scan_ns(ns, &mut |seg, _, key, v| {
+            let (block, ord) = seg.locate(v)?;
+            let sums = match &at {
+                Some((b, sums)) if *b == block => sums,
+                _ => {
+                    let raw = seg.block_payload(block)?;
+                    let records = seg.blocks.get(block).map_or(0, |b| b.keys);
+                    let sums = total_sums(&raw, records, &seg.period, inside)
+                        .map_err(|why| seg.corrupt(format!("block {block}: {why}")))?;
+                    &at.insert((block, sums)).1
+                }
+            };
+            match sums.get(ord) {
+                Some(0) => Ok(()),
+                Some(&n) => visit(key, n),
+                None => Err(seg.corrupt(format!("block {block} has no record {ord}"))),
+            }
         })
     }
 
