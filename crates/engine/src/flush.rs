@@ -17,7 +17,7 @@
 //! A failure before 5 puts the frozen counters back and the dirty periods with them; the
 //! log was not truncated, so nothing is lost, and the next flush tries again.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError};
 
@@ -33,8 +33,8 @@ use crate::segment::{
 };
 use crate::wal::list_files;
 
-/// A period's records by (namespace, key).
-pub(crate) type Records = BTreeMap<(String, String), KeyRecord>;
+/// A period's records, in (namespace, key) byte order.
+pub(crate) type Records = Vec<(String, String, KeyRecord)>;
 
 /// Where a period's records go, in strictly increasing (namespace, key) order.
 pub(crate) type Sink<'a> = dyn FnMut(&str, &str, KeyRecord) -> Result<(), StoreError> + 'a;
@@ -111,7 +111,7 @@ impl Engine {
     /// which idempotency answers are still kept. `publish` publishes a manifest and
     /// truncates the log even when there is no period to flush.
     fn flush_until(&self, until: i64, now: i64, publish: bool) -> Result<FlushReport, StoreError> {
-        let _one = self
+        let mut since_forget = self
             .flush_lock
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
@@ -166,16 +166,19 @@ impl Engine {
             for c in &chosen {
                 by_slot.entry(c.slot).or_default().push(c.index_range());
             }
+            let mut frozen = 0;
             for s in 0..self.core.mem.shards() {
                 let mut shard = self.core.mem.lock(s);
                 for (slot, ranges) in &by_slot {
                     shard.freeze(*slot, ranges);
                 }
+                frozen += shard.frozen.iter().map(|m| m.len()).sum::<usize>();
             }
+            *since_forget += frozen;
             (seq, taken)
         };
         let feed = |c: &Chosen, sink: &mut Sink<'_>| {
-            for ((ns, key), rec) in self.frozen_records(c)? {
+            for (ns, key, rec) in self.frozen_records(c)? {
                 sink(&ns, &key, rec)?;
             }
             Ok(())
@@ -183,7 +186,15 @@ impl Engine {
         // One writer: a flush runs beside the server's work.
         match self.write_and_publish(&chosen, seq, now, &feed, 1) {
             Ok(mut report) => {
-                report.forgotten_keys = self.forget_archived();
+                // A series can only have left memory with a counter a flush took: once
+                // flushes have taken an eighth as many counters as the catalog has series,
+                // look for the catalog's dead entries (a walk over memory). The hourly
+                // flush of a minute tier takes few and skips it; a day of an hourly tier
+                // takes most.
+                if *since_forget * 8 >= self.core.read_cat().live_series() {
+                    report.forgotten_keys = self.forget_archived();
+                    *since_forget = 0;
+                }
                 report.wal_files_removed = self.truncate_log(report.wal_start)?;
                 Ok(report)
             }
@@ -454,36 +465,62 @@ impl Engine {
 
     /// The frozen counters of one period as segment records, by (namespace, key) in byte
     /// order.
-    fn frozen_records(
-        &self,
-        c: &Chosen,
-    ) -> Result<BTreeMap<(String, String), KeyRecord>, StoreError> {
+    fn frozen_records(&self, c: &Chosen) -> Result<Records, StoreError> {
         let (lo, hi) = c.index_range();
-        let mut by_series: HashMap<SeriesId, Vec<(u32, i64)>> = HashMap::new();
+        // The period's counters sorted by (series, bucket): each series' buckets are then
+        // one sorted run, found by binary search, with no map or list per series.
+        let mut frozen: Vec<(u64, i64)> = Vec::new();
         for s in 0..self.core.mem.shards() {
             let shard = self.core.mem.lock(s);
             if let Some(map) = shard.frozen.get(c.slot) {
-                for (&k, &n) in map {
-                    let (sid, idx) = split_key(k);
-                    if lo <= idx && idx < hi && n != 0 {
-                        by_series.entry(sid).or_default().push((idx, n));
-                    }
-                }
+                frozen.extend(map.iter().map(|(&k, &n)| (k, n)).filter(|&(k, n)| {
+                    let idx = split_key(k).1;
+                    lo <= idx && idx < hi && n != 0
+                }));
             }
         }
         let mut out = Records::new();
-        if by_series.is_empty() {
+        if frozen.is_empty() {
             return Ok(out);
         }
+        frozen.sort_unstable_by_key(|&(k, _)| k);
         // Only the keys whose series have frozen counters: a flush costs what it writes, not
-        // what the catalog has ever seen.
+        // what the catalog has ever seen. Per series id (ids are dense), where its run is.
         let cat = self.core.read_cat();
-        let mut keys: Vec<KeyId> = by_series
-            .keys()
-            .filter_map(|sid| cat.key_of_series(*sid))
-            .collect();
+        let mut runs: Vec<(usize, usize)> = vec![(0, 0); cat.series_info.len()];
+        let mut keys: Vec<KeyId> = Vec::new();
+        for (sid, run) in frozen
+            .chunk_by(|a, b| split_key(a.0).0 == split_key(b.0).0)
+            .scan(0usize, |at, run| {
+                let start = *at;
+                *at += run.len();
+                Some((split_key(run[0].0).0, (start, *at)))
+            })
+        {
+            if let Some(r) = runs.get_mut(sid as usize) {
+                *r = run;
+                keys.extend(cat.key_of_series(sid));
+            }
+        }
         keys.sort_unstable();
         keys.dedup();
+        // In the order segments want: (namespace, key) by bytes, compared in place.
+        let names = |kid: &KeyId| {
+            let k = cat.keys.get(*kid as usize);
+            let ns = k.and_then(|k| cat.ns.get(k.ns as usize));
+            (
+                ns.map_or(&b""[..], |n| n.name.as_str().as_bytes()),
+                k.map_or(&b""[..], |k| k.name.as_bytes()),
+            )
+        };
+        keys.sort_unstable_by(|a, b| names(a).cmp(&names(b)));
+        let series = |sid: SeriesId| -> Buckets {
+            let (a, b) = runs.get(sid as usize).copied().unwrap_or_default();
+            frozen[a..b]
+                .iter()
+                .map(|&(k, n)| (split_key(k).1, n))
+                .collect()
+        };
         for kid in keys {
             let Some(entry) = cat.keys.get(kid as usize) else {
                 continue;
@@ -492,12 +529,12 @@ impl Engine {
                 continue;
             };
             let mut rec = KeyRecord {
-                totals: take_sorted(&mut by_series, entry.total),
+                totals: series(entry.total),
                 dims: Vec::new(),
             };
             let mut dims: BTreeMap<&str, Vec<(String, Buckets)>> = BTreeMap::new();
             for &(d, v, sid) in &entry.subs {
-                let b = take_sorted(&mut by_series, sid);
+                let b = series(sid);
                 if !b.is_empty() {
                     dims.entry(cat.str(d))
                         .or_default()
@@ -512,7 +549,7 @@ impl Engine {
                 });
             }
             if !rec.totals.is_empty() || !rec.dims.is_empty() {
-                out.insert((ns.name.as_str().to_owned(), entry.name.to_string()), rec);
+                out.push((ns.name.as_str().to_owned(), entry.name.to_string(), rec));
             }
         }
         Ok(out)
@@ -523,14 +560,27 @@ impl Engine {
     /// catalog's write lock (no reader holds an id). Returns the keys forgotten.
     fn forget_archived(&self) -> usize {
         let _gate = self.gate.write().unwrap_or_else(PoisonError::into_inner);
-        let mut live: HashSet<SeriesId> = HashSet::new();
+        // One bit per series id (ids are dense): a set of every live series built from
+        // every counter in memory, without hashing each one.
+        // No series is made while the gate is held: the count read now stays right.
+        let series = self.core.read_cat().series_info.len();
+        let mut live = vec![0u64; series.div_ceil(64)];
         for s in 0..self.core.mem.shards() {
             let shard = self.core.mem.lock(s);
             for map in shard.maps.iter().chain(&shard.frozen) {
-                live.extend(map.keys().map(|k| split_key(*k).0));
+                for k in map.keys() {
+                    let sid = split_key(*k).0 as usize;
+                    if let Some(w) = live.get_mut(sid / 64) {
+                        *w |= 1 << (sid % 64);
+                    }
+                }
             }
         }
-        let (keys, _) = self.core.write_cat().forget(&|sid| live.contains(&sid));
+        let is_live = |sid: SeriesId| {
+            let sid = sid as usize;
+            live.get(sid / 64).is_none_or(|w| w >> (sid % 64) & 1 == 1)
+        };
+        let (keys, _) = self.core.write_cat().forget(&is_live);
         keys
     }
 
@@ -555,14 +605,4 @@ impl Engine {
         }
         Ok(removed)
     }
-}
-
-/// A series' buckets, sorted by index, taken out of the map.
-fn take_sorted(
-    by_series: &mut HashMap<SeriesId, Vec<(u32, i64)>>,
-    sid: SeriesId,
-) -> Vec<(u32, i64)> {
-    let mut b = by_series.remove(&sid).unwrap_or_default();
-    b.sort_unstable();
-    b
 }

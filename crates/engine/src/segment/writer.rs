@@ -201,7 +201,7 @@ impl SegmentWriter {
         match self.opts.codec {
             Codec::None => Ok(raw.to_vec()),
             Codec::Zstd { level } => {
-                zstd::bulk::compress(raw, level).map_err(|e| SegmentError::io(&self.path, e))
+                compress(raw, level).map_err(|e| SegmentError::io(&self.path, e))
             }
         }
     }
@@ -294,4 +294,25 @@ impl SegmentWriter {
             bytes: self.offset + index.len() as u64,
         })
     }
+}
+
+thread_local! {
+    /// One zstd compression context per thread (and level), kept: a flush compresses a
+    /// block every 16 KiB, and a context made for each cost its set-up every time.
+    static COMPRESSOR: std::cell::RefCell<Option<(i32, zstd::bulk::Compressor<'static>)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Compresses one block as one zstd frame with this thread's context.
+fn compress(raw: &[u8], level: i32) -> std::io::Result<Vec<u8>> {
+    COMPRESSOR.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.as_ref().is_none_or(|(l, _)| *l != level) {
+            *c = Some((level, zstd::bulk::Compressor::new(level)?));
+        }
+        match c.as_mut() {
+            Some((_, z)) => z.compress(raw),
+            None => zstd::bulk::compress(raw, level),
+        }
+    })
 }
