@@ -91,7 +91,10 @@ fn open(dir: &Path, clock: &Arc<ManualClock>) -> Engine {
 #[derive(Debug, Default)]
 struct Fed {
     apply: Duration,
+    /// Flush and compaction together.
     flush: Duration,
+    /// Of which compaction.
+    compact: Duration,
     flushes: usize,
     slowest_flush: Duration,
     /// Time in flush, per simulated day: does a flush get slower as the catalog grows?
@@ -127,7 +130,9 @@ fn feed(engine: &Engine, clock: &ManualClock, sc: &Scenario, flush: bool) -> Fed
             let r = engine.flush_closed(t1).expect("flush");
             // What a server does every minute after its flush: merge deltas, merge the days
             // of a month over for a day, drop what retention no longer keeps.
+            let c = Instant::now();
             engine.compact().expect("compact");
+            fed.compact += c.elapsed();
             let took = t.elapsed();
             fed.flush += took;
             if h % 24 == 0 {
@@ -683,8 +688,8 @@ pub fn queries_bench(args: &[String]) {
             engine.compact().expect("compact");
             drop(engine);
             eprintln!(
-                "archive engine fed: {:?} applying, {:?} flushing and compacting",
-                fed.apply, fed.flush
+                "archive engine fed: {:?} applying, {:?} flushing and compacting (of which {:?} compacting)",
+                fed.apply, fed.flush, fed.compact
             );
         }
         if only != Some("archive") {

@@ -153,58 +153,56 @@ pub struct CompactReport {
     pub written: usize,
 }
 
-/// Buckets summed by index.
-type Sums = BTreeMap<u32, i64>;
-
-/// One key's record while inputs are summed into it.
-#[derive(Default)]
-struct Acc {
-    totals: Sums,
-    dims: BTreeMap<String, BTreeMap<String, Sums>>,
+/// Buckets of several inputs, summed by index: sorted, equal indexes added, zeros left out.
+fn summed(mut b: Vec<(u32, i64)>) -> Vec<(u32, i64)> {
+    b.sort_unstable_by_key(|&(i, _)| i);
+    let mut out: Vec<(u32, i64)> = Vec::with_capacity(b.len());
+    for (i, n) in b {
+        match out.last_mut() {
+            Some(last) if last.0 == i => last.1 += n,
+            _ => out.push((i, n)),
+        }
+    }
+    out.retain(|&(_, n)| n != 0);
+    out
 }
 
-impl Acc {
-    fn add(&mut self, rec: &KeyRecord, (totals, subtotals): (bool, bool)) {
-        if totals {
-            for (i, n) in &rec.totals {
-                *self.totals.entry(*i).or_default() += n;
-            }
-        }
-        if subtotals {
-            for d in &rec.dims {
-                let dim = self.dims.entry(d.dim.clone()).or_default();
-                for (value, buckets) in &d.values {
-                    let v = dim.entry(value.clone()).or_default();
-                    for (i, n) in buckets {
-                        *v.entry(*i).or_default() += n;
-                    }
+/// One key's records from several inputs (each already cut to what its cutoff shows)
+/// summed into one, zeros left out; `None` if nothing is left. A key found in one input
+/// only is its record as it is; otherwise names are moved, not copied, and buckets are
+/// concatenated and sorted once rather than added one map entry at a time.
+fn merge_records(mut recs: Vec<KeyRecord>) -> Option<KeyRecord> {
+    let rec = if recs.len() == 1 {
+        recs.pop()?
+    } else {
+        let mut totals = Vec::new();
+        let mut dims: BTreeMap<String, BTreeMap<String, Vec<(u32, i64)>>> = BTreeMap::new();
+        for r in recs {
+            totals.extend(r.totals);
+            for d in r.dims {
+                let values = dims.entry(d.dim).or_default();
+                for (value, buckets) in d.values {
+                    values.entry(value).or_default().extend(buckets);
                 }
             }
         }
-    }
-
-    /// The summed record, zeros left out; `None` if nothing is left.
-    fn finish(self) -> Option<KeyRecord> {
-        let nonzero =
-            |s: Sums| -> Vec<(u32, i64)> { s.into_iter().filter(|(_, n)| *n != 0).collect() };
-        let dims: Vec<DimRecord> = self
-            .dims
-            .into_iter()
-            .filter_map(|(dim, values)| {
-                let values: Vec<(String, Vec<(u32, i64)>)> = values
-                    .into_iter()
-                    .map(|(v, s)| (v, nonzero(s)))
-                    .filter(|(_, b)| !b.is_empty())
-                    .collect();
-                (!values.is_empty()).then_some(DimRecord { dim, values })
-            })
-            .collect();
-        let rec = KeyRecord {
-            totals: nonzero(self.totals),
-            dims,
-        };
-        (!rec.totals.is_empty() || !rec.dims.is_empty()).then_some(rec)
-    }
+        KeyRecord {
+            totals: summed(totals),
+            dims: dims
+                .into_iter()
+                .map(|(dim, values)| DimRecord {
+                    dim,
+                    values: values
+                        .into_iter()
+                        .map(|(v, b)| (v, summed(b)))
+                        .filter(|(_, b)| !b.is_empty())
+                        .collect(),
+                })
+                .filter(|d| !d.values.is_empty())
+                .collect(),
+        }
+    };
+    (!rec.totals.is_empty() || !rec.dims.is_empty()).then_some(rec)
 }
 
 fn seg_err(e: SegmentError) -> StoreError {
@@ -322,14 +320,24 @@ impl Engine {
                 keys.extend(seg.keys(ns, "", None, usize::MAX).map_err(damaged)?);
             }
             for key in keys {
-                let mut acc = Acc::default();
+                let mut recs = Vec::new();
                 for (e, seg) in &inputs {
-                    if let Some(rec) = seg.get(ns, &key).map_err(damaged)? {
-                        acc.add(&rec, cutoff.shows(e.flushed_seq));
+                    let (totals, subtotals) = cutoff.shows(e.flushed_seq);
+                    if !totals && !subtotals {
+                        continue;
+                    }
+                    if let Some(mut rec) = seg.get(ns, &key).map_err(damaged)? {
+                        if !totals {
+                            rec.totals.clear();
+                        }
+                        if !subtotals {
+                            rec.dims.clear();
+                        }
+                        recs.push(rec);
                     }
                 }
-                if let Some(rec) = acc.finish() {
-                    w.add(ns, &key, &rec).map_err(seg_err)?;
+                if let Some(rec) = merge_records(recs) {
+                    w.add_owned(ns, &key, rec).map_err(seg_err)?;
                     any = true;
                 }
             }
