@@ -17,7 +17,7 @@
 //! A failure before 5 puts the frozen counters back and the dirty periods with them; the
 //! log was not truncated, so nothing is lost, and the next flush tries again.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError};
 
@@ -485,43 +485,46 @@ impl Engine {
         }
         frozen.sort_unstable_by_key(|&(k, _)| k);
         // Only the keys whose series have frozen counters: a flush costs what it writes, not
-        // what the catalog has ever seen. Per series id (ids are dense), where its run is.
+        // what the catalog has ever seen. Per series, where its run is; per key, whether any
+        // of its subtotals has one (a tier without breakdowns never does, and then the key's
+        // subtotal list is not walked).
         let cat = self.core.read_cat();
-        let mut runs: Vec<(usize, usize)> = vec![(0, 0); cat.series_info.len()];
-        let mut keys: Vec<KeyId> = Vec::new();
-        for (sid, run) in frozen
-            .chunk_by(|a, b| split_key(a.0).0 == split_key(b.0).0)
-            .scan(0usize, |at, run| {
-                let start = *at;
-                *at += run.len();
-                Some((split_key(run[0].0).0, (start, *at)))
-            })
-        {
-            if let Some(r) = runs.get_mut(sid as usize) {
-                *r = run;
-                keys.extend(cat.key_of_series(sid));
-            }
+        let mut runs: HashMap<SeriesId, (usize, usize), foldhash::fast::FixedState> =
+            HashMap::default();
+        let mut keys: Vec<(KeyId, bool)> = Vec::new();
+        let mut at = 0;
+        for run in frozen.chunk_by(|a, b| split_key(a.0).0 == split_key(b.0).0) {
+            let sid = split_key(run[0].0).0;
+            runs.insert(sid, (at, at + run.len()));
+            at += run.len();
+            keys.extend(cat.key_of_series(sid).map(|k| (k, cat.is_subtotal(sid))));
         }
         keys.sort_unstable();
-        keys.dedup();
+        keys.dedup_by(|later, first| {
+            let same = later.0 == first.0;
+            if same {
+                first.1 |= later.1;
+            }
+            same
+        });
         // In the order segments want: (namespace, key) by bytes, compared in place.
-        let names = |kid: &KeyId| {
-            let k = cat.keys.get(*kid as usize);
+        let names = |kid: KeyId| {
+            let k = cat.keys.get(kid as usize);
             let ns = k.and_then(|k| cat.ns.get(k.ns as usize));
             (
                 ns.map_or(&b""[..], |n| n.name.as_str().as_bytes()),
                 k.map_or(&b""[..], |k| k.name.as_bytes()),
             )
         };
-        keys.sort_unstable_by(|a, b| names(a).cmp(&names(b)));
+        keys.sort_unstable_by(|a, b| names(a.0).cmp(&names(b.0)));
         let series = |sid: SeriesId| -> Buckets {
-            let (a, b) = runs.get(sid as usize).copied().unwrap_or_default();
+            let (a, b) = runs.get(&sid).copied().unwrap_or_default();
             frozen[a..b]
                 .iter()
                 .map(|&(k, n)| (split_key(k).1, n))
                 .collect()
         };
-        for kid in keys {
+        for (kid, has_subs) in keys {
             let Some(entry) = cat.keys.get(kid as usize) else {
                 continue;
             };
@@ -533,7 +536,7 @@ impl Engine {
                 dims: Vec::new(),
             };
             let mut dims: BTreeMap<&str, Vec<(String, Buckets)>> = BTreeMap::new();
-            for &(d, v, sid) in &entry.subs {
+            for &(d, v, sid) in entry.subs.iter().filter(|_| has_subs) {
                 let b = series(sid);
                 if !b.is_empty() {
                     dims.entry(cat.str(d))
