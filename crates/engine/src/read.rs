@@ -10,7 +10,7 @@ use tally_core::model::Key;
 use tally_core::store::{KeyData, KeyList, KeyRead, Scan, StoreError, SubtotalBuckets, Want};
 
 use crate::archive::{SubSums, SumRead, Wants, index_range};
-use crate::catalog::{SeriesId, TierPlan};
+use crate::catalog::{Catalog, SeriesId, TierPlan};
 use crate::memtable::{Counters, Shard, split_key};
 use crate::segment::SegmentError;
 use crate::state::Core;
@@ -209,15 +209,7 @@ impl Core {
         let res = scan.resolution.secs() as u32;
         let cutoff = cat.ns[ns as usize].cutoff(res);
         // Key → its sum so far; looked up by `&str`, so a key is copied once.
-        let mut sums: HashMap<String, i64, foldhash::fast::FixedState> = HashMap::default();
-        fn add(sums: &mut HashMap<String, i64, foldhash::fast::FixedState>, key: &str, n: i64) {
-            match sums.get_mut(key) {
-                Some(s) => *s += n,
-                None => {
-                    sums.insert(key.to_owned(), n);
-                }
-            }
-        }
+        let mut sums: KeySums = HashMap::default();
         // Every STEP keys, the query's deadline is checked (a top can visit millions).
         const STEP: u32 = 1024;
         let mut steps = 0u32;
@@ -231,25 +223,31 @@ impl Core {
         let stopped = |e: StoreError| SegmentError::Stopped { why: e.detail() };
         let archive = {
             let archive = self.archive();
-            for (name, &key) in &cat.ns[ns as usize].ordered {
-                tick()?;
-                let sid = match (scan.value, value) {
-                    (None, _) => cat.keys[key as usize].total,
-                    (Some(_), Some((d, v))) => match cat.sub_id(key, d, v) {
-                        Some(s) => s,
-                        None => continue,
-                    },
-                    (Some(_), None) => break,
-                };
-                let sum: i64 = {
-                    let shard = self.mem.lock(self.mem.shard_of(key));
-                    window.collect(&shard, sid).iter().map(|(_, n)| n).sum()
-                };
-                if sum != 0 {
-                    add(&mut sums, name, sum);
+            if scan.value.is_none()
+                && self.sum_totals_by_scan(&cat, ns, &window, &mut sums, &mut tick)?
+            {
+                Arc::clone(&archive)
+            } else {
+                for (name, &key) in &cat.ns[ns as usize].ordered {
+                    tick()?;
+                    let sid = match (scan.value, value) {
+                        (None, _) => cat.keys[key as usize].total,
+                        (Some(_), Some((d, v))) => match cat.sub_id(key, d, v) {
+                            Some(s) => s,
+                            None => continue,
+                        },
+                        (Some(_), None) => break,
+                    };
+                    let sum: i64 = {
+                        let shard = self.mem.lock(self.mem.shard_of(key));
+                        window.collect(&shard, sid).iter().map(|(_, n)| n).sum()
+                    };
+                    if sum != 0 {
+                        add(&mut sums, name, sum);
+                    }
                 }
+                Arc::clone(&archive)
             }
-            Arc::clone(&archive)
         };
         drop(cat);
         let (lo, hi) = index_range(res, scan.from, scan.to);
@@ -317,6 +315,70 @@ impl Core {
         Ok(())
     }
 
+    /// The memory half of a top by totals, when walking every counter of the tier's maps
+    /// once costs less than probing each key of the namespace for each bucket of the range
+    /// (a top over today, with the open day in memory): sums each key's total series over
+    /// the window into `sums`. False, having done nothing, when probing is cheaper.
+    fn sum_totals_by_scan(
+        &self,
+        cat: &Catalog,
+        ns: u32,
+        window: &Window,
+        sums: &mut KeySums,
+        tick: &mut dyn FnMut() -> Result<(), StoreError>,
+    ) -> Result<bool, StoreError> {
+        let keys = cat.ns[ns as usize].ordered.len();
+        let mut counters = 0usize;
+        let mut span = 0u64;
+        for s in 0..self.mem.shards() {
+            let shard = self.mem.lock(s);
+            let (min, max) = shard.extent(window.slot);
+            span = span.max(u64::from(
+                window.hi.min(max).saturating_sub(window.lo.max(min)),
+            ));
+            counters += [shard.maps.get(window.slot), shard.frozen.get(window.slot)]
+                .into_iter()
+                .flatten()
+                .map(|m| m.len())
+                .sum::<usize>();
+        }
+        if (counters as u64) >= (keys as u64).saturating_mul(span) {
+            return Ok(false);
+        }
+        let mut by_key = vec![0i64; cat.keys.len()];
+        let mut seen = 0u32;
+        for s in 0..self.mem.shards() {
+            let shard = self.mem.lock(s);
+            let maps = [shard.maps.get(window.slot), shard.frozen.get(window.slot)];
+            for (&k, &n) in maps.into_iter().flatten().flatten() {
+                seen = seen.wrapping_add(1);
+                if seen.is_multiple_of(1 << 16) {
+                    tick()?;
+                }
+                let (sid, idx) = split_key(k);
+                if idx < window.lo || idx >= window.hi || cat.is_subtotal(sid) {
+                    continue;
+                }
+                let Some(key) = cat.key_of_series(sid) else {
+                    continue;
+                };
+                match cat.keys.get(key as usize) {
+                    Some(e) if e.ns == ns && e.total == sid && window.keeps(idx) => {
+                        by_key[key as usize] += n;
+                    }
+                    _ => {}
+                }
+            }
+        }
+        for (name, &key) in &cat.ns[ns as usize].ordered {
+            match by_key.get(key as usize) {
+                Some(&n) if n != 0 => add(sums, name, n),
+                _ => {}
+            }
+        }
+        Ok(true)
+    }
+
     /// A page of a namespace's keys: those in memory and those in the archive, merged.
     pub(crate) fn keys(&self, list: &KeyList<'_>) -> Result<Vec<Key>, StoreError> {
         use std::ops::Bound;
@@ -355,6 +417,18 @@ impl Core {
                 Key::from_string(k).map_err(|e| StoreError::corrupt("a stored key").because(e))
             })
             .collect()
+    }
+}
+
+/// Each key's sum so far, looked up by `&str` so that a key is copied once.
+type KeySums = HashMap<String, i64, foldhash::fast::FixedState>;
+
+fn add(sums: &mut KeySums, key: &str, n: i64) {
+    match sums.get_mut(key) {
+        Some(s) => *s += n,
+        None => {
+            sums.insert(key.to_owned(), n);
+        }
     }
 }
 
