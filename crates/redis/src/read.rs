@@ -19,6 +19,10 @@ use crate::{RedisStore, scripts};
 /// Keys per page of a scan (the deadline is checked between pages), and per prune step.
 const PAGE: usize = 1000;
 
+/// Series per `COUNTS` call in a scan on one server: few enough that a call holds Redis for
+/// a short while, many enough that a page of keys is ten calls, not a thousand.
+const GROUP: usize = 100;
+
 /// The windows a range touches at one resolution: `(window start, first offset, last offset)`.
 fn windows(from: i64, to: i64, res: i64) -> Vec<(i64, i64, i64)> {
     let mut out = Vec::new();
@@ -396,18 +400,26 @@ impl RedisStore {
             let page = self.key_page(scan.ns, &min, b"+", PAGE).await?;
             let Some(last) = page.last() else { break };
             min = [b"(", last.as_slice()].concat();
-            let sums = join_all(page.iter().map(|k| {
-                let tag = layout::series_tag(scan.ns, &String::from_utf8_lossy(k));
-                let names: Vec<String> = windows
+            // On one server a script call sums a group of series; in a cluster each series
+            // is in its own slot, so each is its own call.
+            let group = if self.is_cluster() { 1 } else { GROUP };
+            let sums = join_all(page.chunks(group).map(|keys| {
+                let names: Vec<String> = keys
                     .iter()
-                    .map(|&(w, _, _)| match dim {
-                        None => layout::totals_key(&tag, generation, res, w),
-                        Some(d) => layout::subtotals_key(&tag, generation, res, w, d),
+                    .flat_map(|k| {
+                        let tag = layout::series_tag(scan.ns, &String::from_utf8_lossy(k));
+                        windows
+                            .iter()
+                            .map(|&(w, _, _)| match dim {
+                                None => layout::totals_key(&tag, generation, res, w),
+                                Some(d) => layout::subtotals_key(&tag, generation, res, w, d),
+                            })
+                            .collect::<Vec<_>>()
                     })
                     .collect();
                 let windows = &windows;
                 async move {
-                    let counts: Vec<i64> = self
+                    let counts: Vec<Vec<i64>> = self
                         .retry(|mut c| {
                             let names = &names;
                             async move {
@@ -415,7 +427,7 @@ impl RedisStore {
                                 for n in names {
                                     inv.key(n);
                                 }
-                                inv.arg(value);
+                                inv.arg(value).arg(windows.len());
                                 for &(_, lo, hi) in windows {
                                     inv.arg(lo).arg(hi);
                                 }
@@ -423,13 +435,28 @@ impl RedisStore {
                             }
                         })
                         .await?;
-                    Ok::<i64, StoreError>(counts.iter().fold(0i64, |a, n| a.wrapping_add(*n)))
+                    if counts.len() != keys.len() {
+                        return Err(StoreError::internal(format!(
+                            "COUNTS answered {} series for {}",
+                            counts.len(),
+                            keys.len()
+                        )));
+                    }
+                    Ok::<Vec<i64>, StoreError>(
+                        counts
+                            .iter()
+                            .map(|c| c.iter().fold(0i64, |a, n| a.wrapping_add(*n)))
+                            .collect(),
+                    )
                 }
             }))
             .await;
+            let mut all = Vec::with_capacity(page.len());
+            for sums in sums {
+                all.extend(sums?);
+            }
             let full = page.len() == PAGE;
-            for (k, sum) in page.into_iter().zip(sums) {
-                let sum = sum?;
+            for (k, sum) in page.into_iter().zip(all) {
                 if sum != 0 {
                     visit(&self.key_of(scan.ns, k)?, sum);
                 }

@@ -101,33 +101,42 @@ end
 return #gone
 "#;
 
-/// The counts of one series over a range, for `scan`: `KEYS` the window hashes, `ARGV[1]`
-/// the subtotal value (empty: totals), then per key its first and last bucket offset. Answers
-/// the counts found (the caller sums them exactly, in 64 bits: Lua's numbers are doubles).
+/// The counts of one or more series over a range, for `scan`: `ARGV[1]` the subtotal value
+/// (empty: totals), `ARGV[2]` the number `w` of windows a series' range touches, then per
+/// window its first and last bucket offset (the same for every series of a scan); `KEYS` the
+/// window hashes, `w` per series, series after series (all in one slot in a cluster). Answers,
+/// per series, the counts found (the caller sums them exactly, in 64 bits: Lua's numbers are
+/// doubles).
 pub static COUNTS: LazyLock<Script> = LazyLock::new(|| Script::new(COUNTS_LUA));
 
 const COUNTS_LUA: &str = r#"
 local v = ARGV[1]
+local w = tonumber(ARGV[2])
 local out = {}
-for k = 1, #KEYS do
-  local lo = tonumber(ARGV[2 * k])
-  local hi = tonumber(ARGV[2 * k + 1])
-  if v == '' then
-    local all = redis.call('HGETALL', KEYS[k])
-    for j = 1, #all, 2 do
-      local o = tonumber(all[j])
-      if o and o >= lo and o <= hi then
-        out[#out + 1] = all[j + 1]
+for s = 0, #KEYS / w - 1 do
+  local got = {}
+  for j = 1, w do
+    local k = KEYS[s * w + j]
+    local lo = tonumber(ARGV[1 + 2 * j])
+    local hi = tonumber(ARGV[2 + 2 * j])
+    if v == '' then
+      local all = redis.call('HGETALL', k)
+      for i = 1, #all, 2 do
+        local o = tonumber(all[i])
+        if o and o >= lo and o <= hi then
+          got[#got + 1] = all[i + 1]
+        end
       end
-    end
-  else
-    for o = lo, hi do
-      local x = redis.call('HGET', KEYS[k], o .. ':' .. v)
-      if x then
-        out[#out + 1] = x
+    else
+      for o = lo, hi do
+        local x = redis.call('HGET', k, o .. ':' .. v)
+        if x then
+          got[#got + 1] = x
+        end
       end
     end
   end
+  out[#out + 1] = got
 end
 return out
 "#;

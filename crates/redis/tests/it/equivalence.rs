@@ -121,14 +121,17 @@ fn compare(
                     },
                 ] {
                     for (from, to) in [everything, (from, to)] {
-                        reads.push(KeyRead {
-                            ns: &ns,
-                            key,
-                            resolution,
-                            from,
-                            to,
-                            want,
-                        });
+                        for sum_subtotals in [false, true] {
+                            reads.push(KeyRead {
+                                ns: &ns,
+                                key,
+                                resolution,
+                                from,
+                                to,
+                                want,
+                                sum_subtotals,
+                            });
+                        }
                     }
                 }
             }
