@@ -43,18 +43,18 @@ impl Core {
         let mut subs = SubSums::new();
         let archive = {
             let archive = self.archive();
-            if let Some(key) = cat.key_id(ns, r.key.as_str()) {
-                let entry = &cat.keys[key as usize];
-                let shard = self.mem.lock(self.mem.shard_of(key));
-                window.add_into(&shard, entry.total, &mut totals);
-                for &(d, v, sid) in &entry.subs {
-                    let (d, v) = (cat.str(d), cat.str(v));
-                    if want(d, v) {
-                        let m = subs.entry((d.to_owned(), v.to_owned())).or_default();
-                        window.add_into(&shard, sid, m);
-                    }
-                }
-            }
+            let mine = (ns, r.key.as_str());
+            self.key_in_memory(
+                &cat,
+                mine,
+                &window,
+                &mut totals,
+                &*want,
+                &mut |d, v, shard, sid| {
+                    let m = subs.entry((d.to_owned(), v.to_owned())).or_default();
+                    window.add_into(shard, sid, m);
+                },
+            );
             Arc::clone(&archive)
         };
         drop(cat);
@@ -132,18 +132,21 @@ impl Core {
         };
         let archive = {
             let archive = self.archive();
-            if let Some(key) = cat.key_id(ns, r.key.as_str()) {
-                let entry = &cat.keys[key as usize];
-                let shard = self.mem.lock(self.mem.shard_of(key));
-                window.add_into(&shard, entry.total, &mut totals);
-                for &(d, v, sid) in &entry.subs {
-                    let (d, v) = (cat.str(d), cat.str(v));
-                    if want(d, v) {
-                        let n: i64 = window.collect(&shard, sid).iter().map(|(_, n)| n).sum();
-                        add(d, v, n);
-                    }
-                }
-            }
+            let mine = (ns, r.key.as_str());
+            self.key_in_memory(
+                &cat,
+                mine,
+                &window,
+                &mut totals,
+                &want,
+                &mut |d, v, shard, sid| {
+                    add(
+                        d,
+                        v,
+                        window.collect(shard, sid).iter().map(|(_, n)| n).sum(),
+                    );
+                },
+            );
             Arc::clone(&archive)
         };
         drop(cat);
@@ -313,6 +316,32 @@ impl Core {
             }
         }
         Ok(())
+    }
+
+    /// One key's counters in memory: its totals added into `totals`, and each subtotal
+    /// series `want` accepts handed to `sub` with its (locked) shard. The caller holds the
+    /// archive's lock shared (see the module doc).
+    fn key_in_memory(
+        &self,
+        cat: &Catalog,
+        (ns, key): (u32, &str),
+        window: &Window,
+        totals: &mut BTreeMap<u32, i64>,
+        want: &dyn Fn(&str, &str) -> bool,
+        sub: &mut dyn FnMut(&str, &str, &Shard, SeriesId),
+    ) {
+        let Some(key) = cat.key_id(ns, key) else {
+            return;
+        };
+        let entry = &cat.keys[key as usize];
+        let shard = self.mem.lock(self.mem.shard_of(key));
+        window.add_into(&shard, entry.total, totals);
+        for &(d, v, sid) in &entry.subs {
+            let (d, v) = (cat.str(d), cat.str(v));
+            if want(d, v) {
+                sub(d, v, &shard, sid);
+            }
+        }
     }
 
     /// The memory half of a top by totals, when walking every counter of the tier's maps

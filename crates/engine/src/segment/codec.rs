@@ -366,6 +366,16 @@ impl Block {
         Ok(Block { raw, starts, ends })
     }
 
+    /// A reading position in each stream, at record `j`'s start.
+    fn cursors(&self, j: usize) -> Result<[Cur<'_>; STREAMS], String> {
+        let Some(starts) = self.starts.get(j) else {
+            return Err(format!("no record {j}"));
+        };
+        Ok(std::array::from_fn(|i| {
+            Cur::new(&self.raw[..self.ends[i] as usize], STREAM_NAMES[i]).at(starts[i] as usize)
+        }))
+    }
+
     /// Record `j` (< `len()`), its names from `dict`.
     pub(crate) fn record(
         &self,
@@ -373,12 +383,7 @@ impl Block {
         dict: &Dictionary,
         period: &Period,
     ) -> Result<KeyRecord, String> {
-        let Some(starts) = self.starts.get(j) else {
-            return Err(format!("no record {j}"));
-        };
-        let mut c: [Cur; STREAMS] = std::array::from_fn(|i| {
-            Cur::new(&self.raw[..self.ends[i] as usize], STREAM_NAMES[i]).at(starts[i] as usize)
-        });
+        let mut c = self.cursors(j)?;
         let head = c[SHAPE].varint()?;
         let (ndims, relative) = (head >> 1, head & 1 == 1);
         let idx = c[TBITS].series(period)?;
@@ -453,12 +458,7 @@ impl Block {
         total: &mut dyn FnMut(u32, i64),
         sub: &mut dyn FnMut(&str, &str, i64),
     ) -> Result<(), String> {
-        let Some(starts) = self.starts.get(j) else {
-            return Err(format!("no record {j}"));
-        };
-        let mut c: [Cur; STREAMS] = std::array::from_fn(|i| {
-            Cur::new(&self.raw[..self.ends[i] as usize], STREAM_NAMES[i]).at(starts[i] as usize)
-        });
+        let mut c = self.cursors(j)?;
         let head = c[SHAPE].varint()?;
         let (ndims, relative) = (head >> 1, head & 1 == 1);
         let idx = c[TBITS].series(period)?;
