@@ -135,9 +135,9 @@ pub struct Engine {
     pub(crate) wal_dir: PathBuf,
     pub(crate) segments_dir: PathBuf,
     pub(crate) fs: Arc<dyn Fs>,
-    /// One flush (or compaction, or install) at a time. Holds the counters flushes have
-    /// taken from memory since the catalog last forgot what memory no longer holds.
-    pub(crate) flush_lock: Mutex<usize>,
+    /// One flush (or compaction, or install) at a time. Holds what decides when the catalog
+    /// next forgets what memory no longer holds.
+    pub(crate) flush_lock: Mutex<crate::flush::ForgetDebt>,
     /// One rebuild at a time: its read of what a range holds and its install are one step.
     pub(crate) rebuild_lock: Mutex<()>,
     /// Conditional writes (`apply_if`) of one key serialise on its stripe.
@@ -256,7 +256,7 @@ impl Engine {
             wal_dir,
             segments_dir,
             fs: config.fs,
-            flush_lock: Mutex::new(0),
+            flush_lock: Mutex::new(Default::default()),
             rebuild_lock: Mutex::new(()),
             conditional: (0..CONDITIONAL_STRIPES).map(|_| Mutex::new(())).collect(),
             _lock: lock,

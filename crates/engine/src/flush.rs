@@ -33,6 +33,36 @@ use crate::segment::{
 };
 use crate::wal::list_files;
 
+/// What has happened since the catalog last forgot the keys and series that have no counter
+/// left in memory (a walk over every counter, under the write gate): when to do it again.
+#[derive(Debug, Default)]
+pub(crate) struct ForgetDebt {
+    /// Counters flushes have taken from memory.
+    taken: usize,
+    /// Counters memory held after the last flush's freeze, frozen ones excluded.
+    left: usize,
+    /// Flushes that chose a period.
+    flushes: u32,
+}
+
+/// Flushes after which the catalog forgets whatever else says: counters also leave memory by
+/// the retention sweep, a schema change or netting to zero, which the other two rules see
+/// only in part.
+const FORGET_EVERY_FLUSHES: u32 = 24;
+
+impl ForgetDebt {
+    /// Whether a walk is worth it, for a catalog of `series` live series: flushes took an
+    /// eighth as many counters as there are series (a day of an hourly tier takes most of
+    /// memory; the hourly flush of a minute tier few); or memory holds fewer counters than
+    /// seven eighths of the series, so at least an eighth of them has none (a tier the
+    /// sweep empties before its flush); or `FORGET_EVERY_FLUSHES` flushes went by.
+    fn due(&self, series: usize) -> bool {
+        self.taken.saturating_mul(8) >= series
+            || self.left.saturating_mul(8) <= series.saturating_mul(7)
+            || self.flushes >= FORGET_EVERY_FLUSHES
+    }
+}
+
 /// A period's records, in (namespace, key) byte order.
 pub(crate) type Records = Vec<(String, String, KeyRecord)>;
 
@@ -111,7 +141,7 @@ impl Engine {
     /// which idempotency answers are still kept. `publish` publishes a manifest and
     /// truncates the log even when there is no period to flush.
     fn flush_until(&self, until: i64, now: i64, publish: bool) -> Result<FlushReport, StoreError> {
-        let mut since_forget = self
+        let mut debt = self
             .flush_lock
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
@@ -166,15 +196,18 @@ impl Engine {
             for c in &chosen {
                 by_slot.entry(c.slot).or_default().push(c.index_range());
             }
-            let mut frozen = 0;
+            let (mut frozen, mut left) = (0, 0);
             for s in 0..self.core.mem.shards() {
                 let mut shard = self.core.mem.lock(s);
                 for (slot, ranges) in &by_slot {
                     shard.freeze(*slot, ranges);
                 }
                 frozen += shard.frozen.iter().map(|m| m.len()).sum::<usize>();
+                left += shard.maps.iter().map(|m| m.len()).sum::<usize>();
             }
-            *since_forget += frozen;
+            debt.taken += frozen;
+            debt.left = left;
+            debt.flushes += 1;
             (seq, taken)
         };
         let feed = |c: &Chosen, sink: &mut Sink<'_>| {
@@ -186,14 +219,9 @@ impl Engine {
         // One writer: a flush runs beside the server's work.
         match self.write_and_publish(&chosen, seq, now, &feed, 1) {
             Ok(mut report) => {
-                // A series can only have left memory with a counter a flush took: once
-                // flushes have taken an eighth as many counters as the catalog has series,
-                // look for the catalog's dead entries (a walk over memory). The hourly
-                // flush of a minute tier takes few and skips it; a day of an hourly tier
-                // takes most.
-                if *since_forget * 8 >= self.core.read_cat().live_series() {
+                if debt.due(self.core.read_cat().live_series()) {
                     report.forgotten_keys = self.forget_archived();
-                    *since_forget = 0;
+                    *debt = ForgetDebt::default();
                 }
                 report.wal_files_removed = self.truncate_log(report.wal_start)?;
                 Ok(report)

@@ -7,7 +7,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use tally_core::model::Key;
-use tally_core::store::{KeyData, KeyList, KeyRead, Scan, StoreError, SubtotalBuckets, Want};
+use tally_core::store::{
+    Deadline, KeyData, KeyList, KeyRead, Scan, StoreError, SubtotalBuckets, Want,
+};
 
 use crate::archive::{SubSums, SumRead, Wants, index_range};
 use crate::catalog::{Catalog, SeriesId, TierPlan};
@@ -227,7 +229,7 @@ impl Core {
         let archive = {
             let archive = self.archive();
             if scan.value.is_none()
-                && self.sum_totals_by_scan(&cat, ns, &window, &mut sums, &mut tick)?
+                && self.sum_totals_by_scan(&cat, ns, &window, &mut sums, scan.deadline)?
             {
                 Arc::clone(&archive)
             } else {
@@ -267,6 +269,9 @@ impl Core {
             let mut bad = None;
             seg.scan_total_sums(scan.ns.as_str(), &in_range, &mut |key, n| {
                 tick().map_err(stopped)?;
+                if n == 0 {
+                    return Ok(());
+                }
                 match key_of(key.to_owned()) {
                     Ok(k) => visit(&k, n),
                     Err(e) => bad = Some(e),
@@ -284,7 +289,9 @@ impl Core {
                 // A top of keys by total: the subtotals are not even walked.
                 seg.scan_total_sums(scan.ns.as_str(), &in_range, &mut |key, n| {
                     tick().map_err(stopped)?;
-                    add(&mut sums, key, n);
+                    if n != 0 {
+                        add(&mut sums, key, n);
+                    }
                     Ok(())
                 })
                 .map_err(|e| self.archive_error(e))?;
@@ -354,7 +361,7 @@ impl Core {
         ns: u32,
         window: &Window,
         sums: &mut KeySums,
-        tick: &mut dyn FnMut() -> Result<(), StoreError>,
+        deadline: &Deadline,
     ) -> Result<bool, StoreError> {
         let keys = cat.ns[ns as usize].ordered.len();
         let mut counters = 0usize;
@@ -381,8 +388,8 @@ impl Core {
             let maps = [shard.maps.get(window.slot), shard.frozen.get(window.slot)];
             for (&k, &n) in maps.into_iter().flatten().flatten() {
                 seen = seen.wrapping_add(1);
-                if seen.is_multiple_of(1 << 16) {
-                    tick()?;
+                if seen.is_multiple_of(1 << 14) {
+                    deadline.check()?;
                 }
                 let (sid, idx) = split_key(k);
                 if idx < window.lo || idx >= window.hi || cat.is_subtotal(sid) {

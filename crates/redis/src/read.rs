@@ -1,6 +1,6 @@
 //! Reads: one key's buckets (the few windows its range touches, in one `MULTI`/`EXEC` to its
-//! slot, so totals and subtotals agree), key listing by lex range, and scans for `top` (a
-//! `COUNTS` script call per key, a page of keys at a time, all in flight).
+//! slot, so totals and subtotals agree), key listing by lex range, and scans for `top`
+//! (`COUNTS` script calls over groups of keys, a page of keys at a time, all in flight).
 //!
 //! Retention is applied here, by the store's clock, exactly as `MemStore` applies it: a range
 //! starts at the first bucket its tier still keeps. Redis' own expiries only collect what
@@ -19,9 +19,30 @@ use crate::{RedisStore, scripts};
 /// Keys per page of a scan (the deadline is checked between pages), and per prune step.
 const PAGE: usize = 1000;
 
-/// Series per `COUNTS` call in a scan on one server: few enough that a call holds Redis for
-/// a short while, many enough that a page of keys is ten calls, not a thousand.
+/// Series per `COUNTS` call in a scan on one server, at most: many enough that a page of
+/// keys is ten calls, not a thousand.
 const GROUP: usize = 100;
+
+/// Hash reads (`HGET`s, or fields of `HGETALL`s) one `COUNTS` call may make, about: a call
+/// holds Redis for a short while, however long the range.
+const GROUP_WORK: usize = 12_000;
+
+/// Series per `COUNTS` call: `GROUP`, fewer when each series costs many reads (a value's
+/// `HGET` per bucket over a long fine range), one in a cluster (each series in its own slot).
+fn group_size(cluster: bool, windows: &[(i64, i64, i64)], by_value: bool) -> usize {
+    if cluster {
+        return 1;
+    }
+    let per_series: usize = if by_value {
+        windows
+            .iter()
+            .map(|&(_, lo, hi)| usize::try_from(hi - lo + 1).unwrap_or(0))
+            .sum()
+    } else {
+        windows.len() * WINDOW_BUCKETS as usize
+    };
+    (GROUP_WORK / per_series.max(1)).clamp(1, GROUP)
+}
 
 /// The windows a range touches at one resolution: `(window start, first offset, last offset)`.
 fn windows(from: i64, to: i64, res: i64) -> Vec<(i64, i64, i64)> {
@@ -400,9 +421,7 @@ impl RedisStore {
             let page = self.key_page(scan.ns, &min, b"+", PAGE).await?;
             let Some(last) = page.last() else { break };
             min = [b"(", last.as_slice()].concat();
-            // On one server a script call sums a group of series; in a cluster each series
-            // is in its own slot, so each is its own call.
-            let group = if self.is_cluster() { 1 } else { GROUP };
+            let group = group_size(self.is_cluster(), &windows, dim.is_some());
             let sums = join_all(page.chunks(group).map(|keys| {
                 let names: Vec<String> = keys
                     .iter()
@@ -569,6 +588,16 @@ impl Collect {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_counts_call_is_bounded_by_the_reads_it_makes() {
+        let hour = windows(0, 3600, 3600);
+        assert_eq!(group_size(false, &hour, false), GROUP_WORK / 120);
+        assert_eq!(group_size(false, &windows(0, 3600, 60), true), GROUP);
+        // A value over a week of minutes: an HGET per bucket, one series per call.
+        assert_eq!(group_size(false, &windows(0, 7 * 86_400, 60), true), 1);
+        assert_eq!(group_size(true, &hour, false), 1);
+    }
 
     #[test]
     fn windows_cover_the_range_exactly() {

@@ -347,8 +347,9 @@ impl Segment {
     }
 
     /// Every key of `ns` in key order with the sum of its totals over the buckets `inside`
-    /// accepts, when not zero. Each block is read once and only its shape and totals
-    /// streams are walked (see `codec::total_sums`): what a top of keys needs.
+    /// accepts, zero included (so that a caller can check its deadline on every key). Each
+    /// block is read once and only its shape and totals streams are walked (see
+    /// `codec::total_sums`): what a top of keys needs.
     pub fn scan_total_sums(
         &self,
         ns: &str,
@@ -369,7 +370,6 @@ impl Segment {
                 }
             };
             match sums.get(ord) {
-                Some(0) => Ok(()),
                 Some(&n) => visit(key, n),
                 None => Err(seg.corrupt(format!("block {block} has no record {ord}"))),
             }

@@ -248,6 +248,36 @@ fn schemas_and_remembered_answers_survive_log_truncation() {
 }
 
 #[test]
+fn keys_of_a_tier_the_sweep_empties_are_forgotten_too() {
+    // A rate-limit namespace: one minute tier kept 30 minutes, so the retention sweep empties
+    // each hour before it is flushed. The flush then takes no counter from memory, and the
+    // catalog must still forget the keys, or it grows with every user ever seen.
+    let dir = tempfile::tempdir().unwrap();
+    let clock = crate::clock(NOW);
+    let e = open(dir.path(), &clock);
+    let ns = Namespace::new("rl").unwrap();
+    let schema = Schema::from_doc(&SchemaDoc {
+        tiers: vec!["1m:30m".into()],
+        breakdown_tiers: None,
+        dimensions: None,
+    })
+    .unwrap();
+    e.put_schema(&ns, &schema).unwrap();
+    let users: Vec<RawEvent> = (0..200)
+        .map(|i| raw("rl", &format!("user_{i}"), NOW - 60, 1, &[]))
+        .collect();
+    write(&e, NOW, &users).unwrap();
+    assert_eq!(e.stats().keys, 200);
+    clock.advance(2 * 3600);
+    e.sweep();
+    assert_eq!(e.stats().live_counters, 0, "the sweep emptied memory");
+    let report = e.flush().unwrap();
+    assert_eq!(report.segments, 0, "{report:?}");
+    assert_eq!(report.forgotten_keys, 200, "{report:?}");
+    assert_eq!(e.stats().keys, 0);
+}
+
+#[test]
 fn a_removed_tier_added_back_starts_empty_even_when_archived() {
     let dir = tempfile::tempdir().unwrap();
     let (clock, reference, e) = seeded(dir.path());
