@@ -46,6 +46,7 @@ fn probe_total(e: &Engine) -> i64 {
         from: 0,
         to: 1 << 32,
         want: Want::All,
+        sum_subtotals: false,
     };
     let data = e.read(&[read]).unwrap().pop().unwrap();
     data.totals.iter().map(|(_, n)| n).sum()
