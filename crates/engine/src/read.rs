@@ -29,8 +29,7 @@ impl Core {
         };
         let wants_subtotals = tier.breakdown && !matches!(r.want, Want::Totals);
         if wants_subtotals && r.sum_subtotals {
-            drop(cat);
-            return self.read_summed(r, now);
+            return self.read_summed(r, now, cat, (ns, tier));
         }
         let want: Box<Wants<'_>> = match (tier.breakdown, r.want) {
             (false, _) | (_, Want::Totals) => Box::new(|_, _| false),
@@ -94,14 +93,13 @@ impl Core {
     /// One key's totals bucket by bucket and each wanted subtotal series as one sum (a
     /// bucket at `from`): what a breakdown or a dashboard needs, without a map entry per
     /// subtotal bucket. The subtotals of other dimensions are not decoded from the archive.
-    fn read_summed(&self, r: &KeyRead<'_>, now: i64) -> Result<KeyData, StoreError> {
-        let cat = self.read_cat();
-        let Some(ns) = cat.ns_id(r.ns.as_str()) else {
-            return Ok(KeyData::default());
-        };
-        let Some(tier) = cat.ns[ns as usize].tier(r.resolution) else {
-            return Ok(KeyData::default());
-        };
+    fn read_summed(
+        &self,
+        r: &KeyRead<'_>,
+        now: i64,
+        cat: std::sync::RwLockReadGuard<'_, Catalog>,
+        (ns, tier): (u32, TierPlan),
+    ) -> Result<KeyData, StoreError> {
         let (one_dim, one_value) = match r.want {
             Want::Totals => (Some(""), None),
             Want::Value { dim, value } => (Some(dim), Some(value)),

@@ -419,14 +419,9 @@ impl Block {
                 let idx = if !relative {
                     c[SBITS].series(period)?
                 } else {
-                    let mask = match k {
-                        0 => return Err("subtotals by position in no totals".into()),
-                        1 => 1,
-                        _ => c[SBITS].bits(k)?,
-                    };
-                    if mask == 0 {
-                        return Err(format!("value {v:?} of {dim:?} has no buckets"));
-                    }
+                    let mask = c[SBITS]
+                        .position_mask(k)
+                        .map_err(|e| format!("value {v:?} of {dim:?}: {e}"))?;
                     (0..k)
                         .filter(|p| mask >> p & 1 == 1)
                         .map(|p| totals[p].0)
@@ -505,14 +500,9 @@ impl Block {
                         }
                     }
                 } else {
-                    let mask = match k {
-                        0 => return Err("subtotals by position in no totals".into()),
-                        1 => 1,
-                        _ => c[SBITS].bits(k)?,
-                    };
-                    if mask == 0 {
-                        return Err(format!("a value of {dim:?} has no buckets"));
-                    }
+                    let mask = c[SBITS]
+                        .position_mask(k)
+                        .map_err(|e| format!("a value of {dim:?}: {e}"))?;
                     if value.is_none() {
                         c[SCOUNTS].skip_varints(u64::from(mask.count_ones()))?;
                         continue;
@@ -728,6 +718,20 @@ impl<'a> Cur<'a> {
                 "{}: a bit set past the {bits} bits of a bitmap",
                 self.what
             ));
+        }
+        Ok(mask)
+    }
+
+    /// A subtotal's buckets stored by position in its record's `k` totals buckets: a bitmap
+    /// over them (nothing is stored when `k` is 1). A value without buckets is corrupt.
+    fn position_mask(&mut self, k: usize) -> Result<u64, String> {
+        let mask = match k {
+            0 => return Err("subtotals by position in no totals".into()),
+            1 => 1,
+            _ => self.bits(k)?,
+        };
+        if mask == 0 {
+            return Err("has no buckets".into());
         }
         Ok(mask)
     }
