@@ -24,7 +24,7 @@ use tally_engine::{Config, Engine, FlushPolicy, FlushReport, FsyncPolicy};
 
 use crate::http::{Conn, Running};
 use crate::workload::{self, Generator, Shape};
-use crate::{mevents, rss_bytes};
+use crate::{heap_bytes, mevents, rss_anon_bytes, rss_bytes};
 
 const DAY: i64 = 86_400;
 const HOUR: i64 = 3_600;
@@ -102,6 +102,45 @@ struct Fed {
     flushed: FlushReport,
     sweep: Duration,
     rss_growth: u64,
+    anon_growth: u64,
+    /// With `--features heap`: live heap bytes added over the feed, and the most the heap
+    /// held above its start at any sample.
+    heap_growth: Option<u64>,
+    heap_peak: Option<u64>,
+}
+
+/// Samples the live heap every millisecond on a thread of its own until dropped; keeps the
+/// largest sample.
+struct HeapPeak {
+    peak: Arc<std::sync::atomic::AtomicU64>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl HeapPeak {
+    fn start() -> HeapPeak {
+        use std::sync::atomic::Ordering::Relaxed;
+        let peak = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let thread = crate::heap_bytes().is_some().then(|| {
+            let (peak, stop) = (peak.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Relaxed) {
+                    peak.fetch_max(crate::heap_bytes().unwrap_or(0), Relaxed);
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            })
+        });
+        HeapPeak { peak, stop, thread }
+    }
+
+    fn peak(mut self) -> Option<u64> {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.stop.store(true, Relaxed);
+        let t = self.thread.take()?;
+        t.join().ok()?;
+        Some(self.peak.load(Relaxed))
+    }
 }
 
 /// Applies the scenario hour by hour, the clock at each hour's end; with `flush`, flushes and
@@ -109,7 +148,8 @@ struct Fed {
 /// day.
 fn feed(engine: &Engine, clock: &ManualClock, sc: &Scenario, flush: bool) -> Fed {
     let mut fed = Fed::default();
-    let rss0 = rss_bytes();
+    let (rss0, anon0, heap0) = (rss_bytes(), rss_anon_bytes(), heap_bytes());
+    let sampler = HeapPeak::start();
     let mut generator = Generator::new(sc.shape, sc.seed);
     let hours = (sc.days * 24) as usize;
     for h in 0..hours {
@@ -157,6 +197,12 @@ fn feed(engine: &Engine, clock: &ManualClock, sc: &Scenario, flush: bool) -> Fed
         }
     }
     fed.rss_growth = rss_bytes().saturating_sub(rss0);
+    fed.anon_growth = rss_anon_bytes().saturating_sub(anon0);
+    let peak = sampler.peak();
+    if let (Some(h0), Some(h1)) = (heap0, heap_bytes()) {
+        fed.heap_growth = Some(h1.saturating_sub(h0));
+        fed.heap_peak = peak.map(|p| p.saturating_sub(h0));
+    }
     fed
 }
 
@@ -652,6 +698,26 @@ pub fn bench(args: &[String]) {
             mib(lfed.rss_growth)
         ),
     ));
+    let per = |b: u64| b as f64 / astats.live_counters.max(1) as f64;
+    rows.push(row(
+        "memory per live counter: anonymous RSS growth (heap, not mapped files)",
+        format!("{:.1} B ({})", per(fed.anon_growth), mib(fed.anon_growth)),
+        NA,
+    ));
+    rows.push(row(
+        "memory per live counter: heap in use at the end / at its peak (`--features heap`)",
+        match (fed.heap_growth, fed.heap_peak) {
+            (Some(h), Some(p)) => format!(
+                "{:.1} B ({}) / {:.1} B ({})",
+                per(h),
+                mib(h),
+                per(p),
+                mib(p)
+            ),
+            _ => "not measured (build without `--features heap`)".into(),
+        },
+        NA,
+    ));
     rows.push(costs);
     for ((what, afig, aans), (_, lfig, lans)) in aq.iter().zip(&lq) {
         assert_eq!(aans, lans, "{what}: archive and memory answer differently");
@@ -692,11 +758,25 @@ pub fn queries_bench(args: &[String]) {
             // The last day stays in memory (and in the log), as in a server during the next
             // day's grace: a top over it reads memory.
             let fed = feed(&engine, &clock, &sc, true);
-            drop(engine);
+            let stats = engine.stats();
+            let per = |b: u64| b as f64 / stats.live_counters.max(1) as f64;
             eprintln!(
                 "archive engine fed: {:?} applying, {:?} flushing and compacting (of which {:?} compacting)",
                 fed.apply, fed.flush, fed.compact
             );
+            eprintln!(
+                "memory per live counter ({} counters, {} keys, {} series): RSS growth {:.1} B, anonymous {:.1} B, heap at the end {}, heap peak {}",
+                stats.live_counters,
+                stats.keys,
+                stats.series,
+                per(fed.rss_growth),
+                per(fed.anon_growth),
+                fed.heap_growth
+                    .map_or("—".into(), |h| format!("{:.1} B", per(h))),
+                fed.heap_peak
+                    .map_or("—".into(), |h| format!("{:.1} B", per(h))),
+            );
+            drop(engine);
         }
         if only != Some("archive") {
             let clock = Arc::new(ManualClock::new(sc.start));

@@ -26,6 +26,32 @@ use std::time::Instant;
 use tally_core::store::{Batch, Clock, Store, SystemClock};
 use tally_engine::{Config, Engine, FsyncPolicy};
 
+#[cfg(feature = "heap")]
+#[global_allocator]
+static HEAP: &stats_alloc::StatsAlloc<std::alloc::System> = &stats_alloc::INSTRUMENTED_SYSTEM;
+
+/// Bytes allocated and not yet freed, with `--features heap`.
+fn heap_bytes() -> Option<u64> {
+    #[cfg(feature = "heap")]
+    {
+        let s = HEAP.stats();
+        Some(s.bytes_allocated.saturating_sub(s.bytes_deallocated) as u64)
+    }
+    #[cfg(not(feature = "heap"))]
+    None
+}
+
+/// Anonymous resident memory (heap and stacks, not mapped files), from /proc/self/status.
+fn rss_anon_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("RssAnon:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap_or(0)
+        * 1024
+}
+
 fn rss_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
     let pages: u64 = statm

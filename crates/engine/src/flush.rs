@@ -27,7 +27,7 @@ use crate::archive::{Archive, segment_path};
 use crate::catalog::{KeyId, SeriesId};
 use crate::engine::Engine;
 use crate::manifest::{self, Manifest, SegmentEntry};
-use crate::memtable::split_key;
+use crate::memtable::{Frozen, split_key};
 use crate::segment::{
     Buckets, DimRecord, KeyRecord, Segment, SegmentKind, SegmentMeta, SegmentWriter,
 };
@@ -63,8 +63,9 @@ impl ForgetDebt {
     }
 }
 
-/// A period's records, in (namespace, key) byte order.
-pub(crate) type Records = Vec<(String, String, KeyRecord)>;
+/// Keys whose records a flush builds at once (under the catalog's read lock) before
+/// writing them.
+const FLUSH_CHUNK_KEYS: usize = 2048;
 
 /// Where a period's records go, in strictly increasing (namespace, key) order.
 pub(crate) type Sink<'a> = dyn FnMut(&str, &str, KeyRecord) -> Result<(), StoreError> + 'a;
@@ -210,12 +211,7 @@ impl Engine {
             debt.flushes += 1;
             (seq, taken)
         };
-        let feed = |c: &Chosen, sink: &mut Sink<'_>| {
-            for (ns, key, rec) in self.frozen_records(c)? {
-                sink(&ns, &key, rec)?;
-            }
-            Ok(())
-        };
+        let feed = |c: &Chosen, sink: &mut Sink<'_>| self.frozen_records(c, sink);
         // One writer: a flush runs beside the server's work.
         match self.write_and_publish(&chosen, seq, now, &feed, 1) {
             Ok(mut report) => {
@@ -491,99 +487,127 @@ impl Engine {
         Ok(report)
     }
 
-    /// The frozen counters of one period as segment records, by (namespace, key) in byte
-    /// order.
-    fn frozen_records(&self, c: &Chosen) -> Result<Records, StoreError> {
+    /// Hands the frozen counters of one period to `sink` as segment records, by (namespace,
+    /// key) in byte order. Records are built a few thousand keys at a time under the
+    /// catalog's read lock, then written with the lock released: the flush never holds the
+    /// whole period as records (its memory peak is the frozen counters plus one chunk), and
+    /// batches, which take the catalog's write lock, wait for one chunk at most. Key ids stay
+    /// meant for the same keys throughout: only a flush forgets keys, and the caller holds
+    /// the flush lock.
+    fn frozen_records(&self, c: &Chosen, sink: &mut Sink<'_>) -> Result<(), StoreError> {
         let (lo, hi) = c.index_range();
-        // The period's counters sorted by (series, bucket): each series' buckets are then
-        // one sorted run, found by binary search, with no map or list per series.
-        let mut frozen: Vec<(u64, i64)> = Vec::new();
-        for s in 0..self.core.mem.shards() {
-            let shard = self.core.mem.lock(s);
-            if let Some(map) = shard.frozen.get(c.slot) {
-                frozen.extend(map.iter().map(|(&k, &n)| (k, n)).filter(|&(k, n)| {
-                    let idx = split_key(k).1;
-                    lo <= idx && idx < hi && n != 0
-                }));
-            }
-        }
-        let mut out = Records::new();
-        if frozen.is_empty() {
-            return Ok(out);
-        }
-        frozen.sort_unstable_by_key(|&(k, _)| k);
-        // Only the keys whose series have frozen counters: a flush costs what it writes, not
-        // what the catalog has ever seen. Per series, where its run is; per key, whether any
-        // of its subtotals has one (a tier without breakdowns never does, and then the key's
-        // subtotal list is not walked).
-        let cat = self.core.read_cat();
-        let mut runs: HashMap<SeriesId, (usize, usize), foldhash::fast::FixedState> =
-            HashMap::default();
-        let mut keys: Vec<(KeyId, bool)> = Vec::new();
-        let mut at = 0;
-        for run in frozen.chunk_by(|a, b| split_key(a.0).0 == split_key(b.0).0) {
-            let sid = split_key(run[0].0).0;
-            runs.insert(sid, (at, at + run.len()));
-            at += run.len();
-            keys.extend(cat.key_of_series(sid).map(|k| (k, cat.is_subtotal(sid))));
-        }
-        keys.sort_unstable();
-        keys.dedup_by(|later, first| {
-            let same = later.0 == first.0;
-            if same {
-                first.1 |= later.1;
-            }
-            same
-        });
-        // In the order segments want: (namespace, key) by bytes, compared in place.
-        let names = |kid: KeyId| {
-            let k = cat.keys.get(kid as usize);
-            let ns = k.and_then(|k| cat.ns.get(k.ns as usize));
-            (
-                ns.map_or(&b""[..], |n| n.name.as_str().as_bytes()),
-                k.map_or(&b""[..], |k| k.name.as_bytes()),
-            )
+        // Each shard's frozen counters of the slot, shared, not copied: sorted by (series,
+        // bucket), so a series' buckets are one run. A key's series are all in its shard's
+        // array.
+        let frozen: Vec<Arc<Frozen>> = (0..self.core.mem.shards())
+            .map(|s| {
+                let shard = self.core.mem.lock(s);
+                shard.frozen.get(c.slot).cloned().unwrap_or_default()
+            })
+            .collect();
+        let in_period = |k: u64| {
+            let idx = split_key(k).1;
+            lo <= idx && idx < hi
         };
-        keys.sort_unstable_by(|a, b| names(a.0).cmp(&names(b.0)));
-        let series = |sid: SeriesId| -> Buckets {
-            let (a, b) = runs.get(&sid).copied().unwrap_or_default();
-            frozen[a..b]
+        // Only the keys whose series have frozen counters in the period: a flush costs what it
+        // writes, not what the catalog has ever seen. Per key, whether any of its subtotals
+        // has one (a tier without breakdowns never does, and then the key's subtotal list is
+        // not walked).
+        let mut keys: Vec<(KeyId, bool)> = Vec::new();
+        // Per series with counters in the period, where its run is in its shard's array (a
+        // key's subtotals without one are then passed over with one probe).
+        let mut runs: HashMap<SeriesId, (u32, u32), foldhash::fast::FixedState> =
+            HashMap::default();
+        {
+            let cat = self.core.read_cat();
+            for f in &frozen {
+                let mut at = 0;
+                for run in f.chunk_by(|a, b| split_key(a.0).0 == split_key(b.0).0) {
+                    let start = at;
+                    at += run.len();
+                    if !run.iter().any(|&(k, n)| n != 0 && in_period(k)) {
+                        continue;
+                    }
+                    let sid = split_key(run[0].0).0;
+                    runs.insert(sid, (start as u32, at as u32));
+                    keys.extend(cat.key_of_series(sid).map(|k| (k, cat.is_subtotal(sid))));
+                }
+            }
+            if keys.is_empty() {
+                return Ok(());
+            }
+            keys.sort_unstable();
+            keys.dedup_by(|later, first| {
+                let same = later.0 == first.0;
+                if same {
+                    first.1 |= later.1;
+                }
+                same
+            });
+            // In the order segments want: (namespace, key) by bytes, compared in place.
+            let names = |kid: KeyId| {
+                let k = cat.keys.get(kid as usize);
+                let ns = k.and_then(|k| cat.ns.get(k.ns as usize));
+                (
+                    ns.map_or(&b""[..], |n| n.name.as_str().as_bytes()),
+                    k.map_or(&b""[..], |k| k.name.as_bytes()),
+                )
+            };
+            keys.sort_unstable_by(|a, b| names(a.0).cmp(&names(b.0)));
+        }
+        let mem = &self.core.mem;
+        // A series' buckets in the period, from its key's shard.
+        let series = |kid: KeyId, sid: SeriesId| -> Buckets {
+            let (Some(f), Some(&(a, b))) = (frozen.get(mem.shard_of(kid)), runs.get(&sid)) else {
+                return Buckets::new();
+            };
+            f[a as usize..b as usize]
                 .iter()
+                .filter(|&&(k, n)| n != 0 && in_period(k))
                 .map(|&(k, n)| (split_key(k).1, n))
                 .collect()
         };
-        for (kid, has_subs) in keys {
-            let Some(entry) = cat.keys.get(kid as usize) else {
-                continue;
-            };
-            let Some(ns) = cat.ns.get(entry.ns as usize) else {
-                continue;
-            };
-            let mut rec = KeyRecord {
-                totals: series(entry.total),
-                dims: Vec::new(),
-            };
-            let mut dims: BTreeMap<&str, Vec<(String, Buckets)>> = BTreeMap::new();
-            for &(d, v, sid) in entry.subs.iter().filter(|_| has_subs) {
-                let b = series(sid);
-                if !b.is_empty() {
-                    dims.entry(cat.str(d))
-                        .or_default()
-                        .push((cat.str(v).to_owned(), b));
+        let mut chunk: Vec<(String, String, KeyRecord)> = Vec::new();
+        for part in keys.chunks(FLUSH_CHUNK_KEYS) {
+            {
+                let cat = self.core.read_cat();
+                for &(kid, has_subs) in part {
+                    let Some(entry) = cat.keys.get(kid as usize) else {
+                        continue;
+                    };
+                    let Some(ns) = cat.ns.get(entry.ns as usize) else {
+                        continue;
+                    };
+                    let mut rec = KeyRecord {
+                        totals: series(kid, entry.total),
+                        dims: Vec::new(),
+                    };
+                    let mut dims: BTreeMap<&str, Vec<(String, Buckets)>> = BTreeMap::new();
+                    for &(d, v, sid) in entry.subs.iter().filter(|_| has_subs) {
+                        let b = series(kid, sid);
+                        if !b.is_empty() {
+                            dims.entry(cat.str(d))
+                                .or_default()
+                                .push((cat.str(v).to_owned(), b));
+                        }
+                    }
+                    for (dim, mut values) in dims {
+                        values.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+                        rec.dims.push(DimRecord {
+                            dim: dim.to_owned(),
+                            values,
+                        });
+                    }
+                    if !rec.totals.is_empty() || !rec.dims.is_empty() {
+                        chunk.push((ns.name.as_str().to_owned(), entry.name.to_string(), rec));
+                    }
                 }
             }
-            for (dim, mut values) in dims {
-                values.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
-                rec.dims.push(DimRecord {
-                    dim: dim.to_owned(),
-                    values,
-                });
-            }
-            if !rec.totals.is_empty() || !rec.dims.is_empty() {
-                out.push((ns.name.as_str().to_owned(), entry.name.to_string(), rec));
+            for (ns, key, rec) in chunk.drain(..) {
+                sink(&ns, &key, rec)?;
             }
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Forgets the catalog's keys and series that have no counter left in memory, under the
@@ -598,12 +622,11 @@ impl Engine {
         let mut live = vec![0u64; series.div_ceil(64)];
         for s in 0..self.core.mem.shards() {
             let shard = self.core.mem.lock(s);
-            for map in shard.maps.iter().chain(&shard.frozen) {
-                for k in map.keys() {
-                    let sid = split_key(*k).0 as usize;
-                    if let Some(w) = live.get_mut(sid / 64) {
-                        *w |= 1 << (sid % 64);
-                    }
+            let keys = shard.maps.iter().flat_map(|m| m.keys().copied());
+            for k in keys.chain(shard.frozen.iter().flat_map(|f| f.iter()).map(|e| e.0)) {
+                let sid = split_key(k).0 as usize;
+                if let Some(w) = live.get_mut(sid / 64) {
+                    *w |= 1 << (sid % 64);
                 }
             }
         }

@@ -5,17 +5,26 @@
 //!
 //! A counter is one `u64 → i64` entry: `series id << 32 | bucket index` (the bucket start
 //! divided by the resolution; timestamps are below 2^32, so it fits). One map per
-//! resolution slot. Zero counters are removed rather than kept.
+//! resolution slot. Zero counters are removed rather than kept. Counters a flush is writing
+//! are *frozen*: moved to a sorted array per slot (16 bytes each, no hash table), read by
+//! binary search until their segment is published.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use foldhash::fast::FixedState;
 
 use crate::catalog::SeriesId;
 
 pub type Counters = HashMap<u64, i64, FixedState>;
+
+/// Frozen counters: `(counter key, count)` sorted by key, keys unique.
+pub type Frozen = Vec<(u64, i64)>;
+
+fn frozen_get(f: &Frozen, k: u64) -> i64 {
+    f.binary_search_by_key(&k, |e| e.0).map_or(0, |i| f[i].1)
+}
 
 /// Keeps a shard's lock on its own cache lines, away from its neighbours'.
 #[derive(Debug, Default)]
@@ -29,9 +38,11 @@ pub struct Shard {
     /// Per slot, the lowest and highest bucket index ever added (never shrunk): reads clamp
     /// their probes to it, so "all time" over recent data costs what the data spans.
     pub extent: Vec<(u32, u32)>,
-    /// Per slot, counters a flush is writing to a segment: still read from here until the
-    /// segment is published, then dropped (or put back if the flush fails).
-    pub frozen: Vec<Counters>,
+    /// Per slot, counters a flush is writing to a segment, sorted by counter key, one entry
+    /// per key: still read from here until the segment is published, then dropped (or put
+    /// back if the flush fails).
+    /// Shared with the flush writing them, which reads them without a copy or the lock.
+    pub frozen: Vec<Arc<Frozen>>,
 }
 
 impl Shard {
@@ -74,31 +85,70 @@ impl Shard {
     /// A counter's value: live plus frozen.
     pub fn get(&self, slot: usize, series: SeriesId, bucket_index: u32) -> i64 {
         let k = counter_key(series, bucket_index);
-        let of = |maps: &[Counters]| maps.get(slot).and_then(|m| m.get(&k)).copied().unwrap_or(0);
-        of(&self.maps) + of(&self.frozen)
+        let live = self.maps.get(slot).and_then(|m| m.get(&k)).copied();
+        live.unwrap_or(0) + self.frozen.get(slot).map_or(0, |f| frozen_get(f, k))
     }
 
+    /// Counters held, live and frozen.
     pub fn live(&self) -> usize {
-        self.maps.iter().chain(&self.frozen).map(HashMap::len).sum()
+        self.maps.iter().map(HashMap::len).sum::<usize>()
+            + self.frozen.iter().map(|f| f.len()).sum::<usize>()
+    }
+
+    /// How many counters a slot holds, live and frozen (a key can be in both).
+    pub fn count(&self, slot: usize) -> usize {
+        self.maps.get(slot).map_or(0, HashMap::len) + self.frozen.get(slot).map_or(0, |f| f.len())
+    }
+
+    /// Every counter of a slot, live then frozen; a key live and frozen comes twice (the
+    /// caller adds them).
+    pub fn counters(&self, slot: usize) -> impl Iterator<Item = (u64, i64)> + '_ {
+        let live = self
+            .maps
+            .get(slot)
+            .into_iter()
+            .flatten()
+            .map(|(&k, &n)| (k, n));
+        live.chain(
+            self.frozen
+                .get(slot)
+                .into_iter()
+                .flat_map(|f| f.iter())
+                .copied(),
+        )
     }
 
     /// Moves a slot's counters whose bucket index lies in one of `ranges` (`[lo, hi)`) to its
-    /// frozen map, in one pass over the slot.
+    /// frozen array, in one pass over the slot.
     pub fn freeze(&mut self, slot: usize, ranges: &[(u32, u32)]) {
         self.map(slot);
         if self.frozen.len() <= slot {
-            self.frozen.resize_with(slot + 1, Counters::default);
+            self.frozen.resize_with(slot + 1, Arc::default);
         }
-        let (live, frozen) = (&mut self.maps[slot], &mut self.frozen[slot]);
+        let live = &mut self.maps[slot];
+        let frozen = Arc::make_mut(&mut self.frozen[slot]);
+        let had = frozen.len();
         live.retain(|k, n| {
             let i = split_key(*k).1;
             if ranges.iter().any(|&(lo, hi)| lo <= i && i < hi) {
-                *frozen.entry(*k).or_default() += *n;
+                frozen.push((*k, *n));
                 false
             } else {
                 true
             }
         });
+        frozen.sort_unstable_by_key(|e| e.0);
+        if had > 0 {
+            // Frozen twice before a publish: one entry per key, summed.
+            frozen.dedup_by(|later, first| {
+                let same = later.0 == first.0;
+                if same {
+                    first.1 += later.1;
+                }
+                same
+            });
+            frozen.retain(|e| e.1 != 0);
+        }
         // A flush empties most of a map: give the memory back rather than keep the peak.
         if live.len() < live.capacity() / 4 {
             live.shrink_to_fit();
@@ -109,7 +159,7 @@ impl Shard {
     pub fn thaw(&mut self) {
         let frozen = std::mem::take(&mut self.frozen);
         for (slot, map) in frozen.into_iter().enumerate() {
-            for (k, n) in map {
+            for &(k, n) in map.iter() {
                 let (series, idx) = split_key(k);
                 self.add(slot, series, idx, n);
             }
@@ -215,5 +265,33 @@ mod tests {
         s.freeze(0, &[(0, 100)]);
         s.drop_frozen();
         assert_eq!(s.live(), 0);
+    }
+
+    #[test]
+    fn frozen_twice_keeps_one_sorted_entry_per_counter() {
+        let mut s = Shard::default();
+        for (series, idx, n) in [(3, 5, 1), (1, 7, 2), (1, 5, 4), (2, 9, 8)] {
+            s.add(0, series, idx, n);
+        }
+        s.freeze(0, &[(0, 8)]);
+        // Late adds to a frozen counter and to a new one, then a second freeze.
+        s.add(0, 1, 5, 16);
+        s.add(0, 3, 5, -1);
+        s.add(0, 2, 6, 32);
+        s.freeze(0, &[(0, 8)]);
+        let keys: Vec<(u32, u32, i64)> = s.frozen[0]
+            .iter()
+            .map(|&(k, n)| (split_key(k).0, split_key(k).1, n))
+            .collect();
+        assert_eq!(
+            keys,
+            vec![(1, 5, 20), (1, 7, 2), (2, 6, 32)],
+            "summed, netted to zero dropped, sorted by (series, bucket)"
+        );
+        assert_eq!((s.get(0, 1, 5), s.get(0, 3, 5), s.get(0, 2, 9)), (20, 0, 8));
+        assert_eq!(s.count(0), 4);
+        let mut all: Vec<(u64, i64)> = s.counters(0).collect();
+        all.sort_unstable();
+        assert_eq!(all.len(), 4);
     }
 }

@@ -13,7 +13,7 @@ use tally_core::store::{
 
 use crate::archive::{SubSums, SumRead, Wants, index_range};
 use crate::catalog::{Catalog, SeriesId, TierPlan};
-use crate::memtable::{Counters, Shard, split_key};
+use crate::memtable::{Shard, split_key};
 use crate::segment::SegmentError;
 use crate::state::Core;
 
@@ -370,11 +370,7 @@ impl Core {
             span = span.max(u64::from(
                 window.hi.min(max).saturating_sub(window.lo.max(min)),
             ));
-            counters += [shard.maps.get(window.slot), shard.frozen.get(window.slot)]
-                .into_iter()
-                .flatten()
-                .map(|m| m.len())
-                .sum::<usize>();
+            counters += shard.count(window.slot);
         }
         if (counters as u64) >= (keys as u64).saturating_mul(span) {
             return Ok(false);
@@ -383,8 +379,7 @@ impl Core {
         let mut seen = 0u32;
         for s in 0..self.mem.shards() {
             let shard = self.mem.lock(s);
-            let maps = [shard.maps.get(window.slot), shard.frozen.get(window.slot)];
-            for (&k, &n) in maps.into_iter().flatten().flatten() {
+            for (k, n) in shard.counters(window.slot) {
                 seen = seen.wrapping_add(1);
                 if seen.is_multiple_of(1 << 14) {
                     deadline.check()?;
@@ -520,12 +515,7 @@ impl Window {
         if lo >= hi {
             return Vec::new();
         }
-        let maps: Vec<&Counters> = [shard.maps.get(self.slot), shard.frozen.get(self.slot)]
-            .into_iter()
-            .flatten()
-            .filter(|m| !m.is_empty())
-            .collect();
-        let len: usize = maps.iter().map(|m| m.len()).sum();
+        let len = shard.count(self.slot);
         if len == 0 {
             return Vec::new();
         }
@@ -539,13 +529,12 @@ impl Window {
                 .collect()
         } else {
             // A range longer than the maps: scanning them is cheaper than probing.
-            let mut out: Vec<(i64, i64)> = maps
-                .iter()
-                .flat_map(|m| m.iter())
+            let mut out: Vec<(i64, i64)> = shard
+                .counters(self.slot)
                 .filter_map(|(k, n)| {
-                    let (s, i) = split_key(*k);
+                    let (s, i) = split_key(k);
                     (s == sid && i >= lo && i < hi && keep(i))
-                        .then_some((i64::from(i) * self.res, *n))
+                        .then_some((i64::from(i) * self.res, n))
                 })
                 .collect();
             out.sort_unstable();

@@ -327,7 +327,7 @@ impl Core {
                 };
                 shard.map(slot).retain(|k, _| !dropped(k));
                 if let Some(f) = shard.frozen.get_mut(slot) {
-                    f.retain(|k, _| !dropped(k));
+                    std::sync::Arc::make_mut(f).retain(|(k, _)| !dropped(k));
                 }
             }
         }
