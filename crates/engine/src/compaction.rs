@@ -279,7 +279,7 @@ impl Engine {
             return Ok(None);
         };
         let resolution = first.resolution;
-        let namespaces: Vec<(String, Cutoff)> = {
+        let namespaces: BTreeMap<String, Cutoff> = {
             let cat = self.core.read_cat();
             cat.by_name
                 .iter()
@@ -314,32 +314,48 @@ impl Engine {
         let damaged = |e| self.core.archive_error(e);
         let mut w = SegmentWriter::create(&tmp, meta).map_err(seg_err)?;
         let mut any = false;
-        for (ns, cutoff) in &namespaces {
-            let mut keys: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
-            for (_, seg) in &inputs {
-                keys.extend(seg.keys(ns, "", None, usize::MAX).map_err(damaged)?);
+        // A k-way merge: every input walked once in (namespace, key) order, the smallest
+        // head taken with the heads equal to it.
+        let mut inputs: Vec<(&SegmentEntry, crate::segment::Records<'_>)> =
+            inputs.iter().map(|(e, seg)| (e, seg.records())).collect();
+        let mut heads: Vec<Option<(String, String, KeyRecord)>> = Vec::new();
+        for (_, r) in &mut inputs {
+            heads.push(r.next_record().map_err(damaged)?);
+        }
+        while let Some((ns, key)) = heads
+            .iter()
+            .flatten()
+            .map(|(ns, key, _)| (ns, key))
+            .min()
+            .map(|(ns, key)| (ns.clone(), key.clone()))
+        {
+            let mut recs = Vec::new();
+            for (i, (e, r)) in inputs.iter_mut().enumerate() {
+                if !matches!(&heads[i], Some((n, k, _)) if *n == ns && *k == key) {
+                    continue;
+                }
+                let next = r.next_record().map_err(damaged)?;
+                let Some((_, _, mut rec)) = std::mem::replace(&mut heads[i], next) else {
+                    continue;
+                };
+                // A namespace the catalog no longer has is dropped, as is what a cutoff hides.
+                let Some(cutoff) = namespaces.get(&ns) else {
+                    continue;
+                };
+                let (totals, subtotals) = cutoff.shows(e.flushed_seq);
+                if !totals {
+                    rec.totals.clear();
+                }
+                if !subtotals {
+                    rec.dims.clear();
+                }
+                if totals || subtotals {
+                    recs.push(rec);
+                }
             }
-            for key in keys {
-                let mut recs = Vec::new();
-                for (e, seg) in &inputs {
-                    let (totals, subtotals) = cutoff.shows(e.flushed_seq);
-                    if !totals && !subtotals {
-                        continue;
-                    }
-                    if let Some(mut rec) = seg.get(ns, &key).map_err(damaged)? {
-                        if !totals {
-                            rec.totals.clear();
-                        }
-                        if !subtotals {
-                            rec.dims.clear();
-                        }
-                        recs.push(rec);
-                    }
-                }
-                if let Some(rec) = merge_records(recs) {
-                    w.add_owned(ns, &key, rec).map_err(seg_err)?;
-                    any = true;
-                }
+            if let Some(rec) = merge_records(recs) {
+                w.add_owned(&ns, &key, rec).map_err(seg_err)?;
+                any = true;
             }
         }
         w.finish().map_err(seg_err)?;

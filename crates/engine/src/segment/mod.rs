@@ -18,7 +18,7 @@ use std::io;
 use std::path::PathBuf;
 
 pub use layout::Version;
-pub use reader::{BlockHandle, Segment};
+pub use reader::{BlockHandle, Records, Segment};
 pub use writer::{Codec, SegmentWriter, WriteOptions};
 
 /// What a segment holds: one tier resolution, one period, and who it is.

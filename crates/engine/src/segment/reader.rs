@@ -482,6 +482,16 @@ impl Segment {
         Ok(())
     }
 
+    /// Every (namespace, key, record) in order, pulled one at a time: a merge walks several
+    /// segments side by side, each block decoded once, with no index look-up per key.
+    pub fn records(&self) -> Records<'_> {
+        Records {
+            seg: self,
+            stream: self.index.stream(),
+            cursor: Cursor::default(),
+        }
+    }
+
     fn split_key<'k>(&self, k: &'k [u8]) -> Result<(&'k str, &'k str), SegmentError> {
         let Some(nul) = k.iter().position(|&b| b == 0) else {
             return Err(self.corrupt("an index key has no namespace separator".into()));
@@ -537,6 +547,34 @@ type IndexVisit<'a> = dyn FnMut(&Segment, &mut Cursor, &str, u64) -> Result<(), 
 #[derive(Default)]
 struct Cursor {
     at: Option<(usize, Block)>,
+}
+
+/// See [`Segment::records`].
+pub struct Records<'a> {
+    seg: &'a Segment,
+    stream: fst::map::Stream<'a>,
+    cursor: Cursor,
+}
+
+impl Records<'_> {
+    /// The next (namespace, key, record), or `None` after the last.
+    pub fn next_record(&mut self) -> Result<Option<(String, String, KeyRecord)>, SegmentError> {
+        let Some((k, v)) = self.stream.next() else {
+            return Ok(None);
+        };
+        let (ns, key) = self.seg.split_key(k)?;
+        let (ns, key) = (ns.to_owned(), key.to_owned());
+        let record = self.cursor.record(self.seg, v)?;
+        Ok(Some((ns, key, record)))
+    }
+}
+
+impl std::fmt::Debug for Records<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Records")
+            .field("segment", &self.seg.path)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Cursor {

@@ -301,6 +301,45 @@ fn a_removed_tier_added_back_starts_empty_even_when_archived() {
 }
 
 #[test]
+fn what_a_removed_tier_hid_stays_hidden_when_compaction_merges_it() {
+    // Archived hours of a tier since removed and added back are hidden by the namespace's
+    // cutoff. A late event then makes a delta segment flushed after the cutoff; merging
+    // the two must drop what the cutoff hides, or the merged segment (flushed as late as
+    // the delta) would show it again.
+    let dir = tempfile::tempdir().unwrap();
+    let (clock, reference, e) = seeded(dir.path());
+    e.flush().unwrap();
+    let ns = Namespace::new("clicks").unwrap();
+    let minute_only = Schema::from_doc(&SchemaDoc {
+        tiers: vec!["1m:2d".into()],
+        breakdown_tiers: None,
+        dimensions: None,
+    })
+    .unwrap();
+    for s in [&minute_only, &Schema::default()] {
+        e.put_schema(&ns, s).unwrap();
+        reference.put_schema(&ns, s).unwrap();
+    }
+    let late = late_event();
+    write_both(&e, &reference, NOW, &late);
+    e.flush().unwrap();
+    let segments = || manifest::load(dir.path()).unwrap().unwrap().segments;
+    assert!(segments().iter().any(|s| s.delta && s.resolution == 3600));
+    // A day later the log has moved past the delta's records, so it may merge.
+    clock.advance(DAY + 3600);
+    let now = clock_now(&clock);
+    write_both(&e, &reference, now, &[raw("clicks", "lnk_1", now, 1, &[])]);
+    e.flush().unwrap();
+    let r = e.compact().unwrap();
+    assert!(r.merged >= 2, "{r:?}");
+    assert!(!segments().iter().any(|s| s.delta), "{:?}", segments());
+    same(&e, &reference, now);
+    drop(e);
+    let e = open(dir.path(), &clock);
+    same(&e, &reference, now);
+}
+
+#[test]
 fn a_missing_log_file_stops_recovery() {
     let dir = tempfile::tempdir().unwrap();
     let clock = crate::clock(NOW);
