@@ -318,9 +318,9 @@ impl Engine {
         // head taken with the heads equal to it.
         let mut inputs: Vec<(&SegmentEntry, crate::segment::Records<'_>)> =
             inputs.iter().map(|(e, seg)| (e, seg.records())).collect();
-        let mut heads: Vec<Option<(String, String, KeyRecord)>> = Vec::new();
+        let mut heads: Vec<Option<(String, String, u64)>> = Vec::new();
         for (_, r) in &mut inputs {
-            heads.push(r.next_record().map_err(damaged)?);
+            heads.push(r.next_entry().map_err(damaged)?);
         }
         while let Some((ns, key)) = heads
             .iter()
@@ -331,27 +331,28 @@ impl Engine {
         {
             let mut recs = Vec::new();
             for (i, (e, r)) in inputs.iter_mut().enumerate() {
-                if !matches!(&heads[i], Some((n, k, _)) if *n == ns && *k == key) {
-                    continue;
-                }
-                let next = r.next_record().map_err(damaged)?;
-                let Some((_, _, mut rec)) = std::mem::replace(&mut heads[i], next) else {
-                    continue;
+                let at = match &heads[i] {
+                    Some((n, k, at)) if *n == ns && *k == key => *at,
+                    _ => continue,
                 };
-                // A namespace the catalog no longer has is dropped, as is what a cutoff hides.
+                heads[i] = r.next_entry().map_err(damaged)?;
+                // A namespace the catalog no longer has is dropped, as is what a cutoff
+                // hides: neither is decoded (a damaged block there stops nothing).
                 let Some(cutoff) = namespaces.get(&ns) else {
                     continue;
                 };
                 let (totals, subtotals) = cutoff.shows(e.flushed_seq);
+                if !totals && !subtotals {
+                    continue;
+                }
+                let mut rec = r.record(at).map_err(damaged)?;
                 if !totals {
                     rec.totals.clear();
                 }
                 if !subtotals {
                     rec.dims.clear();
                 }
-                if totals || subtotals {
-                    recs.push(rec);
-                }
+                recs.push(rec);
             }
             if let Some(rec) = merge_records(recs) {
                 w.add_owned(&ns, &key, rec).map_err(seg_err)?;

@@ -491,9 +491,11 @@ impl Engine {
     /// key) in byte order. Records are built a few thousand keys at a time under the
     /// catalog's read lock, then written with the lock released: the flush never holds the
     /// whole period as records (its memory peak is the frozen counters plus one chunk), and
-    /// batches, which take the catalog's write lock, wait for one chunk at most. Key ids stay
-    /// meant for the same keys throughout: only a flush forgets keys, and the caller holds
-    /// the flush lock.
+    /// batches, which take the catalog's write lock, wait for one chunk at a time rather
+    /// than the whole write — though the first pass (every frozen counter walked, the
+    /// period's keys sorted by name) is one stretch under the read lock. Key ids stay meant
+    /// for the same keys throughout: only a flush forgets keys, and the caller holds the
+    /// flush lock.
     fn frozen_records(&self, c: &Chosen, sink: &mut Sink<'_>) -> Result<(), StoreError> {
         let (lo, hi) = c.index_range();
         // Each shard's frozen counters of the slot, shared, not copied: sorted by (series,
@@ -516,7 +518,7 @@ impl Engine {
         let mut keys: Vec<(KeyId, bool)> = Vec::new();
         // Per series with counters in the period, where its run is in its shard's array (a
         // key's subtotals without one are then passed over with one probe).
-        let mut runs: HashMap<SeriesId, (u32, u32), foldhash::fast::FixedState> =
+        let mut runs: HashMap<SeriesId, (usize, usize), foldhash::fast::FixedState> =
             HashMap::default();
         {
             let cat = self.core.read_cat();
@@ -529,7 +531,7 @@ impl Engine {
                         continue;
                     }
                     let sid = split_key(run[0].0).0;
-                    runs.insert(sid, (start as u32, at as u32));
+                    runs.insert(sid, (start, at));
                     keys.extend(cat.key_of_series(sid).map(|k| (k, cat.is_subtotal(sid))));
                 }
             }
@@ -561,7 +563,7 @@ impl Engine {
             let (Some(f), Some(&(a, b))) = (frozen.get(mem.shard_of(kid)), runs.get(&sid)) else {
                 return Buckets::new();
             };
-            f[a as usize..b as usize]
+            f[a..b]
                 .iter()
                 .filter(|&&(k, n)| n != 0 && in_period(k))
                 .map(|&(k, n)| (split_key(k).1, n))

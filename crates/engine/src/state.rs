@@ -326,7 +326,10 @@ impl Core {
                     mine && (whole || cat.is_subtotal(sid))
                 };
                 shard.map(slot).retain(|k, _| !dropped(k));
-                if let Some(f) = shard.frozen.get_mut(slot) {
+                // Copied only if it holds something to drop (a flush may share it).
+                if let Some(f) = shard.frozen.get_mut(slot)
+                    && f.iter().any(|(k, _)| dropped(k))
+                {
                     std::sync::Arc::make_mut(f).retain(|(k, _)| !dropped(k));
                 }
             }

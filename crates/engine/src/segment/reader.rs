@@ -482,8 +482,8 @@ impl Segment {
         Ok(())
     }
 
-    /// Every (namespace, key, record) in order, pulled one at a time: a merge walks several
-    /// segments side by side, each block decoded once, with no index look-up per key.
+    /// Every (namespace, key) in order with its record, pulled one at a time: a merge walks
+    /// several segments side by side, each block decoded once, with no index look-up per key.
     pub fn records(&self) -> Records<'_> {
         Records {
             seg: self,
@@ -557,15 +557,21 @@ pub struct Records<'a> {
 }
 
 impl Records<'_> {
-    /// The next (namespace, key, record), or `None` after the last.
-    pub fn next_record(&mut self) -> Result<Option<(String, String, KeyRecord)>, SegmentError> {
+    /// The next (namespace, key) with where its record is, or `None` after the last. Nothing
+    /// is decoded until [`Records::record`] asks: a merge skips what a cutoff hides unread,
+    /// damaged or not.
+    pub fn next_entry(&mut self) -> Result<Option<(String, String, u64)>, SegmentError> {
         let Some((k, v)) = self.stream.next() else {
             return Ok(None);
         };
         let (ns, key) = self.seg.split_key(k)?;
-        let (ns, key) = (ns.to_owned(), key.to_owned());
-        let record = self.cursor.record(self.seg, v)?;
-        Ok(Some((ns, key, record)))
+        Ok(Some((ns.to_owned(), key.to_owned(), v)))
+    }
+
+    /// The record of an entry [`Records::next_entry`] gave (its block decoded once for
+    /// every record it holds).
+    pub fn record(&mut self, at: u64) -> Result<KeyRecord, SegmentError> {
+        self.cursor.record(self.seg, at)
     }
 }
 

@@ -340,6 +340,49 @@ fn what_a_removed_tier_hid_stays_hidden_when_compaction_merges_it() {
 }
 
 #[test]
+fn compaction_skips_a_damaged_segment_a_cutoff_hides() {
+    // The hourly base of a tier since removed and added back is hidden; its damage must not
+    // stop the merge with the later delta (which reads only what is shown), nor any other
+    // step of compaction. (Found by an independent review.)
+    let dir = tempfile::tempdir().unwrap();
+    let (clock, reference, e) = seeded(dir.path());
+    e.flush().unwrap();
+    let ns = Namespace::new("clicks").unwrap();
+    let minute_only = Schema::from_doc(&SchemaDoc {
+        tiers: vec!["1m:2d".into()],
+        breakdown_tiers: None,
+        dimensions: None,
+    })
+    .unwrap();
+    for s in [&minute_only, &Schema::default()] {
+        e.put_schema(&ns, s).unwrap();
+        reference.put_schema(&ns, s).unwrap();
+    }
+    write_both(&e, &reference, NOW, &late_event());
+    e.flush().unwrap();
+    drop(e);
+    let m = manifest::load(dir.path()).unwrap().unwrap();
+    let base = m
+        .segments
+        .iter()
+        .find(|s| s.resolution == 3600 && s.period_start == NOW - 2 * DAY && !s.delta)
+        .unwrap();
+    let path = tally_engine::archive::segment_path(&dir.path().join("segments"), base.id);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[tally_engine::segment::layout::MAGIC_V1.len() + 3] ^= 0x40;
+    std::fs::write(&path, bytes).unwrap();
+    let e = open(dir.path(), &clock);
+    same(&e, &reference, NOW);
+    clock.advance(DAY + 3600);
+    let now = clock_now(&clock);
+    write_both(&e, &reference, now, &[raw("clicks", "lnk_1", now, 1, &[])]);
+    e.flush().unwrap();
+    let r = e.compact().unwrap();
+    assert!(r.merged >= 2, "{r:?}");
+    same(&e, &reference, now);
+}
+
+#[test]
 fn a_missing_log_file_stops_recovery() {
     let dir = tempfile::tempdir().unwrap();
     let clock = crate::clock(NOW);
