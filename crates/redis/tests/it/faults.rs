@@ -162,6 +162,50 @@ fn a_batch_under_one_id_applies_once() {
 }
 
 #[test]
+fn a_batch_of_many_keys_lists_every_one() {
+    // More keys than one group of the index update in the `APPLY` script, in a namespace
+    // whose keys live forever and in one whose keys expire.
+    let server = RedisServer::start();
+    let cluster = RedisCluster::start();
+    for url in [server.url(), cluster.url()] {
+        let store = RedisStore::connect(&url).unwrap();
+        let now = real_now();
+        let brief = Namespace::new("brief").unwrap();
+        store
+            .put_schema(&brief, &crate::schema(&["1m:2h"], None))
+            .unwrap();
+        for ns in ["forever", "brief"] {
+            let raws: Vec<_> = (0..700)
+                .map(|k| raw(ns, &format!("k{k:04}"), now, 1, &[("country", "fr")]))
+                .collect();
+            let b = batch(&store, now, &raws, &Defaults::default());
+            store.apply(&b).unwrap();
+            let name = Namespace::new(ns).unwrap();
+            let mut listed = Vec::new();
+            let mut after: Option<Key> = None;
+            loop {
+                let page = store
+                    .keys(&KeyList {
+                        ns: &name,
+                        prefix: "",
+                        after: after.as_ref().map(|k| k.as_str()),
+                        limit: 300,
+                    })
+                    .unwrap();
+                let Some(last) = page.last().cloned() else {
+                    break;
+                };
+                listed.extend(page);
+                after = Some(last);
+            }
+            let want: Vec<String> = (0..700).map(|k| format!("k{k:04}")).collect();
+            let got: Vec<String> = listed.iter().map(|k| k.as_str().to_owned()).collect();
+            assert_eq!(got, want, "{url} {ns}");
+        }
+    }
+}
+
+#[test]
 fn a_killed_cluster_master_fails_only_its_slots() {
     let mut cluster = RedisCluster::start();
     let store = RedisStore::connect(&cluster.url()).unwrap();
