@@ -383,6 +383,61 @@ fn compaction_skips_a_damaged_segment_a_cutoff_hides() {
 }
 
 #[test]
+fn a_flush_of_more_keys_than_one_chunk_writes_every_key() {
+    // A flush builds records a few thousand keys at a time: a period with more keys than
+    // that is written in several chunks, in key order, none lost.
+    let dir = tempfile::tempdir().unwrap();
+    let clock = crate::clock(NOW);
+    let reference = MemStore::new(clock.clone());
+    let e = open(dir.path(), &clock);
+    let raws: Vec<RawEvent> = (0..5000)
+        .map(|k| {
+            let country = ["US", "DE", "JP"][k % 3];
+            raw(
+                "clicks",
+                &format!("k{k:05}"),
+                NOW - 2 * DAY + (k as i64 % 24) * 3600,
+                1 + k as i64 % 4,
+                &[("country", country)],
+            )
+        })
+        .collect();
+    write_both(&e, &reference, NOW, &raws);
+    let report = e.flush().unwrap();
+    assert!(report.keys >= 5000, "{report:?}");
+    assert_eq!(e.stats().live_counters, 0, "the day left memory");
+    for k in (0..5000).step_by(7).chain([4999]) {
+        let key = format!("k{k:05}");
+        for res in [60, 3600] {
+            assert_eq!(
+                read_all(&e, "clicks", &key, res),
+                read_all(&reference, "clicks", &key, res),
+                "{key} at {res}s"
+            );
+        }
+    }
+    let ns = Namespace::new("clicks").unwrap();
+    let mut listed = 0;
+    let mut after: Option<String> = None;
+    loop {
+        let page = e
+            .keys(&KeyList {
+                ns: &ns,
+                prefix: "",
+                after: after.as_deref(),
+                limit: 1000,
+            })
+            .unwrap();
+        let Some(last) = page.last() else {
+            break;
+        };
+        after = Some(last.as_str().to_owned());
+        listed += page.len();
+    }
+    assert_eq!(listed, 5000);
+}
+
+#[test]
 fn a_missing_log_file_stops_recovery() {
     let dir = tempfile::tempdir().unwrap();
     let clock = crate::clock(NOW);
