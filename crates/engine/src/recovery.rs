@@ -19,6 +19,16 @@ use crate::wal::{
 };
 use tally_core::model::Schema;
 
+/// Resolved batches replay lets wait for the adder thread.
+const REPLAY_QUEUE: usize = 8;
+
+/// What the replaying thread hands the adder.
+enum ToAdder {
+    Batch(crate::state::ResolvedBatch),
+    /// Answer once every batch before is added.
+    Barrier(std::sync::mpsc::SyncSender<()>),
+}
+
 /// What recovery found.
 #[derive(Debug, Clone, Default)]
 pub struct Recovery {
@@ -179,86 +189,119 @@ pub(crate) fn replay(
     }
     let mut next_seq = files.first().map_or(wal_start, |(s, _)| *s);
     let mut last_end = None;
-    for (i, (named_seq, path)) in files.iter().enumerate() {
-        if *named_seq > next_seq {
-            gap(
-                accept_data_loss,
-                &mut lost,
-                next_seq,
-                named_seq - 1,
-                WalError::BadFile {
-                    file: path.clone(),
-                    why: FileProblem::Gap {
-                        first: next_seq,
-                        last: named_seq - 1,
-                    },
-                },
-            )?;
-            next_seq = *named_seq;
-        }
-        if *named_seq != next_seq {
-            return Err(WalError::BadFile {
-                file: path.clone(),
-                why: FileProblem::NamedSequence {
-                    named: *named_seq,
-                    expected: next_seq,
-                },
-            }
-            .into());
-        }
-        let bytes = std::fs::read(path).map_err(io_at(path))?;
-        recovery.log_bytes += bytes.len() as u64;
-        let is_last = i + 1 == files.len();
-        // Whether records are missing before the one visited (gaps inside this file are
-        // seen as a jump in the numbers the visitor gets).
-        let mut after_loss = !lost.is_empty();
-        let mut expected = next_seq;
-        let mut visit = |seq: u64, bytes: &[u8]| -> Result<(), Corruption> {
-            after_loss |= seq != expected;
-            expected = seq + 1;
-            let payload = payload::decode(bytes).map_err(Corruption::Payload)?;
-            if seq < wal_start {
-                // Archived, with the schemas of its time in the manifest's checkpoint.
-                recovery.skipped += 1;
-                return Ok(());
-            }
-            match payload {
-                Payload::Batch(mut view) => {
-                    if after_loss {
-                        recreate_lost_namespaces(core, &mut view);
+    // Two threads: this one reads, decodes and resolves each batch to ids (the catalog's
+    // work), the adder adds the batch before it to the counters, so replay uses both halves
+    // of the apply path at once. A schema change waits until the adder has caught up.
+    std::thread::scope(|scope| -> Result<(), OpenError> {
+        let (to_adder, inbox) = std::sync::mpsc::sync_channel::<ToAdder>(REPLAY_QUEUE);
+        scope.spawn(move || {
+            for m in inbox {
+                match m {
+                    ToAdder::Batch(b) => core.add_resolved(b, now, Some(archive)),
+                    ToAdder::Barrier(done) => {
+                        let _ = done.send(());
                     }
-                    recovery.events += view.incs.len() as u64;
-                    core.apply_view(&view, now, seq, Some(archive))
-                        .map_err(Corruption::Apply)
                 }
-                Payload::Schema(ns, schema) => core
-                    .apply_schema(&ns, &schema, seq)
-                    .map_err(Corruption::Apply),
             }
+        });
+        let caught_up = || {
+            let (done, wait) = std::sync::mpsc::sync_channel(1);
+            // The adder only stops when this side drops its sender: it answers.
+            let _ = to_adder.send(ToAdder::Barrier(done));
+            let _ = wait.recv();
         };
-        let gaps = if accept_data_loss {
-            Gaps::Accept
-        } else {
-            Gaps::Refuse
-        };
-        let end = reader::scan_with(path, &bytes, next_seq, is_last, gaps, &mut visit)?;
-        // Only `Gaps::Accept` notes a gap; `Refuse` returned it as an error.
-        for &(first, last) in &end.missing {
-            note_loss(&mut lost, first, last);
+        for (i, (named_seq, path)) in files.iter().enumerate() {
+            if *named_seq > next_seq {
+                gap(
+                    accept_data_loss,
+                    &mut lost,
+                    next_seq,
+                    named_seq - 1,
+                    WalError::BadFile {
+                        file: path.clone(),
+                        why: FileProblem::Gap {
+                            first: next_seq,
+                            last: named_seq - 1,
+                        },
+                    },
+                )?;
+                next_seq = *named_seq;
+            }
+            if *named_seq != next_seq {
+                return Err(WalError::BadFile {
+                    file: path.clone(),
+                    why: FileProblem::NamedSequence {
+                        named: *named_seq,
+                        expected: next_seq,
+                    },
+                }
+                .into());
+            }
+            let bytes = std::fs::read(path).map_err(io_at(path))?;
+            recovery.log_bytes += bytes.len() as u64;
+            let is_last = i + 1 == files.len();
+            // Whether records are missing before the one visited (gaps inside this file are
+            // seen as a jump in the numbers the visitor gets).
+            let mut after_loss = !lost.is_empty();
+            let mut expected = next_seq;
+            let mut visit = |seq: u64, bytes: &[u8]| -> Result<(), Corruption> {
+                after_loss |= seq != expected;
+                expected = seq + 1;
+                let payload = payload::decode(bytes).map_err(Corruption::Payload)?;
+                if seq < wal_start {
+                    // Archived, with the schemas of its time in the manifest's checkpoint.
+                    recovery.skipped += 1;
+                    return Ok(());
+                }
+                match payload {
+                    Payload::Batch(mut view) => {
+                        if after_loss {
+                            recreate_lost_namespaces(core, &mut view);
+                        }
+                        recovery.events += view.incs.len() as u64;
+                        let batch = core.resolve(&view, seq).map_err(Corruption::Apply)?;
+                        if let Err(std::sync::mpsc::SendError(ToAdder::Batch(batch))) =
+                            to_adder.send(ToAdder::Batch(batch))
+                        {
+                            // The adder is gone (it panicked): add here.
+                            core.add_resolved(batch, now, Some(archive));
+                        }
+                        Ok(())
+                    }
+                    Payload::Schema(ns, schema) => {
+                        caught_up();
+                        core.apply_schema(&ns, &schema, seq)
+                            .map_err(Corruption::Apply)
+                    }
+                }
+            };
+            let gaps = if accept_data_loss {
+                Gaps::Accept
+            } else {
+                Gaps::Refuse
+            };
+            let end = reader::scan_with(path, &bytes, next_seq, is_last, gaps, &mut visit)?;
+            // Only `Gaps::Accept` notes a gap; `Refuse` returned it as an error.
+            for &(first, last) in &end.missing {
+                note_loss(&mut lost, first, last);
+            }
+            recovery.records += end.records;
+            next_seq = end.next_seq;
+            if let Some(torn) = &end.torn {
+                tracing::warn!(
+                    file = %torn.file.display(),
+                    offset = torn.offset,
+                    dropped_bytes = torn.dropped_bytes,
+                    "dropped a torn write at the end of the log"
+                );
+                recovery.torn = Some(torn.clone());
+            }
+            last_end = Some((path.clone(), end.valid_len));
         }
-        recovery.records += end.records;
-        next_seq = end.next_seq;
-        if let Some(torn) = &end.torn {
-            tracing::warn!(
-                file = %torn.file.display(),
-                offset = torn.offset,
-                dropped_bytes = torn.dropped_bytes,
-                "dropped a torn write at the end of the log"
-            );
-            recovery.torn = Some(torn.clone());
-        }
-        last_end = Some((path.clone(), end.valid_len));
-    }
+        // Dropping the sender ends the adder; the scope waits for it.
+        drop(to_adder);
+        Ok(())
+    })?;
     // The archive holds records up to the largest flushed_seq, so the log reached it.
     let archived = archive
         .manifest

@@ -71,7 +71,19 @@ pub(crate) struct Core {
     pub(crate) damaged: Mutex<Option<StoreError>>,
 }
 
+/// A batch resolved to ids: what [`Core::add_resolved`] adds.
+#[derive(Debug)]
+pub(crate) struct ResolvedBatch {
+    seq: u64,
+    resolved: Vec<Resolved>,
+    /// The subtotal series of every increment (each names its range).
+    sids: Vec<SeriesId>,
+    /// The tiers of each namespace the batch writes to.
+    plans: Vec<(NsId, Arc<[TierPlan]>)>,
+}
+
 /// One increment resolved to ids.
+#[derive(Debug)]
 struct Resolved {
     shard: usize,
     ns: NsId,
@@ -157,6 +169,19 @@ impl Core {
         seq: u64,
         archived: Option<&Archive>,
     ) -> Result<(), StoreError> {
+        let batch = self.resolve(view, seq)?;
+        self.add_resolved(batch, now, archived);
+        Ok(())
+    }
+
+    /// The first half of [`Core::apply_view`]: the batch's strings resolved to ids in the
+    /// catalog (keys and series made as needed), its remembered answer kept. Replay runs it
+    /// on one thread while another adds the batch before (see `recovery`).
+    pub(crate) fn resolve(
+        &self,
+        view: &BatchView<'_>,
+        seq: u64,
+    ) -> Result<ResolvedBatch, StoreError> {
         let mut resolved = Vec::with_capacity(view.incs.len());
         let mut sids: Vec<SeriesId> = Vec::with_capacity(view.subs.len());
         let mut plans: Vec<(NsId, Arc<[TierPlan]>)> = Vec::new();
@@ -245,6 +270,23 @@ impl Core {
                 .unwrap_or_else(PoisonError::into_inner)
                 .insert(rec.key.clone(), rec.clone());
         }
+        Ok(ResolvedBatch {
+            seq,
+            resolved,
+            sids,
+            plans,
+        })
+    }
+
+    /// The second half of [`Core::apply_view`]: adds a resolved batch to the counters, one
+    /// critical section per shard, and notes the periods it added to.
+    pub(crate) fn add_resolved(&self, batch: ResolvedBatch, now: i64, archived: Option<&Archive>) {
+        let ResolvedBatch {
+            seq,
+            mut resolved,
+            sids,
+            plans,
+        } = batch;
         // One critical section per shard: a key's whole share of the batch appears at once.
         resolved.sort_by_key(|r| r.shard);
         // The periods this record adds to: few per batch, so a short list.
@@ -285,7 +327,6 @@ impl Core {
             }
         }
         self.last_seq.fetch_max(seq, Ordering::SeqCst);
-        Ok(())
     }
 
     /// Sets a schema; a removed tier's counters, and the subtotals of a tier that stops

@@ -521,3 +521,47 @@ fn a_batch_for_an_unknown_namespace_is_refused_before_the_log() {
     let e = open(dir.path(), &c, FsyncPolicy::Always);
     assert_eq!(total(&e, "clicks", "k", 3600), 2);
 }
+
+#[test]
+fn replay_drops_a_removed_tier_after_every_batch_before_it() {
+    // Replay resolves batches on one thread and adds them on another; a schema change must
+    // wait for the adder. A large batch just before a change that removes a tier leaves the
+    // adder busy when the change is read: without the wait, its counters would land in the
+    // removed tier after the drop and survive the restart.
+    use tally_core::model::{Namespace, Schema, SchemaDoc};
+    let dir = tempfile::tempdir().unwrap();
+    let c = clock(NOW);
+    let e = open(dir.path(), &c, FsyncPolicy::Never);
+    let ns = Namespace::new("clicks").unwrap();
+    let minute_only = Schema::from_doc(&SchemaDoc {
+        tiers: vec!["1m:2d".into()],
+        breakdown_tiers: None,
+        dimensions: None,
+    })
+    .unwrap();
+    for round in 0..3 {
+        let raws: Vec<_> = (0..20_000)
+            .map(|i| {
+                raw(
+                    "clicks",
+                    &format!("k{}", i % 5000),
+                    NOW - 60 * (i % 600),
+                    1,
+                    &[("country", ["US", "DE"][i as usize % 2])],
+                )
+            })
+            .collect();
+        write(&e, NOW, &raws).unwrap();
+        let s = if round % 2 == 0 {
+            minute_only.clone()
+        } else {
+            Schema::default()
+        };
+        e.put_schema(&ns, &s).unwrap();
+    }
+    let live = e.stats().live_counters;
+    drop(e);
+    let e = open(dir.path(), &c, FsyncPolicy::Never);
+    assert_eq!(e.stats().live_counters, live, "replay left counters behind");
+    assert_eq!(total(&e, "clicks", "k7", 60), 12);
+}
