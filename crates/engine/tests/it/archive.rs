@@ -67,6 +67,19 @@ pub fn write_both(e: &Engine, reference: &MemStore, now: i64, raws: &[RawEvent])
     write(reference, now, raws).unwrap();
 }
 
+/// Takes the hourly tier out of `clicks` and puts it back (the defaults), on both stores,
+/// checking them equal after each change when `check_at` gives a time.
+fn remove_and_restore_the_hour_tier(e: &Engine, reference: &MemStore, check_at: Option<i64>) {
+    let ns = Namespace::new("clicks").unwrap();
+    for s in [&crate::minute_only(), &Schema::default()] {
+        e.put_schema(&ns, s).unwrap();
+        reference.put_schema(&ns, s).unwrap();
+        if let Some(now) = check_at {
+            same(e, reference, now);
+        }
+    }
+}
+
 /// A late event: two days back, into a day the first flush archives.
 fn late_event() -> [RawEvent; 1] {
     [raw(
@@ -282,18 +295,7 @@ fn a_removed_tier_added_back_starts_empty_even_when_archived() {
     let dir = tempfile::tempdir().unwrap();
     let (clock, reference, e) = seeded(dir.path());
     e.flush().unwrap();
-    let ns = Namespace::new("clicks").unwrap();
-    let minute_only = Schema::from_doc(&SchemaDoc {
-        tiers: vec!["1m:2d".into()],
-        breakdown_tiers: None,
-        dimensions: None,
-    })
-    .unwrap();
-    for s in [&minute_only, &Schema::default()] {
-        e.put_schema(&ns, s).unwrap();
-        reference.put_schema(&ns, s).unwrap();
-        same(&e, &reference, NOW);
-    }
+    remove_and_restore_the_hour_tier(&e, &reference, Some(NOW));
     e.flush().unwrap();
     drop(e);
     let e = open(dir.path(), &clock);
@@ -309,17 +311,7 @@ fn what_a_removed_tier_hid_stays_hidden_when_compaction_merges_it() {
     let dir = tempfile::tempdir().unwrap();
     let (clock, reference, e) = seeded(dir.path());
     e.flush().unwrap();
-    let ns = Namespace::new("clicks").unwrap();
-    let minute_only = Schema::from_doc(&SchemaDoc {
-        tiers: vec!["1m:2d".into()],
-        breakdown_tiers: None,
-        dimensions: None,
-    })
-    .unwrap();
-    for s in [&minute_only, &Schema::default()] {
-        e.put_schema(&ns, s).unwrap();
-        reference.put_schema(&ns, s).unwrap();
-    }
+    remove_and_restore_the_hour_tier(&e, &reference, None);
     let late = late_event();
     write_both(&e, &reference, NOW, &late);
     e.flush().unwrap();
@@ -347,17 +339,7 @@ fn compaction_skips_a_damaged_segment_a_cutoff_hides() {
     let dir = tempfile::tempdir().unwrap();
     let (clock, reference, e) = seeded(dir.path());
     e.flush().unwrap();
-    let ns = Namespace::new("clicks").unwrap();
-    let minute_only = Schema::from_doc(&SchemaDoc {
-        tiers: vec!["1m:2d".into()],
-        breakdown_tiers: None,
-        dimensions: None,
-    })
-    .unwrap();
-    for s in [&minute_only, &Schema::default()] {
-        e.put_schema(&ns, s).unwrap();
-        reference.put_schema(&ns, s).unwrap();
-    }
+    remove_and_restore_the_hour_tier(&e, &reference, None);
     write_both(&e, &reference, NOW, &late_event());
     e.flush().unwrap();
     drop(e);

@@ -94,6 +94,16 @@ pub fn sums(d: &KeyData) -> (i64, i64) {
     (total, subs)
 }
 
+/// A schema of one minute tier kept two days: the defaults without their hourly tier.
+pub fn minute_only() -> tally_core::model::Schema {
+    tally_core::model::Schema::from_doc(&tally_core::model::SchemaDoc {
+        tiers: vec!["1m:2d".into()],
+        breakdown_tiers: None,
+        dimensions: None,
+    })
+    .unwrap()
+}
+
 pub fn clock(now: i64) -> Arc<ManualClock> {
     let c = Arc::new(ManualClock::new(now));
     assert_eq!(c.now(), now);

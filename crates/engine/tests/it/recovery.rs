@@ -528,17 +528,12 @@ fn replay_drops_a_removed_tier_after_every_batch_before_it() {
     // wait for the adder. A large batch just before a change that removes a tier leaves the
     // adder busy when the change is read: without the wait, its counters would land in the
     // removed tier after the drop and survive the restart.
-    use tally_core::model::{Namespace, Schema, SchemaDoc};
+    use tally_core::model::{Namespace, Schema};
     let dir = tempfile::tempdir().unwrap();
     let c = clock(NOW);
     let e = open(dir.path(), &c, FsyncPolicy::Never);
     let ns = Namespace::new("clicks").unwrap();
-    let minute_only = Schema::from_doc(&SchemaDoc {
-        tiers: vec!["1m:2d".into()],
-        breakdown_tiers: None,
-        dimensions: None,
-    })
-    .unwrap();
+    let minute_only = crate::minute_only();
     for round in 0..3 {
         let raws: Vec<_> = (0..20_000)
             .map(|i| {

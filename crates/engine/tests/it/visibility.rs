@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use tally_core::model::{Key, Namespace, Schema, SchemaDoc};
+use tally_core::model::{Key, Namespace, Schema};
 use tally_core::store::{KeyRead, Scan, Store, Want};
 use tally_engine::FsyncPolicy;
 
@@ -271,12 +271,7 @@ fn flushes_of_many_keys_beside_writers_readers_and_schema_changes_count_exactly(
         let stop = stop.clone();
         std::thread::spawn(move || {
             let ns = Namespace::new("other").unwrap();
-            let minute_only = Schema::from_doc(&SchemaDoc {
-                tiers: vec!["1m:2d".into()],
-                breakdown_tiers: None,
-                dimensions: None,
-            })
-            .unwrap();
+            let minute_only = crate::minute_only();
             let mut flips = 0;
             while !stop.load(Ordering::SeqCst) {
                 let s = if flips % 2 == 0 {
