@@ -80,6 +80,20 @@ fn remove_and_restore_the_hour_tier(e: &Engine, reference: &MemStore, check_at: 
     }
 }
 
+/// A day and an hour later, one more event on both stores (so the log moves past earlier
+/// records), then a flush and a compaction: the new now and what compaction did.
+fn a_day_later_compact(
+    e: &Engine,
+    reference: &MemStore,
+    clock: &Arc<ManualClock>,
+) -> (i64, tally_engine::CompactReport) {
+    clock.advance(DAY + 3600);
+    let now = clock_now(clock);
+    write_both(e, reference, now, &[raw("clicks", "lnk_1", now, 1, &[])]);
+    e.flush().unwrap();
+    (now, e.compact().unwrap())
+}
+
 /// A late event: two days back, into a day the first flush archives.
 fn late_event() -> [RawEvent; 1] {
     [raw(
@@ -318,11 +332,7 @@ fn what_a_removed_tier_hid_stays_hidden_when_compaction_merges_it() {
     let segments = || manifest::load(dir.path()).unwrap().unwrap().segments;
     assert!(segments().iter().any(|s| s.delta && s.resolution == 3600));
     // A day later the log has moved past the delta's records, so it may merge.
-    clock.advance(DAY + 3600);
-    let now = clock_now(&clock);
-    write_both(&e, &reference, now, &[raw("clicks", "lnk_1", now, 1, &[])]);
-    e.flush().unwrap();
-    let r = e.compact().unwrap();
+    let (now, r) = a_day_later_compact(&e, &reference, &clock);
     assert!(r.merged >= 2, "{r:?}");
     assert!(!segments().iter().any(|s| s.delta), "{:?}", segments());
     same(&e, &reference, now);
@@ -355,11 +365,7 @@ fn compaction_skips_a_damaged_segment_a_cutoff_hides() {
     std::fs::write(&path, bytes).unwrap();
     let e = open(dir.path(), &clock);
     same(&e, &reference, NOW);
-    clock.advance(DAY + 3600);
-    let now = clock_now(&clock);
-    write_both(&e, &reference, now, &[raw("clicks", "lnk_1", now, 1, &[])]);
-    e.flush().unwrap();
-    let r = e.compact().unwrap();
+    let (now, r) = a_day_later_compact(&e, &reference, &clock);
     assert!(r.merged >= 2, "{r:?}");
     same(&e, &reference, now);
 }
@@ -542,21 +548,7 @@ fn compaction_merges_deltas_and_retention_drops_expired_segments() {
     assert_eq!(r.merged, 0, "{r:?}");
     // A day later the log has moved on: the deltas merge into their bases, and minute data
     // older than its 48 h retention goes.
-    clock.advance(DAY + 3600);
-    write(
-        &e,
-        clock_now(&clock),
-        &[raw("clicks", "lnk_1", clock_now(&clock), 1, &[])],
-    )
-    .unwrap();
-    write(
-        &reference,
-        clock_now(&clock),
-        &[raw("clicks", "lnk_1", clock_now(&clock), 1, &[])],
-    )
-    .unwrap();
-    e.flush().unwrap();
-    let r = e.compact().unwrap();
+    let (_, r) = a_day_later_compact(&e, &reference, &clock);
     assert!(r.merged >= 2 && r.written >= 1 && r.dropped >= 1, "{r:?}");
     let after = count(dir.path());
     assert!(!after.iter().any(|s| s.delta), "{after:?}");
