@@ -273,7 +273,7 @@ pub fn bench(args: &[String]) {
     let b_wall = post_all(b.addr, &bodies);
     let b_busy = (b_client.cpu_seconds().expect("INFO") - cpu0) / b_wall.as_secs_f64();
     let b_rate = mrate(timed, b_wall);
-    let b_mem = memory(&mut b_client, before, "tally:[ts]:*");
+    let b_mem = memory(&mut b_client, before, "tally:w:*");
 
     // (c) tally over HTTP on the embedded engine (no fsync, as Redis runs without AOF).
     let c = Running::start(FsyncPolicy::Never);

@@ -8,13 +8,14 @@ use tally_core::model::{Duration, Namespace, Retention, Schema, SchemaDoc, Tier}
 use tally_core::store::StoreError;
 
 /// The layout this build reads and writes, stored in [`LAYOUT_KEY`].
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 /// A string: the layout version, decimal.
 pub const LAYOUT_KEY: &str = "tally:layout";
 /// A hash: namespace → schema record (JSON, [`SchemaRecord`]).
 pub const SCHEMAS_KEY: &str = "tally:schemas";
-/// Buckets per time window: a window's hash holds at most this many bucket fields, which
-/// keeps a totals hash under Redis' `hash-max-listpack-entries` (128), in the compact encoding.
+/// Buckets per time window: a window's hash holds at most this many totals, which keeps the
+/// hash of a series without breakdowns under Redis' `hash-max-listpack-entries` (128), in
+/// the compact encoding.
 pub const WINDOW_BUCKETS: i64 = 120;
 
 /// Escapes a name for use inside a `{…}` hash tag: `\` → `\\`, `}` → `\]`. Injective, and
@@ -36,20 +37,12 @@ pub fn series_tag(ns: &Namespace, key: &str) -> String {
     format!("{{{}|{}}}", ns.as_str(), escape_tag(key))
 }
 
-/// The totals hash of one series, tier generation, resolution and window:
-/// `tally:t:{ns|key}:<gen>:<res secs>:<window start>`.
-pub fn totals_key(tag: &str, gen_: u64, res: i64, window: i64) -> String {
-    format!("tally:t:{tag}:{gen_}:{res}:{window}")
-}
-
-/// The subtotals hash of one dimension: `tally:s:{ns|key}:<sgen>:<res>:<window>:<dim>`.
-pub fn subtotals_key(tag: &str, sgen: u64, res: i64, window: i64, dim: &str) -> String {
-    format!("tally:s:{tag}:{sgen}:{res}:{window}:{dim}")
-}
-
-/// The set of dimension names a series has subtotals for: `tally:dims:{ns|key}`.
-pub fn dims_key(tag: &str) -> String {
-    format!("tally:dims:{tag}")
+/// The hash of one series, tier generation, resolution and window, holding the window's
+/// totals and the tier's subtotals: `tally:w:{ns|key}:<gen>:<res secs>:<window start>`.
+/// One hash per tier and window (not one per dimension too) is what keeps an event's
+/// increments to one Redis key per tier.
+pub fn window_key(tag: &str, gen_: u64, res: i64, window: i64) -> String {
+    format!("tally:w:{tag}:{gen_}:{res}:{window}")
 }
 
 /// The lock of a series' limited increments (`Store::apply_if`), in the series' own slot,
@@ -69,7 +62,8 @@ pub fn keys_key(ns: &Namespace) -> String {
     format!("tally:keys:{{{}}}", ns.as_str())
 }
 
-/// A namespace's key expiries (a sorted set: key → the instant its last bucket expires).
+/// A namespace's key expiries (a sorted set: key → the instant its last bucket expires). A
+/// key some `forever` tier holds is not in it: it never expires.
 pub fn expiry_key(ns: &Namespace) -> String {
     format!("tally:exp:{{{}}}", ns.as_str())
 }
@@ -89,9 +83,42 @@ pub fn offset_of(bucket: i64, window: i64, res: i64) -> i64 {
     (bucket - window) / res
 }
 
-/// A subtotal's field: `<offset>:<value>` (the offset never holds `:`, the value may).
-pub fn subtotal_field(offset: i64, value: &str) -> String {
-    format!("{offset}:{value}")
+/// A subtotal's field in its window's hash: `<offset>:<sgen>:<dim>:<value>`, where `sgen`
+/// is the tier's subtotal generation. Offsets, generations and dimension names never hold
+/// `:`; a value may, so a field splits at its first three.
+pub fn subtotal_field(offset: i64, sgen: u64, dim: &str, value: &str) -> String {
+    format!("{offset}:{sgen}:{dim}:{value}")
+}
+
+/// What a field of a window's hash holds, the inverse of `offset.to_string()` and
+/// [`subtotal_field`]: `None` for a field this layout never writes.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Field<'a> {
+    Total {
+        offset: i64,
+    },
+    Subtotal {
+        offset: i64,
+        sgen: u64,
+        dim: &'a str,
+        value: &'a str,
+    },
+}
+
+impl<'a> Field<'a> {
+    pub fn parse(field: &'a str) -> Option<Field<'a>> {
+        let mut parts = field.splitn(4, ':');
+        let offset = parts.next()?.parse().ok()?;
+        let Some(sgen) = parts.next() else {
+            return Some(Field::Total { offset });
+        };
+        Some(Field::Subtotal {
+            offset,
+            sgen: sgen.parse().ok()?,
+            dim: parts.next()?,
+            value: parts.next()?,
+        })
+    }
 }
 
 /// When a window's hash may go: the end of its last bucket plus the retention (`None` for
@@ -247,19 +274,33 @@ mod tests {
         let tag = series_tag(&ns, "lnk_1");
         assert_eq!(tag, "{clicks|lnk_1}");
         assert_eq!(
-            totals_key(&tag, 2, 60, 1_790_827_200),
-            "tally:t:{clicks|lnk_1}:2:60:1790827200"
+            window_key(&tag, 2, 60, 1_790_827_200),
+            "tally:w:{clicks|lnk_1}:2:60:1790827200"
         );
-        assert_eq!(
-            subtotals_key(&tag, 3, 3600, 1_790_827_200, "country"),
-            "tally:s:{clicks|lnk_1}:3:3600:1790827200:country"
-        );
+        assert_eq!(subtotal_field(7, 3, "country", "US"), "7:3:country:US");
         assert_eq!(series_tag(&ns, "a}b\\c"), "{clicks|a\\]b\\\\c}");
         assert_eq!(keys_key(&ns), "tally:keys:{clicks}");
         assert_eq!(expiry_key(&ns), "tally:exp:{clicks}");
         assert_eq!(idem_key("k}"), "tally:idem:{k\\]}");
-        assert_eq!(dims_key(&tag), "tally:dims:{clicks|lnk_1}");
         assert_eq!(marker_key(&tag, "ab"), "tally:batch:{clicks|lnk_1}:ab");
+    }
+
+    #[test]
+    fn fields_parse_back() {
+        assert_eq!(Field::parse("7"), Some(Field::Total { offset: 7 }));
+        let f = subtotal_field(119, 12, "country+referrer", "US:a\\+b");
+        assert_eq!(
+            Field::parse(&f),
+            Some(Field::Subtotal {
+                offset: 119,
+                sgen: 12,
+                dim: "country+referrer",
+                value: "US:a\\+b"
+            })
+        );
+        for bad in ["", "x", "1:", "1:x:d:v", "1:2:d"] {
+            assert_eq!(Field::parse(bad), None, "{bad}");
+        }
     }
 
     #[test]

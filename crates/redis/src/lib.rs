@@ -1,7 +1,7 @@
 //! tally's Redis and Redis Cluster backend: a [`Store`] on the seeds' own scheme done right —
-//! a hash per series, tier and time window (`HINCRBY` of the bucket's field, `EXPIREAT` at the
-//! window's end plus the retention), subtotal hashes per dimension, every key of a series in
-//! one slot through its time-free `{ns|key}` hash tag, one Lua script call per slot per batch,
+//! a hash per series, tier and time window holding its totals and subtotals (`HINCRBY` of
+//! the bucket's fields, `EXPIREAT` at the window's end plus the retention), every key of a
+//! series in one slot through its time-free `{ns|key}` hash tag, one Lua script call per slot per batch,
 //! pipelined. tally servers on it hold no state. The layout is `docs/redis.md`.
 //!
 //! - [`layout`]: key names, windows, the stored schema record (pure).

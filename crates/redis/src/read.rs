@@ -13,7 +13,7 @@ use redis::Value;
 use tally_core::model::{Duration, Key, Namespace};
 use tally_core::store::{KeyData, KeyList, KeyRead, Scan, StoreError, SubtotalBuckets, Want};
 
-use crate::layout::{self, Stored, WINDOW_BUCKETS};
+use crate::layout::{self, Field, Stored, WINDOW_BUCKETS};
 use crate::{RedisStore, scripts};
 
 /// Keys per page of a scan (the deadline is checked between pages), and per prune step.
@@ -27,20 +27,16 @@ const GROUP: usize = 100;
 /// holds Redis for a short while, however long the range.
 const GROUP_WORK: usize = 12_000;
 
-/// Series per `COUNTS` call: `GROUP`, fewer when each series costs many reads (a value's
-/// `HGET` per bucket over a long fine range), one in a cluster (each series in its own slot).
-fn group_size(cluster: bool, windows: &[(i64, i64, i64)], by_value: bool) -> usize {
+/// Series per `COUNTS` call: `GROUP`, fewer when each series costs many reads (a field per
+/// bucket over a long fine range), one in a cluster (each series in its own slot).
+fn group_size(cluster: bool, windows: &[(i64, i64, i64)]) -> usize {
     if cluster {
         return 1;
     }
-    let per_series: usize = if by_value {
-        windows
-            .iter()
-            .map(|&(_, lo, hi)| usize::try_from(hi - lo + 1).unwrap_or(0))
-            .sum()
-    } else {
-        windows.len() * WINDOW_BUCKETS as usize
-    };
+    let per_series: usize = windows
+        .iter()
+        .map(|&(_, lo, hi)| usize::try_from(hi - lo + 1).unwrap_or(0))
+        .sum();
     (GROUP_WORK / per_series.max(1)).clamp(1, GROUP)
 }
 
@@ -138,31 +134,6 @@ fn pairs(v: &Value) -> Vec<(String, i64)> {
     out
 }
 
-fn strings(v: &Value) -> Vec<String> {
-    match v {
-        Value::Array(items) | Value::Set(items) => items.iter().filter_map(text).collect(),
-        _ => Vec::new(),
-    }
-}
-
-/// What one key's read asks Redis, in order, and how to put the answers together.
-enum Part {
-    Totals {
-        window: i64,
-    },
-    Dim {
-        dim: String,
-        window: i64,
-    },
-    Value {
-        dim: String,
-        value: String,
-        window: i64,
-        lo: i64,
-    },
-    Dims,
-}
-
 impl RedisStore {
     pub(crate) async fn read_async(
         &self,
@@ -188,108 +159,52 @@ impl RedisStore {
     }
 
     async fn read_one(&self, p: &Plan, want: Want<'_>) -> Result<KeyData, StoreError> {
-        // Every dimension: which ones exist is read first, then again inside the
-        // transaction; if a write added one in between, read again.
-        let mut dims: Vec<String> = Vec::new();
-        if matches!(want, Want::All) && p.sgen.is_some() {
-            dims = self.dims(&p.tag).await?;
-        }
-        for _ in 0..8 {
-            let mut pipe = redis::pipe();
-            pipe.atomic();
-            let mut parts = Vec::new();
-            for &(w, _, _) in &p.windows {
-                pipe.cmd("HGETALL")
-                    .arg(layout::totals_key(&p.tag, p.gen_, p.res, w));
-                parts.push(Part::Totals { window: w });
-            }
-            if let Some(sgen) = p.sgen {
-                let wanted: Vec<&str> = match want {
-                    Want::Totals => Vec::new(),
-                    Want::Value { dim, .. } | Want::Dim { dim } => vec![dim],
-                    Want::All => dims.iter().map(String::as_str).collect(),
-                };
-                if matches!(want, Want::All) {
-                    pipe.cmd("SMEMBERS").arg(layout::dims_key(&p.tag));
-                    parts.push(Part::Dims);
-                }
-                for dim in wanted {
-                    for &(w, lo, hi) in &p.windows {
-                        let name = layout::subtotals_key(&p.tag, sgen, p.res, w, dim);
-                        match want {
-                            Want::Value { value, .. } => {
-                                let fields: Vec<String> = (lo..=hi)
-                                    .map(|o| layout::subtotal_field(o, value))
-                                    .collect();
-                                pipe.cmd("HMGET").arg(name).arg(fields);
-                                parts.push(Part::Value {
-                                    dim: dim.to_owned(),
-                                    value: value.to_owned(),
-                                    window: w,
-                                    lo,
-                                });
-                            }
-                            _ => {
-                                pipe.cmd("HGETALL").arg(name);
-                                parts.push(Part::Dim {
-                                    dim: dim.to_owned(),
-                                    window: w,
-                                });
-                            }
-                        }
-                    }
-                }
-            }
-            let replies: Vec<Value> = self
-                .retry(|mut c| {
-                    let pipe = &pipe;
-                    async move { pipe.query_async(&mut c).await }
-                })
-                .await?;
-            if replies.len() != parts.len() {
-                return Err(StoreError::internal(format!(
-                    "{}: {} replies to a read of {} commands",
-                    self.label,
-                    replies.len(),
-                    parts.len()
-                )));
-            }
-            let mut data = Collect::new(p);
-            let mut seen_dims = None;
-            for (part, reply) in parts.iter().zip(&replies) {
-                match part {
-                    Part::Dims => {
-                        let mut d = strings(reply);
-                        d.sort();
-                        seen_dims = Some(d);
-                    }
-                    part => data.add(part, reply),
-                }
-            }
-            if let Some(seen) = seen_dims
-                && seen != dims
-            {
-                dims = seen;
-                continue;
-            }
-            return Ok(data.finish());
-        }
-        Err(StoreError::unavailable(format!(
-            "{}: the dimensions of series {} kept changing while it was read; try again",
-            self.label, p.tag
-        )))
-    }
-
-    async fn dims(&self, tag: &str) -> Result<Vec<String>, StoreError> {
-        let name = layout::dims_key(tag);
-        let mut dims: Vec<String> = self
+        // What the fields must be to be kept: totals, plus subtotals of one dimension, one
+        // value, or all of them.
+        let (mode, suffix, keep) = match (want, p.sgen) {
+            (Want::All, Some(_)) => ("all", String::new(), Keep::All),
+            (Want::Dim { dim }, Some(_)) => ("all", String::new(), Keep::Dim(dim)),
+            (Want::Value { dim, value }, Some(sgen)) => (
+                "value",
+                format!(":{sgen}:{dim}:{value}"),
+                Keep::Value(dim, value),
+            ),
+            _ => ("totals", String::new(), Keep::Totals),
+        };
+        let names: Vec<String> = p
+            .windows
+            .iter()
+            .map(|&(w, _, _)| layout::window_key(&p.tag, p.gen_, p.res, w))
+            .collect();
+        let replies: Vec<Value> = self
             .retry(|mut c| {
-                let name = &name;
-                async move { redis::cmd("SMEMBERS").arg(name).query_async(&mut c).await }
+                let (names, suffix) = (&names, &suffix);
+                async move {
+                    let mut inv = scripts::READ.prepare_invoke();
+                    for n in names {
+                        inv.key(n);
+                    }
+                    inv.arg(mode).arg(suffix);
+                    for &(_, lo, hi) in &p.windows {
+                        inv.arg(lo).arg(hi);
+                    }
+                    inv.invoke_async(&mut c).await
+                }
             })
             .await?;
-        dims.sort();
-        Ok(dims)
+        if replies.len() != p.windows.len() {
+            return Err(StoreError::internal(format!(
+                "{}: {} replies to a read of {} windows",
+                self.label,
+                replies.len(),
+                p.windows.len()
+            )));
+        }
+        let mut data = Collect::new(p);
+        for (&(window, _, _), reply) in p.windows.iter().zip(&replies) {
+            data.add(window, keep, reply);
+        }
+        Ok(data.finish())
     }
 
     /// Drops keys whose every bucket has expired from a namespace's index.
@@ -407,12 +322,16 @@ impl RedisStore {
         if windows.is_empty() {
             return Ok(());
         }
-        let (generation, dim, value) = match scan.value {
-            None => (st.generation(scan.resolution), None, ""),
-            Some((d, v)) => (st.breakdown_generation(scan.resolution), Some(d), v),
-        };
-        let Some(generation) = generation else {
+        let Some(generation) = st.generation(scan.resolution) else {
             return Ok(());
+        };
+        // The suffix that makes an offset the wanted field.
+        let suffix = match scan.value {
+            None => String::new(),
+            Some((dim, value)) => match st.breakdown_generation(scan.resolution) {
+                Some(sgen) => format!(":{sgen}:{dim}:{value}"),
+                None => return Ok(()),
+            },
         };
         self.prune(scan.ns).await?;
         let mut min = b"-".to_vec();
@@ -421,7 +340,7 @@ impl RedisStore {
             let page = self.key_page(scan.ns, &min, b"+", PAGE).await?;
             let Some(last) = page.last() else { break };
             min = [b"(", last.as_slice()].concat();
-            let group = group_size(self.is_cluster(), &windows, dim.is_some());
+            let group = group_size(self.is_cluster(), &windows);
             let sums = join_all(page.chunks(group).map(|keys| {
                 let names: Vec<String> = keys
                     .iter()
@@ -429,14 +348,11 @@ impl RedisStore {
                         let tag = layout::series_tag(scan.ns, &String::from_utf8_lossy(k));
                         windows
                             .iter()
-                            .map(|&(w, _, _)| match dim {
-                                None => layout::totals_key(&tag, generation, res, w),
-                                Some(d) => layout::subtotals_key(&tag, generation, res, w, d),
-                            })
+                            .map(|&(w, _, _)| layout::window_key(&tag, generation, res, w))
                             .collect::<Vec<_>>()
                     })
                     .collect();
-                let windows = &windows;
+                let (windows, suffix) = (&windows, &suffix);
                 async move {
                     let counts: Vec<Vec<i64>> = self
                         .retry(|mut c| {
@@ -446,7 +362,7 @@ impl RedisStore {
                                 for n in names {
                                     inv.key(n);
                                 }
-                                inv.arg(value).arg(windows.len());
+                                inv.arg(suffix).arg(windows.len());
                                 for &(_, lo, hi) in windows {
                                     inv.arg(lo).arg(hi);
                                 }
@@ -488,9 +404,31 @@ impl RedisStore {
     }
 }
 
+/// Which subtotals a read keeps (totals are always kept).
+#[derive(Debug, Clone, Copy)]
+enum Keep<'a> {
+    Totals,
+    Dim(&'a str),
+    Value(&'a str, &'a str),
+    All,
+}
+
+impl Keep<'_> {
+    fn keeps(self, dim: &str, value: &str) -> bool {
+        match self {
+            Keep::Totals => false,
+            Keep::Dim(d) => d == dim,
+            Keep::Value(d, v) => d == dim && v == value,
+            Keep::All => true,
+        }
+    }
+}
+
 /// Buckets gathered from replies, kept sorted.
 struct Collect {
     res: i64,
+    /// The subtotal generation a field must carry to be read (`None`: no breakdowns).
+    sgen: Option<u64>,
     totals: BTreeMap<i64, i64>,
     subtotals: BTreeMap<(String, String), BTreeMap<i64, i64>>,
     /// The window ranges: a bucket outside them is not part of the read.
@@ -501,6 +439,7 @@ impl Collect {
     fn new(p: &Plan) -> Collect {
         Collect {
             res: p.res,
+            sgen: p.sgen,
             totals: BTreeMap::new(),
             subtotals: BTreeMap::new(),
             windows: p.windows.clone(),
@@ -513,55 +452,30 @@ impl Collect {
             .any(|&(w, lo, hi)| w == window && (lo..=hi).contains(&offset))
     }
 
-    fn add(&mut self, part: &Part, reply: &Value) {
-        match part {
-            Part::Totals { window } => {
-                for (f, n) in pairs(reply) {
-                    if let Ok(o) = f.parse::<i64>()
-                        && self.in_range(*window, o)
-                    {
-                        *self.totals.entry(window + o * self.res).or_default() += n;
-                    }
+    fn add(&mut self, window: i64, keep: Keep<'_>, reply: &Value) {
+        for (f, n) in pairs(reply) {
+            match Field::parse(&f) {
+                Some(Field::Total { offset }) if self.in_range(window, offset) => {
+                    *self.totals.entry(window + offset * self.res).or_default() += n;
                 }
-            }
-            Part::Dim { dim, window } => {
-                for (f, n) in pairs(reply) {
-                    let Some((o, value)) = f.split_once(':') else {
-                        continue;
-                    };
-                    if let Ok(o) = o.parse::<i64>()
-                        && self.in_range(*window, o)
-                    {
-                        *self
-                            .subtotals
-                            .entry((dim.clone(), value.to_owned()))
-                            .or_default()
-                            .entry(window + o * self.res)
-                            .or_default() += n;
-                    }
+                Some(Field::Subtotal {
+                    offset,
+                    sgen,
+                    dim,
+                    value,
+                }) if Some(sgen) == self.sgen
+                    && keep.keeps(dim, value)
+                    && self.in_range(window, offset) =>
+                {
+                    *self
+                        .subtotals
+                        .entry((dim.to_owned(), value.to_owned()))
+                        .or_default()
+                        .entry(window + offset * self.res)
+                        .or_default() += n;
                 }
+                _ => {}
             }
-            Part::Value {
-                dim,
-                value,
-                window,
-                lo,
-            } => {
-                if let Value::Array(items) = reply {
-                    for (i, v) in items.iter().enumerate() {
-                        if let Some(n) = int(v) {
-                            let o = lo + i as i64;
-                            *self
-                                .subtotals
-                                .entry((dim.clone(), value.clone()))
-                                .or_default()
-                                .entry(window + o * self.res)
-                                .or_default() += n;
-                        }
-                    }
-                }
-            }
-            Part::Dims => {}
         }
     }
 
@@ -592,11 +506,14 @@ mod tests {
     #[test]
     fn a_counts_call_is_bounded_by_the_reads_it_makes() {
         let hour = windows(0, 3600, 3600);
-        assert_eq!(group_size(false, &hour, false), GROUP_WORK / 120);
-        assert_eq!(group_size(false, &windows(0, 3600, 60), true), GROUP);
-        // A value over a week of minutes: an HGET per bucket, one series per call.
-        assert_eq!(group_size(false, &windows(0, 7 * 86_400, 60), true), 1);
-        assert_eq!(group_size(true, &hour, false), 1);
+        assert_eq!(group_size(false, &hour), GROUP);
+        assert_eq!(
+            group_size(false, &windows(0, 5 * 86_400, 3600)),
+            GROUP_WORK / 120
+        );
+        // A week of minutes: a field per bucket, one series per call.
+        assert_eq!(group_size(false, &windows(0, 7 * 86_400, 60)), 1);
+        assert_eq!(group_size(true, &hour), 1);
     }
 
     #[test]

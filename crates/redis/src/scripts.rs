@@ -15,10 +15,10 @@ use redis::Script;
 ///
 /// - `h <key> <expireat|0> <count> (<field> <n>)*`: `HINCRBY` each field, then `EXPIREAT`
 ///   (`0`: the hash is kept forever).
-/// - `d <key> <expireat|inf> <count> <dim>*`: `SADD` dimension names to a series' set, and
-///   make it live at least until `expireat` (`inf`: forever).
-/// - `i <lex key> <expiry key> <count> (<member> <expireat|+inf>)*`: add keys to a
-///   namespace's index; an expiry only ever grows.
+/// - `i <lex key> <expiry key> <count> (<member> <expireat|inf>)*`: add keys to a
+///   namespace's index (`ZADD NX`, score 0) and set their expiries: an expiry only ever
+///   grows (`ZADD GT`), and `inf` (a `forever` tier holds the key) takes the key out of the
+///   expiry set, since it never expires. Variadic calls of at most 256 members.
 /// - `r <key> <record> <expireat>`: `SET NX` an idempotency record until `expireat`.
 pub static APPLY: LazyLock<Script> = LazyLock::new(|| Script::new(APPLY_LUA));
 
@@ -45,38 +45,40 @@ while i <= n do
     if exp ~= '0' then
       redis.call('EXPIREAT', k, exp)
     end
-  elseif op == 'd' then
-    local k = KEYS[tonumber(a[i + 1])]
-    local exp = a[i + 2]
-    local c = tonumber(a[i + 3])
-    i = i + 4
-    local existed = redis.call('EXISTS', k)
-    for _ = 1, c do
-      redis.call('SADD', k, a[i])
-      i = i + 1
-    end
-    if exp == 'inf' then
-      redis.call('PERSIST', k)
-    else
-      local cur = 0
-      if existed == 1 then
-        cur = redis.call('EXPIRETIME', k)
-      end
-      -- -1: kept forever already.
-      if cur ~= -1 and cur < tonumber(exp) then
-        redis.call('EXPIREAT', k, exp)
-      end
-    end
   elseif op == 'i' then
     local lex = KEYS[tonumber(a[i + 1])]
     local ex = KEYS[tonumber(a[i + 2])]
     local c = tonumber(a[i + 3])
     i = i + 4
-    for _ = 1, c do
-      redis.call('ZADD', lex, 'NX', 0, a[i])
-      redis.call('ZADD', ex, 'GT', a[i + 1], a[i])
-      i = i + 2
+    local add, grow, gone = {}, {}, {}
+    local function flush(force)
+      if #add >= 512 or (force and #add > 0) then
+        redis.call('ZADD', lex, 'NX', unpack(add))
+        add = {}
+      end
+      if #grow >= 512 or (force and #grow > 0) then
+        redis.call('ZADD', ex, 'GT', unpack(grow))
+        grow = {}
+      end
+      if #gone >= 256 or (force and #gone > 0) then
+        redis.call('ZREM', ex, unpack(gone))
+        gone = {}
+      end
     end
+    for _ = 1, c do
+      local m, e = a[i], a[i + 1]
+      add[#add + 1] = 0
+      add[#add + 1] = m
+      if e == 'inf' then
+        gone[#gone + 1] = m
+      else
+        grow[#grow + 1] = e
+        grow[#grow + 1] = m
+      end
+      i = i + 2
+      flush(false)
+    end
+    flush(true)
   elseif op == 'r' then
     redis.call('SET', KEYS[tonumber(a[i + 1])], a[i + 2], 'NX', 'EXAT', a[i + 3])
     i = i + 4
@@ -101,42 +103,77 @@ end
 return #gone
 "#;
 
-/// The counts of one or more series over a range, for `scan`: `ARGV[1]` the subtotal value
-/// (empty: totals), `ARGV[2]` the number `w` of windows a series' range touches, then per
-/// window its first and last bucket offset (the same for every series of a scan); `KEYS` the
-/// window hashes, `w` per series, series after series (all in one slot in a cluster). Answers,
-/// per series, the counts found (the caller sums them exactly, in 64 bits: Lua's numbers are
-/// doubles).
+/// The counts of one or more series over a range, for `scan`: `ARGV[1]` the suffix that
+/// makes a bucket's offset its field (empty: totals; `:<sgen>:<dim>:<value>`: one subtotal),
+/// `ARGV[2]` the number `w` of windows a series' range touches, then per window its first and
+/// last bucket offset (the same for every series of a scan); `KEYS` the window hashes, `w` per
+/// series, series after series (all in one slot in a cluster). One `HMGET` per window hash.
+/// Answers, per series, the counts found (the caller sums them exactly, in 64 bits: Lua's
+/// numbers are doubles).
 pub static COUNTS: LazyLock<Script> = LazyLock::new(|| Script::new(COUNTS_LUA));
 
 const COUNTS_LUA: &str = r#"
-local v = ARGV[1]
+local suffix = ARGV[1]
 local w = tonumber(ARGV[2])
 local out = {}
 for s = 0, #KEYS / w - 1 do
   local got = {}
   for j = 1, w do
-    local k = KEYS[s * w + j]
     local lo = tonumber(ARGV[1 + 2 * j])
     local hi = tonumber(ARGV[2 + 2 * j])
-    if v == '' then
-      local all = redis.call('HGETALL', k)
-      for i = 1, #all, 2 do
-        local o = tonumber(all[i])
-        if o and o >= lo and o <= hi then
-          got[#got + 1] = all[i + 1]
-        end
-      end
-    else
-      for o = lo, hi do
-        local x = redis.call('HGET', k, o .. ':' .. v)
-        if x then
-          got[#got + 1] = x
-        end
+    local fields = {}
+    for o = lo, hi do
+      fields[#fields + 1] = o .. suffix
+    end
+    local xs = redis.call('HMGET', KEYS[s * w + j], unpack(fields))
+    for _, x in ipairs(xs) do
+      if x then
+        got[#got + 1] = x
       end
     end
   end
   out[#out + 1] = got
+end
+return out
+"#;
+
+/// One series' windows, read at one moment (a script is atomic): `KEYS` the window hashes
+/// (one slot), `ARGV[1]` what to read — `all` (every field), `totals`, or `value` — then
+/// `ARGV[2]` a value's field suffix (`:<sgen>:<dim>:<value>`, else empty), then per window its
+/// first and last bucket offset. Answers per window a flat list of fields and counts: every
+/// field for `all`; for `totals` and `value`, every field of a small hash (at most 128, the
+/// listpack limit, where `HGETALL` is cheaper than naming fields) and otherwise only the
+/// wanted ones (`HMGET`): a busy series' hour hash holds thousands of subtotals a series
+/// read does not want. The caller keeps what it asked for.
+pub static READ: LazyLock<Script> = LazyLock::new(|| Script::new(READ_LUA));
+
+const READ_LUA: &str = r#"
+local mode, suffix = ARGV[1], ARGV[2]
+local out = {}
+for j = 1, #KEYS do
+  local k = KEYS[j]
+  if mode == 'all' or redis.call('HLEN', k) <= 128 then
+    out[j] = redis.call('HGETALL', k)
+  else
+    local lo = tonumber(ARGV[1 + 2 * j])
+    local hi = tonumber(ARGV[2 + 2 * j])
+    local fields = {}
+    for o = lo, hi do
+      fields[#fields + 1] = tostring(o)
+      if mode == 'value' then
+        fields[#fields + 1] = o .. suffix
+      end
+    end
+    local xs = redis.call('HMGET', k, unpack(fields))
+    local got = {}
+    for i, x in ipairs(xs) do
+      if x then
+        got[#got + 1] = fields[i]
+        got[#got + 1] = x
+      end
+    end
+    out[j] = got
+  end
 end
 return out
 "#;

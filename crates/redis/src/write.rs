@@ -80,7 +80,6 @@ struct HashPlan {
 struct SeriesPlan {
     tag: String,
     hashes: BTreeMap<String, HashPlan>,
-    dims: BTreeSet<String>,
     /// When its last bucket stops being shown; `None` if no tier kept any of its events.
     until: Option<Until>,
 }
@@ -130,7 +129,7 @@ impl Call {
             self.args.push(k.as_str().to_owned());
             self.args.push(match until {
                 Until::At(t) => t.to_string(),
-                Until::Never => "+inf".into(),
+                Until::Never => "inf".into(),
             });
         }
     }
@@ -149,16 +148,6 @@ impl Call {
                 self.args.push(f.clone());
                 self.args.push(n.to_string());
             }
-        }
-        if !s.dims.is_empty() {
-            let k = self.key(&layout::dims_key(&s.tag));
-            let until = match s.until {
-                Some(Until::At(t)) => (t + self.skew).to_string(),
-                _ => "inf".into(),
-            };
-            self.args
-                .extend(["d".into(), k, until, s.dims.len().to_string()]);
-            self.args.extend(s.dims.iter().cloned());
         }
     }
 
@@ -191,7 +180,6 @@ fn plan(
             .or_insert_with(|| SeriesPlan {
                 tag: layout::series_tag(&inc.ns, inc.key.as_str()),
                 hashes: BTreeMap::new(),
-                dims: BTreeSet::new(),
                 until: None,
             });
         for tier in st.schema.tiers() {
@@ -210,21 +198,14 @@ fn plan(
             plan.until = Some(plan.until.map_or(until, |u| u.max(until)));
             let h = plan
                 .hashes
-                .entry(layout::totals_key(&plan.tag, gen_, r, w))
+                .entry(layout::window_key(&plan.tag, gen_, r, w))
                 .or_default();
             h.expire_at = expire_at;
             *h.fields.entry(off.to_string()).or_default() += inc.n;
             if let Some(sgen) = st.breakdown_generation(tier.resolution) {
                 for s in &inc.subtotals {
-                    let h = plan
-                        .hashes
-                        .entry(layout::subtotals_key(&plan.tag, sgen, r, w, &s.dim))
-                        .or_default();
-                    h.expire_at = expire_at;
-                    *h.fields
-                        .entry(layout::subtotal_field(off, &s.value))
-                        .or_default() += inc.n;
-                    plan.dims.insert(s.dim.clone());
+                    let field = layout::subtotal_field(off, sgen, &s.dim, &s.value);
+                    *h.fields.entry(field).or_default() += inc.n;
                 }
             }
         }

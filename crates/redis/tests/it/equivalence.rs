@@ -314,3 +314,91 @@ fn cluster_matches_the_reference() {
         }
     });
 }
+
+/// Subtotals written before a tier stopped keeping breakdowns share their window hash with
+/// the totals (layout 2), under the old subtotal generation: once the tier keeps breakdowns
+/// again they stay hidden from every read path — all dimensions, one dimension, one value,
+/// and a scan by value — as the reference has them gone.
+#[test]
+fn subtotals_from_before_breakdowns_stopped_stay_hidden_when_they_restart() {
+    let server = RedisServer::start();
+    let now = real_now();
+    let clock = Arc::new(ManualClock::new(now));
+    let redis = RedisStore::connect_with_clock(&server.url(), clock.clone()).unwrap();
+    let reference = MemStore::new(clock);
+    let ns = Namespace::new("m").unwrap();
+    let with = schema(&["1h:forever"], Some(&["1h"]));
+    let without = schema(&["1h:forever"], Some(&[]));
+    let stores: [&dyn Store; 2] = [&redis, &reference];
+    for s in stores {
+        let write = |country: &str, n: i64| {
+            let raws = [raw("m", "k", now, n, &[("country", country)])];
+            s.apply(&batch(s, now, &raws, &Defaults::default()))
+                .unwrap();
+        };
+        s.put_schema(&ns, &with).unwrap();
+        write("us", 2);
+        s.put_schema(&ns, &without).unwrap();
+        s.put_schema(&ns, &with).unwrap();
+        write("fr", 3);
+    }
+    let key = Key::new("k").unwrap();
+    let hour = Duration::from_secs(3600).unwrap();
+    let (from, to) = (now - 86_400, now + 86_400);
+    let wants = [
+        Want::All,
+        Want::Dim { dim: "country" },
+        Want::Value {
+            dim: "country",
+            value: "us",
+        },
+        Want::Value {
+            dim: "country",
+            value: "fr",
+        },
+    ];
+    let reads: Vec<KeyRead> = wants
+        .iter()
+        .map(|&want| KeyRead {
+            ns: &ns,
+            key: &key,
+            resolution: hour,
+            from,
+            to,
+            want,
+            sum_subtotals: false,
+        })
+        .collect();
+    let got: Vec<KeyData> = redis
+        .read(&reads)
+        .unwrap()
+        .into_iter()
+        .map(sorted)
+        .collect();
+    let expected: Vec<KeyData> = reference
+        .read(&reads)
+        .unwrap()
+        .into_iter()
+        .map(sorted)
+        .collect();
+    assert_eq!(got, expected);
+    assert_eq!(got[0].subtotals.len(), 1, "{got:?}");
+    assert_eq!(got[0].totals.iter().map(|(_, n)| n).sum::<i64>(), 5);
+    for value in ["us", "fr"] {
+        let scan = Scan {
+            ns: &ns,
+            resolution: hour,
+            from,
+            to,
+            value: Some(("country", value)),
+            deadline: &Deadline::none(),
+        };
+        let collect = |s: &dyn Store| {
+            let mut seen = Vec::new();
+            s.scan(&scan, &mut |k, n| seen.push((k.clone(), n)))
+                .unwrap();
+            seen
+        };
+        assert_eq!(collect(&redis), collect(&reference), "{value}");
+    }
+}
