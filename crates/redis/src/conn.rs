@@ -210,8 +210,7 @@ impl ConnectionLike for Conn {
 /// cluster is between states. (A script call carries its batch's marker, so sending it
 /// again never applies it twice.)
 pub fn transient(e: &RedisError) -> bool {
-    aborted_by_the_cluster(e)
-        || e.is_io_error()
+    e.is_io_error()
         || e.is_timeout()
         || e.is_connection_dropped()
         || e.is_connection_refusal()
@@ -227,29 +226,6 @@ pub fn transient(e: &RedisError) -> bool {
                         | ServerErrorKind::Ask
                 )
         )
-}
-
-/// A transaction (`MULTI`/`EXEC`) that a cluster aborted because its slot moved, or its node
-/// is failing or gone (then another node answers `MOVED` to it): every error inside is a
-/// redirection or about the cluster's state. The client follows redirections of single
-/// commands, not of transactions.
-fn aborted_by_the_cluster(e: &RedisError) -> bool {
-    e.kind() == ErrorKind::Server(ServerErrorKind::ExecAbort)
-        && e.clone().into_server_errors().is_some_and(|errs| {
-            !errs.is_empty()
-                && errs.iter().all(|(_, s)| {
-                    matches!(
-                        s.kind(),
-                        Some(
-                            ServerErrorKind::Moved
-                                | ServerErrorKind::Ask
-                                | ServerErrorKind::TryAgain
-                                | ServerErrorKind::ClusterDown
-                                | ServerErrorKind::MasterDown
-                        )
-                    )
-                })
-        })
 }
 
 /// A Redis failure as the store reports it: `Unavailable` ("redis at host:port: …") for

@@ -1,5 +1,5 @@
-//! Reads: one key's buckets (the few windows its range touches, in one `MULTI`/`EXEC` to its
-//! slot, so totals and subtotals agree), key listing by lex range, and scans for `top`
+//! Reads: one key's buckets (the few windows its range touches, in one `READ` script call to
+//! its slot, so totals and subtotals agree), key listing by lex range, and scans for `top`
 //! (`COUNTS` script calls over groups of keys, a page of keys at a time, all in flight).
 //!
 //! Retention is applied here, by the store's clock, exactly as `MemStore` applies it: a range
@@ -23,8 +23,8 @@ const PAGE: usize = 1000;
 /// keys is ten calls, not a thousand.
 const GROUP: usize = 100;
 
-/// Hash reads (`HGET`s, or fields of `HGETALL`s) one `COUNTS` call may make, about: a call
-/// holds Redis for a short while, however long the range.
+/// Hash fields one `COUNTS` call names (`HMGET`), about: a call holds Redis for a short
+/// while, however long the range.
 const GROUP_WORK: usize = 12_000;
 
 /// Series per `COUNTS` call: `GROUP`, fewer when each series costs many reads (a field per

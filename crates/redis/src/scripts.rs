@@ -18,7 +18,8 @@ use redis::Script;
 /// - `i <lex key> <expiry key> <count> (<member> <expireat|inf>)*`: add keys to a
 ///   namespace's index (`ZADD NX`, score 0) and set their expiries: an expiry only ever
 ///   grows (`ZADD GT`), and `inf` (a `forever` tier holds the key) takes the key out of the
-///   expiry set, since it never expires. Variadic calls of at most 256 members.
+///   expiry set, since it never expires. A key listed but not in the expiry set never gets a
+///   finite expiry again. Variadic calls of at most 256 members.
 /// - `r <key> <record> <expireat>`: `SET NX` an idempotency record until `expireat`.
 pub static APPLY: LazyLock<Script> = LazyLock::new(|| Script::new(APPLY_LUA));
 
@@ -71,7 +72,10 @@ while i <= n do
       add[#add + 1] = m
       if e == 'inf' then
         gone[#gone + 1] = m
-      else
+      elseif redis.call('ZSCORE', ex, m) or not redis.call('ZSCORE', lex, m) then
+        -- Listed without an expiry: a `forever` tier held it, and data of that time may
+        -- still show (the tier made finite, or removed with a finer tier still keeping
+        -- older buckets); it stays unexpiring, as the `+inf` score of layout 1 did.
         grow[#grow + 1] = e
         grow[#grow + 1] = m
       end

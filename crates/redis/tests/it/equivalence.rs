@@ -402,3 +402,38 @@ fn subtotals_from_before_breakdowns_stopped_stay_hidden_when_they_restart() {
         assert_eq!(collect(&redis), collect(&reference), "{value}");
     }
 }
+
+/// A key listed while a `forever` tier held it stays listed once that tier is removed, while
+/// a finer tier still shows its older buckets: a late write, whose expiry is earlier than
+/// theirs, must not get it pruned (layout 2 keeps such keys out of the expiry set).
+#[test]
+fn a_late_write_does_not_prune_a_key_a_forever_tier_held() {
+    let server = RedisServer::start();
+    let t = real_now();
+    let clock = Arc::new(ManualClock::new(t));
+    let redis = RedisStore::connect_with_clock(&server.url(), clock.clone()).unwrap();
+    let reference = MemStore::new(clock.clone());
+    let ns = Namespace::new("m").unwrap();
+    let stores: [&dyn Store; 2] = [&redis, &reference];
+    for s in stores {
+        let write = |ts: i64| {
+            let raws = [raw("m", "k", ts, 1, &[])];
+            s.apply(&batch(s, t, &raws, &Defaults::default())).unwrap();
+        };
+        s.put_schema(&ns, &schema(&["1m:7d", "1h:forever"], Some(&[])))
+            .unwrap();
+        write(t);
+        s.put_schema(&ns, &schema(&["1m:7d"], Some(&[]))).unwrap();
+        write(t - 6 * 86_400);
+    }
+    clock.set(t + 2 * 86_400);
+    let list = KeyList {
+        ns: &ns,
+        prefix: "",
+        after: None,
+        limit: 10,
+    };
+    let listed = redis.keys(&list).unwrap();
+    assert_eq!(listed, reference.keys(&list).unwrap());
+    assert_eq!(listed, vec![Key::new("k").unwrap()]);
+}
