@@ -87,7 +87,13 @@ pub fn offset_of(bucket: i64, window: i64, res: i64) -> i64 {
 /// is the tier's subtotal generation. Offsets, generations and dimension names never hold
 /// `:`; a value may, so a field splits at its first three.
 pub fn subtotal_field(offset: i64, sgen: u64, dim: &str, value: &str) -> String {
-    format!("{offset}:{sgen}:{dim}:{value}")
+    format!("{offset}{}", subtotal_suffix(sgen, dim, value))
+}
+
+/// What follows the offset in a subtotal's field, `:<sgen>:<dim>:<value>`: the scripts append
+/// it to each offset of a range.
+pub fn subtotal_suffix(sgen: u64, dim: &str, value: &str) -> String {
+    format!(":{sgen}:{dim}:{value}")
 }
 
 /// What a field of a window's hash holds, the inverse of `offset.to_string()` and

@@ -166,7 +166,7 @@ impl RedisStore {
             (Want::Dim { dim }, Some(_)) => ("all", String::new(), Keep::Dim(dim)),
             (Want::Value { dim, value }, Some(sgen)) => (
                 "value",
-                format!(":{sgen}:{dim}:{value}"),
+                layout::subtotal_suffix(sgen, dim, value),
                 Keep::Value(dim, value),
             ),
             _ => ("totals", String::new(), Keep::Totals),
@@ -329,7 +329,7 @@ impl RedisStore {
         let suffix = match scan.value {
             None => String::new(),
             Some((dim, value)) => match st.breakdown_generation(scan.resolution) {
-                Some(sgen) => format!(":{sgen}:{dim}:{value}"),
+                Some(sgen) => layout::subtotal_suffix(sgen, dim, value),
                 None => return Ok(()),
             },
         };
