@@ -39,7 +39,7 @@ use tally_core::store::{
 
 pub use conn::Target;
 use conn::{Conn, store_error, transient};
-use layout::{LAYOUT_KEY, LAYOUT_VERSION, SCHEMAS_KEY, SchemaRecord, Stored};
+use layout::{LAYOUT_KEY, LAYOUT_VERSION, SCHEMAS_KEY, SchemaRecord, Stored, UPGRADES_FROM};
 
 /// How often a call that failed transiently is sent (the first time included), and the
 /// first pause between tries (tripled each time).
@@ -260,6 +260,25 @@ impl RedisStore {
             .await?;
         match stored.as_deref() {
             Some(v) if v == LAYOUT_VERSION.to_string() => Ok(()),
+            Some(v) if UPGRADES_FROM.iter().any(|u| u.to_string() == v) => {
+                // Every key of the older layout means the same in this one: mark the
+                // database as this layout, so builds of the older one refuse it from now on.
+                self.retry(|mut c| async move {
+                    redis::cmd("SET")
+                        .arg(LAYOUT_KEY)
+                        .arg(LAYOUT_VERSION)
+                        .arg("XX")
+                        .exec_async(&mut c)
+                        .await
+                })
+                .await?;
+                tracing::info!(
+                    from = v,
+                    to = LAYOUT_VERSION,
+                    "upgraded the tally key layout"
+                );
+                Ok(())
+            }
             other => Err(StoreError::corrupt(format!(
                 "{} holds tally key layout version {}; this build reads and writes version \
                  {LAYOUT_VERSION} (docs/redis.md): use another Redis database or migrate it",
@@ -343,7 +362,19 @@ impl RedisStore {
     }
 
     async fn put_schema_async(&self, ns: &Namespace, schema: &Schema) -> Result<(), StoreError> {
-        // Compare-and-set: a concurrent change makes us read again (a few times at most).
+        self.update_record(ns, |previous| Some(SchemaRecord::next(previous, schema)))
+            .await
+            .map(|_| ())
+    }
+
+    /// Replaces a namespace's schema record by `change(current)` with a compare-and-set (a
+    /// concurrent change makes us read again, a few times at most); `None` from `change`
+    /// leaves it as it is. Answers the record stored now, if any.
+    async fn update_record(
+        &self,
+        ns: &Namespace,
+        change: impl Fn(Option<&SchemaRecord>) -> Option<SchemaRecord>,
+    ) -> Result<Option<Stored>, StoreError> {
         for _ in 0..16 {
             let current: Option<Vec<u8>> = self
                 .retry(|mut c| async move {
@@ -355,27 +386,33 @@ impl RedisStore {
                 })
                 .await?;
             let previous = match &current {
-                Some(text) => Some(SchemaRecord::decode(ns.as_str(), text)?.record),
+                Some(text) => Some(SchemaRecord::decode(ns.as_str(), text)?),
                 None => None,
             };
-            let record = SchemaRecord::next(previous.as_ref(), schema).encode()?;
+            let Some(record) = change(previous.as_ref().map(|p| &p.record)) else {
+                return Ok(previous);
+            };
+            let text = record.encode()?;
             let current = current.unwrap_or_default();
             let done: i64 = self
                 .retry(|mut c| {
-                    let (current, record) = (&current, &record);
+                    let (current, text) = (&current, &text);
                     async move {
                         scripts::PUT_SCHEMA
                             .key(SCHEMAS_KEY)
                             .arg(ns.as_str())
                             .arg(current.as_slice())
-                            .arg(record.as_str())
+                            .arg(text.as_str())
                             .invoke_async(&mut c)
                             .await
                     }
                 })
                 .await?;
             if done == 1 {
-                return Ok(());
+                let stored = SchemaRecord::decode(ns.as_str(), text.as_bytes())?;
+                let mut known = self.known.lock().unwrap_or_else(PoisonError::into_inner);
+                known.insert(ns.clone(), stored.clone());
+                return Ok(Some(stored));
             }
         }
         Err(StoreError::unavailable(format!(

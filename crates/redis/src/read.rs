@@ -28,15 +28,16 @@ const GROUP: usize = 100;
 const GROUP_WORK: usize = 12_000;
 
 /// Series per `COUNTS` call: `GROUP`, fewer when each series costs many reads (a field per
-/// bucket over a long fine range), one in a cluster (each series in its own slot).
-fn group_size(cluster: bool, windows: &[(i64, i64, i64)]) -> usize {
+/// bucket and suffix over a long fine range), one in a cluster (each series in its own slot).
+fn group_size(cluster: bool, windows: &[(i64, i64, i64)], suffixes: usize) -> usize {
     if cluster {
         return 1;
     }
     let per_series: usize = windows
         .iter()
         .map(|&(_, lo, hi)| usize::try_from(hi - lo + 1).unwrap_or(0))
-        .sum();
+        .sum::<usize>()
+        * suffixes;
     (GROUP_WORK / per_series.max(1)).clamp(1, GROUP)
 }
 
@@ -57,12 +58,18 @@ fn windows(from: i64, to: i64, res: i64) -> Vec<(i64, i64, i64)> {
     out
 }
 
-/// The part of a read that a tier still shows: its generations and kept range.
+/// The part of a read that a tier still shows: its generations, dimension codes and kept
+/// range.
 struct Plan {
     tag: String,
+    resolution: Duration,
     res: i64,
     gen_: u64,
     sgen: Option<u64>,
+    /// The tier's dimension codes, code → dimension.
+    codes: BTreeMap<u64, String>,
+    /// The record's next generation: a code at or past it is newer than the record.
+    next: u64,
     windows: Vec<(i64, i64, i64)>,
 }
 
@@ -85,9 +92,12 @@ fn plan_for(
     }
     Some(Plan {
         tag: layout::series_tag(ns, key),
+        resolution,
         res,
         gen_,
         sgen: st.breakdown_generation(resolution),
+        codes: st.dims_by_code(resolution),
+        next: st.record.next,
         windows,
     })
 }
@@ -139,37 +149,89 @@ impl RedisStore {
         &self,
         reads: &[KeyRead<'_>],
     ) -> Result<Vec<KeyData>, StoreError> {
-        let now = self.now();
         let mut nss: Vec<&Namespace> = reads.iter().map(|r| r.ns).collect();
         nss.sort();
         nss.dedup();
-        let schemas = self.load_schemas(&nss).await?;
-        let futures = reads.iter().map(|r| {
-            let plan = schemas
-                .get(r.ns)
-                .and_then(|st| plan_for(st, r.ns, r.key.as_str(), r.resolution, r.from, r.to, now));
-            async move {
-                match plan {
-                    None => Ok(KeyData::default()),
-                    Some(p) => self.read_one(&p, r.want).await,
+        let mut schemas = self.load_schemas(&nss).await?;
+        for _ in 0..4 {
+            let now = self.now();
+            let futures = reads.iter().map(|r| {
+                let st = schemas.get(r.ns);
+                let plan = st.and_then(|st| {
+                    plan_for(st, r.ns, r.key.as_str(), r.resolution, r.from, r.to, now)
+                });
+                async move {
+                    match (plan, st) {
+                        (Some(p), Some(st)) => self.read_one(&p, st, r.want).await,
+                        _ => Ok((KeyData::default(), false)),
+                    }
                 }
+            });
+            let got: Vec<(KeyData, bool)> = join_all(futures)
+                .await
+                .into_iter()
+                .collect::<Result<_, _>>()?;
+            // A read that may have missed coded subtotals given a code after its record
+            // was read: if the records changed since, read again with the new ones.
+            let mut doubtful: Vec<&Namespace> = reads
+                .iter()
+                .zip(&got)
+                .filter(|(_, (_, doubt))| *doubt)
+                .map(|(r, _)| r.ns)
+                .collect();
+            doubtful.sort();
+            doubtful.dedup();
+            let changed = if doubtful.is_empty() {
+                false
+            } else {
+                let fresh = self.load_schemas(&doubtful).await?;
+                let changed = doubtful.iter().any(|ns| {
+                    fresh.get(*ns).map(|s| &s.record) != schemas.get(*ns).map(|s| &s.record)
+                });
+                schemas.extend(fresh);
+                changed
+            };
+            if !changed {
+                return Ok(got.into_iter().map(|(d, _)| d).collect());
             }
-        });
-        join_all(futures).await.into_iter().collect()
+        }
+        Err(StoreError::unavailable(format!(
+            "{}: the schemas being read kept changing; try again",
+            self.label
+        )))
     }
 
-    async fn read_one(&self, p: &Plan, want: Want<'_>) -> Result<KeyData, StoreError> {
+    /// One key's read, and whether it may have missed subtotals written under a dimension
+    /// code its record does not know yet.
+    async fn read_one(
+        &self,
+        p: &Plan,
+        st: &Stored,
+        want: Want<'_>,
+    ) -> Result<(KeyData, bool), StoreError> {
         // What the fields must be to be kept: totals, plus subtotals of one dimension, one
-        // value, or all of them.
-        let (mode, suffix, keep) = match (want, p.sgen) {
-            (Want::All, Some(_)) => ("all", String::new(), Keep::All),
-            (Want::Dim { dim }, Some(_)) => ("all", String::new(), Keep::Dim(dim)),
+        // value, or all of them. A value's fields are looked for in both forms: coded, and
+        // spelled out (written while its tier had no code for it to give).
+        let (mode, suffixes, keep) = match (want, p.sgen) {
+            (Want::All, Some(_)) => ("all", [String::new(), String::new()], Keep::All),
+            (Want::Dim { dim }, Some(_)) => ("all", [String::new(), String::new()], Keep::Dim(dim)),
             (Want::Value { dim, value }, Some(sgen)) => (
                 "value",
-                layout::subtotal_suffix(sgen, dim, value),
+                [
+                    layout::subtotal_suffix(sgen, dim, value),
+                    st.code(p.resolution, dim)
+                        .map(|c| layout::coded_suffix(c, value))
+                        .unwrap_or_default(),
+                ],
                 Keep::Value(dim, value),
             ),
-            _ => ("totals", String::new(), Keep::Totals),
+            _ => ("totals", [String::new(), String::new()], Keep::Totals),
+        };
+        // A value read by name cannot see a code it does not know: it must look again if
+        // one may have been given.
+        let doubt = match keep {
+            Keep::Value(dim, _) => st.may_get_code(p.resolution, dim),
+            _ => false,
         };
         let names: Vec<String> = p
             .windows
@@ -178,13 +240,13 @@ impl RedisStore {
             .collect();
         let replies: Vec<Value> = self
             .retry(|mut c| {
-                let (names, suffix) = (&names, &suffix);
+                let (names, suffixes) = (&names, &suffixes);
                 async move {
                     let mut inv = scripts::READ.prepare_invoke();
                     for n in names {
                         inv.key(n);
                     }
-                    inv.arg(mode).arg(suffix);
+                    inv.arg(mode).arg(&suffixes[0]).arg(&suffixes[1]);
                     for &(_, lo, hi) in &p.windows {
                         inv.arg(lo).arg(hi);
                     }
@@ -204,7 +266,8 @@ impl RedisStore {
         for (&(window, _, _), reply) in p.windows.iter().zip(&replies) {
             data.add(window, keep, reply);
         }
-        Ok(data.finish())
+        let doubt = doubt || data.newer_code;
+        Ok((data.finish(), doubt))
     }
 
     /// Drops keys whose every bucket has expired from a namespace's index.
@@ -325,11 +388,19 @@ impl RedisStore {
         let Some(generation) = st.generation(scan.resolution) else {
             return Ok(());
         };
-        // The suffix that makes an offset the wanted field.
-        let suffix = match scan.value {
-            None => String::new(),
+        // The suffixes that make an offset the wanted fields: the total, or a value's
+        // subtotal spelled out and (if its dimension has a code) coded.
+        let suffixes = match scan.value {
+            None => vec![String::new()],
             Some((dim, value)) => match st.breakdown_generation(scan.resolution) {
-                Some(sgen) => layout::subtotal_suffix(sgen, dim, value),
+                Some(sgen) => {
+                    let mut s = vec![layout::subtotal_suffix(sgen, dim, value)];
+                    s.extend(
+                        st.code(scan.resolution, dim)
+                            .map(|c| layout::coded_suffix(c, value)),
+                    );
+                    s
+                }
                 None => return Ok(()),
             },
         };
@@ -340,7 +411,7 @@ impl RedisStore {
             let page = self.key_page(scan.ns, &min, b"+", PAGE).await?;
             let Some(last) = page.last() else { break };
             min = [b"(", last.as_slice()].concat();
-            let group = group_size(self.is_cluster(), &windows);
+            let group = group_size(self.is_cluster(), &windows, suffixes.len());
             let sums = join_all(page.chunks(group).map(|keys| {
                 let names: Vec<String> = keys
                     .iter()
@@ -352,7 +423,7 @@ impl RedisStore {
                             .collect::<Vec<_>>()
                     })
                     .collect();
-                let (windows, suffix) = (&windows, &suffix);
+                let (windows, suffixes) = (&windows, &suffixes);
                 async move {
                     let counts: Vec<Vec<i64>> = self
                         .retry(|mut c| {
@@ -362,7 +433,11 @@ impl RedisStore {
                                 for n in names {
                                     inv.key(n);
                                 }
-                                inv.arg(suffix).arg(windows.len());
+                                inv.arg(suffixes.len());
+                                for s in suffixes {
+                                    inv.arg(s);
+                                }
+                                inv.arg(windows.len());
                                 for &(_, lo, hi) in windows {
                                     inv.arg(lo).arg(hi);
                                 }
@@ -429,6 +504,11 @@ struct Collect {
     res: i64,
     /// The subtotal generation a field must carry to be read (`None`: no breakdowns).
     sgen: Option<u64>,
+    /// The tier's codes, code → dimension, and the record's next generation.
+    codes: BTreeMap<u64, String>,
+    next: u64,
+    /// Whether a field a read keeps could be under a code newer than the record.
+    newer_code: bool,
     totals: BTreeMap<i64, i64>,
     subtotals: BTreeMap<(String, String), BTreeMap<i64, i64>>,
     /// The window ranges: a bucket outside them is not part of the read.
@@ -440,6 +520,9 @@ impl Collect {
         Collect {
             res: p.res,
             sgen: p.sgen,
+            codes: p.codes.clone(),
+            next: p.next,
+            newer_code: false,
             totals: BTreeMap::new(),
             subtotals: BTreeMap::new(),
             windows: p.windows.clone(),
@@ -467,16 +550,46 @@ impl Collect {
                     && keep.keeps(dim, value)
                     && self.in_range(window, offset) =>
                 {
-                    *self
-                        .subtotals
-                        .entry((dim.to_owned(), value.to_owned()))
-                        .or_default()
-                        .entry(window + offset * self.res)
-                        .or_default() += n;
+                    self.subtotal(window, offset, dim, value, n);
+                }
+                Some(Field::Coded {
+                    offset,
+                    code,
+                    value,
+                }) if self.sgen.is_some() && self.in_range(window, offset) => {
+                    match self.codes.get(&code) {
+                        Some(dim) if keep.keeps(dim, value) => {
+                            let dim = dim.clone();
+                            self.subtotal(window, offset, &dim, value, n);
+                        }
+                        Some(_) => {}
+                        // Given after the record was read (a smaller one is of an earlier
+                        // subtotal generation, hidden); it matters unless the read wants
+                        // a dimension whose code it knows.
+                        None if code >= self.next => {
+                            self.newer_code |= match keep {
+                                Keep::Totals => false,
+                                Keep::Dim(d) | Keep::Value(d, _) => {
+                                    !self.codes.values().any(|c| c == d)
+                                }
+                                Keep::All => true,
+                            };
+                        }
+                        None => {}
+                    }
                 }
                 _ => {}
             }
         }
+    }
+
+    fn subtotal(&mut self, window: i64, offset: i64, dim: &str, value: &str, n: i64) {
+        *self
+            .subtotals
+            .entry((dim.to_owned(), value.to_owned()))
+            .or_default()
+            .entry(window + offset * self.res)
+            .or_default() += n;
     }
 
     fn finish(self) -> KeyData {
@@ -506,14 +619,78 @@ mod tests {
     #[test]
     fn a_counts_call_is_bounded_by_the_reads_it_makes() {
         let hour = windows(0, 3600, 3600);
-        assert_eq!(group_size(false, &hour), GROUP);
+        assert_eq!(group_size(false, &hour, 1), GROUP);
         assert_eq!(
-            group_size(false, &windows(0, 5 * 86_400, 3600)),
+            group_size(false, &windows(0, 5 * 86_400, 3600), 1),
             GROUP_WORK / 120
         );
+        // Two fields per bucket (a value, spelled out and coded): half as many series.
+        assert_eq!(
+            group_size(false, &windows(0, 5 * 86_400, 3600), 2),
+            GROUP_WORK / 240
+        );
         // A week of minutes: a field per bucket, one series per call.
-        assert_eq!(group_size(false, &windows(0, 7 * 86_400, 60)), 1);
-        assert_eq!(group_size(true, &hour), 1);
+        assert_eq!(group_size(false, &windows(0, 7 * 86_400, 60), 1), 1);
+        assert_eq!(group_size(true, &hour, 1), 1);
+    }
+
+    fn reply(fields: &[(&str, i64)]) -> Value {
+        Value::Array(
+            fields
+                .iter()
+                .flat_map(|(f, n)| {
+                    [
+                        Value::BulkString(f.as_bytes().to_vec()),
+                        Value::BulkString(n.to_string().into_bytes()),
+                    ]
+                })
+                .collect(),
+        )
+    }
+
+    fn plan() -> Plan {
+        Plan {
+            tag: "{m|k}".into(),
+            resolution: Duration::new("1h").unwrap(),
+            res: 3600,
+            gen_: 1,
+            sgen: Some(2),
+            codes: BTreeMap::from([(5, "country".to_owned())]),
+            next: 7,
+            windows: vec![(0, 0, 119)],
+        }
+    }
+
+    /// Both forms of a subtotal add up; a code of an earlier subtotal generation is hidden;
+    /// a code newer than the record makes the read doubtful when it could be wanted.
+    #[test]
+    fn coded_and_spelled_out_subtotals_add_up() {
+        let fields = [
+            ("3", 10),
+            ("3.5:US", 4),
+            ("3:2:country:US", 1),
+            ("3:1:country:US", 100),
+            ("3.4:US", 100),
+            ("4.9:x", 3),
+        ];
+        let read = |keep| {
+            let mut c = Collect::new(&plan());
+            c.add(0, keep, &reply(&fields));
+            let newer = c.newer_code;
+            (c.finish(), newer)
+        };
+        let (all, newer) = read(Keep::All);
+        assert!(newer);
+        assert_eq!(all.totals, vec![(3 * 3600, 10)]);
+        assert_eq!(all.subtotals.len(), 1);
+        assert_eq!(all.subtotals[0].dim, "country");
+        assert_eq!(all.subtotals[0].buckets, vec![(3 * 3600, 5)]);
+        assert!(!read(Keep::Totals).1);
+        assert!(!read(Keep::Dim("country")).1, "its code is known");
+        assert!(read(Keep::Dim("device")).1);
+        let (value, newer) = read(Keep::Value("country", "US"));
+        assert!(!newer);
+        assert_eq!(value.subtotals[0].buckets, vec![(3 * 3600, 5)]);
     }
 
     #[test]

@@ -107,27 +107,30 @@ end
 return #gone
 "#;
 
-/// The counts of one or more series over a range, for `scan`: `ARGV[1]` the suffix that
-/// makes a bucket's offset its field (empty: totals; `:<sgen>:<dim>:<value>`: one subtotal),
-/// `ARGV[2]` the number `w` of windows a series' range touches, then per window its first and
-/// last bucket offset (the same for every series of a scan); `KEYS` the window hashes, `w` per
-/// series, series after series (all in one slot in a cluster). One `HMGET` per window hash.
+/// The counts of one or more series over a range, for `scan`: `ARGV[1]` the number `s` of
+/// suffixes, then the `s` suffixes that make a bucket's offset its fields (`""`: the total;
+/// `:<sgen>:<dim>:<value>` and `.<code>:<value>`: one subtotal's two forms), then the number
+/// `w` of windows a series' range touches, then per window its first and last bucket offset
+/// (the same for every series of a scan); `KEYS` the window hashes, `w` per series, series
+/// after series (all in one slot in a cluster). One `HMGET` per window hash.
 /// Answers, per series, the counts found (the caller sums them exactly, in 64 bits: Lua's
 /// numbers are doubles).
 pub static COUNTS: LazyLock<Script> = LazyLock::new(|| Script::new(COUNTS_LUA));
 
 const COUNTS_LUA: &str = r#"
-local suffix = ARGV[1]
-local w = tonumber(ARGV[2])
+local ns = tonumber(ARGV[1])
+local w = tonumber(ARGV[2 + ns])
 local out = {}
 for s = 0, #KEYS / w - 1 do
   local got = {}
   for j = 1, w do
-    local lo = tonumber(ARGV[1 + 2 * j])
-    local hi = tonumber(ARGV[2 + 2 * j])
+    local lo = tonumber(ARGV[1 + ns + 2 * j])
+    local hi = tonumber(ARGV[2 + ns + 2 * j])
     local fields = {}
     for o = lo, hi do
-      fields[#fields + 1] = o .. suffix
+      for x = 2, 1 + ns do
+        fields[#fields + 1] = o .. ARGV[x]
+      end
     end
     local xs = redis.call('HMGET', KEYS[s * w + j], unpack(fields))
     for _, x in ipairs(xs) do
@@ -143,8 +146,8 @@ return out
 
 /// One series' windows, read at one moment (a script is atomic): `KEYS` the window hashes
 /// (one slot), `ARGV[1]` what to read — `all` (every field), `totals`, or `value` — then
-/// `ARGV[2]` a value's field suffix (`:<sgen>:<dim>:<value>`, else empty), then per window its
-/// first and last bucket offset. Answers per window a flat list of fields and counts: every
+/// `ARGV[2]` and `ARGV[3]` a value's field suffixes (`:<sgen>:<dim>:<value>` and
+/// `.<code>:<value>`; empty: none), then per window its first and last bucket offset. Answers per window a flat list of fields and counts: every
 /// field for `all`; for `totals` and `value`, every field of a small hash (at most 128, the
 /// listpack limit, where `HGETALL` is cheaper than naming fields) and otherwise only the
 /// wanted ones (`HMGET`): a busy series' hour hash holds thousands of subtotals a series
@@ -152,20 +155,28 @@ return out
 pub static READ: LazyLock<Script> = LazyLock::new(|| Script::new(READ_LUA));
 
 const READ_LUA: &str = r#"
-local mode, suffix = ARGV[1], ARGV[2]
+local mode = ARGV[1]
+local suffixes = {}
+for x = 2, 3 do
+  if ARGV[x] ~= '' then
+    suffixes[#suffixes + 1] = ARGV[x]
+  end
+end
 local out = {}
 for j = 1, #KEYS do
   local k = KEYS[j]
   if mode == 'all' or redis.call('HLEN', k) <= 128 then
     out[j] = redis.call('HGETALL', k)
   else
-    local lo = tonumber(ARGV[1 + 2 * j])
-    local hi = tonumber(ARGV[2 + 2 * j])
+    local lo = tonumber(ARGV[2 + 2 * j])
+    local hi = tonumber(ARGV[3 + 2 * j])
     local fields = {}
     for o = lo, hi do
       fields[#fields + 1] = tostring(o)
       if mode == 'value' then
-        fields[#fields + 1] = o .. suffix
+        for _, sfx in ipairs(suffixes) do
+          fields[#fields + 1] = o .. sfx
+        end
       end
     end
     local xs = redis.call('HMGET', k, unpack(fields))

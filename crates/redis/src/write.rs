@@ -204,7 +204,10 @@ fn plan(
             *h.fields.entry(off.to_string()).or_default() += inc.n;
             if let Some(sgen) = st.breakdown_generation(tier.resolution) {
                 for s in &inc.subtotals {
-                    let field = layout::subtotal_field(off, sgen, &s.dim, &s.value);
+                    let field = match st.code(tier.resolution, &s.dim) {
+                        Some(code) => layout::coded_field(off, code, &s.value),
+                        None => layout::subtotal_field(off, sgen, &s.dim, &s.value),
+                    };
                     *h.fields.entry(field).or_default() += inc.n;
                 }
             }
@@ -237,7 +240,8 @@ impl RedisStore {
             Some(r) => (r.expires - now).max(MARKER_SECS),
             None => MARKER_SECS,
         };
-        let schemas = self.create_and_load(batch).await?;
+        let mut schemas = self.create_and_load(batch).await?;
+        self.give_codes(batch, &mut schemas).await?;
         let series = plan(batch, &schemas, now)?;
         let skew = match SystemClock.now() - now {
             // The same clock read twice: the same time.
@@ -325,6 +329,52 @@ impl RedisStore {
         let nss: BTreeSet<&Namespace> = batch.increments.iter().map(|i| &i.ns).collect();
         let nss: Vec<&Namespace> = nss.into_iter().collect();
         self.load_schemas(&nss).await
+    }
+
+    /// Gives codes to the dimensions the batch writes in breakdown tiers where they have none
+    /// yet (one compare-and-set of the schema record per namespace), so that its subtotals
+    /// take the short field. Codes are given before any field uses them, so a reader that
+    /// meets a code it does not know knows its record is older than the data. If the
+    /// schemas hash is out of reach, the subtotals keep the spelled-out field, which every
+    /// read also looks for.
+    async fn give_codes(
+        &self,
+        batch: &Batch,
+        schemas: &mut BTreeMap<Namespace, Stored>,
+    ) -> Result<(), StoreError> {
+        let mut wanted: BTreeMap<Namespace, BTreeSet<(u64, String)>> = BTreeMap::new();
+        for inc in &batch.increments {
+            let Some(st) = schemas.get(&inc.ns) else {
+                continue;
+            };
+            for &res in st.schema.breakdown_resolutions() {
+                for s in &inc.subtotals {
+                    if st.may_get_code(res, &s.dim) {
+                        wanted
+                            .entry(inc.ns.clone())
+                            .or_default()
+                            .insert((res.secs(), s.dim.clone()));
+                    }
+                }
+            }
+        }
+        for (ns, pairs) in wanted {
+            let pairs: Vec<(u64, &str)> = pairs.iter().map(|(r, d)| (*r, d.as_str())).collect();
+            let updated = self
+                .update_record(&ns, |current| current?.with_codes(&pairs))
+                .await;
+            match updated {
+                Ok(Some(stored)) => {
+                    schemas.insert(ns, stored);
+                }
+                Ok(None) => {}
+                Err(e @ StoreError::Unavailable { .. }) => {
+                    tracing::warn!(error = %e.detail(), %ns, "no dimension codes given");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
 
     /// Sends script calls, all at once, each retried on its own; the first failure wins.

@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod codes;
 mod contexts;
 mod equivalence;
 mod faults;
