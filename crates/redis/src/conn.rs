@@ -9,7 +9,7 @@ use futures_util::future::join_all;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, ServerErrorKind, Value};
 use tally_core::store::StoreError;
 
@@ -173,6 +173,20 @@ impl Conn {
                 }))
                 .await;
                 answers.into_iter().collect()
+            }
+        }
+    }
+}
+
+impl Conn {
+    /// Sends `cmd` to the master serving `key` (the server itself, on a single server).
+    pub async fn on_node_of(self, key: &str, cmd: Cmd) -> Result<Value, RedisError> {
+        match self {
+            Conn::Single(mut c) => cmd.query_async(&mut c).await,
+            Conn::Cluster(mut c) => {
+                let route = Route::with_key(key, SlotAddr::Master);
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+                c.route_command(cmd, routing).await
             }
         }
     }

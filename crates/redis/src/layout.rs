@@ -8,10 +8,13 @@ use tally_core::model::{Duration, Namespace, Retention, Schema, SchemaDoc, Tier}
 use tally_core::store::StoreError;
 
 /// The layout this build reads and writes, stored in [`LAYOUT_KEY`].
-pub const LAYOUT_VERSION: u32 = 3;
-/// Older layouts this build opens as they are, and then marks as [`LAYOUT_VERSION`]: every
-/// key of layout 2 means the same in layout 3, which only adds coded subtotal fields.
-pub const UPGRADES_FROM: &[u32] = &[2];
+pub const LAYOUT_VERSION: u32 = 4;
+/// Older layouts this build opens, marks as [`LAYOUT_VERSION`] and then rewrites the schema
+/// records of: every key of layouts 2 and 3 means the same in layout 4. Layout 3 added coded
+/// subtotal fields; layout 4 gives codes in two steps (`pending`, then `codes`) and writes
+/// records that builds of older layouts cannot decode (`fresh` for `next`), so that one of
+/// them still running fails loudly instead of dropping what it does not know.
+pub const UPGRADES_FROM: &[u32] = &[2, 3];
 /// A string: the layout version, decimal.
 pub const LAYOUT_KEY: &str = "tally:layout";
 /// A hash: namespace → schema record (JSON, [`SchemaRecord`]).
@@ -207,10 +210,26 @@ pub struct SchemaRecord {
     /// and a tier whose subtotals start over starts with no codes. At most
     /// [`CODES_PER_TIER`] per tier, for names of at most [`CODED_NAME_BYTES`]; other
     /// dimensions keep the spelled-out field ([`subtotal_field`]), which is always valid.
+    ///
+    /// Writes use these codes only: a code is here once the record that gave it (in
+    /// [`SchemaRecord::pending`]) was seen on every replica of the schemas hash's node.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub codes: BTreeMap<u64, BTreeMap<String, u64>>,
-    /// The next generation (or code) to hand out.
+    /// Codes given but not yet known to be on the replicas: a failover could lose them, and
+    /// the same number could then be given to another dimension. Writes do not use them
+    /// (they write the spelled-out field); reads look for them as for [`SchemaRecord::codes`],
+    /// since a failover that loses the later confirmation leaves a used code here.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pending: BTreeMap<u64, BTreeMap<String, u64>>,
+    /// The next generation (or code) to hand out. Stored as `fresh` since layout 4 (`next`
+    /// before, still read), so that builds of older layouts cannot decode a record whose
+    /// `pending` codes they would drop.
+    #[serde(rename = "fresh", alias = "next")]
     pub next: u64,
+    /// The layout version that wrote the record (0 before layout 4). A build refuses a record
+    /// of a newer layout than its own rather than rewrite it without what it does not know.
+    #[serde(default)]
+    pub layout: u32,
 }
 
 /// Dimension codes one breakdown tier holds at most: the schema record is read by every
@@ -224,6 +243,9 @@ pub const CODED_NAME_BYTES: usize = 64;
 pub struct Stored {
     pub schema: Schema,
     pub record: SchemaRecord,
+    /// Whether this is the record last read rather than the one stored now (the node holding
+    /// the schemas is out of reach): it may lack codes given since.
+    pub cached: bool,
 }
 
 impl Stored {
@@ -240,18 +262,35 @@ impl Stored {
         self.record.breakdown_generation.get(&res.secs()).copied()
     }
 
-    /// The code of a dimension in a breakdown tier's subtotal fields, if it has one.
+    /// The code of a dimension in a breakdown tier's subtotal fields, as reads look for it:
+    /// confirmed or pending.
     pub fn code(&self, res: Duration, dim: &str) -> Option<u64> {
+        let r = res.secs();
+        let of = |m: &BTreeMap<u64, BTreeMap<String, u64>>| m.get(&r)?.get(dim).copied();
+        of(&self.record.codes).or_else(|| of(&self.record.pending))
+    }
+
+    /// The code writes use for a dimension: confirmed ones only.
+    pub fn write_code(&self, res: Duration, dim: &str) -> Option<u64> {
         self.record.codes.get(&res.secs())?.get(dim).copied()
     }
 
-    /// A breakdown tier's codes, code → dimension.
-    pub fn dims_by_code(&self, res: Duration) -> BTreeMap<u64, String> {
+    /// Whether a dimension's code in a breakdown tier is given but not confirmed yet.
+    pub fn is_pending(&self, res: Duration, dim: &str) -> bool {
         self.record
-            .codes
+            .pending
             .get(&res.secs())
-            .map(|c| c.iter().map(|(d, c)| (*c, d.clone())).collect())
-            .unwrap_or_default()
+            .is_some_and(|p| p.contains_key(dim))
+    }
+
+    /// A breakdown tier's codes, confirmed and pending, code → dimension.
+    pub fn dims_by_code(&self, res: Duration) -> BTreeMap<u64, String> {
+        let r = res.secs();
+        [&self.record.codes, &self.record.pending]
+            .into_iter()
+            .filter_map(|m| m.get(&r))
+            .flat_map(|c| c.iter().map(|(d, c)| (*c, d.clone())))
+            .collect()
     }
 
     /// Whether a dimension without a code in a breakdown tier may still get one: then a read
@@ -261,7 +300,7 @@ impl Stored {
         self.breakdown_generation(res).is_some()
             && self.code(res, dim).is_none()
             && dim.len() <= CODED_NAME_BYTES
-            && self.record.codes.get(&res.secs()).map_or(0, BTreeMap::len) < CODES_PER_TIER
+            && self.record.codes_in(res.secs()) < CODES_PER_TIER
     }
 
     pub fn tier(&self, res: Duration) -> Option<&Tier> {
@@ -277,6 +316,7 @@ impl SchemaRecord {
         let mut generation = BTreeMap::new();
         let mut breakdown_generation = BTreeMap::new();
         let mut codes = BTreeMap::new();
+        let mut pending = BTreeMap::new();
         for tier in schema.tiers() {
             let r = tier.resolution.secs();
             let mut fresh = || {
@@ -291,11 +331,14 @@ impl SchemaRecord {
                 // The previous record holds a breakdown generation only for tiers that kept
                 // breakdowns then: anything else starts over.
                 let kept = previous.and_then(|p| p.breakdown_generation.get(&r).copied());
-                if kept.is_some()
-                    && let Some(c) = previous.and_then(|p| p.codes.get(&r))
-                {
+                if let (Some(_), Some(p)) = (kept, previous) {
                     // The subtotals go on: so do their codes.
-                    codes.insert(r, c.clone());
+                    if let Some(c) = p.codes.get(&r) {
+                        codes.insert(r, c.clone());
+                    }
+                    if let Some(c) = p.pending.get(&r) {
+                        pending.insert(r, c.clone());
+                    }
                 }
                 breakdown_generation.insert(r, kept.unwrap_or_else(&mut fresh));
             }
@@ -305,9 +348,12 @@ impl SchemaRecord {
             generation,
             breakdown_generation,
             codes,
+            pending,
             next,
+            layout: LAYOUT_VERSION,
         };
-        // Declared dimensions get their codes now, so writes never need to ask for them.
+        // Declared dimensions get their codes now (pending, like any: the first write
+        // confirms them).
         if let Some(dims) = schema.dimensions() {
             let wanted: Vec<(u64, &str)> = record
                 .breakdown_generation
@@ -321,9 +367,18 @@ impl SchemaRecord {
         record
     }
 
-    /// This record with codes for the `(resolution, dimension)` pairs that have none yet,
-    /// as far as [`CODES_PER_TIER`] and [`CODED_NAME_BYTES`] allow and only in breakdown
-    /// tiers; `None` if that gives no new code.
+    /// Codes a breakdown tier holds, confirmed and pending.
+    fn codes_in(&self, r: u64) -> usize {
+        [&self.codes, &self.pending]
+            .into_iter()
+            .filter_map(|m| m.get(&r))
+            .map(BTreeMap::len)
+            .sum()
+    }
+
+    /// This record with pending codes for the `(resolution, dimension)` pairs that have none
+    /// yet, as far as [`CODES_PER_TIER`] and [`CODED_NAME_BYTES`] allow and only in
+    /// breakdown tiers; `None` if that gives no new code.
     pub fn with_codes(&self, wanted: &[(u64, &str)]) -> Option<SchemaRecord> {
         let mut out = self.clone();
         let mut changed = false;
@@ -331,20 +386,50 @@ impl SchemaRecord {
             if !out.breakdown_generation.contains_key(&r) || dim.len() > CODED_NAME_BYTES {
                 continue;
             }
-            let tier = out.codes.entry(r).or_default();
-            if tier.contains_key(dim) || tier.len() >= CODES_PER_TIER {
+            let coded = [&out.codes, &out.pending]
+                .into_iter()
+                .any(|m| m.get(&r).is_some_and(|t| t.contains_key(dim)));
+            if coded || out.codes_in(r) >= CODES_PER_TIER {
                 continue;
             }
-            tier.insert(dim.to_owned(), out.next);
+            out.pending
+                .entry(r)
+                .or_default()
+                .insert(dim.to_owned(), out.next);
             out.next += 1;
             changed = true;
         }
-        out.codes.retain(|_, c| !c.is_empty());
         changed.then_some(out)
     }
 
+    /// This record with the pending codes of the `(resolution, dimension)` pairs confirmed;
+    /// `None` if none of them is pending.
+    pub fn confirmed(&self, wanted: &[(u64, &str)]) -> Option<SchemaRecord> {
+        let mut out = self.clone();
+        let mut changed = false;
+        for &(r, dim) in wanted {
+            let Some(code) = out.pending.get_mut(&r).and_then(|p| p.remove(dim)) else {
+                continue;
+            };
+            out.codes.entry(r).or_default().insert(dim.to_owned(), code);
+            changed = true;
+        }
+        out.pending.retain(|_, c| !c.is_empty());
+        changed.then_some(out)
+    }
+
+    /// Whether any of the `(resolution, dimension)` pairs has a pending code.
+    pub fn has_pending(&self, wanted: &[(u64, &str)]) -> bool {
+        wanted
+            .iter()
+            .any(|(r, d)| self.pending.get(r).is_some_and(|p| p.contains_key(*d)))
+    }
+
+    /// The stored text, marked as written by this layout.
     pub fn encode(&self) -> Result<String, StoreError> {
-        serde_json::to_string(self)
+        let mut record = self.clone();
+        record.layout = LAYOUT_VERSION;
+        serde_json::to_string(&record)
             .map_err(|e| StoreError::internal("encoding a schema record").because(e))
     }
 
@@ -355,6 +440,13 @@ impl SchemaRecord {
             ))
             .because(e)
         })?;
+        if record.layout > LAYOUT_VERSION {
+            return Err(StoreError::corrupt(format!(
+                "the schema record of namespace {ns} was written by tally key layout version \
+                 {}; this build reads and writes version {LAYOUT_VERSION}",
+                record.layout
+            )));
+        }
         let schema = Schema::from_doc(&record.schema).map_err(|e| {
             StoreError::corrupt(format!("the stored schema of namespace {ns} is invalid"))
                 .because(e)
@@ -367,7 +459,11 @@ impl SchemaRecord {
                 )));
             }
         }
-        Ok(Stored { schema, record })
+        Ok(Stored {
+            schema,
+            record,
+            cached: false,
+        })
     }
 }
 
@@ -442,11 +538,13 @@ mod tests {
 
     #[test]
     fn codes_are_fresh_capped_and_follow_the_subtotal_generation() {
-        // Declared dimensions get codes with the record, in breakdown tiers only.
+        let hour = Duration::new("1h").unwrap();
+        // Declared dimensions get codes with the record, pending, in breakdown tiers only.
         let declared = SchemaRecord::next(None, &dims_schema(Some(&["country", "a+b"])));
-        let codes = &declared.codes[&3600];
+        assert!(declared.codes.is_empty(), "nothing confirmed yet");
+        let codes = &declared.pending[&3600];
         assert_eq!(codes.len(), 2);
-        assert!(!declared.codes.contains_key(&60));
+        assert!(!declared.pending.contains_key(&60));
         assert!(codes.values().all(|c| *c < declared.next));
         let used: Vec<u64> = declared
             .generation
@@ -462,7 +560,7 @@ mod tests {
 
         // Any dimension allowed: codes come on demand, up to the cap, short names only.
         let open = SchemaRecord::next(None, &dims_schema(None));
-        assert!(open.codes.is_empty());
+        assert!(open.codes.is_empty() && open.pending.is_empty());
         assert_eq!(
             open.with_codes(&[(60, "country")]),
             None,
@@ -472,14 +570,32 @@ mod tests {
         assert_eq!(open.with_codes(&[(3600, &long)]), None);
         let names: Vec<String> = (0..CODES_PER_TIER + 5).map(|i| format!("d{i}")).collect();
         let wanted: Vec<(u64, &str)> = names.iter().map(|n| (3600, n.as_str())).collect();
-        let full = open.with_codes(&wanted).unwrap();
-        assert_eq!(full.codes[&3600].len(), CODES_PER_TIER);
-        assert_eq!(full.with_codes(&wanted), None, "full, or coded already");
-        let stored = SchemaRecord::decode("m", full.encode().unwrap().as_bytes()).unwrap();
-        let hour = Duration::new("1h").unwrap();
+        let given = open.with_codes(&wanted).unwrap();
+        assert_eq!(given.pending[&3600].len(), CODES_PER_TIER);
+        assert_eq!(given.with_codes(&wanted), None, "full, or coded already");
+        assert!(given.has_pending(&wanted[..1]));
+
+        // A pending code is read but not written; once confirmed, it is both.
+        let stored = SchemaRecord::decode("m", given.encode().unwrap().as_bytes()).unwrap();
         assert!(stored.code(hour, "d0").is_some());
+        assert_eq!(stored.write_code(hour, "d0"), None);
+        assert!(stored.is_pending(hour, "d0"));
         assert!(!stored.may_get_code(hour, "d0"), "has one");
         assert!(!stored.may_get_code(hour, "zz"), "the tier is full");
+        assert_eq!(stored.dims_by_code(hour).len(), CODES_PER_TIER);
+        let full = given.confirmed(&wanted[..3]).unwrap();
+        assert_eq!(full.codes[&3600].len(), 3);
+        assert_eq!(full.pending[&3600].len(), CODES_PER_TIER - 3);
+        assert_eq!(full.confirmed(&wanted[..3]), None, "confirmed already");
+        assert_eq!(full.with_codes(&wanted), None, "confirmed ones count too");
+        let stored = SchemaRecord::decode("m", full.encode().unwrap().as_bytes()).unwrap();
+        assert_eq!(
+            stored.write_code(hour, "d0"),
+            given.pending[&3600].get("d0").copied()
+        );
+        assert_eq!(stored.code(hour, "d0"), stored.write_code(hour, "d0"));
+        assert!(!stored.is_pending(hour, "d0"));
+        assert_eq!(stored.dims_by_code(hour).len(), CODES_PER_TIER);
         let one = SchemaRecord::decode("m", open.encode().unwrap().as_bytes()).unwrap();
         assert!(one.may_get_code(hour, "zz"));
         assert!(!one.may_get_code(Duration::new("1m").unwrap(), "zz"));
@@ -487,27 +603,46 @@ mod tests {
 
         // The codes go on with the subtotals, and start over with them.
         let same = SchemaRecord::next(Some(&full), &dims_schema(None));
-        assert_eq!(same.codes, full.codes);
+        assert_eq!((&same.codes, &same.pending), (&full.codes, &full.pending));
         let without = schema(&["1m:2h", "1h:forever"], Some(&["1m"]));
         let stopped = SchemaRecord::next(Some(&full), &without);
-        assert!(!stopped.codes.contains_key(&3600));
+        assert!(!stopped.codes.contains_key(&3600) && !stopped.pending.contains_key(&3600));
         let restarted = SchemaRecord::next(Some(&stopped), &dims_schema(None));
-        assert!(restarted.codes.is_empty());
+        assert!(restarted.codes.is_empty() && restarted.pending.is_empty());
         let again = restarted.with_codes(&[(3600, "d0")]).unwrap();
         assert!(
-            again.codes[&3600]["d0"] >= full.next,
+            again.pending[&3600]["d0"] >= full.next,
             "a code is never reused"
         );
 
-        // A record of layout 2 (no codes) still decodes.
+        // Records of layouts 2 and 3 (`next`, no `pending`) still decode.
         let text = br#"{"schema":{"tiers":["1h:forever"],"breakdown_tiers":["1h"],"dimensions":null},"generation":{"3600":1},"breakdown_generation":{"3600":2},"next":3}"#;
-        assert!(
-            SchemaRecord::decode("m", text)
-                .unwrap()
-                .record
-                .codes
-                .is_empty()
+        let old = SchemaRecord::decode("m", text).unwrap().record;
+        assert!(old.codes.is_empty() && old.pending.is_empty());
+        assert_eq!((old.next, old.layout), (3, 0));
+        let text = br#"{"schema":{"tiers":["1h:forever"],"breakdown_tiers":["1h"],"dimensions":null},"generation":{"3600":1},"breakdown_generation":{"3600":2},"codes":{"3600":{"country":3}},"next":4}"#;
+        let three = SchemaRecord::decode("m", text).unwrap();
+        assert_eq!(three.write_code(hour, "country"), Some(3));
+    }
+
+    /// Builds of older layouts cannot decode what this one writes (they would drop `pending`),
+    /// and this one refuses a record of a newer layout.
+    #[test]
+    fn records_are_kept_from_other_layouts() {
+        let record = SchemaRecord::next(None, &dims_schema(Some(&["country"])));
+        let text = record.encode().unwrap();
+        let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert!(doc.get("next").is_none(), "layouts 2 and 3 require `next`");
+        assert_eq!(doc["fresh"], record.next);
+        assert_eq!(doc["layout"], LAYOUT_VERSION);
+        let newer = text.replace(
+            &format!("\"layout\":{LAYOUT_VERSION}"),
+            &format!("\"layout\":{}", LAYOUT_VERSION + 1),
         );
+        assert_ne!(newer, text);
+        let err = SchemaRecord::decode("m", newer.as_bytes()).unwrap_err();
+        assert!(matches!(err, StoreError::Corrupt { .. }), "{err:?}");
+        assert!(err.to_string().contains("layout version"), "{err}");
     }
 
     #[test]

@@ -51,6 +51,9 @@ const FIRST_PAUSE: Duration = Duration::from_millis(50);
 const LOCK_MS: u64 = 10_000;
 const LOCK_WAIT: Duration = Duration::from_secs(5);
 
+/// How long a write of new dimension codes waits for the schemas node's replicas.
+const REPLICA_WAIT: Duration = Duration::from_millis(200);
+
 /// A [`Store`] on Redis ≥ 7 or Redis Cluster.
 pub struct RedisStore {
     runtime: OwnRuntime,
@@ -272,6 +275,7 @@ impl RedisStore {
                         .await
                 })
                 .await?;
+                self.rewrite_records().await?;
                 tracing::info!(
                     from = v,
                     to = LAYOUT_VERSION,
@@ -319,7 +323,11 @@ impl RedisStore {
                     tracing::warn!(error = %e.detail(), "using the schemas last read");
                     return Ok(nss
                         .iter()
-                        .filter_map(|n| known.get(*n).map(|s| ((*n).clone(), s.clone())))
+                        .filter_map(|n| {
+                            let mut s = known.get(*n)?.clone();
+                            s.cached = true;
+                            Some(((*n).clone(), s))
+                        })
                         .collect());
                 }
                 return Err(e);
@@ -367,6 +375,53 @@ impl RedisStore {
             .map(|_| ())
     }
 
+    /// A namespace's schema record as stored now: its text (empty if none) and decoded.
+    async fn read_record(&self, ns: &Namespace) -> Result<(Vec<u8>, Option<Stored>), StoreError> {
+        let current: Option<Vec<u8>> = self
+            .retry(|mut c| async move {
+                redis::cmd("HGET")
+                    .arg(SCHEMAS_KEY)
+                    .arg(ns.as_str())
+                    .query_async(&mut c)
+                    .await
+            })
+            .await?;
+        let decoded = match &current {
+            Some(text) => Some(SchemaRecord::decode(ns.as_str(), text)?),
+            None => None,
+        };
+        Ok((current.unwrap_or_default(), decoded))
+    }
+
+    /// Replaces a namespace's record `current` (its text, empty for none) by `text` if it is
+    /// still `current` (the `PUT_SCHEMA` compare-and-set): whether it was replaced, and
+    /// remembers it if so.
+    async fn swap_record(
+        &self,
+        ns: &Namespace,
+        current: &[u8],
+        text: &str,
+    ) -> Result<Option<Stored>, StoreError> {
+        let done: i64 = self
+            .retry(|mut c| async move {
+                scripts::PUT_SCHEMA
+                    .key(SCHEMAS_KEY)
+                    .arg(ns.as_str())
+                    .arg(current)
+                    .arg(text)
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await?;
+        if done != 1 {
+            return Ok(None);
+        }
+        let stored = SchemaRecord::decode(ns.as_str(), text.as_bytes())?;
+        let mut known = self.known.lock().unwrap_or_else(PoisonError::into_inner);
+        known.insert(ns.clone(), stored.clone());
+        Ok(Some(stored))
+    }
+
     /// Replaces a namespace's schema record by `change(current)` with a compare-and-set (a
     /// concurrent change makes us read again, a few times at most); `None` from `change`
     /// leaves it as it is. Answers the record stored now, if any.
@@ -376,49 +431,159 @@ impl RedisStore {
         change: impl Fn(Option<&SchemaRecord>) -> Option<SchemaRecord>,
     ) -> Result<Option<Stored>, StoreError> {
         for _ in 0..16 {
-            let current: Option<Vec<u8>> = self
-                .retry(|mut c| async move {
-                    redis::cmd("HGET")
-                        .arg(SCHEMAS_KEY)
-                        .arg(ns.as_str())
-                        .query_async(&mut c)
-                        .await
-                })
-                .await?;
-            let previous = match &current {
-                Some(text) => Some(SchemaRecord::decode(ns.as_str(), text)?),
-                None => None,
-            };
+            let (current, previous) = self.read_record(ns).await?;
             let Some(record) = change(previous.as_ref().map(|p| &p.record)) else {
                 return Ok(previous);
             };
-            let text = record.encode()?;
-            let current = current.unwrap_or_default();
-            let done: i64 = self
-                .retry(|mut c| {
-                    let (current, text) = (&current, &text);
-                    async move {
-                        scripts::PUT_SCHEMA
-                            .key(SCHEMAS_KEY)
-                            .arg(ns.as_str())
-                            .arg(current.as_slice())
-                            .arg(text.as_str())
-                            .invoke_async(&mut c)
-                            .await
-                    }
-                })
-                .await?;
-            if done == 1 {
-                let stored = SchemaRecord::decode(ns.as_str(), text.as_bytes())?;
-                let mut known = self.known.lock().unwrap_or_else(PoisonError::into_inner);
-                known.insert(ns.clone(), stored.clone());
+            if let Some(stored) = self.swap_record(ns, &current, &record.encode()?).await? {
                 return Ok(Some(stored));
             }
         }
-        Err(StoreError::unavailable(format!(
+        Err(self.kept_changing(ns))
+    }
+
+    fn kept_changing(&self, ns: &Namespace) -> StoreError {
+        StoreError::unavailable(format!(
             "{}: the schema of {ns} kept changing under us; try again",
             self.label
-        )))
+        ))
+    }
+
+    /// Gives the `(resolution, dimension)` pairs that have none a code and confirms the
+    /// pending codes among them, so that writes may use them: the record holding them pending
+    /// is written (or, if another server gave them, written again unchanged), then every
+    /// replica of the schemas hash's node must acknowledge that write (`WAIT`) before a
+    /// second compare-and-set confirms them. A failover can then lose a confirmation but not
+    /// a code some field uses. If the replicas do not answer in time, the codes stay pending
+    /// and this batch writes spelled-out fields. Answers the record stored now, if any.
+    async fn secure_codes(
+        &self,
+        ns: &Namespace,
+        pairs: &[(u64, &str)],
+    ) -> Result<Option<Stored>, StoreError> {
+        let mut replicas = None;
+        for _ in 0..16 {
+            let (current, previous) = self.read_record(ns).await?;
+            let Some(previous) = previous else {
+                return Ok(None);
+            };
+            let given = previous.record.with_codes(pairs);
+            let pending = given.as_ref().unwrap_or(&previous.record);
+            if !pending.has_pending(pairs) {
+                return Ok(Some(previous));
+            }
+            let replicas = match replicas {
+                Some(n) => n,
+                None => *replicas.insert(self.schema_replicas().await?),
+            };
+            let confirmed = pending.confirmed(pairs).unwrap_or_else(|| pending.clone());
+            if replicas == 0 {
+                // No replica that a failover could promote without this write.
+                if let Some(stored) = self.swap_record(ns, &current, &confirmed.encode()?).await? {
+                    return Ok(Some(stored));
+                }
+                continue;
+            }
+            let text = pending.encode()?;
+            let (swapped, acked) = self.swap_and_wait(ns, &current, &text, replicas).await?;
+            if !swapped {
+                continue;
+            }
+            if acked < replicas {
+                tracing::warn!(
+                    %ns,
+                    acked,
+                    replicas,
+                    "the schemas node's replicas did not acknowledge new dimension codes in \
+                     time: they stay pending, and subtotals are spelled out meanwhile"
+                );
+                return Ok(Some(SchemaRecord::decode(ns.as_str(), text.as_bytes())?));
+            }
+            if let Some(stored) = self
+                .swap_record(ns, text.as_bytes(), &confirmed.encode()?)
+                .await?
+            {
+                return Ok(Some(stored));
+            }
+        }
+        Err(self.kept_changing(ns))
+    }
+
+    /// How many replicas the node holding the schemas hash has (`INFO replication`).
+    async fn schema_replicas(&self) -> Result<i64, StoreError> {
+        let info = self
+            .retry(|c| {
+                let mut info = redis::cmd("INFO");
+                info.arg("replication");
+                c.on_node_of(SCHEMAS_KEY, info)
+            })
+            .await?;
+        let mut texts = Vec::new();
+        collect_text(&info, &mut texts);
+        Ok(texts
+            .iter()
+            .flat_map(|t| t.lines())
+            .find_map(|l| l.strip_prefix("connected_slaves:"))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0))
+    }
+
+    /// [`RedisStore::swap_record`] and, on the same connection right after it, `WAIT` for
+    /// `replicas` replicas (at most `REPLICA_WAIT`): whether it swapped, and how many
+    /// replicas acknowledged every write of this connection up to it. Not retried: a
+    /// reconnection between the two would make the `WAIT` answer for another connection.
+    async fn swap_and_wait(
+        &self,
+        ns: &Namespace,
+        current: &[u8],
+        text: &str,
+        replicas: i64,
+    ) -> Result<(bool, i64), StoreError> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("EVAL")
+            .arg(scripts::PUT_SCHEMA_LUA)
+            .arg(1)
+            .arg(SCHEMAS_KEY)
+            .arg(ns.as_str())
+            .arg(current)
+            .arg(text)
+            .cmd("WAIT")
+            .arg(replicas)
+            .arg(REPLICA_WAIT.as_millis() as u64);
+        let mut c = self.conn.clone();
+        let (done, acked): (i64, i64) = pipe.query_async(&mut c).await.map_err(|e| self.err(e))?;
+        if done == 1 {
+            let stored = SchemaRecord::decode(ns.as_str(), text.as_bytes())?;
+            let mut known = self.known.lock().unwrap_or_else(PoisonError::into_inner);
+            known.insert(ns.clone(), stored);
+        }
+        Ok((done == 1, acked))
+    }
+
+    /// After the layout version is marked, rewrites every schema record that is not in this
+    /// layout's form, so that builds of older layouts still running cannot decode them (and
+    /// fail loudly) instead of rewriting them without what they do not know.
+    async fn rewrite_records(&self) -> Result<(), StoreError> {
+        let all: Vec<(String, Vec<u8>)> = self
+            .retry(|mut c| async move {
+                redis::cmd("HGETALL")
+                    .arg(SCHEMAS_KEY)
+                    .query_async(&mut c)
+                    .await
+            })
+            .await?;
+        for (name, _) in all {
+            let ns = Namespace::new(&name).map_err(|e| {
+                StoreError::corrupt(format!("{SCHEMAS_KEY} holds an invalid namespace name"))
+                    .because(e)
+            })?;
+            self.update_record(&ns, |current| {
+                let current = current?;
+                (current.layout != LAYOUT_VERSION).then(|| current.clone())
+            })
+            .await?;
+        }
+        Ok(())
     }
 
     async fn idempotency_async(&self, key: &str) -> Result<Option<IdemRecord>, StoreError> {

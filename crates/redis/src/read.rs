@@ -181,10 +181,12 @@ impl RedisStore {
                 .collect();
             doubtful.sort();
             doubtful.dedup();
+            self.refuse_cached(&doubtful, &schemas)?;
             let changed = if doubtful.is_empty() {
                 false
             } else {
                 let fresh = self.load_schemas(&doubtful).await?;
+                self.refuse_cached(&doubtful, &fresh)?;
                 let changed = doubtful.iter().any(|ns| {
                     fresh.get(*ns).map(|s| &s.record) != schemas.get(*ns).map(|s| &s.record)
                 });
@@ -199,6 +201,30 @@ impl RedisStore {
             "{}: the schemas being read kept changing; try again",
             self.label
         )))
+    }
+
+    /// A read that may have missed coded subtotals cannot be checked against a record last
+    /// read instead of the one stored now: it fails rather than answer too little.
+    fn refuse_cached(
+        &self,
+        nss: &[&Namespace],
+        schemas: &BTreeMap<Namespace, Stored>,
+    ) -> Result<(), StoreError> {
+        match nss
+            .iter()
+            .find(|ns| schemas.get(**ns).is_some_and(|s| s.cached))
+        {
+            Some(ns) => Err(self.cached_schema(ns)),
+            None => Ok(()),
+        }
+    }
+
+    fn cached_schema(&self, ns: &Namespace) -> StoreError {
+        StoreError::unavailable(format!(
+            "{}: the schema of {ns} cannot be read now, and without it this read may miss \
+             subtotals written since; try again",
+            self.label
+        ))
     }
 
     /// One key's read, and whether it may have missed subtotals written under a dimension
@@ -393,6 +419,9 @@ impl RedisStore {
         let suffixes = match scan.value {
             None => vec![String::new()],
             Some((dim, value)) => match st.breakdown_generation(scan.resolution) {
+                Some(_) if st.cached && st.may_get_code(scan.resolution, dim) => {
+                    return Err(self.cached_schema(scan.ns));
+                }
                 Some(sgen) => {
                     let mut s = vec![layout::subtotal_suffix(sgen, dim, value)];
                     s.extend(

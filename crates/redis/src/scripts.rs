@@ -198,7 +198,7 @@ return out
 /// Answers 1, or 0 if another writer changed it first (the caller reads again and retries).
 pub static PUT_SCHEMA: LazyLock<Script> = LazyLock::new(|| Script::new(PUT_SCHEMA_LUA));
 
-const PUT_SCHEMA_LUA: &str = r#"
+pub(crate) const PUT_SCHEMA_LUA: &str = r#"
 local cur = redis.call('HGET', KEYS[1], ARGV[1])
 if (cur or '') ~= ARGV[2] then
   return 0

@@ -128,6 +128,49 @@ impl RedisServer {
         self.child = Some(child);
     }
 
+    /// A replica of this server (`--replicaof`), once it has synced.
+    pub fn start_replica(&self) -> RedisServer {
+        let port = self.port.to_string();
+        let replica = RedisServer::start_with_args(&["--replicaof", "127.0.0.1", &port]);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !replica
+            .cli(&["info", "replication"])
+            .contains("master_link_status:up")
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the replica on port {} did not sync within 10 s",
+                replica.port
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        replica
+    }
+
+    /// Stops the process without closing its connections (`SIGSTOP`), as a server that
+    /// hangs; [`RedisServer::resume`] wakes it.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Wakes a server [`RedisServer::pause`] stopped (`SIGCONT`).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, which: &str) {
+        let Some(child) = &self.child else {
+            panic!("redis-server on port {} is not running", self.port)
+        };
+        let status = Command::new("kill")
+            .args([which, &child.id().to_string()])
+            .status();
+        match status {
+            Ok(s) if s.success() => {}
+            other => panic!("kill {which} redis-server: {other:?}"),
+        }
+    }
+
     /// Whether it runs.
     pub fn is_running(&self) -> bool {
         self.child.is_some()

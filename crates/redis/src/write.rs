@@ -204,7 +204,7 @@ fn plan(
             *h.fields.entry(off.to_string()).or_default() += inc.n;
             if let Some(sgen) = st.breakdown_generation(tier.resolution) {
                 for s in &inc.subtotals {
-                    let field = match st.code(tier.resolution, &s.dim) {
+                    let field = match st.write_code(tier.resolution, &s.dim) {
                         Some(code) => layout::coded_field(off, code, &s.value),
                         None => layout::subtotal_field(off, sgen, &s.dim, &s.value),
                     };
@@ -332,11 +332,11 @@ impl RedisStore {
     }
 
     /// Gives codes to the dimensions the batch writes in breakdown tiers where they have none
-    /// yet (one compare-and-set of the schema record per namespace), so that its subtotals
+    /// yet, and confirms pending ones (`secure_codes`, per namespace), so that its subtotals
     /// take the short field. Codes are given before any field uses them, so a reader that
     /// meets a code it does not know knows its record is older than the data. If the
-    /// schemas hash is out of reach, the subtotals keep the spelled-out field, which every
-    /// read also looks for.
+    /// schemas hash is out of reach, or its replicas lag, the subtotals keep the spelled-out
+    /// field, which every read also looks for.
     async fn give_codes(
         &self,
         batch: &Batch,
@@ -349,7 +349,7 @@ impl RedisStore {
             };
             for &res in st.schema.breakdown_resolutions() {
                 for s in &inc.subtotals {
-                    if st.may_get_code(res, &s.dim) {
+                    if st.may_get_code(res, &s.dim) || st.is_pending(res, &s.dim) {
                         wanted
                             .entry(inc.ns.clone())
                             .or_default()
@@ -360,9 +360,7 @@ impl RedisStore {
         }
         for (ns, pairs) in wanted {
             let pairs: Vec<(u64, &str)> = pairs.iter().map(|(r, d)| (*r, d.as_str())).collect();
-            let updated = self
-                .update_record(&ns, |current| current?.with_codes(&pairs))
-                .await;
+            let updated = self.secure_codes(&ns, &pairs).await;
             match updated {
                 Ok(Some(stored)) => {
                     schemas.insert(ns, stored);
