@@ -194,6 +194,21 @@ pub fn first_kept(from: i64, tier: &Tier, now: i64) -> i64 {
     }
 }
 
+/// From a node's `CLUSTER NODES` answer, how many replicas the cluster knows of that node
+/// (lines whose master field is its id, whatever their link state); `None` if no line is
+/// marked `myself`.
+pub fn replicas_of_myself(nodes: &str) -> Option<i64> {
+    let lines: Vec<Vec<&str>> = nodes
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    let me = lines.iter().find_map(|f| {
+        let myself = f.get(2)?.split(',').any(|x| x == "myself");
+        if myself { f.first().copied() } else { None }
+    })?;
+    Some(lines.iter().filter(|f| f.get(3) == Some(&me)).count() as i64)
+}
+
 /// A namespace's stored schema: the schema's wire form plus a generation per tier (and per
 /// breakdown tier, for its subtotals), so that a removed and re-added tier, or a tier that
 /// stops and restarts keeping breakdowns, starts empty: its data lives under a new generation.
@@ -263,11 +278,21 @@ impl Stored {
     }
 
     /// The code of a dimension in a breakdown tier's subtotal fields, as reads look for it:
-    /// confirmed or pending.
+    /// confirmed or pending. A cached record's pending codes are not trusted: a failover
+    /// since may have lost one and given its number to another dimension.
     pub fn code(&self, res: Duration, dim: &str) -> Option<u64> {
         let r = res.secs();
         let of = |m: &BTreeMap<u64, BTreeMap<String, u64>>| m.get(&r)?.get(dim).copied();
-        of(&self.record.codes).or_else(|| of(&self.record.pending))
+        of(&self.record.codes).or_else(|| of(self.readable_pending()))
+    }
+
+    fn readable_pending(&self) -> &BTreeMap<u64, BTreeMap<String, u64>> {
+        static NONE: BTreeMap<u64, BTreeMap<String, u64>> = BTreeMap::new();
+        if self.cached {
+            &NONE
+        } else {
+            &self.record.pending
+        }
     }
 
     /// The code writes use for a dimension: confirmed ones only.
@@ -283,10 +308,11 @@ impl Stored {
             .is_some_and(|p| p.contains_key(dim))
     }
 
-    /// A breakdown tier's codes, confirmed and pending, code → dimension.
+    /// A breakdown tier's codes as reads look for them (see [`Stored::code`]), code →
+    /// dimension.
     pub fn dims_by_code(&self, res: Duration) -> BTreeMap<u64, String> {
         let r = res.secs();
-        [&self.record.codes, &self.record.pending]
+        [&self.record.codes, self.readable_pending()]
             .into_iter()
             .filter_map(|m| m.get(&r))
             .flat_map(|c| c.iter().map(|(d, c)| (*c, d.clone())))
@@ -299,8 +325,9 @@ impl Stored {
     pub fn may_get_code(&self, res: Duration, dim: &str) -> bool {
         self.breakdown_generation(res).is_some()
             && self.code(res, dim).is_none()
-            && dim.len() <= CODED_NAME_BYTES
-            && self.record.codes_in(res.secs()) < CODES_PER_TIER
+            && (self.is_pending(res, dim)
+                || (dim.len() <= CODED_NAME_BYTES
+                    && self.record.codes_in(res.secs()) < CODES_PER_TIER))
     }
 
     pub fn tier(&self, res: Duration) -> Option<&Tier> {
@@ -434,7 +461,7 @@ impl SchemaRecord {
     }
 
     pub fn decode(ns: &str, text: &[u8]) -> Result<Stored, StoreError> {
-        let record: SchemaRecord = serde_json::from_slice(text).map_err(|e| {
+        let mut record: SchemaRecord = serde_json::from_slice(text).map_err(|e| {
             StoreError::corrupt(format!(
                 "the schema record of namespace {ns} does not decode"
             ))
@@ -446,6 +473,13 @@ impl SchemaRecord {
                  {}; this build reads and writes version {LAYOUT_VERSION}",
                 record.layout
             )));
+        }
+        if record.layout < LAYOUT_VERSION {
+            // Layout 3 gave codes in one step, with no wait for the replicas: they are
+            // pending until a write of this layout confirms them.
+            for (r, codes) in std::mem::take(&mut record.codes) {
+                record.pending.entry(r).or_default().extend(codes);
+            }
         }
         let schema = Schema::from_doc(&record.schema).map_err(|e| {
             StoreError::corrupt(format!("the stored schema of namespace {ns} is invalid"))
@@ -622,7 +656,21 @@ mod tests {
         assert_eq!((old.next, old.layout), (3, 0));
         let text = br#"{"schema":{"tiers":["1h:forever"],"breakdown_tiers":["1h"],"dimensions":null},"generation":{"3600":1},"breakdown_generation":{"3600":2},"codes":{"3600":{"country":3}},"next":4}"#;
         let three = SchemaRecord::decode("m", text).unwrap();
-        assert_eq!(three.write_code(hour, "country"), Some(3));
+        assert_eq!(
+            three.write_code(hour, "country"),
+            None,
+            "given with no wait"
+        );
+        assert_eq!(three.code(hour, "country"), Some(3));
+        assert!(three.is_pending(hour, "country"));
+        // A cached record does not trust its pending codes.
+        let cached = Stored {
+            cached: true,
+            ..three
+        };
+        assert_eq!(cached.code(hour, "country"), None);
+        assert!(cached.dims_by_code(hour).is_empty());
+        assert!(cached.may_get_code(hour, "country"));
     }
 
     /// Builds of older layouts cannot decode what this one writes (they would drop `pending`),
@@ -643,6 +691,27 @@ mod tests {
         let err = SchemaRecord::decode("m", newer.as_bytes()).unwrap_err();
         assert!(matches!(err, StoreError::Corrupt { .. }), "{err:?}");
         assert!(err.to_string().contains("layout version"), "{err}");
+    }
+
+    #[test]
+    fn replicas_are_counted_from_cluster_nodes() {
+        let nodes = "\
+a1 127.0.0.1:7000@17000 myself,master - 0 0 1 connected 0-5460
+b2 127.0.0.1:7001@17001 master - 0 0 2 connected 5461-10922
+c3 127.0.0.1:7003@17003 slave a1 0 0 1 connected
+d4 127.0.0.1:7004@17004 slave,fail a1 0 0 1 disconnected
+e5 127.0.0.1:7005@17005 slave b2 0 0 2 connected
+";
+        assert_eq!(
+            replicas_of_myself(nodes),
+            Some(2),
+            "a failed link counts too"
+        );
+        assert_eq!(replicas_of_myself(&nodes.replace("myself,", "")), None);
+        assert_eq!(
+            replicas_of_myself("a1 127.0.0.1:7000@17000 myself,master - 0 0 1 connected 0-16383"),
+            Some(0)
+        );
     }
 
     #[test]

@@ -53,11 +53,20 @@ const LOCK_WAIT: Duration = Duration::from_secs(5);
 
 /// How long a write of new dimension codes waits for the schemas node's replicas.
 const REPLICA_WAIT: Duration = Duration::from_millis(200);
+/// After the replicas did not acknowledge new codes in time, writes of that namespace spell
+/// their subtotals out for this long before they wait for the replicas again.
+const CONFIRM_BACKOFF: Duration = Duration::from_secs(1);
 
 /// A [`Store`] on Redis ≥ 7 or Redis Cluster.
 pub struct RedisStore {
     runtime: OwnRuntime,
     conn: Conn,
+    /// A second connection, for the compare-and-set of new codes and its `WAIT`: a `WAIT`
+    /// blocks its connection, and `conn` carries every other call.
+    side: Conn,
+    /// Per namespace, when a write may next try to confirm pending codes after the replicas
+    /// did not acknowledge them: until then its subtotals are spelled out without waiting.
+    confirm_after: Mutex<BTreeMap<Namespace, std::time::Instant>>,
     /// `redis at host:port`, for messages.
     label: String,
     clock: Arc<dyn Clock>,
@@ -135,13 +144,15 @@ impl RedisStore {
             .map_err(|e| StoreError::internal("starting the Redis client's runtime").because(e))?;
         let handle = rt.handle().clone();
         let runtime = OwnRuntime(Some(rt), handle);
-        let conn = runtime
+        let (conn, side) = runtime
             .1
-            .block_on(Conn::open(&target))
+            .block_on(async { Ok((Conn::open(&target).await?, Conn::open(&target).await?)) })
             .map_err(|e| store_error(&label, e))?;
         let store = RedisStore {
             runtime,
             conn,
+            side,
+            confirm_after: Mutex::new(BTreeMap::new()),
             label,
             clock,
             batch_ids: BatchIds::new(),
@@ -262,7 +273,8 @@ impl RedisStore {
             })
             .await?;
         match stored.as_deref() {
-            Some(v) if v == LAYOUT_VERSION.to_string() => Ok(()),
+            // A server of an older layout still running may have created records since.
+            Some(v) if v == LAYOUT_VERSION.to_string() => self.rewrite_records().await,
             Some(v) if UPGRADES_FROM.iter().any(|u| u.to_string() == v) => {
                 // Every key of the older layout means the same in this one: mark the
                 // database as this layout, so builds of the older one refuse it from now on.
@@ -461,6 +473,18 @@ impl RedisStore {
         ns: &Namespace,
         pairs: &[(u64, &str)],
     ) -> Result<Option<Stored>, StoreError> {
+        let backing_off = {
+            let after = self
+                .confirm_after
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            after
+                .get(ns)
+                .is_some_and(|t| std::time::Instant::now() < *t)
+        };
+        if backing_off {
+            return Ok(None);
+        }
         let mut replicas = None;
         for _ in 0..16 {
             let (current, previous) = self.read_record(ns).await?;
@@ -477,7 +501,7 @@ impl RedisStore {
                 None => *replicas.insert(self.schema_replicas().await?),
             };
             let confirmed = pending.confirmed(pairs).unwrap_or_else(|| pending.clone());
-            if replicas == 0 {
+            if replicas == Some(0) {
                 // No replica that a failover could promote without this write.
                 if let Some(stored) = self.swap_record(ns, &current, &confirmed.encode()?).await? {
                     return Ok(Some(stored));
@@ -485,18 +509,25 @@ impl RedisStore {
                 continue;
             }
             let text = pending.encode()?;
-            let (swapped, acked) = self.swap_and_wait(ns, &current, &text, replicas).await?;
+            // Replicas not known: wait for one, and keep the codes pending anyway.
+            let wanted = replicas.unwrap_or(1).max(1);
+            let (swapped, acked) = self.swap_and_wait(ns, &current, &text, wanted).await?;
             if !swapped {
                 continue;
             }
-            if acked < replicas {
+            if replicas.is_none() || acked < wanted {
                 tracing::warn!(
                     %ns,
                     acked,
-                    replicas,
+                    replicas = ?replicas,
                     "the schemas node's replicas did not acknowledge new dimension codes in \
-                     time: they stay pending, and subtotals are spelled out meanwhile"
+                     time (or could not be counted): they stay pending, and subtotals are \
+                     spelled out meanwhile"
                 );
+                self.confirm_after
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(ns.clone(), std::time::Instant::now() + CONFIRM_BACKOFF);
                 return Ok(Some(SchemaRecord::decode(ns.as_str(), text.as_bytes())?));
             }
             if let Some(stored) = self
@@ -509,23 +540,36 @@ impl RedisStore {
         Err(self.kept_changing(ns))
     }
 
-    /// How many replicas the node holding the schemas hash has (`INFO replication`).
-    async fn schema_replicas(&self) -> Result<i64, StoreError> {
-        let info = self
+    /// How many replicas the node holding the schemas hash has, `None` if its answer does
+    /// not say. In a cluster, every replica the cluster knows of that master (`CLUSTER
+    /// NODES`), connected or not, since a failover may promote one whose link is down; on a
+    /// single server, the connected ones (`INFO replication`).
+    async fn schema_replicas(&self) -> Result<Option<i64>, StoreError> {
+        let cluster = self.is_cluster();
+        let answer = self
             .retry(|c| {
-                let mut info = redis::cmd("INFO");
-                info.arg("replication");
-                c.on_node_of(SCHEMAS_KEY, info)
+                let cmd = if cluster {
+                    let mut nodes = redis::cmd("CLUSTER");
+                    nodes.arg("NODES");
+                    nodes
+                } else {
+                    let mut info = redis::cmd("INFO");
+                    info.arg("replication");
+                    info
+                };
+                c.on_node_of(SCHEMAS_KEY, cmd)
             })
             .await?;
         let mut texts = Vec::new();
-        collect_text(&info, &mut texts);
-        Ok(texts
-            .iter()
-            .flat_map(|t| t.lines())
-            .find_map(|l| l.strip_prefix("connected_slaves:"))
-            .and_then(|n| n.trim().parse().ok())
-            .unwrap_or(0))
+        collect_text(&answer, &mut texts);
+        let text = texts.join("\n");
+        Ok(if cluster {
+            layout::replicas_of_myself(&text)
+        } else {
+            text.lines()
+                .find_map(|l| l.strip_prefix("connected_slaves:"))
+                .and_then(|n| n.trim().parse().ok())
+        })
     }
 
     /// [`RedisStore::swap_record`] and, on the same connection right after it, `WAIT` for
@@ -550,7 +594,7 @@ impl RedisStore {
             .cmd("WAIT")
             .arg(replicas)
             .arg(REPLICA_WAIT.as_millis() as u64);
-        let mut c = self.conn.clone();
+        let mut c = self.side.clone();
         let (done, acked): (i64, i64) = pipe.query_async(&mut c).await.map_err(|e| self.err(e))?;
         if done == 1 {
             let stored = SchemaRecord::decode(ns.as_str(), text.as_bytes())?;

@@ -70,6 +70,8 @@ struct Plan {
     codes: BTreeMap<u64, String>,
     /// The record's next generation: a code at or past it is newer than the record.
     next: u64,
+    /// Whether the record is the one last read, not the one stored now (`Stored::cached`).
+    cached: bool,
     windows: Vec<(i64, i64, i64)>,
 }
 
@@ -98,6 +100,7 @@ fn plan_for(
         sgen: st.breakdown_generation(resolution),
         codes: st.dims_by_code(resolution),
         next: st.record.next,
+        cached: st.cached,
         windows,
     })
 }
@@ -181,7 +184,6 @@ impl RedisStore {
                 .collect();
             doubtful.sort();
             doubtful.dedup();
-            self.refuse_cached(&doubtful, &schemas)?;
             let changed = if doubtful.is_empty() {
                 false
             } else {
@@ -536,6 +538,9 @@ struct Collect {
     /// The tier's codes, code → dimension, and the record's next generation.
     codes: BTreeMap<u64, String>,
     next: u64,
+    /// Whether the record is the one last read: then a failover may have given codes below
+    /// its `next` since, and any code it does not know may be wanted.
+    cached: bool,
     /// Whether a field a read keeps could be under a code newer than the record.
     newer_code: bool,
     totals: BTreeMap<i64, i64>,
@@ -551,6 +556,7 @@ impl Collect {
             sgen: p.sgen,
             codes: p.codes.clone(),
             next: p.next,
+            cached: p.cached,
             newer_code: false,
             totals: BTreeMap::new(),
             subtotals: BTreeMap::new(),
@@ -593,9 +599,9 @@ impl Collect {
                         }
                         Some(_) => {}
                         // Given after the record was read (a smaller one is of an earlier
-                        // subtotal generation, hidden); it matters unless the read wants
-                        // a dimension whose code it knows.
-                        None if code >= self.next => {
+                        // subtotal generation, hidden, unless the record is a cached one);
+                        // it matters unless the read wants a dimension whose code it knows.
+                        None if code >= self.next || self.cached => {
                             self.newer_code |= match keep {
                                 Keep::Totals => false,
                                 Keep::Dim(d) | Keep::Value(d, _) => {
@@ -686,6 +692,7 @@ mod tests {
             sgen: Some(2),
             codes: BTreeMap::from([(5, "country".to_owned())]),
             next: 7,
+            cached: false,
             windows: vec![(0, 0, 119)],
         }
     }
@@ -720,6 +727,19 @@ mod tests {
         let (value, newer) = read(Keep::Value("country", "US"));
         assert!(!newer);
         assert_eq!(value.subtotals[0].buckets, vec![(3 * 3600, 5)]);
+
+        // Through a cached record, an unknown code below `next` may be one a failover gave
+        // again: doubtful too.
+        let older = [("3", 10), ("3.4:US", 100)];
+        let doubt = |cached, keep| {
+            let mut c = Collect::new(&Plan { cached, ..plan() });
+            c.add(0, keep, &reply(&older));
+            c.newer_code
+        };
+        assert!(!doubt(false, Keep::All), "an earlier generation's code");
+        assert!(doubt(true, Keep::All));
+        assert!(doubt(true, Keep::Dim("device")));
+        assert!(!doubt(true, Keep::Dim("country")), "its code is known");
     }
 
     #[test]

@@ -198,9 +198,10 @@ fn a_layout_3_database_keeps_its_codes() {
     server.cli(&["zadd", "tally:keys:{m}", "0", "k"]);
 
     let redis = RedisStore::connect(&server.url()).unwrap();
+    // Given with no wait for replicas: pending until a write confirms it.
     let rewritten = server.cli(&["hget", layout::SCHEMAS_KEY, "m"]);
     assert!(
-        rewritten.contains(r#""codes":{"3600":{"country":3}}"#),
+        rewritten.contains(r#""pending":{"3600":{"country":3}}"#),
         "{rewritten}"
     );
     assert!(!rewritten.contains(r#""next""#), "{rewritten}");
@@ -213,6 +214,18 @@ fn a_layout_3_database_keeps_its_codes() {
     assert_eq!(after.subtotals[0].buckets, vec![(hour, 7)]);
     let fields = server.cli(&["hkeys", &hash]);
     assert_eq!(fields.lines().count(), 2, "the code was used: {fields}");
+    let confirmed = server.cli(&["hget", layout::SCHEMAS_KEY, "m"]);
+    assert!(
+        confirmed.contains(r#""codes":{"3600":{"country":3}}"#),
+        "{confirmed}"
+    );
+
+    // A record a server of layout 3 still running creates afterwards is rewritten by the
+    // next server to connect.
+    server.cli(&["hset", layout::SCHEMAS_KEY, "n", record]);
+    let _ = RedisStore::connect(&server.url()).unwrap();
+    let rewritten = server.cli(&["hget", layout::SCHEMAS_KEY, "n"]);
+    assert!(rewritten.contains(r#""fresh":4"#), "{rewritten}");
 }
 
 /// A code stays pending, and writes spell the dimension out, until every replica of the
@@ -258,7 +271,12 @@ fn a_code_is_used_only_once_the_replicas_have_it() {
         read_all(&reference, "m", "k", 3600).unwrap()
     });
 
+    // For a while after the replicas did not answer, writes spell out without waiting
+    // again; then one waits, and confirms the code.
     replica.resume();
+    write("US");
+    assert!(record().contains(r#""pending""#), "{}", record());
+    std::thread::sleep(std::time::Duration::from_millis(1100));
     write("US");
     write("FR");
     assert!(
@@ -273,7 +291,7 @@ fn a_code_is_used_only_once_the_replicas_have_it() {
     });
     let got = read_all(&redis, "m", "k", 3600).unwrap();
     let us = got.subtotals.iter().find(|s| s.value == "US").unwrap();
-    assert_eq!(us.buckets[0].1, 2, "spelled out and coded add up");
+    assert_eq!(us.buckets[0].1, 3, "spelled out and coded add up");
 }
 
 /// A failover that loses a confirmation leaves a used code pending: reads still find its
