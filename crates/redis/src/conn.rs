@@ -179,6 +179,46 @@ impl Conn {
 }
 
 impl Conn {
+    /// The nodes to `SCAN` for every key: the server, or each master of a cluster.
+    pub async fn scan_nodes(&self) -> Result<Vec<Option<(String, u16)>>, RedisError> {
+        match self {
+            Conn::Single(_) => Ok(vec![None]),
+            Conn::Cluster(_) => Ok(self.masters().await?.into_iter().map(Some).collect()),
+        }
+    }
+
+    /// One `SCAN <cursor> MATCH <pattern> COUNT <count>` on a node of
+    /// [`Conn::scan_nodes`]: the next cursor (0 at the end) and the names.
+    pub async fn scan_page(
+        self,
+        node: Option<(String, u16)>,
+        cursor: u64,
+        pattern: &str,
+        count: usize,
+    ) -> Result<(u64, Vec<String>), RedisError> {
+        let mut cmd = redis::cmd("SCAN");
+        cmd.arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(count);
+        match (self, node) {
+            (Conn::Single(mut c), _) => cmd.query_async(&mut c).await,
+            (Conn::Cluster(mut c), Some((host, port))) => {
+                let routing =
+                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
+                let v = c.route_command(cmd, routing).await?;
+                redis::from_redis_value(v).map_err(|e| {
+                    RedisError::from((ErrorKind::Parse, "a SCAN answer", e.to_string()))
+                })
+            }
+            (Conn::Cluster(_), None) => Err(RedisError::from((
+                ErrorKind::Client,
+                "a cluster SCAN needs a node",
+            ))),
+        }
+    }
+
     /// Sends `cmd` to the master serving `key` (the server itself, on a single server).
     pub async fn on_node_of(self, key: &str, cmd: Cmd) -> Result<Value, RedisError> {
         match self {

@@ -2,7 +2,7 @@
 //! fields, and the stored schema record with its tier generations. Pure functions, no I/O;
 //! `docs/redis.md`'s examples are checked against them by this module's tests.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use tally_core::model::{Duration, Namespace, Retention, Schema, SchemaDoc, Tier};
 use tally_core::store::StoreError;
@@ -36,6 +36,60 @@ pub fn escape_tag(s: &str) -> String {
         }
     }
     out
+}
+
+/// The inverse of [`escape_tag`]; `None` for text it never gives.
+pub fn unescape_tag(s: &str) -> Option<String> {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match chars.next()? {
+                '\\' => out.push('\\'),
+                ']' => out.push('}'),
+                _ => return None,
+            },
+            '}' => return None,
+            c => out.push(c),
+        }
+    }
+    Some(out)
+}
+
+/// A `SCAN MATCH` pattern for every window hash of one tier generation of a namespace.
+pub fn windows_pattern(ns: &Namespace, gen_: u64, res: i64) -> String {
+    let mut glob = String::new();
+    for c in escape_tag(ns.as_str()).chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            glob.push('\\');
+        }
+        glob.push(c);
+    }
+    format!("tally:w:{{{glob}|*}}:{gen_}:{res}:*")
+}
+
+/// The key and window of a window hash's name of namespace `ns`, tier generation `gen_`
+/// and resolution `res` ([`window_key`]); `None` for any other name.
+pub fn parse_window_key(name: &str, ns: &Namespace, gen_: u64, res: i64) -> Option<(String, i64)> {
+    let rest = name
+        .strip_prefix("tally:w:{")?
+        .strip_prefix(escape_tag(ns.as_str()).as_str())?
+        .strip_prefix('|')?;
+    let (key, rest) = rest.split_once('}')?;
+    let window = rest
+        .strip_prefix(&format!(":{gen_}:{res}:"))?
+        .parse()
+        .ok()?;
+    Some((unescape_tag(key)?, window))
+}
+
+/// Whether retention `new` keeps longer than `old`.
+pub fn grown(old: Retention, new: Retention) -> bool {
+    match (old, new) {
+        (Retention::For(a), Retention::For(b)) => b.secs() > a.secs(),
+        (Retention::For(_), Retention::Forever) => true,
+        (Retention::Forever, _) => false,
+    }
 }
 
 /// The hash tag of a series: `{ns|key}`, time-free, so every key of the series shares a slot.
@@ -241,6 +295,11 @@ pub struct SchemaRecord {
     /// `pending` codes they would drop.
     #[serde(rename = "fresh", alias = "next")]
     pub next: u64,
+    /// Resolutions (seconds) of tiers whose retention grew while they kept their data: the
+    /// expiries of their window hashes, and the key index's, were set for the shorter one
+    /// and must be extended. Cleared once that is done.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub extend: BTreeSet<u64>,
     /// The layout version that wrote the record (0 before layout 4). A build refuses a record
     /// of a newer layout than its own rather than rewrite it without what it does not know.
     #[serde(default)]
@@ -344,8 +403,19 @@ impl SchemaRecord {
         let mut breakdown_generation = BTreeMap::new();
         let mut codes = BTreeMap::new();
         let mut pending = BTreeMap::new();
+        let mut extend = BTreeSet::new();
+        let before = previous.and_then(|p| Schema::from_doc(&p.schema).ok());
         for tier in schema.tiers() {
             let r = tier.resolution.secs();
+            let kept = previous.is_some_and(|p| p.generation.contains_key(&r));
+            let old = before.as_ref().and_then(|b| {
+                let t = b.tiers().iter().find(|t| t.resolution == tier.resolution)?;
+                Some(t.retention)
+            });
+            let unfinished = previous.is_some_and(|p| p.extend.contains(&r));
+            if kept && (unfinished || old.is_some_and(|o| grown(o, tier.retention))) {
+                extend.insert(r);
+            }
             let mut fresh = || {
                 next += 1;
                 next - 1
@@ -377,6 +447,7 @@ impl SchemaRecord {
             codes,
             pending,
             next,
+            extend,
             layout: LAYOUT_VERSION,
         };
         // Declared dimensions get their codes now (pending, like any: the first write
@@ -691,6 +762,57 @@ mod tests {
         let err = SchemaRecord::decode("m", newer.as_bytes()).unwrap_err();
         assert!(matches!(err, StoreError::Corrupt { .. }), "{err:?}");
         assert!(err.to_string().contains("layout version"), "{err}");
+    }
+
+    #[test]
+    fn window_names_parse_back_and_match_their_pattern() {
+        let ns = Namespace::new("clicks").unwrap();
+        for key in ["lnk_1", "a}b\\c", "x|y:1:3600:5", "*?[x]"] {
+            let name = window_key(&series_tag(&ns, key), 3, 3600, 7200);
+            assert_eq!(
+                parse_window_key(&name, &ns, 3, 3600),
+                Some((key.to_owned(), 7200)),
+                "{name}"
+            );
+            assert_eq!(parse_window_key(&name, &ns, 4, 3600), None);
+            assert_eq!(parse_window_key(&name, &ns, 3, 60), None);
+            assert_eq!(unescape_tag(&escape_tag(key)).as_deref(), Some(key));
+        }
+        let other = Namespace::new("click").unwrap();
+        let name = window_key(&series_tag(&ns, "k"), 3, 3600, 0);
+        assert_eq!(parse_window_key(&name, &other, 3, 3600), None);
+        assert_eq!(unescape_tag("a\\x"), None);
+        assert_eq!(unescape_tag("a}"), None);
+        assert_eq!(windows_pattern(&ns, 3, 3600), "tally:w:{clicks|*}:3:3600:*");
+    }
+
+    #[test]
+    fn a_retention_that_grows_marks_its_tier() {
+        let r1 = SchemaRecord::next(None, &schema(&["1m:2h", "1h:1d"], None));
+        assert!(r1.extend.is_empty());
+        let r2 = SchemaRecord::next(Some(&r1), &schema(&["1m:1h", "1h:30d"], None));
+        assert_eq!(r2.extend, BTreeSet::from([3600]), "1m shrank, 1h grew");
+        // Unfinished, it stays marked through another change; a shorter one marks nothing.
+        let r3 = SchemaRecord::next(Some(&r2), &schema(&["1m:1h", "1h:7d"], None));
+        assert_eq!(r3.extend, BTreeSet::from([3600]));
+        let mut done = r2.clone();
+        done.extend.clear();
+        assert!(
+            SchemaRecord::next(Some(&done), &schema(&["1m:1h", "1h:7d"], None))
+                .extend
+                .is_empty()
+        );
+        let forever = SchemaRecord::next(Some(&done), &schema(&["1m:2h", "1h:forever"], None));
+        assert_eq!(forever.extend, BTreeSet::from([60, 3600]));
+        // A tier added anew starts empty: nothing to extend.
+        let removed = SchemaRecord::next(Some(&done), &schema(&["1h:30d"], None));
+        let added = SchemaRecord::next(Some(&removed), &schema(&["1m:2d", "1h:30d"], None));
+        assert!(added.extend.is_empty());
+        assert!(grown(
+            Retention::For(Duration::new("1d").unwrap()),
+            Retention::Forever
+        ));
+        assert!(!grown(Retention::Forever, Retention::Forever));
     }
 
     #[test]

@@ -21,6 +21,7 @@ pub mod testing;
 
 mod conn;
 mod read;
+mod retention;
 mod write;
 
 use std::collections::BTreeMap;
@@ -160,6 +161,13 @@ impl RedisStore {
             conditional: (0..256).map(|_| Mutex::new(())).collect(),
         };
         store.block_on(store.check_layout())?;
+        if let Err(e) = store.block_on(store.resume_extends()) {
+            tracing::warn!(
+                error = %e.detail(),
+                "could not finish extending the expiries of tiers whose retention grew; \
+                 the next server to connect or schema change tries again"
+            );
+        }
         Ok(store)
     }
 
@@ -381,10 +389,16 @@ impl RedisStore {
         Ok(out)
     }
 
+    /// Stores the schema; if a tier's retention grew, extends its expiries before answering
+    /// (`retention`).
     async fn put_schema_async(&self, ns: &Namespace, schema: &Schema) -> Result<(), StoreError> {
-        self.update_record(ns, |previous| Some(SchemaRecord::next(previous, schema)))
-            .await
-            .map(|_| ())
+        let stored = self
+            .update_record(ns, |previous| Some(SchemaRecord::next(previous, schema)))
+            .await?;
+        if stored.is_some_and(|s| !s.record.extend.is_empty()) {
+            self.extend_expiries(ns).await?;
+        }
+        Ok(())
     }
 
     /// A namespace's schema record as stored now: its text (empty if none) and decoded.

@@ -93,6 +93,28 @@ end
 return 1
 "#;
 
+/// Extends key index expiries after a tier's retention grew: `KEYS[1]` the expiry index,
+/// `ARGV` pairs of member and its new expiry, or `inf` (a `forever` tier holds it now). A
+/// member without an expiry there is left alone (it is unexpiring already); an expiry only
+/// grows (`ZADD GT`); `inf` takes the member out. Answers how many were changed.
+pub static EXTEND_INDEX: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND_INDEX_LUA));
+
+const EXTEND_INDEX_LUA: &str = r#"
+local changed = 0
+for i = 1, #ARGV, 2 do
+  local m, e = ARGV[i], ARGV[i + 1]
+  if redis.call('ZSCORE', KEYS[1], m) then
+    if e == 'inf' then
+      redis.call('ZREM', KEYS[1], m)
+    else
+      redis.call('ZADD', KEYS[1], 'GT', e, m)
+    end
+    changed = changed + 1
+  end
+end
+return changed
+"#;
+
 /// Removes keys whose every bucket has expired from a namespace's index: `KEYS[1]` the lex
 /// index, `KEYS[2]` the expiry index, `ARGV[1]` now, `ARGV[2]` at most how many. Answers how
 /// many it removed. Atomic, so a key written meanwhile (its expiry raised) is never lost.

@@ -23,7 +23,8 @@ use crate::{batch, raw, real_now, schema};
 const NSS: [&str; 2] = ["m", "n.2"];
 const KEYS: [&str; 6] = ["a", "b", "a/b", "é", "x}y|z", "{t}"];
 /// Each resolution keeps one retention across schemas: a retention change is out of scope
-/// (docs/redis.md: data expired under the shorter retention stays gone).
+/// here (docs/redis.md: data expired under the shorter retention stays gone, which the
+/// reference store, never forgetting, does not model); `retention.rs` tests one that grows.
 const SCHEMAS: [&[&str]; 4] = [
     &["1s:10m", "1m:2h", "1h:forever"],
     &["1m:2h", "15m:1d"],

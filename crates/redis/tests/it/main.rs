@@ -8,6 +8,7 @@ mod contexts;
 mod equivalence;
 mod faults;
 mod limited;
+mod retention;
 
 use tally_core::ingest::{self, Defaults, Limits};
 use tally_core::model::{Key, Namespace, RawEvent, Schema, SchemaDoc};

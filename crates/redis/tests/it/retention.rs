@@ -1,0 +1,137 @@
+//! Retention changes: a tier whose retention grows keeps, for the longer retention, what
+//! the shorter one still held — its window hashes' expiries and the key index follow the
+//! new retention, as the reference store (which never forgets) shows.
+
+use std::sync::Arc;
+
+use tally_core::ingest::Defaults;
+use tally_core::model::{Key, Namespace};
+use tally_core::reference::MemStore;
+use tally_core::store::{KeyList, ManualClock, Store};
+use tally_redis::RedisStore;
+use tally_redis::layout;
+use tally_redis::testing::{RedisCluster, RedisServer};
+
+use crate::{batch, raw, read_all, real_now, schema};
+
+/// Seconds until a key expires (`TTL`): -1 without an expiry, -2 if it does not exist.
+fn ttl(cli: &dyn Fn(&[&str]) -> String, key: &str) -> i64 {
+    cli(&["ttl", key]).trim().parse().unwrap()
+}
+
+fn grows(url: &str, cli: &dyn Fn(&[&str]) -> String) {
+    let t = real_now();
+    let clock = Arc::new(ManualClock::new(t));
+    let redis = RedisStore::connect_with_clock(url, clock.clone()).unwrap();
+    let reference = MemStore::new(clock.clone());
+    let ns = Namespace::new("m").unwrap();
+    let keys: Vec<String> = (0..40).map(|k| format!("k{k}")).collect();
+    let stores: [&dyn Store; 2] = [&redis, &reference];
+    for s in stores {
+        s.put_schema(&ns, &schema(&["1m:2h", "1h:1d"], Some(&["1h"])))
+            .unwrap();
+        let raws: Vec<_> = keys
+            .iter()
+            .map(|k| raw("m", k, t - 3 * 3600, 2, &[("country", "US")]))
+            .collect();
+        s.apply(&batch(s, t, &raws, &Defaults::default())).unwrap();
+    }
+    let hour = t - 3 * 3600 - (t - 3 * 3600).rem_euclid(3600);
+    let window = layout::window_of(hour, 3600);
+    let gen_of = |key: &str| {
+        let text = cli(&["hget", layout::SCHEMAS_KEY, "m"]);
+        let doc: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+        let g = doc["generation"]["3600"].as_u64().unwrap();
+        format!("tally:w:{{m|{key}}}:{g}:3600:{window}")
+    };
+    let before = ttl(cli, &gen_of("k0"));
+    assert!((0..=6 * 86_400).contains(&before), "{before}");
+
+    for s in stores {
+        s.put_schema(&ns, &schema(&["1m:2h", "1h:30d"], Some(&["1h"])))
+            .unwrap();
+    }
+    for k in &keys {
+        let after = ttl(cli, &gen_of(k));
+        assert!(after > 29 * 86_400, "{k}: {after}");
+    }
+    let list = KeyList {
+        ns: &ns,
+        prefix: "",
+        after: None,
+        limit: 100,
+    };
+    let listed = |s: &dyn Store| s.keys(&list).unwrap();
+    clock.set(t + 3 * 86_400);
+    assert_eq!(listed(&redis), listed(&reference));
+    assert_eq!(listed(&redis).len(), keys.len());
+    assert_eq!(
+        read_all(&redis, "m", "k7", 3600).unwrap(),
+        read_all(&reference, "m", "k7", 3600).unwrap()
+    );
+    assert_eq!(read_all(&redis, "m", "k7", 3600).unwrap().totals[0].1, 2);
+
+    for s in stores {
+        s.put_schema(&ns, &schema(&["1m:2h", "1h:forever"], Some(&["1h"])))
+            .unwrap();
+    }
+    for k in &keys {
+        assert_eq!(ttl(cli, &gen_of(k)), -1, "{k}");
+    }
+    clock.set(t + 90 * 86_400);
+    assert_eq!(listed(&redis), listed(&reference));
+    assert!(listed(&redis).contains(&Key::new("k39").unwrap()));
+    // Nothing is left to do: the record says so.
+    let text = cli(&["hget", layout::SCHEMAS_KEY, "m"]);
+    assert!(!text.contains("extend"), "{text}");
+}
+
+/// A server stopped before it extended the expiries leaves the mark in the record: the
+/// next one to connect does it.
+#[test]
+fn an_unfinished_extension_is_finished_by_the_next_server() {
+    let server = RedisServer::start();
+    let t = real_now();
+    let redis = RedisStore::connect(&server.url()).unwrap();
+    let ns = Namespace::new("m").unwrap();
+    redis
+        .put_schema(&ns, &schema(&["1h:1d"], Some(&[])))
+        .unwrap();
+    let raws = [raw("m", "k", t - 3600, 1, &[])];
+    redis
+        .apply(&batch(&redis, t, &raws, &Defaults::default()))
+        .unwrap();
+    drop(redis);
+    // What a server stopped right after storing a longer retention leaves.
+    let text = server.cli(&["hget", layout::SCHEMAS_KEY, "m"]);
+    let mut doc: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+    doc["schema"]["tiers"] = serde_json::json!(["1h:30d"]);
+    doc["extend"] = serde_json::json!([3600]);
+    server.cli(&["hset", layout::SCHEMAS_KEY, "m", &doc.to_string()]);
+    let name = server.cli(&["--scan", "--pattern", "tally:w:*"]);
+    let name = name.trim();
+    assert!(ttl(&|a| server.cli(a), name) < 7 * 86_400);
+
+    let _ = RedisStore::connect(&server.url()).unwrap();
+    assert!(ttl(&|a| server.cli(a), name) > 29 * 86_400);
+    let text = server.cli(&["hget", layout::SCHEMAS_KEY, "m"]);
+    assert!(!text.contains("extend"), "{text}");
+}
+
+#[test]
+fn a_retention_that_grows_keeps_what_it_held() {
+    let server = RedisServer::start();
+    grows(&server.url(), &|args| server.cli(args));
+}
+
+#[test]
+fn a_retention_that_grows_keeps_what_it_held_on_a_cluster() {
+    let cluster = RedisCluster::start();
+    // `redis-cli -c` follows redirections to the node holding each key.
+    let port = cluster.nodes[0].port().to_string();
+    grows(&cluster.url(), &|args| {
+        let mut all = vec!["-c", "-p", &port];
+        all.extend_from_slice(args);
+        tally_redis::testing::redis_cli(&all)
+    });
+}
