@@ -241,7 +241,7 @@ impl RedisStore {
             None => MARKER_SECS,
         };
         let mut schemas = self.create_and_load(batch).await?;
-        self.give_codes(batch, &mut schemas).await?;
+        self.give_codes(batch, &mut schemas, now).await?;
         let series = plan(batch, &schemas, now)?;
         let skew = match SystemClock.now() - now {
             // The same clock read twice: the same time.
@@ -341,6 +341,7 @@ impl RedisStore {
         &self,
         batch: &Batch,
         schemas: &mut BTreeMap<Namespace, Stored>,
+        now: i64,
     ) -> Result<(), StoreError> {
         let mut wanted: BTreeMap<Namespace, BTreeSet<(u64, String)>> = BTreeMap::new();
         for inc in &batch.increments {
@@ -348,6 +349,14 @@ impl RedisStore {
                 continue;
             };
             for &res in st.schema.breakdown_resolutions() {
+                // A tier that does not keep the event writes no field: no code for it.
+                let kept = st.tier(res).is_some_and(|t| {
+                    let b = bucket_start(inc.ts, res.secs_i64());
+                    t.retention.keeps_bucket(b, res, now)
+                });
+                if !kept {
+                    continue;
+                }
                 for s in &inc.subtotals {
                     if st.may_get_code(res, &s.dim) || st.is_pending(res, &s.dim) {
                         wanted

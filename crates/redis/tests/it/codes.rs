@@ -462,3 +462,28 @@ fn a_stale_schema_record_serves_no_read_that_could_miss_codes() {
         .unwrap();
     assert_eq!(us.subtotals[0].buckets[0].1, 1);
 }
+
+/// An event no breakdown tier keeps (too old for it) writes no subtotal, so it gives its
+/// dimensions no code: codes are few, and not spent on nothing.
+#[test]
+fn events_no_breakdown_tier_keeps_give_no_code() {
+    let server = RedisServer::start();
+    let now = real_now();
+    let redis = RedisStore::connect(&server.url()).unwrap();
+    let ns = Namespace::new("m").unwrap();
+    redis
+        .put_schema(&ns, &schema(&["1m:2h", "1h:forever"], Some(&["1m"])))
+        .unwrap();
+    let old = [raw("m", "k", now - 3 * 3600, 1, &[("country", "US")])];
+    redis
+        .apply(&batch(&redis, now, &old, &Defaults::default()))
+        .unwrap();
+    let record = server.cli(&["hget", layout::SCHEMAS_KEY, "m"]);
+    assert!(!record.contains("country"), "{record}");
+    let recent = [raw("m", "k", now, 1, &[("country", "US")])];
+    redis
+        .apply(&batch(&redis, now, &recent, &Defaults::default()))
+        .unwrap();
+    let record = server.cli(&["hget", layout::SCHEMAS_KEY, "m"]);
+    assert!(record.contains(r#""codes":{"60":{"country""#), "{record}");
+}
