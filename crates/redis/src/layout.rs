@@ -2,7 +2,7 @@
 //! fields, and the stored schema record with its tier generations. Pure functions, no I/O;
 //! `docs/redis.md`'s examples are checked against them by this module's tests.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use tally_core::model::{Duration, Namespace, Retention, Schema, SchemaDoc, Tier};
 use tally_core::store::StoreError;
@@ -297,9 +297,10 @@ pub struct SchemaRecord {
     pub next: u64,
     /// Resolutions (seconds) of tiers whose retention grew while they kept their data: the
     /// expiries of their window hashes, and the key index's, were set for the shorter one
-    /// and must be extended. Cleared once that is done.
-    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
-    pub extend: BTreeSet<u64>,
+    /// and must be extended. Each mark is a fresh number (from `next`), so that a sweep
+    /// clears only the mark it did, not one a later change set. Cleared once done.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub extend: BTreeMap<u64, u64>,
     /// The layout version that wrote the record (0 before layout 4). A build refuses a record
     /// of a newer layout than its own rather than rewrite it without what it does not know.
     #[serde(default)]
@@ -403,7 +404,7 @@ impl SchemaRecord {
         let mut breakdown_generation = BTreeMap::new();
         let mut codes = BTreeMap::new();
         let mut pending = BTreeMap::new();
-        let mut extend = BTreeSet::new();
+        let mut extend = BTreeMap::new();
         let before = previous.and_then(|p| Schema::from_doc(&p.schema).ok());
         for tier in schema.tiers() {
             let r = tier.resolution.secs();
@@ -412,14 +413,16 @@ impl SchemaRecord {
                 let t = b.tiers().iter().find(|t| t.resolution == tier.resolution)?;
                 Some(t.retention)
             });
-            let unfinished = previous.is_some_and(|p| p.extend.contains(&r));
-            if kept && (unfinished || old.is_some_and(|o| grown(o, tier.retention))) {
-                extend.insert(r);
-            }
             let mut fresh = || {
                 next += 1;
                 next - 1
             };
+            let unfinished = previous.and_then(|p| p.extend.get(&r).copied());
+            if kept && old.is_some_and(|o| grown(o, tier.retention)) {
+                extend.insert(r, fresh());
+            } else if let (true, Some(mark)) = (kept, unfinished) {
+                extend.insert(r, mark);
+            }
             let g = previous
                 .and_then(|p| p.generation.get(&r).copied())
                 .unwrap_or_else(&mut fresh);
@@ -791,10 +794,18 @@ mod tests {
         let r1 = SchemaRecord::next(None, &schema(&["1m:2h", "1h:1d"], None));
         assert!(r1.extend.is_empty());
         let r2 = SchemaRecord::next(Some(&r1), &schema(&["1m:1h", "1h:30d"], None));
-        assert_eq!(r2.extend, BTreeSet::from([3600]), "1m shrank, 1h grew");
+        assert_eq!(
+            r2.extend.keys().collect::<Vec<_>>(),
+            vec![&3600],
+            "1m shrank, 1h grew"
+        );
+        assert!(r2.extend[&3600] < r2.next, "a fresh mark");
         // Unfinished, it stays marked through another change; a shorter one marks nothing.
         let r3 = SchemaRecord::next(Some(&r2), &schema(&["1m:1h", "1h:7d"], None));
-        assert_eq!(r3.extend, BTreeSet::from([3600]));
+        assert_eq!(r3.extend, r2.extend);
+        // Growing again marks it afresh: the first sweep will not clear this one.
+        let r4 = SchemaRecord::next(Some(&r3), &schema(&["1m:1h", "1h:30d"], None));
+        assert!(r4.extend[&3600] > r3.extend[&3600]);
         let mut done = r2.clone();
         done.extend.clear();
         assert!(
@@ -803,7 +814,7 @@ mod tests {
                 .is_empty()
         );
         let forever = SchemaRecord::next(Some(&done), &schema(&["1m:2h", "1h:forever"], None));
-        assert_eq!(forever.extend, BTreeSet::from([60, 3600]));
+        assert_eq!(forever.extend.keys().collect::<Vec<_>>(), vec![&60, &3600]);
         // A tier added anew starts empty: nothing to extend.
         let removed = SchemaRecord::next(Some(&done), &schema(&["1h:30d"], None));
         let added = SchemaRecord::next(Some(&removed), &schema(&["1m:2d", "1h:30d"], None));

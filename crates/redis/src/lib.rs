@@ -164,8 +164,8 @@ impl RedisStore {
         if let Err(e) = store.block_on(store.resume_extends()) {
             tracing::warn!(
                 error = %e.detail(),
-                "could not finish extending the expiries of tiers whose retention grew; \
-                 the next server to connect or schema change tries again"
+                "could not read the schemas to finish extending expiries; the next server \
+                 to connect, or the next schema change, tries again"
             );
         }
         Ok(store)
@@ -396,7 +396,15 @@ impl RedisStore {
             .update_record(ns, |previous| Some(SchemaRecord::next(previous, schema)))
             .await?;
         if stored.is_some_and(|s| !s.record.extend.is_empty()) {
-            self.extend_expiries(ns).await?;
+            self.extend_expiries(ns, true).await.map_err(|e| {
+                StoreError::unavailable(format!(
+                    "{}: the schema of {ns} is stored, but extending the expiries of its \
+                     tiers whose retention grew failed ({}); send it again to finish, before \
+                     their data expires under the shorter retention",
+                    self.label,
+                    e.detail()
+                ))
+            })?;
         }
         Ok(())
     }

@@ -14,7 +14,9 @@ use redis::Script;
 /// Then a list of operations, each naming its keys by their index in `KEYS`:
 ///
 /// - `h <key> <expireat|0> <count> (<field> <n>)*`: `HINCRBY` each field, then `EXPIREAT`
-///   (`0`: the hash is kept forever).
+///   (`0`: the hash is kept forever) if the hash is new or its expiry is earlier: an expiry
+///   only grows, and a hash without one keeps none (a batch prepared under a shorter
+///   retention than the tier's now cannot shorten what a longer one set).
 /// - `i <lex key> <expiry key> <count> (<member> <expireat|inf>)*`: add keys to a
 ///   namespace's index (`ZADD NX`, score 0) and set their expiries: an expiry only ever
 ///   grows (`ZADD GT`), and `inf` (a `forever` tier holds the key) takes the key out of the
@@ -39,11 +41,15 @@ while i <= n do
     local exp = a[i + 2]
     local c = tonumber(a[i + 3])
     i = i + 4
+    local before = -1
+    if exp ~= '0' then
+      before = redis.call('EXPIRETIME', k)
+    end
     for _ = 1, c do
       redis.call('HINCRBY', k, a[i], a[i + 1])
       i = i + 2
     end
-    if exp ~= '0' then
+    if exp ~= '0' and (before == -2 or (before >= 0 and tonumber(exp) > before)) then
       redis.call('EXPIREAT', k, exp)
     end
   elseif op == 'i' then
@@ -93,26 +99,58 @@ end
 return 1
 "#;
 
-/// Extends key index expiries after a tier's retention grew: `KEYS[1]` the expiry index,
-/// `ARGV` pairs of member and its new expiry, or `inf` (a `forever` tier holds it now). A
-/// member without an expiry there is left alone (it is unexpiring already); an expiry only
-/// grows (`ZADD GT`); `inf` takes the member out. Answers how many were changed.
+/// Extends key index expiries after a tier's retention grew: `KEYS[1]` the lex index,
+/// `KEYS[2]` the expiry index, `ARGV` pairs of member and its new expiry, or `inf` (a
+/// `forever` tier holds it now). A member no longer listed (pruned under the shorter
+/// retention while its data was still there) is listed again, with that expiry (none for
+/// `inf`); a listed member without an expiry is left alone (it is unexpiring already);
+/// otherwise an expiry only grows (`ZADD GT`) and `inf` takes the member out.
 pub static EXTEND_INDEX: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND_INDEX_LUA));
 
 const EXTEND_INDEX_LUA: &str = r#"
-local changed = 0
 for i = 1, #ARGV, 2 do
   local m, e = ARGV[i], ARGV[i + 1]
-  if redis.call('ZSCORE', KEYS[1], m) then
-    if e == 'inf' then
-      redis.call('ZREM', KEYS[1], m)
-    else
-      redis.call('ZADD', KEYS[1], 'GT', e, m)
+  if not redis.call('ZSCORE', KEYS[1], m) then
+    redis.call('ZADD', KEYS[1], 'NX', 0, m)
+    if e ~= 'inf' then
+      redis.call('ZADD', KEYS[2], e, m)
     end
-    changed = changed + 1
+  elseif redis.call('ZSCORE', KEYS[2], m) then
+    if e == 'inf' then
+      redis.call('ZREM', KEYS[2], m)
+    else
+      redis.call('ZADD', KEYS[2], 'GT', e, m)
+    end
   end
 end
-return changed
+return 1
+"#;
+
+/// The last bucket offset a window hash holds a field for, `-1` if none: `KEYS[1]` the
+/// hash, `ARGV[1]` the highest offset. A small hash's fields are read whole; a large one
+/// (a busy series' subtotals) is probed for totals from the top down first.
+pub static LAST_OFFSET: LazyLock<Script> = LazyLock::new(|| Script::new(LAST_OFFSET_LUA));
+
+const LAST_OFFSET_LUA: &str = r#"
+local n = redis.call('HLEN', KEYS[1])
+if n == 0 then
+  return -1
+end
+if n > 256 then
+  for o = tonumber(ARGV[1]), 0, -1 do
+    if redis.call('HEXISTS', KEYS[1], tostring(o)) == 1 then
+      return o
+    end
+  end
+end
+local best = -1
+for _, f in ipairs(redis.call('HKEYS', KEYS[1])) do
+  local o = tonumber(string.match(f, '^%d+'))
+  if o and o > best then
+    best = o
+  end
+end
+return best
 "#;
 
 /// Removes keys whose every bucket has expired from a namespace's index: `KEYS[1]` the lex

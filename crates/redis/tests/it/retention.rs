@@ -46,6 +46,17 @@ fn grows(url: &str, cli: &dyn Fn(&[&str]) -> String) {
     };
     let before = ttl(cli, &gen_of("k0"));
     assert!((0..=6 * 86_400).contains(&before), "{before}");
+    let list = KeyList {
+        ns: &ns,
+        prefix: "",
+        after: None,
+        limit: 100,
+    };
+    let listed = |s: &dyn Store| s.keys(&list).unwrap();
+    // Two days on, the shorter retention holds nothing: the index prunes every key, though
+    // its window hashes are still there.
+    clock.set(t + 2 * 86_400);
+    assert_eq!(listed(&redis), Vec::<Key>::new());
 
     for s in stores {
         s.put_schema(&ns, &schema(&["1m:2h", "1h:30d"], Some(&["1h"])))
@@ -55,13 +66,9 @@ fn grows(url: &str, cli: &dyn Fn(&[&str]) -> String) {
         let after = ttl(cli, &gen_of(k));
         assert!(after > 29 * 86_400, "{k}: {after}");
     }
-    let list = KeyList {
-        ns: &ns,
-        prefix: "",
-        after: None,
-        limit: 100,
-    };
-    let listed = |s: &dyn Store| s.keys(&list).unwrap();
+    // Listed again, as the reference (which never forgets) lists them.
+    assert_eq!(listed(&redis), listed(&reference));
+    assert_eq!(listed(&redis).len(), keys.len());
     clock.set(t + 3 * 86_400);
     assert_eq!(listed(&redis), listed(&reference));
     assert_eq!(listed(&redis).len(), keys.len());
@@ -106,7 +113,7 @@ fn an_unfinished_extension_is_finished_by_the_next_server() {
     let text = server.cli(&["hget", layout::SCHEMAS_KEY, "m"]);
     let mut doc: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
     doc["schema"]["tiers"] = serde_json::json!(["1h:30d"]);
-    doc["extend"] = serde_json::json!([3600]);
+    doc["extend"] = serde_json::json!({"3600": 99});
     server.cli(&["hset", layout::SCHEMAS_KEY, "m", &doc.to_string()]);
     let name = server.cli(&["--scan", "--pattern", "tally:w:*"]);
     let name = name.trim();
@@ -134,4 +141,54 @@ fn a_retention_that_grows_keeps_what_it_held_on_a_cluster() {
         all.extend_from_slice(args);
         tally_redis::testing::redis_cli(&all)
     });
+}
+
+/// A batch prepared under a shorter retention than the one its window hashes were given
+/// (one in flight across a change, say) does not shorten their expiry, nor give one to a
+/// hash kept forever: `APPLY` only raises expiries.
+#[test]
+fn a_write_never_shortens_an_expiry() {
+    let server = RedisServer::start();
+    let t = real_now();
+    let redis = RedisStore::connect(&server.url()).unwrap();
+    let ns = Namespace::new("m").unwrap();
+    let write = |key: &str| {
+        let raws = [raw("m", key, t - 3600, 1, &[])];
+        redis
+            .apply(&batch(&redis, t, &raws, &Defaults::default()))
+            .unwrap();
+    };
+    let name = |key: &str| {
+        let found = server.cli(&["--scan", "--pattern", &format!("tally:w:{{m|{key}}}:*")]);
+        found.trim().to_owned()
+    };
+    let cli = |a: &[&str]| server.cli(a);
+    // What a server that read the schema before a change writes with: the stored record
+    // set back to the older retention, by hand.
+    let shorten = |tiers: serde_json::Value| {
+        let text = server.cli(&["hget", layout::SCHEMAS_KEY, "m"]);
+        let mut doc: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+        doc["schema"]["tiers"] = tiers;
+        server.cli(&["hset", layout::SCHEMAS_KEY, "m", &doc.to_string()]);
+    };
+    redis
+        .put_schema(&ns, &schema(&["1h:30d"], Some(&[])))
+        .unwrap();
+    write("a");
+    assert!(ttl(&cli, &name("a")) > 29 * 86_400);
+    shorten(serde_json::json!(["1h:1d"]));
+    write("a");
+    assert!(ttl(&cli, &name("a")) > 29 * 86_400, "shortened");
+    // A new hash gets the retention its writer knows.
+    write("b");
+    assert!(ttl(&cli, &name("b")) < 7 * 86_400);
+
+    redis
+        .put_schema(&ns, &schema(&["1h:forever"], Some(&[])))
+        .unwrap();
+    write("c");
+    assert_eq!(ttl(&cli, &name("c")), -1);
+    shorten(serde_json::json!(["1h:1d"]));
+    write("c");
+    assert_eq!(ttl(&cli, &name("c")), -1, "given an expiry");
 }
