@@ -101,3 +101,42 @@ pub fn scratch_dir() -> PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
+
+/// Rewrites a segment file's checksums so they match after mutation, as far as its footer's
+/// offsets are in bounds: every block's CRC32C in the block table (when `blocks`), then the
+/// index section's and the footer's (when `index`). `fst`'s own checksum, inside the key
+/// index, is left as it is (docs/format.md, "Reading").
+pub fn fix_segment_checksums(bytes: &mut [u8], blocks: bool, index: bool) {
+    use tally_engine::segment::layout as l;
+    let Some(footer_at) = bytes.len().checked_sub(l::FOOTER_LEN) else {
+        return;
+    };
+    let u64_at = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
+    let index_at = u64_at(bytes, footer_at + l::FOOTER_INDEX_OFFSET_OFFSET) as usize;
+    let dict_len = u32_at(bytes, footer_at + l::FOOTER_DICT_LEN_OFFSET) as usize;
+    let fst_len = u32_at(bytes, footer_at + l::FOOTER_FST_LEN_OFFSET) as usize;
+    let count = u32_at(bytes, footer_at + l::FOOTER_BLOCKS_OFFSET) as usize;
+    if blocks {
+        let table = index_at.saturating_add(dict_len).saturating_add(fst_len);
+        for b in 0..count.min(1 << 16) {
+            let entry = table.saturating_add(b.saturating_mul(l::BLOCK_ENTRY_LEN));
+            if entry.saturating_add(l::BLOCK_ENTRY_LEN) > footer_at {
+                break;
+            }
+            let at = u64_at(bytes, entry + l::BLOCK_OFFSET_OFFSET) as usize;
+            let len = u32_at(bytes, entry + l::BLOCK_STORED_LEN_OFFSET) as usize;
+            if let Some(stored) = at.checked_add(len).and_then(|end| bytes.get(at..end)) {
+                let crc = crc32c::crc32c(stored);
+                put_u32(bytes, entry + l::BLOCK_CRC_OFFSET, crc);
+            }
+        }
+    }
+    if index {
+        if index_at <= footer_at {
+            let crc = crc32c::crc32c(&bytes[index_at..footer_at]);
+            put_u32(bytes, footer_at + l::FOOTER_INDEX_CRC_OFFSET, crc);
+        }
+        let crc = crc32c::crc32c(&bytes[footer_at..footer_at + l::FOOTER_CRC_OFFSET]);
+        put_u32(bytes, footer_at + l::FOOTER_CRC_OFFSET, crc);
+    }
+}

@@ -189,6 +189,13 @@ impl Segment {
             ));
         }
         let index = fst::Map::new(index).map_err(|e| corrupt(format!("key index: {e}")))?;
+        // fst's own checksum, beside the index section's: `fst` walks its bytes trusting
+        // their structure, and may panic on a map that passed the section's CRC but was
+        // never written by `fst` (a crafted file, or a bug of ours).
+        index
+            .as_fst()
+            .verify()
+            .map_err(|e| corrupt(format!("key index: {e}")))?;
         if index.len() as u64 != footer.keys {
             return Err(corrupt(format!(
                 "key index holds {} keys, the footer says {}",

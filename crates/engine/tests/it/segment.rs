@@ -314,6 +314,38 @@ fn a_flipped_byte_in_the_index_or_footer_fails_open_with_a_checksum_error() {
     }
 }
 
+/// A key index damaged behind a recomputed section checksum (a crafted file, or a bug of
+/// ours) is refused at open by `fst`'s own checksum, before `fst` walks it.
+#[test]
+fn a_key_index_damaged_behind_a_valid_section_checksum_fails_open() {
+    use tally_engine::segment::layout as l;
+    let dir = tempfile::tempdir().unwrap();
+    let (path, bytes, _) = written_sample(dir.path());
+    let footer = bytes.len() - l::FOOTER_LEN;
+    let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+    let index_at = u64::from_le_bytes(
+        bytes[footer + l::FOOTER_INDEX_OFFSET_OFFSET..][..8]
+            .try_into()
+            .unwrap(),
+    ) as usize;
+    let fst_at = index_at + u32_at(footer + l::FOOTER_DICT_LEN_OFFSET);
+    let fst_len = u32_at(footer + l::FOOTER_FST_LEN_OFFSET);
+    for at in [fst_at + 8, fst_at + fst_len / 2, fst_at + fst_len - 12] {
+        let mut damaged = bytes.clone();
+        damaged[at] ^= 0x01;
+        let crc = crc32c::crc32c(&damaged[index_at..footer]);
+        damaged[footer + l::FOOTER_INDEX_CRC_OFFSET..][..4].copy_from_slice(&crc.to_le_bytes());
+        let crc = crc32c::crc32c(&damaged[footer..footer + l::FOOTER_CRC_OFFSET]);
+        damaged[footer + l::FOOTER_CRC_OFFSET..][..4].copy_from_slice(&crc.to_le_bytes());
+        std::fs::write(&path, &damaged).unwrap();
+        let e = Segment::open(&path).unwrap_err();
+        assert!(
+            matches!(e, SegmentError::Corrupt { .. }) && e.to_string().contains("key index"),
+            "byte {at}: {e}"
+        );
+    }
+}
+
 #[test]
 fn every_single_byte_flip_is_caught() {
     let dir = tempfile::tempdir().unwrap();

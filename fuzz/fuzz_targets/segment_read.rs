@@ -1,0 +1,147 @@
+//! One archive segment file through `Segment::open`, `verify` and every read a query makes
+//! of it.
+//!
+//! Input: a flag byte, then the file. Flag bit 0 recomputes the blocks' checksums and bit 1
+//! the index section's and the footer's after mutation (`tally_fuzz::fix_segment_checksums`),
+//! so that damage reaches the block decoders and the structure checks behind the CRCs.
+//!
+//! Asserts, beyond "no panic": every read of a key that answers at all answers what the
+//! whole-record read of it says — `get`, `get_totals`, `sums` (totals bucket by bucket,
+//! each subtotal series as one sum, over every bucket and over half of them), `scan`,
+//! `scan_totals` and `scan_total_sums` — and `keys` lists what the index holds.
+
+#![no_main]
+
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+
+use libfuzzer_sys::fuzz_target;
+use tally_engine::segment::{KeyRecord, Segment};
+use tally_fuzz::{fix_segment_checksums, scratch_dir};
+
+/// Records read per input at most (a valid segment may hold many).
+const MAX_RECORDS: usize = 64;
+
+fn path() -> &'static std::path::Path {
+    static PATH: OnceLock<std::path::PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| scratch_dir().join("fuzz.seg"))
+}
+
+fn total_sum(r: &KeyRecord, inside: &dyn Fn(u32) -> bool) -> BTreeMap<u32, i64> {
+    r.totals
+        .iter()
+        .filter(|(i, _)| inside(*i))
+        .map(|&(i, n)| (i, n))
+        .collect()
+}
+
+fn sub_sums(r: &KeyRecord, inside: &dyn Fn(u32) -> bool) -> BTreeMap<(String, String), i64> {
+    let mut out = BTreeMap::new();
+    for d in &r.dims {
+        for (v, b) in &d.values {
+            let s: i64 = b.iter().filter(|(i, _)| inside(*i)).map(|(_, n)| n).sum();
+            *out.entry((d.dim.clone(), v.clone())).or_default() += s;
+        }
+    }
+    out
+}
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&flags, file)) = data.split_first() else {
+        return;
+    };
+    let mut bytes = file.to_vec();
+    fix_segment_checksums(&mut bytes, flags & 1 != 0, flags & 2 != 0);
+    std::fs::write(path(), &bytes).unwrap();
+    let Ok(seg) = Segment::open(path()) else {
+        return;
+    };
+    let _ = seg.verify();
+
+    let mut records: Vec<(String, String, KeyRecord)> = Vec::new();
+    let _ = seg.scan_all(&mut |ns, key, r| {
+        if records.len() < MAX_RECORDS {
+            records.push((ns.to_owned(), key.to_owned(), r.clone()));
+        }
+        Ok(())
+    });
+    let first = seg.meta().first_bucket();
+    let half = |i: u32| i % 2 == first % 2;
+    let all = |_: u32| true;
+    for (ns, key, rec) in &records {
+        if let Ok(got) = seg.get(ns, key) {
+            assert_eq!(got.as_ref(), Some(rec), "get {ns}/{key}");
+        }
+        if let Ok(got) = seg.get_totals(ns, key) {
+            assert_eq!(got.as_ref(), Some(&rec.totals), "get_totals {ns}/{key}");
+        }
+        for inside in [&all as &dyn Fn(u32) -> bool, &half] {
+            let (mut totals, mut subs) = (BTreeMap::new(), BTreeMap::new());
+            let summed = seg.sums(
+                (ns, key),
+                inside,
+                &|_| true,
+                &mut |i, n| *totals.entry(i).or_insert(0) += n,
+                &mut |d, v, n| *subs.entry((d.to_owned(), v.to_owned())).or_insert(0) += n,
+            );
+            if summed.is_ok() {
+                assert_eq!(summed.ok(), Some(true), "sums found {ns}/{key}");
+                assert_eq!(totals, total_sum(rec, inside), "sums totals {ns}/{key}");
+                let mut want = sub_sums(rec, inside);
+                let mut got = subs;
+                want.retain(|_, n| *n != 0);
+                got.retain(|_, n| *n != 0);
+                assert_eq!(got, want, "sums subtotals {ns}/{key}");
+            }
+        }
+    }
+    let mut namespaces: Vec<&String> = records.iter().map(|(ns, _, _)| ns).collect();
+    namespaces.dedup();
+    for ns in namespaces {
+        let mine: Vec<&(String, String, KeyRecord)> =
+            records.iter().filter(|(n, _, _)| n == ns).collect();
+        let mut seen = Vec::new();
+        let scanned = seg.scan(ns, &mut |k, r| {
+            if seen.len() < mine.len() {
+                seen.push((k.to_owned(), r.clone()));
+            }
+            Ok(())
+        });
+        if scanned.is_ok() {
+            for ((k, r), (_, key, rec)) in seen.iter().zip(&mine) {
+                assert_eq!((k, r), (key, rec), "scan {ns}");
+            }
+        }
+        let mut totals = Vec::new();
+        if seg
+            .scan_totals(ns, &mut |k, t| {
+                totals.push((k.to_owned(), t.clone()));
+                Ok(())
+            })
+            .is_ok()
+        {
+            for ((k, t), (_, key, rec)) in totals.iter().zip(&mine) {
+                assert_eq!((k, t), (key, &rec.totals), "scan_totals {ns}");
+            }
+        }
+        for inside in [&all as &dyn Fn(u32) -> bool, &half] {
+            let mut sums = Vec::new();
+            if seg
+                .scan_total_sums(ns, inside, &mut |k, n| {
+                    sums.push((k.to_owned(), n));
+                    Ok(())
+                })
+                .is_ok()
+            {
+                for ((k, n), (_, key, rec)) in sums.iter().zip(&mine) {
+                    let want: i64 = total_sum(rec, inside).values().sum();
+                    assert_eq!((k, *n), (key, want), "scan_total_sums {ns}");
+                }
+            }
+        }
+        if let Ok(keys) = seg.keys(ns, "", None, mine.len()) {
+            let want: Vec<&String> = mine.iter().map(|(_, k, _)| k).collect();
+            assert_eq!(keys.iter().collect::<Vec<_>>(), want, "keys {ns}");
+        }
+    }
+});
