@@ -156,6 +156,17 @@ pub(crate) fn replay(
     archive: &Archive,
     accept_data_loss: bool,
 ) -> Result<(LogFile, u64, Recovery), OpenError> {
+    // Records are numbered from 1: a manifest naming 0 (which tally never writes) means the
+    // log starts at its beginning, and must not start a log numbered 0 that the next open
+    // refuses.
+    let wal_start = wal_start.max(1);
+    if wal_start >= MAX_SEQ {
+        return Err(WalError::BadFile {
+            file: wal_dir.to_owned(),
+            why: FileProblem::SequenceOutOfRange { seq: wal_start },
+        }
+        .into());
+    }
     let files = list_files(wal_dir).map_err(io_at(wal_dir))?;
     if let Some((seq, path)) = files.iter().find(|(s, _)| *s == 0 || *s >= MAX_SEQ) {
         return Err(WalError::BadFile {
