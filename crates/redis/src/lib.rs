@@ -44,7 +44,7 @@ use tally_core::store::{
 
 pub use conn::Target;
 use conn::{Conn, store_error, transient};
-use layout::{LAYOUT_KEY, LAYOUT_VERSION, SCHEMAS_KEY, SchemaRecord, Stored, UPGRADES_FROM};
+use layout::{LAYOUT_KEY, LAYOUT_VERSION, Stored, UPGRADES_FROM};
 
 /// How often a call that failed transiently is sent (the first time included), and the
 /// first pause between tries (tripled each time).
@@ -390,20 +390,8 @@ impl Store for RedisStore {
     }
 
     fn schema(&self, ns: &Namespace) -> Result<Option<Schema>, StoreError> {
-        let got = self.block_on(async {
-            let got: Option<Vec<u8>> = self
-                .retry(|mut c| async move {
-                    redis::cmd("HGET")
-                        .arg(SCHEMAS_KEY)
-                        .arg(ns.as_str())
-                        .query_async(&mut c)
-                        .await
-                })
-                .await?;
-            Ok::<_, StoreError>(got)
-        })?;
-        got.map(|text| SchemaRecord::decode(ns.as_str(), &text).map(|s| s.schema))
-            .transpose()
+        let (_, stored) = self.block_on(self.read_record(ns))?;
+        Ok(stored.map(|s| s.schema))
     }
 
     fn put_schema(&self, ns: &Namespace, schema: &Schema) -> Result<(), StoreError> {

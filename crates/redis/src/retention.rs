@@ -12,7 +12,7 @@ use futures_util::future::join_all;
 use tally_core::model::{Duration, Namespace, Retention};
 use tally_core::store::StoreError;
 
-use crate::layout::{self, SCHEMAS_KEY, SchemaRecord};
+use crate::layout;
 use crate::{RedisStore, scripts};
 
 /// Window hash names asked for per `SCAN` call.
@@ -63,21 +63,8 @@ impl RedisStore {
     /// Finishes the extensions interrupted servers left, namespace by namespace; one that
     /// fails is logged and left for the next server or schema change.
     pub(crate) async fn resume_extends(&self) -> Result<(), StoreError> {
-        let all: Vec<(String, Vec<u8>)> = self
-            .retry(|mut c| async move {
-                redis::cmd("HGETALL")
-                    .arg(SCHEMAS_KEY)
-                    .query_async(&mut c)
-                    .await
-            })
-            .await?;
-        for (name, text) in all {
-            let marked =
-                SchemaRecord::decode(&name, &text).is_ok_and(|s| !s.record.extend.is_empty());
-            let Ok(ns) = Namespace::new(&name) else {
-                continue;
-            };
-            if !marked {
+        for (ns, stored) in self.all_records().await? {
+            if stored.record.extend.is_empty() {
                 continue;
             }
             if let Err(e) = self.extend_expiries(&ns, false).await {

@@ -75,7 +75,8 @@ impl RedisStore {
         Ok(out)
     }
 
-    pub(crate) async fn all_schemas(&self) -> Result<Vec<(Namespace, Schema)>, StoreError> {
+    /// Every namespace's stored record, by namespace.
+    pub(crate) async fn all_records(&self) -> Result<Vec<(Namespace, Stored)>, StoreError> {
         let all: Vec<(String, Vec<u8>)> = self
             .retry(|mut c| async move {
                 redis::cmd("HGETALL")
@@ -91,10 +92,15 @@ impl RedisStore {
                     .because(e)
             })?;
             let stored = SchemaRecord::decode(&name, &text)?;
-            out.push((ns, stored.schema));
+            out.push((ns, stored));
         }
         out.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(out)
+    }
+
+    pub(crate) async fn all_schemas(&self) -> Result<Vec<(Namespace, Schema)>, StoreError> {
+        let all = self.all_records().await?;
+        Ok(all.into_iter().map(|(ns, s)| (ns, s.schema)).collect())
     }
 
     /// Stores the schema; if a tier's retention grew, extends its expiries before answering
@@ -165,10 +171,15 @@ impl RedisStore {
         if done != 1 {
             return Ok(None);
         }
+        self.remember(ns, text).map(Some)
+    }
+
+    /// Decodes a record just stored and keeps it as the one last read of `ns`.
+    fn remember(&self, ns: &Namespace, text: &str) -> Result<Stored, StoreError> {
         let stored = SchemaRecord::decode(ns.as_str(), text.as_bytes())?;
         let mut known = self.known.lock().unwrap_or_else(PoisonError::into_inner);
         known.insert(ns.clone(), stored.clone());
-        Ok(Some(stored))
+        Ok(stored)
     }
 
     /// Replaces a namespace's schema record by `change(current)` with a compare-and-set (a
@@ -334,9 +345,7 @@ impl RedisStore {
         let mut c = self.side.clone();
         let (done, acked): (i64, i64) = pipe.query_async(&mut c).await.map_err(|e| self.err(e))?;
         if done == 1 {
-            let stored = SchemaRecord::decode(ns.as_str(), text.as_bytes())?;
-            let mut known = self.known.lock().unwrap_or_else(PoisonError::into_inner);
-            known.insert(ns.clone(), stored);
+            self.remember(ns, text)?;
         }
         Ok((done == 1, acked))
     }
@@ -345,19 +354,7 @@ impl RedisStore {
     /// layout's form, so that builds of older layouts still running cannot decode them (and
     /// fail loudly) instead of rewriting them without what they do not know.
     pub(crate) async fn rewrite_records(&self) -> Result<(), StoreError> {
-        let all: Vec<(String, Vec<u8>)> = self
-            .retry(|mut c| async move {
-                redis::cmd("HGETALL")
-                    .arg(SCHEMAS_KEY)
-                    .query_async(&mut c)
-                    .await
-            })
-            .await?;
-        for (name, _) in all {
-            let ns = Namespace::new(&name).map_err(|e| {
-                StoreError::corrupt(format!("{SCHEMAS_KEY} holds an invalid namespace name"))
-                    .because(e)
-            })?;
+        for (ns, _) in self.all_records().await? {
             self.update_record(&ns, |current| {
                 let current = current?;
                 (current.layout != LAYOUT_VERSION).then(|| current.clone())
