@@ -12,45 +12,13 @@
 
 #![no_main]
 
-use std::path::Path;
-use std::sync::Arc;
-
 use libfuzzer_sys::fuzz_target;
-use tally_core::ingest::{self, Defaults, Limits};
-use tally_core::model::{Duration, Key, Namespace, RawEvent};
-use tally_core::store::{KeyRead, ManualClock, Store, Want};
+use tally_engine::Engine;
 use tally_engine::wal::file_name;
-use tally_engine::{Config, Engine, FsyncPolicy};
-use tally_fuzz::{Fix, first_seq, fix_checksums, scratch_dir, split_files};
-
-/// 2026-11-20T00:00:00Z, the clock of the engine's fixtures (the seeds come from them).
-const NOW: i64 = 1_795_132_800;
-
-fn config(dir: &Path, accept_data_loss: bool) -> Config {
-    let mut c = Config::new(dir);
-    c.clock = Arc::new(ManualClock::new(NOW));
-    c.fsync = FsyncPolicy::Never;
-    c.shards = 1;
-    c.lock_wait = std::time::Duration::ZERO;
-    c.accept_data_loss = accept_data_loss;
-    c
-}
-
-fn probe_total(e: &Engine) -> i64 {
-    let ns = Namespace::new("fuzzprobe").unwrap();
-    let key = Key::new("probe").unwrap();
-    let read = KeyRead {
-        ns: &ns,
-        key: &key,
-        resolution: Duration::from_secs(3600).unwrap(),
-        from: 0,
-        to: 1 << 32,
-        want: Want::All,
-        sum_subtotals: false,
-    };
-    let data = e.read(&[read]).unwrap().pop().unwrap();
-    data.totals.iter().map(|(_, n)| n).sum()
-}
+use tally_fuzz::{
+    Fix, assert_a_write_survives_a_restart, engine_config, first_seq, fix_checksums, scratch_dir,
+    split_files,
+};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&flags, rest)) = data.split_first() else {
@@ -68,7 +36,7 @@ fuzz_target!(|data: &[u8]| {
             std::fs::write(&path, &bytes).unwrap();
         }
     }
-    let e = match Engine::open(config(&dir, flags & 8 != 0)) {
+    let e = match Engine::open(engine_config(&dir, flags & 8 != 0)) {
         Ok(e) => e,
         Err(err) => {
             assert!(!anyhow_like(&err).is_empty());
@@ -76,28 +44,7 @@ fuzz_target!(|data: &[u8]| {
             return;
         }
     };
-    let probe = RawEvent {
-        ns: "fuzzprobe".into(),
-        key: "probe".into(),
-        ts: Some(NOW - 60),
-        n: Some(3),
-        dims: Vec::new(),
-    };
-    // The recovered log may have made the probe invalid (say, a schema with an allow-list
-    // for its namespace); then there is nothing to check.
-    let written = ingest::prepare(&e, &[probe], NOW, &Limits::default(), &Defaults::default())
-        .ok()
-        .map(|batch| e.apply(&batch).expect("a recovered engine takes writes"));
-    let before = probe_total(&e);
-    drop(e);
-    let again = Engine::open(config(&dir, false))
-        .unwrap_or_else(|err| panic!("a recovered log opens again (wrote: {written:?}): {err}"));
-    assert_eq!(
-        probe_total(&again),
-        before,
-        "the probe's total survives a restart"
-    );
-    drop(again);
+    assert_a_write_survives_a_restart(e, &dir);
     let _ = std::fs::remove_dir_all(&root);
 });
 

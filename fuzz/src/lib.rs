@@ -1,9 +1,16 @@
-//! What the fuzz targets share: turning mutated bytes into log files whose checksums hold,
-//! so that the fuzzer reaches the checks behind the CRCs (sequence numbers, lengths, payload
-//! decoding) instead of stopping at the first checksum every time, and a scratch directory
-//! on tmpfs for the targets that open an engine.
+//! What the fuzz targets share: turning mutated bytes into log files (and segments) whose
+//! checksums hold, so that the fuzzer reaches the checks behind the CRCs (sequence numbers,
+//! lengths, payload decoding) instead of stopping at the first checksum every time; a
+//! scratch directory on tmpfs for the targets that open an engine; and, for those, the
+//! engine's settings and the probe write that a restart must keep.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tally_core::ingest::{self, Defaults, Limits};
+use tally_core::model::{Duration, Key, Namespace, RawEvent};
+use tally_core::store::{KeyRead, ManualClock, Store, Want};
+use tally_engine::{Config, Engine, FsyncPolicy};
 
 use tally_engine::wal::{
     FILE_FIRST_SEQ_OFFSET, FILE_HEADER_CRC_OFFSET, FILE_HEADER_LEN, FRAME_HEADER_CRC_OFFSET,
@@ -139,4 +146,60 @@ pub fn fix_segment_checksums(bytes: &mut [u8], blocks: bool, index: bool) {
         let crc = crc32c::crc32c(&bytes[footer_at..footer_at + l::FOOTER_CRC_OFFSET]);
         put_u32(bytes, footer_at + l::FOOTER_CRC_OFFSET, crc);
     }
+}
+
+/// 2026-11-20T00:00:00Z, the clock of the engine's fixtures (the seeds come from them).
+pub const NOW: i64 = 1_795_132_800;
+
+/// An engine on `dir` at [`NOW`], without fsyncs, one shard, no wait for its lock.
+pub fn engine_config(dir: &Path, accept_data_loss: bool) -> Config {
+    let mut c = Config::new(dir);
+    c.clock = Arc::new(ManualClock::new(NOW));
+    c.fsync = FsyncPolicy::Never;
+    c.shards = 1;
+    c.lock_wait = std::time::Duration::ZERO;
+    c.accept_data_loss = accept_data_loss;
+    c
+}
+
+fn probe_total(e: &Engine) -> i64 {
+    let ns = Namespace::new("fuzzprobe").unwrap();
+    let key = Key::new("probe").unwrap();
+    let read = KeyRead {
+        ns: &ns,
+        key: &key,
+        resolution: Duration::from_secs(3600).unwrap(),
+        from: 0,
+        to: 1 << 32,
+        want: Want::All,
+        sum_subtotals: false,
+    };
+    let data = e.read(&[read]).unwrap().pop().unwrap();
+    data.totals.iter().map(|(_, n)| n).sum()
+}
+
+/// Writes a probe event to an opened engine (unless what it opened makes the probe invalid,
+/// say a schema with an allow-list for its namespace), closes it, and asserts that the
+/// directory opens again, without `accept_data_loss`, with the same total for the probe.
+pub fn assert_a_write_survives_a_restart(e: Engine, dir: &Path) {
+    let probe = RawEvent {
+        ns: "fuzzprobe".into(),
+        key: "probe".into(),
+        ts: Some(NOW - 60),
+        n: Some(3),
+        dims: Vec::new(),
+    };
+    let written = ingest::prepare(&e, &[probe], NOW, &Limits::default(), &Defaults::default())
+        .ok()
+        .map(|batch| e.apply(&batch).expect("an opened engine takes writes"));
+    let before = probe_total(&e);
+    drop(e);
+    let again = Engine::open(engine_config(dir, false)).unwrap_or_else(|err| {
+        panic!("an opened directory opens again (wrote: {written:?}): {err}")
+    });
+    assert_eq!(
+        probe_total(&again),
+        before,
+        "the probe's total survives a restart"
+    );
 }
