@@ -69,7 +69,7 @@ pub async fn get(
 #[utoipa::path(put, path = "/v1/ns/{ns}", tag = "namespaces",
     params(("ns" = String, Path)),
     request_body(content = String, description = "`{\"tiers\": [...], \"breakdown_tiers\": [...], \"dimensions\": [...] or null}`", content_type = "application/json"),
-    responses((status = 200, description = "the stored schema, durations in canonical form"), (status = 400, description = "invalid_schema, invalid_name, malformed_body")))]
+    responses((status = 200, description = "the stored schema, durations in canonical form"), (status = 400, description = "invalid_schema, invalid_name, malformed_body"), (status = 503, description = "backend_unavailable: the backend cannot be reached, or (Redis) the schema is stored but the expiries of a tier whose retention grew are not all extended yet: send it again")))]
 pub async fn put(
     State(app): State<App>,
     Path(ns): Path<String>,
