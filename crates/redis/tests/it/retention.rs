@@ -192,3 +192,28 @@ fn a_write_never_shortens_an_expiry() {
     write("c");
     assert_eq!(ttl(&cli, &name("c")), -1, "given an expiry");
 }
+
+/// A walk that fails after the schema is stored (here: `SCAN` disabled on the server)
+/// answers an error saying so, and leaves the mark that lets a later PUT or server finish.
+#[test]
+fn a_walk_that_fails_says_the_schema_is_stored_and_keeps_its_mark() {
+    let server = RedisServer::start_with_args(&["--rename-command", "SCAN", ""]);
+    let redis = RedisStore::connect(&server.url()).unwrap();
+    let ns = Namespace::new("m").unwrap();
+    redis
+        .put_schema(&ns, &schema(&["1h:1d"], Some(&[])))
+        .unwrap();
+    let e = redis
+        .put_schema(&ns, &schema(&["1h:30d"], Some(&[])))
+        .unwrap_err();
+    assert!(
+        matches!(e, tally_core::store::StoreError::Unavailable { .. }),
+        "{e:?}"
+    );
+    assert!(e.detail().contains("is stored"), "{}", e.detail());
+    assert!(e.detail().contains("send it again"), "{}", e.detail());
+    let stored = redis.schema(&ns).unwrap().unwrap();
+    assert_eq!(stored.tiers()[0].to_string(), "1h:30d");
+    let text = server.cli(&["hget", layout::SCHEMAS_KEY, "m"]);
+    assert!(text.contains(r#""extend":{"3600":"#), "{text}");
+}
