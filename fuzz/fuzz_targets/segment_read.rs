@@ -13,7 +13,9 @@
 //! Asserts, beyond "no panic": every read of a key that answers at all answers what the
 //! whole-record read of it says — `get`, `get_totals`, `sums` (totals bucket by bucket,
 //! each subtotal series as one sum, over every bucket and over half of them), `scan`,
-//! `scan_totals` and `scan_total_sums` — and `keys` lists what the index holds.
+//! `scan_totals` and `scan_total_sums` — and `keys` lists what the index holds. In a
+//! version 2 file, each span frame read for a namespace holds the sums of its records'
+//! totals over the span, and the ranks name the keys the records have.
 
 #![no_main]
 
@@ -47,6 +49,7 @@ fn key_index(bytes: &[u8]) -> Option<&[u8]> {
 fn known_indexes() -> &'static [&'static [u8]] {
     static KNOWN: OnceLock<Vec<&'static [u8]>> = OnceLock::new();
     KNOWN.get_or_init(|| {
+        // The `-v2` seeds are the same records rewritten in format 2: the same key index.
         let seeds: [&'static [u8]; 3] = [
             include_bytes!("../corpus/segment_read/day-hourly"),
             include_bytes!("../corpus/segment_read/month-hourly"),
@@ -174,6 +177,52 @@ fuzz_target!(|data: &[u8]| {
                 for ((k, n), (_, key, rec)) in sums.iter().zip(&mine) {
                     let want: i64 = total_sum(rec, inside).values().sum();
                     assert_eq!((k, *n), (key, want), "scan_total_sums {ns}");
+                }
+            }
+        }
+        // Span sums (version 2): ranks are positions in `scan_all`'s order, so the records
+        // read are ranks 0.. of the whole segment.
+        if let (Ok(ranks), Some(spans)) = (
+            seg.rank_range(ns),
+            seg.spans_within(first, u32::try_from(seg.meta().end_bucket()).unwrap_or(u32::MAX)),
+        ) {
+            let known = records.len() as u64;
+            let span_len = (seg.meta().end_bucket() - u64::from(first)) / spans.len().max(1) as u64;
+            for span in spans {
+                let mut got = Vec::new();
+                if seg
+                    .span_sums(span, ranks.clone(), &mut |r, n| got.push((r, n)))
+                    .is_err()
+                {
+                    continue;
+                }
+                let lo = u64::from(first) + span as u64 * span_len;
+                let inside = |i: u32| (lo..lo + span_len).contains(&u64::from(i));
+                let want: Vec<(u64, i64)> = records
+                    .iter()
+                    .enumerate()
+                    .filter(|(r, (n, _, _))| n == ns && ranks.contains(&(*r as u64)))
+                    .map(|(r, (_, _, rec))| {
+                        let sum = rec
+                            .totals
+                            .iter()
+                            .filter(|(i, _)| inside(*i))
+                            .fold(0i64, |t, (_, n)| t.wrapping_add(*n));
+                        (r as u64, sum)
+                    })
+                    .filter(|&(_, n)| n != 0)
+                    .collect();
+                got.retain(|&(r, _)| r < known);
+                assert_eq!(got, want, "span {span} of {ns}");
+            }
+            let mine_ranks: Vec<u64> = (0..known).filter(|r| ranks.contains(r)).collect();
+            if let Ok(names) = seg.keys_at(&mine_ranks) {
+                for (r, (n, k)) in mine_ranks.iter().zip(&names) {
+                    let (rn, rk, _) = &records[*r as usize];
+                    assert_eq!((n, k), (rn, rk), "keys_at {r}");
+                    if let Ok(at) = seg.rank_of(n, k) {
+                        assert_eq!(at, Some(*r), "rank_of {n}/{k}");
+                    }
                 }
             }
         }

@@ -125,8 +125,21 @@ pub fn fix_segment_checksums(bytes: &mut [u8], blocks: bool, index: bool) {
     let count = u32_at(bytes, footer_at + l::FOOTER_BLOCKS_OFFSET) as usize;
     if blocks {
         let table = index_at.saturating_add(dict_len).saturating_add(fst_len);
-        for b in 0..count.min(1 << 16) {
-            let entry = table.saturating_add(b.saturating_mul(l::BLOCK_ENTRY_LEN));
+        // Version 2: after the block table, the sums header, then an entry per span frame
+        // and per key frame, checksummed as blocks are.
+        let mut entries = count;
+        if bytes[bytes.len() - 1] == l::MAGIC_V2[3] {
+            let head = table.saturating_add(count.saturating_mul(l::BLOCK_ENTRY_LEN));
+            if head.saturating_add(l::SUMS_HEADER_LEN) <= footer_at {
+                let spans = u32_at(bytes, head + l::SUMS_SPANS_OFFSET) as usize;
+                entries = count.saturating_mul(2).saturating_add(spans);
+            }
+        }
+        for b in 0..entries.min(1 << 16) {
+            let mut entry = table.saturating_add(b.saturating_mul(l::BLOCK_ENTRY_LEN));
+            if b >= count {
+                entry = entry.saturating_add(l::SUMS_HEADER_LEN);
+            }
             if entry.saturating_add(l::BLOCK_ENTRY_LEN) > footer_at {
                 break;
             }

@@ -106,6 +106,34 @@ pub struct Scan<'a> {
     pub deadline: &'a Deadline,
 }
 
+/// What [`Store::top`] answers: the keys with the largest non-zero sums, largest first (ties
+/// in key byte order), and the sum over every key the scan covers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TopKeys {
+    pub keys: Vec<(Key, i64)>,
+    pub total: i64,
+}
+
+impl TopKeys {
+    /// The `limit` first of `keys` (every non-zero sum the scan found) in top order.
+    pub fn select(mut keys: Vec<(Key, i64)>, limit: usize) -> TopKeys {
+        keys.retain(|(_, n)| *n != 0);
+        let total = keys.iter().fold(0i64, |t, (_, n)| t.wrapping_add(*n));
+        if keys.len() > limit {
+            keys.select_nth_unstable_by(limit, top_order);
+            keys.truncate(limit);
+        }
+        keys.sort_by(top_order);
+        TopKeys { keys, total }
+    }
+}
+
+/// The order of a top: larger sums first, then keys in byte order.
+pub fn top_order(a: &(Key, i64), b: &(Key, i64)) -> std::cmp::Ordering {
+    b.1.cmp(&a.1)
+        .then_with(|| a.0.as_str().as_bytes().cmp(b.0.as_str().as_bytes()))
+}
+
 /// When a read must stop: past its time (`[limits] query_timeout_ms`) or once the client
 /// that asked has gone. Long loops call [`Deadline::check`] every few thousand steps; the
 /// default never stops.
@@ -305,6 +333,18 @@ pub trait Store: Send + Sync {
 
     /// Calls `visit` once per key with a non-zero sum over the scan's range.
     fn scan(&self, scan: &Scan<'_>, visit: &mut dyn FnMut(&Key, i64)) -> Result<(), StoreError>;
+
+    /// The `limit` keys with the largest sums of a [`Scan`], and the sum over all of them.
+    /// By default a whole scan, selected; a store that keeps sums ready overrides it.
+    fn top(&self, scan: &Scan<'_>, limit: usize) -> Result<TopKeys, StoreError> {
+        let mut keys = Vec::new();
+        self.scan(scan, &mut |k, n| {
+            if n != 0 {
+                keys.push((k.clone(), n));
+            }
+        })?;
+        Ok(TopKeys::select(keys, limit))
+    }
 
     /// The answer remembered under an idempotency key, if it has not expired.
     fn idempotency(&self, key: &str) -> Result<Option<IdemRecord>, StoreError>;

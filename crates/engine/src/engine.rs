@@ -10,7 +10,7 @@ use std::time::{Duration as StdDuration, Instant};
 use tally_core::model::{Key, Namespace, Schema};
 use tally_core::store::{
     Batch, Buckets, Clock, Decision, FsyncPolicy, Gauge, IdemRecord, KeyData, KeyList, KeyRead,
-    Maintenance, Scan, Store, StoreError, SystemClock,
+    Maintenance, Scan, Store, StoreError, SystemClock, TopKeys,
 };
 
 use crate::archive::{Archive, FlushPolicy};
@@ -381,6 +381,10 @@ impl Store for Engine {
 
     fn scan(&self, scan: &Scan<'_>, visit: &mut dyn FnMut(&Key, i64)) -> Result<(), StoreError> {
         self.core.scan(scan, self.clock.now(), visit)
+    }
+
+    fn top(&self, scan: &Scan<'_>, limit: usize) -> Result<TopKeys, StoreError> {
+        self.core.top(scan, limit, self.clock.now())
     }
 
     fn health(&self) -> Result<(), StoreError> {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use tally_core::model::Key;
 use tally_core::store::{
-    Deadline, KeyData, KeyList, KeyRead, Scan, StoreError, SubtotalBuckets, Want,
+    Deadline, KeyData, KeyList, KeyRead, Scan, StoreError, SubtotalBuckets, TopKeys, Want,
 };
 
 use crate::archive::{SubSums, SumRead, Wants, index_range};
@@ -187,23 +187,19 @@ impl Core {
         })
     }
 
-    /// Every key of a namespace with its sum over the scan's range (memory plus archive);
-    /// `visit` gets the non-zero ones.
-    pub(crate) fn scan(
-        &self,
-        scan: &Scan<'_>,
-        now: i64,
-        visit: &mut dyn FnMut(&Key, i64),
-    ) -> Result<(), StoreError> {
+    /// What a scan of a namespace's keys reads: memory's sums per key, taken under the
+    /// catalog's lock with the archive held shared (see the module doc), then the archive.
+    /// `None` if the namespace or tier has nothing to scan.
+    fn prepare_scan(&self, scan: &Scan<'_>, now: i64) -> Result<Option<Prepared>, StoreError> {
         let cat = self.read_cat();
         let Some(ns) = cat.ns_id(scan.ns.as_str()) else {
-            return Ok(());
+            return Ok(None);
         };
         let Some(tier) = cat.ns[ns as usize].tier(scan.resolution) else {
-            return Ok(());
+            return Ok(None);
         };
         if scan.value.is_some() && !tier.breakdown {
-            return Ok(());
+            return Ok(None);
         }
         let value = scan
             .value
@@ -213,54 +209,66 @@ impl Core {
         let cutoff = cat.ns[ns as usize].cutoff(res);
         // Key → its sum so far; looked up by `&str`, so a key is copied once.
         let mut sums: KeySums = HashMap::default();
-        // Every STEP keys, the query's deadline is checked (a top can visit millions).
-        const STEP: u32 = 1024;
-        let mut steps = 0u32;
-        let mut tick = move || -> Result<(), StoreError> {
-            steps = steps.wrapping_add(1);
-            if steps.is_multiple_of(STEP) {
-                scan.deadline.check()?;
-            }
-            Ok(())
-        };
-        let stopped = |e: StoreError| SegmentError::Stopped { why: e.detail() };
-        let archive = {
-            let archive = self.archive();
-            if scan.value.is_none()
-                && self.sum_totals_by_scan(&cat, ns, &window, &mut sums, scan.deadline)?
-            {
-                Arc::clone(&archive)
-            } else {
-                for (name, &key) in &cat.ns[ns as usize].ordered {
-                    tick()?;
-                    let sid = match (scan.value, value) {
-                        (None, _) => cat.keys[key as usize].total,
-                        (Some(_), Some((d, v))) => match cat.sub_id(key, d, v) {
-                            Some(s) => s,
-                            None => continue,
-                        },
-                        (Some(_), None) => break,
-                    };
-                    let sum: i64 = {
-                        let shard = self.mem.lock(self.mem.shard_of(key));
-                        window.collect(&shard, sid).iter().map(|(_, n)| n).sum()
-                    };
-                    if sum != 0 {
-                        add(&mut sums, name, sum);
-                    }
+        let mut tick = ticker(scan.deadline);
+        let archive = self.archive();
+        if scan.value.is_some()
+            || !self.sum_totals_by_scan(&cat, ns, &window, &mut sums, scan.deadline)?
+        {
+            for (name, &key) in &cat.ns[ns as usize].ordered {
+                tick()?;
+                let sid = match (scan.value, value) {
+                    (None, _) => cat.keys[key as usize].total,
+                    (Some(_), Some((d, v))) => match cat.sub_id(key, d, v) {
+                        Some(s) => s,
+                        None => continue,
+                    },
+                    (Some(_), None) => break,
+                };
+                let sum: i64 = {
+                    let shard = self.mem.lock(self.mem.shard_of(key));
+                    window.collect(&shard, sid).iter().map(|(_, n)| n).sum()
+                };
+                if sum != 0 {
+                    add(&mut sums, name, sum);
                 }
-                Arc::clone(&archive)
             }
-        };
+        }
+        let archive = Arc::clone(&archive);
         drop(cat);
+        Ok(Some(Prepared {
+            sums,
+            archive,
+            window,
+            res,
+            cutoff,
+        }))
+    }
+
+    /// Every key of a namespace with its sum over the scan's range (memory plus archive);
+    /// `visit` gets the non-zero ones.
+    pub(crate) fn scan(
+        &self,
+        scan: &Scan<'_>,
+        now: i64,
+        visit: &mut dyn FnMut(&Key, i64),
+    ) -> Result<(), StoreError> {
+        let Some(Prepared {
+            mut sums,
+            archive,
+            window,
+            res,
+            cutoff,
+        }) = self.prepare_scan(scan, now)?
+        else {
+            return Ok(());
+        };
+        let mut tick = ticker(scan.deadline);
+        let stopped = |e: StoreError| SegmentError::Stopped { why: e.detail() };
         let (lo, hi) = index_range(res, scan.from, scan.to);
         let in_range = |i: u32| lo <= i && i < hi && window.keeps(i);
         let segments: Vec<_> = archive
             .overlapping(res, scan.from, scan.to, cutoff)
             .collect();
-        let key_of = |name: String| {
-            Key::from_string(name).map_err(|e| StoreError::corrupt("a stored key").because(e))
-        };
         if let ([(seg, _)], true, None) = (&segments[..], sums.is_empty(), scan.value) {
             // One source alone (a closed day or month, nothing of it in memory): its keys
             // come in order, each once, and go straight to `visit` without a map.
@@ -284,15 +292,7 @@ impl Core {
                 continue;
             }
             if scan.value.is_none() {
-                // A top of keys by total: the subtotals are not even walked.
-                seg.scan_total_sums(scan.ns.as_str(), &in_range, &mut |key, n| {
-                    tick().map_err(stopped)?;
-                    if n != 0 {
-                        add(&mut sums, key, n);
-                    }
-                    Ok(())
-                })
-                .map_err(|e| self.archive_error(e))?;
+                self.add_total_sums(seg, scan, &in_range, &mut sums)?;
                 continue;
             }
             seg.scan(scan.ns.as_str(), &mut |key, rec| {
@@ -321,6 +321,134 @@ impl Core {
             }
         }
         Ok(())
+    }
+
+    /// A top of keys by totals, without a `Key` made for every key when a segment keeps
+    /// its totals summed per day (format v2): the segment covering most of the range by
+    /// whole spans gives its sums by rank, every other source is summed by name and folded
+    /// in, and only the winners' names are read. Any other top is a scan, selected.
+    pub(crate) fn top(
+        &self,
+        scan: &Scan<'_>,
+        limit: usize,
+        now: i64,
+    ) -> Result<TopKeys, StoreError> {
+        let by_scan = |me: &Self| {
+            let mut keys = Vec::new();
+            me.scan(scan, now, &mut |k, n| keys.push((k.clone(), n)))?;
+            Ok(TopKeys::select(keys, limit))
+        };
+        if scan.value.is_some() {
+            return by_scan(self);
+        }
+        let Some(Prepared {
+            mut sums,
+            archive,
+            window,
+            res,
+            cutoff,
+        }) = self.prepare_scan(scan, now)?
+        else {
+            return Ok(TopKeys::default());
+        };
+        let (lo, hi) = index_range(res, scan.from, scan.to);
+        let in_range = |i: u32| lo <= i && i < hi && window.keeps(i);
+        let segments: Vec<_> = archive
+            .overlapping(res, scan.from, scan.to, cutoff)
+            .map(|(s, _)| s)
+            .collect();
+        // The segment whose spans the range covers whole, within retention, with the most
+        // keys: it alone is read by rank.
+        let primary = segments
+            .iter()
+            .enumerate()
+            .filter_map(|(i, seg)| {
+                let spans = seg.spans_within(lo, hi)?;
+                let first = lo.max(seg.meta().first_bucket());
+                (!spans.is_empty() && window.keeps(first)).then_some((i, spans))
+            })
+            .max_by_key(|(i, _)| segments[*i].stats().keys);
+        let Some((primary, spans)) = primary else {
+            return by_scan(self);
+        };
+        for (i, seg) in segments.iter().enumerate() {
+            if i != primary {
+                self.add_total_sums(seg, scan, &in_range, &mut sums)?;
+            }
+        }
+        let seg = segments[primary];
+        let err = |e| self.archive_error(e);
+        let ranks = seg.rank_range(scan.ns.as_str()).map_err(err)?;
+        let mut by_rank = vec![0i64; (ranks.end - ranks.start) as usize];
+        for span in spans {
+            scan.deadline.check()?;
+            seg.span_sums(span, ranks.clone(), &mut |r, n| {
+                let at = &mut by_rank[(r - ranks.start) as usize];
+                *at = at.wrapping_add(n);
+            })
+            .map_err(err)?;
+        }
+        // Memory and the other segments, by name: into the rank array where the primary
+        // has the key, else kept apart.
+        let mut apart: Vec<(Key, i64)> = Vec::new();
+        let mut tick = ticker(scan.deadline);
+        for (name, n) in sums {
+            tick()?;
+            match seg.rank_of(scan.ns.as_str(), &name).map_err(err)? {
+                Some(r) if ranks.contains(&r) => {
+                    let at = &mut by_rank[(r - ranks.start) as usize];
+                    *at = at.wrapping_add(n);
+                }
+                _ => apart.push((key_of(name)?, n)),
+            }
+        }
+        let mut total = apart.iter().fold(0i64, |t, (_, n)| t.wrapping_add(*n));
+        let mut best: Vec<(u64, i64)> = Vec::new();
+        for (i, &n) in by_rank.iter().enumerate() {
+            if n != 0 {
+                total = total.wrapping_add(n);
+                best.push((ranks.start + i as u64, n));
+            }
+        }
+        // Ranks follow key byte order within a namespace, so (sum desc, rank asc) is the
+        // top's order.
+        let order = |a: &(u64, i64), b: &(u64, i64)| b.1.cmp(&a.1).then(a.0.cmp(&b.0));
+        if best.len() > limit {
+            best.select_nth_unstable_by(limit, order);
+            best.truncate(limit);
+        }
+        best.sort_by_key(|&(r, _)| r);
+        let names = seg
+            .keys_at(&best.iter().map(|&(r, _)| r).collect::<Vec<_>>())
+            .map_err(err)?;
+        let mut keys = apart;
+        for ((_, key), (_, n)) in names.into_iter().zip(best) {
+            keys.push((key_of(key)?, n));
+        }
+        let mut top = TopKeys::select(keys, limit);
+        top.total = total;
+        Ok(top)
+    }
+
+    /// A segment's keys of the scan's namespace summed by totals over `in_range`, into
+    /// `sums`: only the totals streams are walked.
+    fn add_total_sums(
+        &self,
+        seg: &crate::segment::Segment,
+        scan: &Scan<'_>,
+        in_range: &dyn Fn(u32) -> bool,
+        sums: &mut KeySums,
+    ) -> Result<(), StoreError> {
+        let mut tick = ticker(scan.deadline);
+        let stopped = |e: StoreError| SegmentError::Stopped { why: e.detail() };
+        seg.scan_total_sums(scan.ns.as_str(), in_range, &mut |key, n| {
+            tick().map_err(stopped)?;
+            if n != 0 {
+                add(sums, key, n);
+            }
+            Ok(())
+        })
+        .map_err(|e| self.archive_error(e))
     }
 
     /// One key's counters in memory: its totals added into `totals`, and each subtotal
@@ -371,6 +499,11 @@ impl Core {
                 window.hi.min(max).saturating_sub(window.lo.max(min)),
             ));
             counters += shard.count(window.slot);
+        }
+        if span == 0 {
+            // No shard ever held a counter of the window's buckets (extents only grow):
+            // memory adds nothing, and probing each key would find nothing.
+            return Ok(true);
         }
         if (counters as u64) >= (keys as u64).saturating_mul(span) {
             return Ok(false);
@@ -447,6 +580,32 @@ impl Core {
             })
             .collect()
     }
+}
+
+/// What [`Core::prepare_scan`] gathers.
+struct Prepared {
+    sums: KeySums,
+    archive: Arc<crate::archive::Archive>,
+    window: Window,
+    res: u32,
+    cutoff: crate::catalog::Cutoff,
+}
+
+/// A check of the deadline every few thousand calls (a top can visit millions of keys).
+fn ticker(deadline: &Deadline) -> impl FnMut() -> Result<(), StoreError> + '_ {
+    const STEP: u32 = 1024;
+    let mut steps = 0u32;
+    move || {
+        steps = steps.wrapping_add(1);
+        if steps.is_multiple_of(STEP) {
+            deadline.check()?;
+        }
+        Ok(())
+    }
+}
+
+fn key_of(name: String) -> Result<Key, StoreError> {
+    Key::from_string(name).map_err(|e| StoreError::corrupt("a stored key").because(e))
 }
 
 /// Each key's sum so far, looked up by `&str` so that a key is copied once.

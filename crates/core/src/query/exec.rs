@@ -9,7 +9,9 @@ use super::answer::{
 use super::params::{BreakdownQuery, DashboardQuery, KeysQuery, SeriesQuery, TopQuery};
 use super::{Ctx, QueryError, time};
 use crate::model::{Dimension, Duration, Key, ModelError, Namespace, Schema};
-use crate::store::{Buckets, Deadline, KeyData, KeyList, KeyRead, Scan, Store, StoreError, Want};
+use crate::store::{
+    Buckets, Deadline, KeyData, KeyList, KeyRead, Scan, Store, StoreError, TopKeys, Want,
+};
 use crate::tier::{self, Purpose};
 use crate::time::{Calendar, TimeError, Tz};
 
@@ -354,7 +356,7 @@ pub fn top(store: &dyn Store, ctx: Ctx, q: &TopQuery) -> Result<TopAnswer, Query
         Purpose::Totals
     };
     let tier = tier::choose(&q.ns, &schema, purpose, &ends(from, to), &label, ctx.now)?;
-    let mut keys: Vec<KeyCount> = Vec::new();
+    let mut found = TopKeys::default();
     if from < to {
         let scan = Scan {
             ns: &q.ns,
@@ -364,26 +366,18 @@ pub fn top(store: &dyn Store, ctx: Ctx, q: &TopQuery) -> Result<TopAnswer, Query
             value: q.filter.as_ref().map(|(d, v)| (d.name(), v.as_str())),
             deadline: &ctx.deadline,
         };
-        store.scan(&scan, &mut |k, n| {
-            if n != 0 {
-                keys.push(KeyCount {
-                    key: k.to_string(),
-                    n,
-                });
-            }
-        })?;
+        found = store.top(&scan, q.limit)?;
     }
-    let total: i64 = keys.iter().map(|k| k.n).sum();
-    let order = |a: &KeyCount, b: &KeyCount| {
-        b.n.cmp(&a.n)
-            .then_with(|| a.key.as_bytes().cmp(b.key.as_bytes()))
-    };
-    if keys.len() > q.limit {
-        keys.select_nth_unstable_by(q.limit, order);
-        keys.truncate(q.limit);
-    }
-    keys.sort_by(order);
-    let shown: i64 = keys.iter().map(|k| k.n).sum();
+    let total = found.total;
+    let keys: Vec<KeyCount> = found
+        .keys
+        .into_iter()
+        .map(|(k, n)| KeyCount {
+            key: k.to_string(),
+            n,
+        })
+        .collect();
+    let shown = keys.iter().fold(0i64, |t, k| t.wrapping_add(k.n));
     Ok(TopAnswer {
         ns: q.ns.to_string(),
         dim: q.filter.as_ref().map(|(d, _)| d.name().to_owned()),
@@ -392,7 +386,7 @@ pub fn top(store: &dyn Store, ctx: Ctx, q: &TopQuery) -> Result<TopAnswer, Query
         span: Span::new(from, to, &q.tz),
         total,
         keys,
-        other: total - shown,
+        other: total.wrapping_sub(shown),
     })
 }
 

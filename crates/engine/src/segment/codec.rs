@@ -623,31 +623,35 @@ const STREAM_NAMES: [&str; STREAMS] = [
 
 /// A reading position in a byte slice; every read is checked against its end.
 #[derive(Debug, Clone)]
-struct Cur<'a> {
+pub(crate) struct Cur<'a> {
     buf: &'a [u8],
     pos: usize,
     what: &'static str,
 }
 
 impl<'a> Cur<'a> {
-    fn new(buf: &'a [u8], what: &'static str) -> Self {
+    pub(crate) fn new(buf: &'a [u8], what: &'static str) -> Self {
         Cur { buf, pos: 0, what }
     }
 
-    fn at(mut self, pos: usize) -> Self {
+    pub(crate) fn at(mut self, pos: usize) -> Self {
         self.pos = pos.min(self.buf.len());
         self
     }
 
-    fn left(&self) -> usize {
+    pub(crate) fn pos(&self) -> usize {
+        self.pos
+    }
+
+    pub(crate) fn left(&self) -> usize {
         self.buf.len() - self.pos
     }
 
-    fn at_end(&self) -> bool {
+    pub(crate) fn at_end(&self) -> bool {
         self.pos == self.buf.len()
     }
 
-    fn varint(&mut self) -> Result<u64, String> {
+    pub(crate) fn varint(&mut self) -> Result<u64, String> {
         let mut v = 0u64;
         for shift in (0..64).step_by(7) {
             let Some(&b) = self.buf.get(self.pos) else {
@@ -666,7 +670,7 @@ impl<'a> Cur<'a> {
     }
 
     /// Skips `n` varints: past the `n`-th byte without its high bit.
-    fn skip_varints(&mut self, n: u64) -> Result<(), String> {
+    pub(crate) fn skip_varints(&mut self, n: u64) -> Result<(), String> {
         if n == 0 {
             return Ok(());
         }
@@ -688,7 +692,7 @@ impl<'a> Cur<'a> {
 
     /// A varint count of things taking at least `min_bytes` each, checked against the bytes
     /// left.
-    fn count(&mut self, min_bytes: u64) -> Result<usize, String> {
+    pub(crate) fn count(&mut self, min_bytes: u64) -> Result<usize, String> {
         let n = self.varint()?;
         if n.saturating_mul(min_bytes) > self.left() as u64 {
             return Err(format!("{}: count {n} runs past its end", self.what));
@@ -696,7 +700,7 @@ impl<'a> Cur<'a> {
         Ok(n as usize)
     }
 
-    fn take(&mut self, len: usize) -> Result<&'a [u8], String> {
+    pub(crate) fn take(&mut self, len: usize) -> Result<&'a [u8], String> {
         let end = self
             .pos
             .checked_add(len)
@@ -707,7 +711,7 @@ impl<'a> Cur<'a> {
         Ok(s)
     }
 
-    fn string(&mut self) -> Result<String, String> {
+    pub(crate) fn string(&mut self) -> Result<String, String> {
         let len = self.count(1)?;
         let bytes = self.take(len)?;
         let s = std::str::from_utf8(bytes)
@@ -716,7 +720,7 @@ impl<'a> Cur<'a> {
     }
 
     /// A bitmap of `bits` (at most 64) bits, with no bit set past them.
-    fn bits(&mut self, bits: usize) -> Result<u64, String> {
+    pub(crate) fn bits(&mut self, bits: usize) -> Result<u64, String> {
         let b = self.take(bits.div_ceil(8))?;
         let mut a = [0u8; 8];
         a[..b.len()].copy_from_slice(b);
@@ -732,7 +736,7 @@ impl<'a> Cur<'a> {
 
     /// A subtotal's buckets stored by position in its record's `k` totals buckets: a bitmap
     /// over them (nothing is stored when `k` is 1). A value without buckets is corrupt.
-    fn position_mask(&mut self, k: usize) -> Result<u64, String> {
+    pub(crate) fn position_mask(&mut self, k: usize) -> Result<u64, String> {
         let mask = match k {
             0 => return Err("subtotals by position in no totals".into()),
             1 => 1,
@@ -745,7 +749,7 @@ impl<'a> Cur<'a> {
     }
 
     /// Skips a series' indexes, returning how many there are.
-    fn skip_series(&mut self, period: &Period) -> Result<u64, String> {
+    pub(crate) fn skip_series(&mut self, period: &Period) -> Result<u64, String> {
         if period.bitmap() {
             let bits = (period.end - u64::from(period.first)) as usize;
             return Ok(u64::from(self.bits(bits)?.count_ones()));
@@ -756,7 +760,7 @@ impl<'a> Cur<'a> {
     }
 
     /// A series' indexes, checked to lie in the period.
-    fn series(&mut self, period: &Period) -> Result<Vec<u32>, String> {
+    pub(crate) fn series(&mut self, period: &Period) -> Result<Vec<u32>, String> {
         if period.bitmap() {
             let bits = (period.end - u64::from(period.first)) as usize;
             let mask = self.bits(bits)?;
@@ -780,7 +784,7 @@ impl<'a> Cur<'a> {
     }
 
     /// One non-zero zigzag count per index.
-    fn counts(&mut self, idx: &[u32]) -> Result<Buckets, String> {
+    pub(crate) fn counts(&mut self, idx: &[u32]) -> Result<Buckets, String> {
         idx.iter()
             .map(|&i| match unzigzag(self.varint()?) {
                 0 => Err(format!("{}: bucket {i} has a zero count", self.what)),

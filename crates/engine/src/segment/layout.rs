@@ -5,12 +5,22 @@
 //! ```text
 //! header (4) | block 0 | block 1 | ... | index: dictionary, fst map, block table | footer (80)
 //! ```
+//!
+//! Version 2 adds, between the blocks and the index, one frame per span of the period (a
+//! UTC day) with each key's totals summed over it, and one frame per block with the block's
+//! keys; the index section ends with their tables (see [`SumsHeader`]):
+//!
+//! ```text
+//! header | blocks | span frames | key frames | index: dictionary, fst, block table, sums | footer
+//! ```
 
 use super::{SegmentKind, SegmentMeta};
 
 /// Magic bytes of a segment file, with the format version in the last byte. The file starts
 /// and ends with them.
 pub const MAGIC_V1: [u8; 4] = *b"TLS\x01";
+/// Magic bytes of a version 2 segment: version 1 plus span sums and key frames.
+pub const MAGIC_V2: [u8; 4] = *b"TLS\x02";
 /// Bytes before the first block: the magic.
 pub const HEADER_LEN: usize = 4;
 
@@ -60,6 +70,7 @@ pub const CODEC_ZSTD: u8 = 1;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Version {
     V1,
+    V2,
 }
 
 /// What is wrong with a magic number.
@@ -70,9 +81,17 @@ pub enum MagicProblem {
 }
 
 impl Version {
+    pub fn magic(self) -> [u8; 4] {
+        match self {
+            Version::V1 => MAGIC_V1,
+            Version::V2 => MAGIC_V2,
+        }
+    }
+
     pub fn parse(magic: [u8; 4]) -> Result<Self, MagicProblem> {
         match magic {
             MAGIC_V1 => Ok(Version::V1),
+            MAGIC_V2 => Ok(Version::V2),
             [b'T', b'L', b'S', got] => Err(MagicProblem::UnsupportedVersion { got }),
             _ => Err(MagicProblem::BadMagic),
         }
@@ -113,6 +132,8 @@ impl BlockEntry {
 /// The footer's fields.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Footer {
+    /// The version its trailing magic names (the same as the header's).
+    pub version: Version,
     pub meta: SegmentMeta,
     pub codec: u8,
     pub keys: u64,
@@ -167,13 +188,13 @@ impl Footer {
         );
         let crc = crc32c::crc32c(&f[..FOOTER_CRC_OFFSET]);
         put(&mut f, FOOTER_CRC_OFFSET, &crc.to_le_bytes());
-        put(&mut f, FOOTER_MAGIC_OFFSET, &MAGIC_V1);
+        put(&mut f, FOOTER_MAGIC_OFFSET, &self.version.magic());
         f
     }
 
     /// The footer's fields, once its magic and checksum were checked. `Err` names a field
     /// whose value cannot be.
-    pub fn decode(f: &[u8; FOOTER_LEN]) -> Result<Self, String> {
+    pub fn decode(f: &[u8; FOOTER_LEN], version: Version) -> Result<Self, String> {
         let kind = SegmentKind::from_byte(f[FOOTER_KIND_OFFSET])
             .ok_or_else(|| format!("unknown segment kind {}", f[FOOTER_KIND_OFFSET]))?;
         let codec = f[FOOTER_CODEC_OFFSET];
@@ -191,6 +212,7 @@ impl Footer {
             return Err(format!("footer meta: {why}"));
         }
         Ok(Footer {
+            version,
             meta,
             codec,
             keys: u64_at(f, FOOTER_KEYS_OFFSET),
@@ -201,6 +223,72 @@ impl Footer {
             blocks: u32_at(f, FOOTER_BLOCKS_OFFSET),
             index_crc: u32_at(f, FOOTER_INDEX_CRC_OFFSET),
         })
+    }
+}
+
+/// Version 2: the last part of the index section, after the block table. Its header, then
+/// one [`BlockEntry`] per span frame (`keys` = the frame's entries) and one per key frame
+/// (one per block, `keys` = the block's records).
+pub const SUMS_SPAN_BUCKETS_OFFSET: usize = 0;
+pub const SUMS_SPANS_OFFSET: usize = 8;
+pub const SUMS_RESERVED_OFFSET: usize = 12;
+pub const SUMS_FRAMES_OFFSET_OFFSET: usize = 16;
+/// Bytes of the sums header.
+pub const SUMS_HEADER_LEN: usize = 24;
+/// The most spans a segment has (a period of more UTC days than this has one span).
+pub const MAX_SPANS: u32 = 4096;
+/// The length of a span the writer prefers, in seconds: a UTC day.
+pub const SPAN_SECS: i64 = 86_400;
+
+/// The sums header (version 2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SumsHeader {
+    /// Buckets per span; the spans tile the period.
+    pub span_buckets: u64,
+    pub spans: u32,
+    /// Where the first span frame starts: the end of the blocks.
+    pub frames_offset: u64,
+}
+
+impl SumsHeader {
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.span_buckets.to_le_bytes());
+        out.extend_from_slice(&self.spans.to_le_bytes());
+        out.extend_from_slice(&0u32.to_le_bytes());
+        out.extend_from_slice(&self.frames_offset.to_le_bytes());
+    }
+
+    /// `b` is exactly [`SUMS_HEADER_LEN`] bytes.
+    pub fn decode(b: &[u8]) -> Result<Self, String> {
+        if b.len() != SUMS_HEADER_LEN {
+            return Err(format!("sums header of {} bytes", b.len()));
+        }
+        if u32_at(b, SUMS_RESERVED_OFFSET) != 0 {
+            return Err("sums header: reserved bytes are not zero".into());
+        }
+        Ok(SumsHeader {
+            span_buckets: u64_at(b, SUMS_SPAN_BUCKETS_OFFSET),
+            spans: u32_at(b, SUMS_SPANS_OFFSET),
+            frames_offset: u64_at(b, SUMS_FRAMES_OFFSET_OFFSET),
+        })
+    }
+
+    /// How a writer cuts `meta`'s period into spans: UTC days when the period is whole
+    /// days of whole buckets (and not too many), else one span of the whole period.
+    pub fn spans_of(meta: &SegmentMeta) -> (u64, u32) {
+        let res = i64::from(meta.resolution.max(1));
+        let len = meta.period_end - meta.period_start;
+        let buckets = (len / res) as u64;
+        let days = len / SPAN_SECS;
+        if SPAN_SECS % res == 0
+            && meta.period_start % SPAN_SECS == 0
+            && len % SPAN_SECS == 0
+            && days <= i64::from(MAX_SPANS)
+        {
+            ((SPAN_SECS / res) as u64, days as u32)
+        } else {
+            (buckets, 1)
+        }
     }
 }
 

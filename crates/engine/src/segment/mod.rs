@@ -12,6 +12,7 @@
 mod codec;
 pub mod layout;
 pub mod reader;
+mod sums;
 pub mod writer;
 
 use std::io;
@@ -143,7 +144,7 @@ pub enum SegmentError {
     #[error("{}: not a tally segment (bad magic bytes)", path.display())]
     BadMagic { path: PathBuf },
     #[error(
-        "{}: segment format version {got} is not supported by this build (it reads version 1)",
+        "{}: segment format version {got} is not supported by this build (it reads versions 1 and 2)",
         path.display()
     )]
     UnsupportedVersion { path: PathBuf, got: u8 },
@@ -156,6 +157,18 @@ pub enum SegmentError {
     Checksum {
         path: PathBuf,
         block: Option<u64>,
+        expected: u32,
+        got: u32,
+    },
+    /// A version 2 span frame or key frame whose stored bytes do not match their checksum.
+    #[error(
+        "{}: checksum mismatch in {frame} (expected {expected:#010x}, got {got:#010x})",
+        path.display()
+    )]
+    FrameChecksum {
+        path: PathBuf,
+        /// `span frame 3`, `key frame 0`.
+        frame: String,
         expected: u32,
         got: u32,
     },

@@ -14,9 +14,10 @@ use fst::{IntoStreamer, Streamer};
 use super::codec::{Block, Dictionary, Period, total_sums};
 use super::layout::{
     BLOCK_ENTRY_LEN, BlockEntry, CODEC_NONE, CODEC_ZSTD, DICT_HEADER_LEN, FOOTER_CRC_OFFSET,
-    FOOTER_LEN, FOOTER_MAGIC_OFFSET, Footer, HEADER_LEN, MAGIC_V1, MAX_BLOCK_RAW_LEN,
-    MAX_DICT_RAW_LEN, MagicProblem, Version, u32_at,
+    FOOTER_LEN, FOOTER_MAGIC_OFFSET, Footer, HEADER_LEN, MAX_BLOCK_RAW_LEN, MAX_DICT_RAW_LEN,
+    MAX_SPANS, MagicProblem, SUMS_HEADER_LEN, SumsHeader, Version, u32_at,
 };
+use super::sums::{decode_keys, decode_span};
 use super::{Buckets, KeyRecord, SegmentError, SegmentMeta, SegmentStats, index_key};
 
 /// Where a block is and what it holds, as the block table says.
@@ -37,6 +38,14 @@ pub struct Segment {
     /// Index key (namespace, 0, key) → block number << 32 | position in the block.
     index: fst::Map<Vec<u8>>,
     blocks: Vec<BlockEntry>,
+    /// The rank (position in key order) of each block's first record.
+    first_rank: Vec<u64>,
+    version: Version,
+    /// Version 2: buckets per span (0 in version 1, which has no span sums), the span
+    /// frames and the key frames (one per block).
+    span_buckets: u64,
+    spans: Vec<BlockEntry>,
+    key_frames: Vec<BlockEntry>,
     /// The blocks `get` decoded last.
     cache: Mutex<BlockCache>,
 }
@@ -101,7 +110,7 @@ impl Segment {
         }
         let mut magic = [0u8; HEADER_LEN];
         read_exact_at(&file, path, &mut magic, 0)?;
-        check_magic(path, magic)?;
+        let version = check_magic(path, magic)?;
         if len < (HEADER_LEN + FOOTER_LEN) as u64 {
             return Err(corrupt(format!(
                 "file of {len} bytes is too short for a footer (truncated or unfinished)"
@@ -111,7 +120,7 @@ impl Segment {
         read_exact_at(&file, path, &mut f, len - FOOTER_LEN as u64)?;
         let mut tail = [0u8; 4];
         tail.copy_from_slice(&f[FOOTER_MAGIC_OFFSET..]);
-        if tail != MAGIC_V1 {
+        if tail != version.magic() {
             return Err(corrupt(
                 "no footer at the end of the file (truncated or unfinished)".into(),
             ));
@@ -126,7 +135,7 @@ impl Segment {
                 got,
             });
         }
-        let footer = Footer::decode(&f).map_err(&corrupt)?;
+        let footer = Footer::decode(&f, version).map_err(&corrupt)?;
 
         let index_len = u64::from(footer.blocks)
             .checked_mul(BLOCK_ENTRY_LEN as u64)
@@ -134,7 +143,12 @@ impl Segment {
             .and_then(|t| t.checked_add(u64::from(footer.dict_len)));
         let fits = index_len
             .and_then(|l| l.checked_add(footer.index_offset))
-            .is_some_and(|end| end == len - FOOTER_LEN as u64);
+            .is_some_and(|end| match version {
+                Version::V1 => end == len - FOOTER_LEN as u64,
+                Version::V2 => {
+                    end.saturating_add(SUMS_HEADER_LEN as u64) <= len - FOOTER_LEN as u64
+                }
+            });
         if !fits
             || footer.index_offset < HEADER_LEN as u64
             || (footer.dict_len as usize) < DICT_HEADER_LEN
@@ -161,31 +175,84 @@ impl Segment {
         let fst_and_table = index.split_off(footer.dict_len as usize);
         let dict = decode_dictionary(&index, footer.codec).map_err(&corrupt)?;
         let mut index = fst_and_table;
-        let table = index.split_off(footer.fst_len as usize);
-        let blocks: Vec<BlockEntry> = table
-            .chunks_exact(BLOCK_ENTRY_LEN)
-            .map(|c| {
-                let mut e = [0u8; BLOCK_ENTRY_LEN];
-                e.copy_from_slice(c);
-                BlockEntry::decode(&e)
-            })
-            .collect();
+        let mut table = index.split_off(footer.fst_len as usize);
+        let sums = table.split_off(footer.blocks as usize * BLOCK_ENTRY_LEN);
+        let entries = |table: &[u8]| -> Vec<BlockEntry> {
+            table
+                .chunks_exact(BLOCK_ENTRY_LEN)
+                .map(|c| {
+                    let mut e = [0u8; BLOCK_ENTRY_LEN];
+                    e.copy_from_slice(c);
+                    BlockEntry::decode(&e)
+                })
+                .collect()
+        };
+        let blocks = entries(&table);
+        let (head, span_buckets, spans, key_frames) = match version {
+            Version::V1 => (None, 0, Vec::new(), Vec::new()),
+            Version::V2 => {
+                let (h, rest) = sums.split_at(SUMS_HEADER_LEN);
+                let head = SumsHeader::decode(h).map_err(&corrupt)?;
+                let period = footer.meta.end_bucket() - u64::from(footer.meta.first_bucket());
+                if head.spans == 0
+                    || head.spans > MAX_SPANS
+                    || head.span_buckets.checked_mul(u64::from(head.spans)) != Some(period)
+                {
+                    return Err(corrupt(format!(
+                        "{} spans of {} buckets do not tile the period's {period} buckets",
+                        head.spans, head.span_buckets
+                    )));
+                }
+                let want = (head.spans as usize + blocks.len()) * BLOCK_ENTRY_LEN;
+                if rest.len() != want {
+                    return Err(corrupt(format!(
+                        "the sums tables take {} bytes, {} spans and {} blocks take {want}",
+                        rest.len(),
+                        head.spans,
+                        blocks.len()
+                    )));
+                }
+                let (s, k) = rest.split_at(head.spans as usize * BLOCK_ENTRY_LEN);
+                (Some(head), head.span_buckets, entries(s), entries(k))
+            }
+        };
+        let ok = |b: &BlockEntry| {
+            b.raw_len as usize <= MAX_BLOCK_RAW_LEN
+                && (footer.codec != CODEC_NONE || b.stored_len == b.raw_len)
+        };
         let mut at = HEADER_LEN as u64;
         let mut keys = 0u64;
+        let mut first_rank = Vec::with_capacity(blocks.len());
         for (i, b) in blocks.iter().enumerate() {
-            if b.offset != at
-                || b.raw_len as usize > MAX_BLOCK_RAW_LEN
-                || (footer.codec == CODEC_NONE && b.stored_len != b.raw_len)
-                || b.keys == 0
-            {
+            if b.offset != at || !ok(b) || b.keys == 0 {
                 return Err(corrupt(format!("block table entry {i} is inconsistent")));
             }
+            first_rank.push(keys);
             at += u64::from(b.stored_len);
             keys += u64::from(b.keys);
         }
-        if at != footer.index_offset || keys != footer.keys {
+        if at != head.map_or(footer.index_offset, |h| h.frames_offset) || keys != footer.keys {
             return Err(corrupt(
                 "the block table does not cover the blocks or the keys".into(),
+            ));
+        }
+        for (i, s) in spans.iter().enumerate() {
+            if s.offset != at || !ok(s) || u64::from(s.keys) > footer.keys {
+                return Err(corrupt(format!("span table entry {i} is inconsistent")));
+            }
+            at += u64::from(s.stored_len);
+        }
+        for (i, (k, b)) in key_frames.iter().zip(&blocks).enumerate() {
+            if k.offset != at || !ok(k) || k.keys != b.keys {
+                return Err(corrupt(format!(
+                    "key frame table entry {i} is inconsistent"
+                )));
+            }
+            at += u64::from(k.stored_len);
+        }
+        if at != footer.index_offset {
+            return Err(corrupt(
+                "the span and key frames do not end where the index starts".into(),
             ));
         }
         let index = fst::Map::new(index).map_err(|e| corrupt(format!("key index: {e}")))?;
@@ -218,8 +285,18 @@ impl Segment {
             data_points: footer.data_points,
             index,
             blocks,
+            first_rank,
+            version,
+            span_buckets,
+            spans,
+            key_frames,
             cache: Mutex::default(),
         })
+    }
+
+    /// The format version the file is written in.
+    pub fn version(&self) -> Version {
+        self.version
     }
 
     pub fn meta(&self) -> &SegmentMeta {
@@ -254,25 +331,38 @@ impl Segment {
         let Some(b) = self.blocks.get(block) else {
             return Err(self.corrupt(format!("no block {block}")));
         };
+        self.frame(b, Frame::Block(block))
+    }
+
+    /// A frame's stored bytes read, checked against their CRC32C and decompressed.
+    fn frame(&self, b: &BlockEntry, what: Frame) -> Result<Vec<u8>, SegmentError> {
         let mut stored = vec![0u8; b.stored_len as usize];
         read_exact_at(&self.file, &self.path, &mut stored, b.offset)?;
         let got = crc32c::crc32c(&stored);
         if got != b.crc {
-            return Err(SegmentError::Checksum {
-                path: self.path.clone(),
-                block: Some(block as u64),
-                expected: b.crc,
-                got,
+            return Err(match what {
+                Frame::Block(n) => SegmentError::Checksum {
+                    path: self.path.clone(),
+                    block: Some(n as u64),
+                    expected: b.crc,
+                    got,
+                },
+                _ => SegmentError::FrameChecksum {
+                    path: self.path.clone(),
+                    frame: what.to_string(),
+                    expected: b.crc,
+                    got,
+                },
             });
         }
         let raw = match self.codec {
             CODEC_ZSTD => decompress(&stored, b.raw_len as usize)
-                .map_err(|e| self.corrupt(format!("block {block}: zstd: {e}")))?,
+                .map_err(|e| self.corrupt(format!("{what}: zstd: {e}")))?,
             _ => stored,
         };
         if raw.len() != b.raw_len as usize {
             return Err(self.corrupt(format!(
-                "block {block} holds {} bytes, the block table says {}",
+                "{what} holds {} bytes, its table entry says {}",
                 raw.len(),
                 b.raw_len
             )));
@@ -381,6 +471,111 @@ impl Segment {
                 None => Err(seg.corrupt(format!("block {block} has no record {ord}"))),
             }
         })
+    }
+
+    /// The spans (version 2) that bucket indexes `[lo, hi)` cover exactly, once clipped to
+    /// the period: `Some(empty)` when they miss it, `None` when a span would be cut (or the
+    /// segment has no span sums). A caller then sums whole spans from their frames.
+    pub fn spans_within(&self, lo: u32, hi: u32) -> Option<std::ops::Range<usize>> {
+        if self.span_buckets == 0 {
+            return None;
+        }
+        let first = u64::from(self.period.first);
+        let lo = u64::from(lo).clamp(first, self.period.end);
+        let hi = u64::from(hi).clamp(lo, self.period.end);
+        let (a, b) = (lo - first, hi - first);
+        if a % self.span_buckets != 0 || b % self.span_buckets != 0 {
+            return None;
+        }
+        Some((a / self.span_buckets) as usize..(b / self.span_buckets) as usize)
+    }
+
+    /// The ranks (positions in key order) of the keys of `ns`: `[first, end)`.
+    pub fn rank_range(&self, ns: &str) -> Result<std::ops::Range<u64>, SegmentError> {
+        let mut lo = ns.as_bytes().to_vec();
+        lo.push(0);
+        let mut hi = ns.as_bytes().to_vec();
+        hi.push(1);
+        let first = |from: &[u8]| -> Result<u64, SegmentError> {
+            match self.index.range().ge(from).into_stream().next() {
+                Some((_, v)) => self.rank(v),
+                None => Ok(self.keys),
+            }
+        };
+        let (a, b) = (first(&lo)?, first(&hi)?);
+        Ok(a..b.max(a))
+    }
+
+    /// The rank of the record the index value `v` points at.
+    fn rank(&self, v: u64) -> Result<u64, SegmentError> {
+        let (block, ord) = self.locate(v)?;
+        Ok(self.first_rank[block] + ord as u64)
+    }
+
+    /// The rank of `key` of `ns`, if the segment has it.
+    pub fn rank_of(&self, ns: &str, key: &str) -> Result<Option<u64>, SegmentError> {
+        match self.index.get(index_key(ns, key)) {
+            Some(v) => self.rank(v).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Span `span`'s (rank, totals sum) entries with a rank in `ranks`, in rank order: keys
+    /// whose totals sum to 0 over the span are not there.
+    pub fn span_sums(
+        &self,
+        span: usize,
+        ranks: std::ops::Range<u64>,
+        visit: &mut dyn FnMut(u64, i64),
+    ) -> Result<(), SegmentError> {
+        let Some(e) = self.spans.get(span) else {
+            return Err(self.corrupt(format!("no span {span}")));
+        };
+        let what = Frame::Span(span);
+        let raw = self.frame(e, what)?;
+        decode_span(
+            &raw,
+            e.keys,
+            self.keys,
+            (ranks.start, ranks.end),
+            false,
+            visit,
+        )
+        .map_err(|why| self.corrupt(format!("{what}: {why}")))
+    }
+
+    /// The (namespace, key) of each rank, from the key frames (each read once); `ranks`
+    /// sorted.
+    pub fn keys_at(&self, ranks: &[u64]) -> Result<Vec<(String, String)>, SegmentError> {
+        let mut out = Vec::with_capacity(ranks.len());
+        let mut at: Option<(usize, Vec<Vec<u8>>)> = None;
+        for &rank in ranks {
+            let block = self
+                .first_rank
+                .partition_point(|&r| r <= rank)
+                .saturating_sub(1);
+            let (Some(k), Some(&first)) = (self.key_frames.get(block), self.first_rank.get(block))
+            else {
+                return Err(self.corrupt(format!("no key frame for rank {rank}")));
+            };
+            let ord = (rank - first) as usize;
+            if ord >= k.keys as usize {
+                return Err(self.corrupt(format!("no key of rank {rank}")));
+            }
+            let keys = match &at {
+                Some((b, keys)) if *b == block => keys,
+                _ => {
+                    let what = Frame::Keys(block);
+                    let raw = self.frame(k, what)?;
+                    let keys = decode_keys(&raw, k.keys, k.keys)
+                        .map_err(|why| self.corrupt(format!("{what}: {why}")))?;
+                    &at.insert((block, keys)).1
+                }
+            };
+            let (ns, key) = self.split_key(&keys[ord])?;
+            out.push((ns.to_owned(), key.to_owned()));
+        }
+        Ok(out)
     }
 
     /// Walks the index entries of `ns` in key order, with a cursor that reads each block
@@ -515,12 +710,32 @@ impl Segment {
             .map_err(|e| self.corrupt(format!("key index: {e}")))?;
         let mut stream = self.index.stream();
         let mut points = 0u64;
+        // Version 2: each span's (rank, sum) entries as the records say they must be.
+        let mut spans: Vec<Vec<(u64, i64)>> = vec![Vec::new(); self.spans.len()];
+        let mut rank = 0u64;
         for (b, entry) in self.blocks.iter().enumerate() {
             let r = self.block(b)?;
+            let frame_keys = match self.key_frames.get(b) {
+                Some(k) => {
+                    let raw = self.frame(k, Frame::Keys(b))?;
+                    Some(
+                        decode_keys(&raw, k.keys, k.keys)
+                            .map_err(|why| self.corrupt(format!("key frame {b}: {why}")))?,
+                    )
+                }
+                None => None,
+            };
             for ord in 0..entry.keys {
                 let Some((k, v)) = stream.next() else {
                     return Err(self.corrupt("the key index ends before the blocks".into()));
                 };
+                if let Some(keys) = &frame_keys
+                    && keys[ord as usize] != k
+                {
+                    return Err(self.corrupt(format!(
+                        "key frame {b} names another key than the index at record {ord}"
+                    )));
+                }
                 if v != ((b as u64) << 32 | u64::from(ord)) {
                     return Err(self.corrupt(format!(
                         "index entry {v:#x} where block {b} record {ord} was expected"
@@ -531,6 +746,41 @@ impl Segment {
                     .record(ord as usize, &self.dict, &self.period)
                     .map_err(|why| self.corrupt(format!("block {b}: {why}")))?;
                 points += rec.data_points();
+                let mut sums: Vec<(usize, i64)> = Vec::new();
+                for &(i, n) in &rec.totals {
+                    // Version 1 has no spans (0 buckets each): nothing to check.
+                    let Some(span) =
+                        u64::from(i - self.period.first).checked_div(self.span_buckets)
+                    else {
+                        break;
+                    };
+                    let span = span as usize;
+                    match sums.last_mut() {
+                        Some((s, sum)) if *s == span => *sum = sum.wrapping_add(n),
+                        _ => sums.push((span, n)),
+                    }
+                }
+                for (s, sum) in sums {
+                    if sum != 0
+                        && let Some(list) = spans.get_mut(s)
+                    {
+                        list.push((rank, sum));
+                    }
+                }
+                rank += 1;
+            }
+        }
+        for (i, (want, e)) in spans.iter().zip(&self.spans).enumerate() {
+            let raw = self.frame(e, Frame::Span(i))?;
+            let mut got = Vec::with_capacity(want.len());
+            decode_span(&raw, e.keys, self.keys, (0, u64::MAX), true, &mut |r, n| {
+                got.push((r, n))
+            })
+            .map_err(|why| self.corrupt(format!("span frame {i}: {why}")))?;
+            if &got != want {
+                return Err(self.corrupt(format!(
+                    "span frame {i} does not hold the sums of the records' totals"
+                )));
             }
         }
         if stream.next().is_some() {
@@ -543,6 +793,24 @@ impl Segment {
             )));
         }
         Ok(self.stats())
+    }
+}
+
+/// Which frame of a segment a read is about, for its errors.
+#[derive(Debug, Clone, Copy)]
+enum Frame {
+    Block(usize),
+    Span(usize),
+    Keys(usize),
+}
+
+impl std::fmt::Display for Frame {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Frame::Block(n) => write!(f, "block {n}"),
+            Frame::Span(n) => write!(f, "span frame {n}"),
+            Frame::Keys(n) => write!(f, "key frame {n}"),
+        }
     }
 }
 

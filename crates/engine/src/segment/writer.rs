@@ -10,8 +10,9 @@ use std::path::{Path, PathBuf};
 use super::codec::{DictBuilder, Period, encode_block, estimate, record_problem};
 use super::layout::{
     BlockEntry, CODEC_NONE, CODEC_ZSTD, DEFAULT_BLOCK_TARGET, DICT_HEADER_LEN, Footer, HEADER_LEN,
-    MAGIC_V1, MAX_BLOCK_RAW_LEN, MAX_DICT_RAW_LEN,
+    MAX_BLOCK_RAW_LEN, MAX_DICT_RAW_LEN, SumsHeader, Version,
 };
+use super::sums::{encode_keys, encode_span};
 use super::{KeyRecord, SegmentError, SegmentMeta, SegmentStats, index_key};
 
 /// How block payloads are stored.
@@ -57,6 +58,13 @@ pub struct SegmentWriter {
     pending_bytes: usize,
     blocks: Vec<BlockEntry>,
     index: fst::MapBuilder<Vec<u8>>,
+    /// Buckets per span, and per span every key's non-zero totals sum as (rank, sum).
+    span_buckets: u64,
+    spans: Vec<Vec<(u64, i64)>>,
+    /// The index keys of the block being filled, and each written block's key frame as
+    /// stored, with its uncompressed length.
+    block_keys: Vec<Vec<u8>>,
+    key_frames: Vec<(Vec<u8>, u32)>,
     last_key: Option<Vec<u8>>,
     keys: u64,
     data_points: u64,
@@ -95,8 +103,9 @@ impl SegmentWriter {
             });
         }
         let mut file = File::create(path).map_err(|e| SegmentError::io(path, e))?;
-        file.write_all(&MAGIC_V1)
+        file.write_all(&Version::V2.magic())
             .map_err(|e| SegmentError::io(path, e))?;
+        let (span_buckets, spans) = SumsHeader::spans_of(&meta);
         Ok(SegmentWriter {
             path: path.to_path_buf(),
             file,
@@ -112,6 +121,10 @@ impl SegmentWriter {
             pending_bytes: 0,
             blocks: Vec::new(),
             index: fst::MapBuilder::memory(),
+            span_buckets,
+            spans: vec![Vec::new(); spans as usize],
+            block_keys: Vec::new(),
+            key_frames: Vec::new(),
             last_key: None,
             keys: 0,
             data_points: 0,
@@ -177,12 +190,40 @@ impl SegmentWriter {
             self.poisoned = true;
             return Err(invalid(format!("key index: {e}")));
         }
+        self.add_span_sums(&record);
         self.keys += 1;
         self.data_points += record.data_points();
         self.pending.push(record);
         self.pending_bytes += size;
+        self.block_keys.push(k.clone());
         self.last_key = Some(k);
         Ok(())
+    }
+
+    /// Adds the record's totals, summed per span, to the span frames under its rank.
+    fn add_span_sums(&mut self, record: &KeyRecord) {
+        let mut at: Option<(usize, i64)> = None;
+        let rank = self.keys;
+        let first = u64::from(self.period.first);
+        for &(i, n) in &record.totals {
+            let span = ((u64::from(i) - first) / self.span_buckets) as usize;
+            match &mut at {
+                Some((s, sum)) if *s == span => *sum = sum.wrapping_add(n),
+                _ => {
+                    if let Some((s, sum)) = at.take()
+                        && sum != 0
+                    {
+                        self.spans[s].push((rank, sum));
+                    }
+                    at = Some((span, n));
+                }
+            }
+        }
+        if let Some((s, sum)) = at
+            && sum != 0
+        {
+            self.spans[s].push((rank, sum));
+        }
     }
 
     fn flush_block(&mut self) -> Result<(), SegmentError> {
@@ -220,6 +261,10 @@ impl SegmentWriter {
         let stored_len = u32::try_from(stored.len()).map_err(|_| {
             SegmentError::corrupt(&path, "compressed block larger than 4 GiB".to_owned())
         })?;
+        let keys = encode_keys(&self.block_keys);
+        self.key_frames
+            .push((self.compress(&keys)?, keys.len() as u32));
+        self.block_keys.clear();
         self.file
             .write_all(&stored)
             .map_err(|e| SegmentError::io(&path, e))?;
@@ -244,6 +289,52 @@ impl SegmentWriter {
         }
         self.flush_block()?;
         let path = self.path.clone();
+        // The span frames, then the key frames, after the blocks; their tables go last in
+        // the index section.
+        let frames_offset = self.offset;
+        let mut tables = Vec::new();
+        SumsHeader {
+            span_buckets: self.span_buckets,
+            spans: self.spans.len() as u32,
+            frames_offset,
+        }
+        .encode(&mut tables);
+        let mut frames = Vec::new();
+        let mut at = frames_offset;
+        let spans = std::mem::take(&mut self.spans);
+        let mut add_frame = |frames: &mut Vec<u8>, stored: &[u8], raw_len: usize, n: usize| {
+            BlockEntry {
+                offset: at,
+                stored_len: stored.len() as u32,
+                raw_len: raw_len as u32,
+                crc: crc32c::crc32c(stored),
+                keys: n as u32,
+            }
+            .encode(&mut tables);
+            at += stored.len() as u64;
+            frames.extend_from_slice(stored);
+        };
+        for entries in &spans {
+            let raw = encode_span(entries);
+            if raw.len() > MAX_BLOCK_RAW_LEN {
+                return Err(SegmentError::Invalid {
+                    path: path.clone(),
+                    ns: String::new(),
+                    key: String::new(),
+                    why: format!("span frame of {} bytes is too large", raw.len()),
+                });
+            }
+            let stored = self.compress(&raw)?;
+            add_frame(&mut frames, &stored, raw.len(), entries.len());
+        }
+        drop(spans);
+        for ((stored, raw_len), b) in self.key_frames.iter().zip(&self.blocks) {
+            add_frame(&mut frames, stored, *raw_len as usize, b.keys as usize);
+        }
+        self.file
+            .write_all(&frames)
+            .map_err(|e| SegmentError::io(&path, e))?;
+        self.offset = at;
         let dict = self.dict.encode();
         let too_large = |what: &str, len: usize| SegmentError::Invalid {
             path: path.clone(),
@@ -267,7 +358,9 @@ impl SegmentWriter {
         for b in &self.blocks {
             b.encode(&mut index);
         }
+        index.extend_from_slice(&tables);
         let footer = Footer {
+            version: Version::V2,
             meta: self.meta,
             codec: match self.opts.codec {
                 Codec::None => CODEC_NONE,

@@ -187,6 +187,40 @@ fn compare(engine: &Engine, reference: &MemStore) -> Result<(), TestCaseError> {
             };
             prop_assert_eq!(collect(engine), collect(reference));
         }
+        // A top: the engine reads whole segment spans by rank where it can (format v2),
+        // the reference scans and selects. Ranges aligned to hours and to UTC days, and not.
+        let (hour, day) = (NOW / 3600 * 3600, NOW / 86_400 * 86_400);
+        for (from, to) in [
+            (NOW - 86_400, NOW + 86_400),
+            (day - 86_400, day + 86_400),
+            (day - 3 * 86_400, day),
+            (hour - 7200, hour),
+            (hour - 3 * 3600, hour + 3600),
+            (0, 1 << 32),
+        ] {
+            for value in [None, Some(("country", "c1"))] {
+                let scan = Scan {
+                    ns: &ns,
+                    resolution,
+                    from,
+                    to,
+                    value,
+                    deadline: &tally_core::store::Deadline::none(),
+                };
+                for limit in [1, 2, 10] {
+                    prop_assert_eq!(
+                        engine.top(&scan, limit).unwrap(),
+                        reference.top(&scan, limit).unwrap(),
+                        "top {} at {}s over {}..{}, {:?}",
+                        limit,
+                        res,
+                        from,
+                        to,
+                        value
+                    );
+                }
+            }
+        }
     }
     for k in &with_data {
         prop_assert!(

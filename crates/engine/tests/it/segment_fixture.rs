@@ -119,3 +119,112 @@ fn the_segment_v1_fixture_opens_and_reads_its_known_values() {
         all.values().map(KeyRecord::data_points).sum::<u64>()
     );
 }
+
+fn fixture_v2() -> PathBuf {
+    PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/segment-v2/base.seg"
+    ))
+}
+
+/// Three UTC days of hours: three spans.
+fn meta_v2() -> SegmentMeta {
+    SegmentMeta {
+        period_end: i64::from(FIRST + 72) * 3600,
+        ..meta()
+    }
+}
+
+/// As [`contents`], with key `i`'s first two buckets moved to day `i % 3`: each key has
+/// traffic on one or two of the three days.
+fn contents_v2() -> Input {
+    let long = "x".repeat(300);
+    let mut m = Input::new();
+    for i in 0..40u32 {
+        let (ns, key) = if i < 10 {
+            ("api", format!("/v1/ping/{i}"))
+        } else {
+            ("clicks", format!("lnk_{i:02}_é字"))
+        };
+        let (n, h) = (i64::from(i) + 1, i % 22 + 24 * (i % 3));
+        let mut totals = vec![(h, n), (h + 1, 1 << 40), (23, -n)];
+        totals.sort();
+        let r = rec(
+            &totals,
+            &[
+                (
+                    "country+device",
+                    &[("DE|mobile", &[(23, -n)]), ("US|desktop", &[(h, n)])],
+                ),
+                ("referrer", &[(long.as_str(), &[(h, 2)])]),
+            ],
+        );
+        m.insert((ns.to_owned(), key), r);
+    }
+    m
+}
+
+#[test]
+#[ignore = "writes the frozen fixture: only for a new format version"]
+fn write_segment_v2_fixture() {
+    if std::env::var_os("TALLY_WRITE_FIXTURES").is_none() {
+        return;
+    }
+    let path = fixture_v2();
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let opts = WriteOptions {
+        codec: Codec::Zstd { level: 3 },
+        block_target: 330,
+    };
+    let mut w = SegmentWriter::with_options(&path, meta_v2(), opts).unwrap();
+    for ((ns, key), r) in &contents_v2() {
+        w.add(ns, key, r).unwrap();
+    }
+    w.finish().unwrap();
+}
+
+#[test]
+fn the_segment_v2_fixture_opens_and_reads_its_known_values() {
+    use tally_engine::segment::Version;
+    let seg = Segment::open(&fixture_v2()).unwrap();
+    assert_eq!(seg.version(), Version::V2);
+    assert_eq!(seg.meta(), &meta_v2());
+    let stats = seg.verify().unwrap();
+    assert_eq!(stats.keys, 40);
+    assert_eq!(stats.bytes, std::fs::metadata(fixture_v2()).unwrap().len());
+    let mut all = Input::new();
+    seg.scan_all(&mut |ns, key, r| {
+        all.insert((ns.to_owned(), key.to_owned()), r.clone());
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(all, contents_v2());
+    // Literal values, independent of the generator above. Ranks: api's 10 keys, then
+    // clicks' 30, key `lnk_i` at rank i.
+    assert_eq!(seg.rank_range("api").unwrap(), 0..10);
+    assert_eq!(seg.rank_range("clicks").unwrap(), 10..40);
+    assert_eq!(seg.rank_range("nope").unwrap(), 40..40);
+    assert_eq!(seg.rank_of("clicks", "lnk_13_é字").unwrap(), Some(13));
+    assert_eq!(seg.spans_within(FIRST, FIRST + 72), Some(0..3));
+    assert_eq!(seg.spans_within(FIRST + 24, FIRST + 48), Some(1..2));
+    assert_eq!(seg.spans_within(FIRST + 1, FIRST + 48), None);
+    let span = |s: usize| {
+        let mut v = Vec::new();
+        seg.span_sums(s, 13..16, &mut |r, n| v.push((r, n)))
+            .unwrap();
+        v
+    };
+    // lnk_13 (13 % 3 = 1): -14 on day 0, 14 + 2^40 on day 1; lnk_14: both on day 2 but -15
+    // on day 0; lnk_15: everything on day 0, summing to 2^40.
+    assert_eq!(span(0), vec![(13, -14), (14, -15), (15, 1 << 40)]);
+    assert_eq!(span(1), vec![(13, 14 + (1 << 40))]);
+    assert_eq!(span(2), vec![(14, 15 + (1 << 40))]);
+    assert_eq!(
+        seg.keys_at(&[9, 13, 39]).unwrap(),
+        vec![
+            ("api".to_owned(), "/v1/ping/9".to_owned()),
+            ("clicks".to_owned(), "lnk_13_é字".to_owned()),
+            ("clicks".to_owned(), "lnk_39_é字".to_owned()),
+        ]
+    );
+}

@@ -23,6 +23,23 @@ fn segment_header_table_matches_the_code() {
     assert_eq!(HEADER_LEN, 4);
     assert_eq!(&MAGIC_V1[..3], b"TLS");
     assert_eq!(MAGIC_V1[3], 1);
+    assert_eq!(&MAGIC_V2[..3], b"TLS");
+    assert_eq!(MAGIC_V2[3], 2);
+}
+
+#[test]
+fn sums_header_table_matches_the_code() {
+    let l = layout(&table(&doc(), "### Sums header"));
+    assert_eq!(
+        l,
+        vec![
+            (SUMS_SPAN_BUCKETS_OFFSET, 8),
+            (SUMS_SPANS_OFFSET, 4),
+            (SUMS_RESERVED_OFFSET, 4),
+            (SUMS_FRAMES_OFFSET_OFFSET, 8),
+        ]
+    );
+    assert_eq!(l.iter().map(|(_, s)| s).sum::<usize>(), SUMS_HEADER_LEN);
 }
 
 #[test]
@@ -79,6 +96,9 @@ fn segment_constants_table_matches_the_code() {
         ("`DICT_HEADER_LEN`", DICT_HEADER_LEN),
         ("`MAX_DICT_RAW_LEN`", MAX_DICT_RAW_LEN),
         ("`DEFAULT_BLOCK_TARGET`", DEFAULT_BLOCK_TARGET),
+        ("`SUMS_HEADER_LEN`", SUMS_HEADER_LEN),
+        ("`MAX_SPANS`", MAX_SPANS as usize),
+        ("`SPAN_SECS`", SPAN_SECS as usize),
     ];
     assert_eq!(rows.len(), want.len());
     for (name, value) in want {
@@ -118,9 +138,9 @@ fn a_real_segment_file_has_the_documented_layout() {
     );
     let b = std::fs::read(&path).unwrap();
     assert_eq!(stats.bytes, b.len() as u64);
-    assert_eq!(&b[..4], b"TLS\x01");
+    assert_eq!(&b[..4], b"TLS\x02");
     let f = &b[b.len() - FOOTER_LEN..];
-    assert_eq!(&f[76..], b"TLS\x01");
+    assert_eq!(&f[76..], b"TLS\x02");
     assert_eq!(u64_at(f, 0), 7);
     assert_eq!(f[8], 0, "base");
     assert_eq!(f[9], 0, "stored");
@@ -136,7 +156,12 @@ fn a_real_segment_file_has_the_documented_layout() {
     let fst_len = u32_at(f, 60) as usize;
     assert_eq!(u32_at(f, 64), 1, "blocks");
     let index = &b[index_at..b.len() - FOOTER_LEN];
-    assert_eq!(index.len(), dict_len + fst_len + BLOCK_ENTRY_LEN);
+    // Dictionary, key index, one block entry, the sums header, one span entry and one key
+    // frame entry.
+    assert_eq!(
+        index.len(),
+        dict_len + fst_len + BLOCK_ENTRY_LEN + SUMS_HEADER_LEN + 2 * BLOCK_ENTRY_LEN
+    );
     assert_eq!(u32_at(f, 68), crc32c_of(index));
     assert_eq!(u32_at(f, 72), crc32c_of(&f[..72]));
 
@@ -151,7 +176,6 @@ fn a_real_segment_file_has_the_documented_layout() {
     let e = &index[dict_len + fst_len..];
     assert_eq!(u64_at(e, 0), 4);
     let len = u32_at(e, 8) as usize;
-    assert_eq!(4 + len, index_at);
     assert_eq!(u32_at(e, 12) as usize, len);
     assert_eq!(u32_at(e, 16), crc32c_of(&b[4..4 + len]));
     assert_eq!(u32_at(e, 20), 1);
@@ -173,6 +197,35 @@ fn a_real_segment_file_has_the_documented_layout() {
         6,
     ];
     assert_eq!(&b[4..4 + len], &want[..]);
+
+    // The sums header: a day of hours is one span of 24 buckets; frames start after the block.
+    let h = &e[BLOCK_ENTRY_LEN..];
+    assert_eq!(u64_at(h, 0), 24);
+    assert_eq!(u32_at(h, 8), 1);
+    assert_eq!(u32_at(h, 12), 0);
+    let frames_at = 4 + len;
+    assert_eq!(u64_at(h, 16) as usize, frames_at);
+    // The span frame: one entry, a rank stream of one byte (rank 0), the sum 3 - 1 = 2
+    // (zigzag 4).
+    let span = [1, 1, 0, 4];
+    let s = &h[SUMS_HEADER_LEN..];
+    assert_eq!(u64_at(s, 0) as usize, frames_at);
+    assert_eq!(u32_at(s, 8) as usize, span.len());
+    assert_eq!(u32_at(s, 12) as usize, span.len());
+    assert_eq!(u32_at(s, 16), crc32c_of(&span));
+    assert_eq!(u32_at(s, 20), 1, "entries");
+    assert_eq!(&b[frames_at..frames_at + span.len()], &span[..]);
+    // The key frame of the block: "clicks\0k", nothing shared.
+    let mut keys = vec![0, 8];
+    keys.extend_from_slice(b"clicks\0k");
+    let k = &s[BLOCK_ENTRY_LEN..];
+    let keys_at = frames_at + span.len();
+    assert_eq!(u64_at(k, 0) as usize, keys_at);
+    assert_eq!(u32_at(k, 8) as usize, keys.len());
+    assert_eq!(u32_at(k, 16), crc32c_of(&keys));
+    assert_eq!(u32_at(k, 20), 1, "keys");
+    assert_eq!(&b[keys_at..keys_at + keys.len()], &keys[..]);
+    assert_eq!(keys_at + keys.len(), index_at);
     // The key index maps "clicks\0k" to block 0, position 0.
     let seg = Segment::open(&path).unwrap();
     assert_eq!(seg.index_bytes(), fst_len);
@@ -182,4 +235,5 @@ fn a_real_segment_file_has_the_documented_layout() {
         input.values().next().cloned()
     );
     assert_eq!(seg.meta().first_bucket(), FIRST);
+    assert_eq!(seg.version(), Version::V2);
 }
