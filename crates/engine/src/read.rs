@@ -252,16 +252,25 @@ impl Core {
         now: i64,
         visit: &mut dyn FnMut(&Key, i64),
     ) -> Result<(), StoreError> {
-        let Some(Prepared {
+        match self.prepare_scan(scan, now)? {
+            Some(p) => self.scan_prepared(p, scan, visit),
+            None => Ok(()),
+        }
+    }
+
+    /// The archive half of [`Core::scan`], memory's sums already taken.
+    fn scan_prepared(
+        &self,
+        Prepared {
             mut sums,
             archive,
             window,
             res,
             cutoff,
-        }) = self.prepare_scan(scan, now)?
-        else {
-            return Ok(());
-        };
+        }: Prepared,
+        scan: &Scan<'_>,
+        visit: &mut dyn FnMut(&Key, i64),
+    ) -> Result<(), StoreError> {
         let mut tick = ticker(scan.deadline);
         let stopped = |e: StoreError| SegmentError::Stopped { why: e.detail() };
         let (lo, hi) = index_range(res, scan.from, scan.to);
@@ -333,28 +342,22 @@ impl Core {
         limit: usize,
         now: i64,
     ) -> Result<TopKeys, StoreError> {
-        let by_scan = |me: &Self| {
+        let Some(prepared) = self.prepare_scan(scan, now)? else {
+            return Ok(TopKeys::default());
+        };
+        let by_scan = |prepared: Prepared| {
             let mut keys = Vec::new();
-            me.scan(scan, now, &mut |k, n| keys.push((k.clone(), n)))?;
+            self.scan_prepared(prepared, scan, &mut |k, n| keys.push((k.clone(), n)))?;
             Ok(TopKeys::select(keys, limit))
         };
         if scan.value.is_some() {
-            return by_scan(self);
+            return by_scan(prepared);
         }
-        let Some(Prepared {
-            mut sums,
-            archive,
-            window,
-            res,
-            cutoff,
-        }) = self.prepare_scan(scan, now)?
-        else {
-            return Ok(TopKeys::default());
-        };
-        let (lo, hi) = index_range(res, scan.from, scan.to);
-        let in_range = |i: u32| lo <= i && i < hi && window.keeps(i);
+        let (lo, hi) = index_range(prepared.res, scan.from, scan.to);
+        let window = &prepared.window;
+        let archive = Arc::clone(&prepared.archive);
         let segments: Vec<_> = archive
-            .overlapping(res, scan.from, scan.to, cutoff)
+            .overlapping(prepared.res, scan.from, scan.to, prepared.cutoff)
             .map(|(s, _)| s)
             .collect();
         // The segment whose spans the range covers whole, within retention, with the most
@@ -369,8 +372,12 @@ impl Core {
             })
             .max_by_key(|(i, _)| segments[*i].stats().keys);
         let Some((primary, spans)) = primary else {
-            return by_scan(self);
+            return by_scan(prepared);
         };
+        let Prepared {
+            mut sums, window, ..
+        } = prepared;
+        let in_range = |i: u32| lo <= i && i < hi && window.keeps(i);
         for (i, seg) in segments.iter().enumerate() {
             if i != primary {
                 self.add_total_sums(seg, scan, &in_range, &mut sums)?;
