@@ -79,7 +79,10 @@ fuzz_target!(|data: &[u8]| {
         .iter()
         .map(|l| (l.len() <= MAX_LINE_BYTES).then(|| l.to_vec()))
         .collect();
-    let tail = bytes.iter().rposition(|&b| b == b'\n').map_or(bytes, |i| &bytes[i + 1..]);
+    let tail = bytes
+        .iter()
+        .rposition(|&b| b == b'\n')
+        .map_or(bytes, |i| &bytes[i + 1..]);
     if tail.len() > MAX_LINE_BYTES {
         want.push(None);
     }
