@@ -35,9 +35,13 @@ struct Padded<T>(T);
 pub struct Shard {
     /// Indexed by resolution slot.
     pub maps: Vec<Counters>,
-    /// Per slot, the lowest and highest bucket index ever added (never shrunk): reads clamp
-    /// their probes to it, so "all time" over recent data costs what the data spans.
-    pub extent: Vec<(u32, u32)>,
+    /// Per slot, the lowest and highest bucket index of the live counters, or wider: grown
+    /// by every add, made exact again by each freeze (which walks the map anyway). Reads
+    /// clamp their probes to it, so "all time" over recent data costs what the data spans,
+    /// and a range the archive alone holds costs nothing here.
+    extent: Vec<(u32, u32)>,
+    /// Per slot, the same for the frozen counters; emptied with them.
+    frozen_extent: Vec<(u32, u32)>,
     /// Per slot, counters a flush is writing to a segment, sorted by counter key, one entry
     /// per key: still read from here until the segment is published, then dropped (or put
     /// back if the flush fails).
@@ -49,16 +53,23 @@ impl Shard {
     pub fn map(&mut self, slot: usize) -> &mut Counters {
         if self.maps.len() <= slot {
             self.maps.resize_with(slot + 1, Counters::default);
-            self.extent.resize(slot + 1, (u32::MAX, 0));
+            self.extent.resize(slot + 1, EMPTY);
         }
         &mut self.maps[slot]
     }
 
-    /// The `[lo, hi)` bucket indexes of a slot that can hold counters.
+    /// The `[lo, hi)` bucket indexes of a slot that can hold counters, live or frozen:
+    /// every counter of the slot lies inside it.
     pub fn extent(&self, slot: usize) -> (u32, u32) {
-        match self.extent.get(slot) {
-            Some(&(lo, hi)) if lo <= hi => (lo, hi.saturating_add(1)),
-            _ => (0, 0),
+        let (live, frozen) = (self.extent.get(slot), self.frozen_extent.get(slot));
+        let (lo, hi) = union(
+            live.copied().unwrap_or(EMPTY),
+            frozen.copied().unwrap_or(EMPTY),
+        );
+        if lo <= hi {
+            (lo, hi.saturating_add(1))
+        } else {
+            (0, 0)
         }
     }
 
@@ -68,7 +79,7 @@ impl Shard {
         }
         self.map(slot);
         let e = &mut self.extent[slot];
-        *e = (e.0.min(bucket_index), e.1.max(bucket_index));
+        *e = union(*e, (bucket_index, bucket_index));
         match self.maps[slot].entry(counter_key(series, bucket_index)) {
             Entry::Occupied(mut e) => {
                 *e.get_mut() += n;
@@ -119,24 +130,30 @@ impl Shard {
     }
 
     /// Moves a slot's counters whose bucket index lies in one of `ranges` (`[lo, hi)`) to its
-    /// frozen array, in one pass over the slot.
+    /// frozen array, in one pass over the slot; the live extent becomes exact again.
     pub fn freeze(&mut self, slot: usize, ranges: &[(u32, u32)]) {
         self.map(slot);
         if self.frozen.len() <= slot {
             self.frozen.resize_with(slot + 1, Arc::default);
+            self.frozen_extent.resize(slot + 1, EMPTY);
         }
         let live = &mut self.maps[slot];
         let frozen = Arc::make_mut(&mut self.frozen[slot]);
         let had = frozen.len();
+        let (mut kept, mut moved) = (EMPTY, self.frozen_extent[slot]);
         live.retain(|k, n| {
             let i = split_key(*k).1;
             if ranges.iter().any(|&(lo, hi)| lo <= i && i < hi) {
                 frozen.push((*k, *n));
+                moved = union(moved, (i, i));
                 false
             } else {
+                kept = union(kept, (i, i));
                 true
             }
         });
+        self.extent[slot] = kept;
+        self.frozen_extent[slot] = moved;
         frozen.sort_unstable_by_key(|e| e.0);
         if had > 0 {
             // Frozen twice before a publish: one entry per key, summed.
@@ -158,6 +175,7 @@ impl Shard {
     /// Puts every frozen counter back (a flush failed).
     pub fn thaw(&mut self) {
         let frozen = std::mem::take(&mut self.frozen);
+        self.frozen_extent.clear();
         for (slot, map) in frozen.into_iter().enumerate() {
             for &(k, n) in map.iter() {
                 let (series, idx) = split_key(k);
@@ -169,7 +187,16 @@ impl Shard {
     /// Drops every frozen counter (its segment is published).
     pub fn drop_frozen(&mut self) {
         self.frozen.clear();
+        self.frozen_extent.clear();
     }
+}
+
+/// An extent holding nothing (`lo > hi`); the identity of [`union`].
+const EMPTY: (u32, u32) = (u32::MAX, 0);
+
+/// The smallest inclusive `(lo, hi)` extent holding both.
+fn union(a: (u32, u32), b: (u32, u32)) -> (u32, u32) {
+    (a.0.min(b.0), a.1.max(b.1))
 }
 
 pub fn counter_key(series: SeriesId, bucket_index: u32) -> u64 {
@@ -265,6 +292,30 @@ mod tests {
         s.freeze(0, &[(0, 100)]);
         s.drop_frozen();
         assert_eq!(s.live(), 0);
+    }
+
+    #[test]
+    fn the_extent_bounds_every_counter_and_narrows_at_each_freeze() {
+        let mut s = Shard::default();
+        assert_eq!(s.extent(0), (0, 0), "nothing held");
+        s.add(0, 1, 10, 2);
+        s.add(0, 2, 30, 1);
+        s.add(0, 1, 50, 1);
+        assert_eq!(s.extent(0), (10, 51));
+        s.freeze(0, &[(0, 40)]);
+        assert_eq!(s.extent(0), (10, 51), "frozen counters are still held");
+        s.drop_frozen();
+        assert_eq!(s.extent(0), (50, 51), "only the live counter at 50 is left");
+        s.add(0, 3, 20, 7);
+        assert_eq!(s.extent(0), (20, 51), "a late add widens it again");
+        s.freeze(0, &[(0, 40)]);
+        s.thaw();
+        assert_eq!(s.extent(0), (20, 51), "thawed counters are live again");
+        assert_eq!(s.get(0, 3, 20), 7);
+        s.freeze(0, &[(0, 100)]);
+        s.drop_frozen();
+        assert_eq!(s.extent(0), (0, 0), "everything flushed");
+        assert_eq!(s.extent(5), (0, 0), "a slot never used");
     }
 
     #[test]

@@ -386,45 +386,62 @@ impl Core {
         let seg = segments[primary];
         let err = |e| self.archive_error(e);
         let ranks = seg.rank_range(scan.ns.as_str()).map_err(err)?;
-        let mut by_rank = vec![0i64; (ranks.end - ranks.start) as usize];
-        for span in spans {
-            scan.deadline.check()?;
-            seg.span_sums(span, ranks.clone(), &mut |r, n| {
-                let at = &mut by_rank[(r - ranks.start) as usize];
-                *at = at.wrapping_add(n);
-            })
-            .map_err(err)?;
-        }
-        // Memory and the other segments, by name: into the rank array where the primary
-        // has the key, else kept apart.
+        // Memory and the other segments, by name: as ranks where the primary has the key,
+        // else kept apart.
+        let mut extra: Vec<(u64, i64)> = Vec::new();
         let mut apart: Vec<(Key, i64)> = Vec::new();
         let mut tick = ticker(scan.deadline);
         for (name, n) in sums {
             tick()?;
             match seg.rank_of(scan.ns.as_str(), &name).map_err(err)? {
-                Some(r) if ranks.contains(&r) => {
-                    let at = &mut by_rank[(r - ranks.start) as usize];
-                    *at = at.wrapping_add(n);
-                }
+                Some(r) if ranks.contains(&r) => extra.push((r, n)),
                 _ => apart.push((key_of(name)?, n)),
             }
         }
-        let mut total = apart.iter().fold(0i64, |t, (_, n)| t.wrapping_add(*n));
-        let mut best: Vec<(u64, i64)> = Vec::new();
-        for (i, &n) in by_rank.iter().enumerate() {
-            if n != 0 {
-                total = total.wrapping_add(n);
-                best.push((ranks.start + i as u64, n));
+        extra.sort_unstable_by_key(|&(r, _)| r);
+        let mut best = Leaders::new(limit);
+        if spans.len() == 1 {
+            let span = spans.start;
+            // One span: its entries stream in rank order, merged with the extra ranks.
+            scan.deadline.check()?;
+            let mut extra = extra.into_iter().peekable();
+            seg.span_sums(span, ranks.clone(), &mut |r, mut n| {
+                while let Some(&(e, m)) = extra.peek()
+                    && e <= r
+                {
+                    extra.next();
+                    if e == r {
+                        n = n.wrapping_add(m);
+                    } else {
+                        best.offer(e, m);
+                    }
+                }
+                best.offer(r, n);
+            })
+            .map_err(err)?;
+            extra.for_each(|(e, m)| best.offer(e, m));
+        } else {
+            let mut by_rank = vec![0i64; (ranks.end - ranks.start) as usize];
+            for span in spans {
+                scan.deadline.check()?;
+                seg.span_sums(span, ranks.clone(), &mut |r, n| {
+                    let at = &mut by_rank[(r - ranks.start) as usize];
+                    *at = at.wrapping_add(n);
+                })
+                .map_err(err)?;
+            }
+            for (r, n) in extra {
+                let at = &mut by_rank[(r - ranks.start) as usize];
+                *at = at.wrapping_add(n);
+            }
+            for (i, &n) in by_rank.iter().enumerate() {
+                best.offer(ranks.start + i as u64, n);
             }
         }
-        // Ranks follow key byte order within a namespace, so (sum desc, rank asc) is the
-        // top's order.
-        let order = |a: &(u64, i64), b: &(u64, i64)| b.1.cmp(&a.1).then(a.0.cmp(&b.0));
-        if best.len() > limit {
-            best.select_nth_unstable_by(limit, order);
-            best.truncate(limit);
-        }
-        best.sort_by_key(|&(r, _)| r);
+        let total = apart
+            .iter()
+            .fold(best.total, |t, (_, n)| t.wrapping_add(*n));
+        let best = best.into_ranks();
         let names = seg
             .keys_at(&best.iter().map(|&(r, _)| r).collect::<Vec<_>>())
             .map_err(err)?;
@@ -508,8 +525,8 @@ impl Core {
             counters += shard.count(window.slot);
         }
         if span == 0 {
-            // No shard ever held a counter of the window's buckets (extents only grow):
-            // memory adds nothing, and probing each key would find nothing.
+            // No shard holds a counter of the window's buckets (extents bound them): memory
+            // adds nothing, and probing each key would find nothing.
             return Ok(true);
         }
         if (counters as u64) >= (keys as u64).saturating_mul(span) {
@@ -586,6 +603,65 @@ impl Core {
                 Key::from_string(k).map_err(|e| StoreError::corrupt("a stored key").because(e))
             })
             .collect()
+    }
+}
+
+/// The `limit` best (rank, sum) pairs of a top offered in ascending rank order, and the
+/// sum of all: (sum desc, rank asc) is the top's order, as ranks follow key byte order
+/// within a namespace. Holds at most twice `limit` pairs: once full, it keeps the best
+/// `limit` and from then on turns away any sum not above the worst of them (a later rank
+/// with an equal sum comes after it).
+struct Leaders {
+    limit: usize,
+    best: Vec<(u64, i64)>,
+    floor: Option<i64>,
+    total: i64,
+}
+
+impl Leaders {
+    fn new(limit: usize) -> Leaders {
+        Leaders {
+            limit,
+            best: Vec::new(),
+            floor: None,
+            total: 0,
+        }
+    }
+
+    fn order(a: &(u64, i64), b: &(u64, i64)) -> std::cmp::Ordering {
+        b.1.cmp(&a.1).then(a.0.cmp(&b.0))
+    }
+
+    fn offer(&mut self, rank: u64, n: i64) {
+        if n == 0 {
+            return;
+        }
+        self.total = self.total.wrapping_add(n);
+        if self.limit == 0 || self.floor.is_some_and(|f| n <= f) {
+            return;
+        }
+        self.best.push((rank, n));
+        if self.best.len() >= self.limit.saturating_mul(2).max(16) {
+            self.keep_best();
+            self.floor = self.best.last().map(|&(_, n)| n);
+        }
+    }
+
+    /// Down to the best `limit`, the worst of them last.
+    fn keep_best(&mut self) {
+        if self.best.len() > self.limit {
+            self.best
+                .select_nth_unstable_by(self.limit - 1, Self::order);
+            // Everything before the `limit`th comes before it: it is the worst kept.
+            self.best.truncate(self.limit);
+        }
+    }
+
+    /// The best `limit`, in rank order.
+    fn into_ranks(mut self) -> Vec<(u64, i64)> {
+        self.keep_best();
+        self.best.sort_unstable_by_key(|&(r, _)| r);
+        self.best
     }
 }
 
@@ -714,6 +790,40 @@ impl Window {
             });
             out.retain(|(_, n)| *n != 0);
             out
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Leaders;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Offered in rank order, `Leaders` keeps what sorting everything would: the best
+        /// `limit` by (sum desc, rank asc), and the sum of all.
+        #[test]
+        fn leaders_keep_what_a_full_sort_keeps(
+            sums in proptest::collection::vec(-4i64..5, 0..200),
+            limit in 0usize..12,
+        ) {
+            let mut leaders = Leaders::new(limit);
+            for (r, &n) in sums.iter().enumerate() {
+                leaders.offer(r as u64, n);
+            }
+            let total = leaders.total;
+            let got = leaders.into_ranks();
+            let mut want: Vec<(u64, i64)> = sums
+                .iter()
+                .enumerate()
+                .filter(|(_, n)| **n != 0)
+                .map(|(r, &n)| (r as u64, n))
+                .collect();
+            want.sort_by(Leaders::order);
+            want.truncate(limit);
+            want.sort_unstable_by_key(|&(r, _)| r);
+            prop_assert_eq!(got, want);
+            prop_assert_eq!(total, sums.iter().sum::<i64>());
         }
     }
 }

@@ -803,3 +803,53 @@ fn a_scan_stops_at_its_deadline_in_memory_and_in_the_archive() {
     // A stopped scan marks nothing as damaged.
     assert!(e.health().is_ok());
 }
+
+/// A top over one archived day reads the day's sums by rank and folds memory in: a late
+/// event for a key the day's sums leave out (its totals net to zero there), one for a key
+/// the segment does not hold, and one for a key it holds, all count.
+#[test]
+fn a_top_over_an_archived_day_adds_late_events_to_its_sums() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = crate::clock(NOW);
+    let reference = MemStore::new(clock.clone());
+    let e = open(dir.path(), &clock);
+    let day = NOW - NOW % DAY - 3 * DAY;
+    let events = [
+        raw("clicks", "a", day + 3600, 5, &[]),
+        raw("clicks", "m", day + 3600, 2, &[]),
+        raw("clicks", "z", day + 3600, 1, &[]),
+        raw("clicks", "z", day + 7200, -1, &[]),
+    ];
+    write_both(&e, &reference, NOW, &events);
+    assert!(e.flush().unwrap().segments > 0);
+    let late = [
+        raw("clicks", "z", day + 10_800, 7, &[]),
+        raw("clicks", "zz", day + 10_800, 3, &[]),
+        raw("clicks", "a", day + 10_800, 1, &[]),
+    ];
+    write_both(&e, &reference, NOW, &late);
+    let ns = Namespace::new("clicks").unwrap();
+    let deadline = tally_core::store::Deadline::none();
+    let scan = Scan {
+        ns: &ns,
+        resolution: tally_core::model::Duration::from_secs(3600).unwrap(),
+        from: day,
+        to: day + DAY,
+        value: None,
+        deadline: &deadline,
+    };
+    for limit in [0, 1, 2, 3, 10] {
+        let got = e.top(&scan, limit).unwrap();
+        assert_eq!(got, reference.top(&scan, limit).unwrap(), "limit {limit}");
+        assert_eq!(got.total, 18, "limit {limit}");
+    }
+    let names: Vec<(String, i64)> = e
+        .top(&scan, 10)
+        .unwrap()
+        .keys
+        .into_iter()
+        .map(|(k, n)| (k.as_str().to_owned(), n))
+        .collect();
+    let want = [("z", 7), ("a", 6), ("zz", 3), ("m", 2)];
+    assert_eq!(names, want.map(|(k, n)| (k.to_owned(), n)));
+}
