@@ -16,7 +16,9 @@
 //! `scan_totals` and `scan_total_sums` — and `keys` lists what the index holds. In a
 //! version 2 file that `verify` accepts, each span frame read for a namespace holds the sums
 //! of its records' totals over the span, and the ranks name the keys the records have: a
-//! frame changed behind a recomputed checksum is what `verify` is there to catch.
+//! frame changed behind a recomputed checksum is what `verify` is there to catch. Likewise
+//! `sums_over_spans` over the whole period (a rollup, when a record has one) sums each
+//! subtotal series as its buckets do.
 
 #![no_main]
 
@@ -51,10 +53,12 @@ fn known_indexes() -> &'static [&'static [u8]] {
     static KNOWN: OnceLock<Vec<&'static [u8]>> = OnceLock::new();
     KNOWN.get_or_init(|| {
         // The `-v2` seeds are the same records rewritten in format 2: the same key index.
-        let seeds: [&'static [u8]; 3] = [
+        // `month-rollups-v2` has one record made dense enough for a rollup.
+        let seeds: [&'static [u8]; 4] = [
             include_bytes!("../corpus/segment_read/day-hourly"),
             include_bytes!("../corpus/segment_read/month-hourly"),
             include_bytes!("../corpus/segment_read/delta-minutes"),
+            include_bytes!("../corpus/segment_read/month-rollups-v2"),
         ];
         seeds.iter().filter_map(|s| key_index(&s[1..])).collect()
     })
@@ -120,6 +124,33 @@ fuzz_target!(|data: &[u8]| {
         }
         if let Ok(got) = seg.get_totals(ns, key) {
             assert_eq!(got.as_ref(), Some(&rec.totals), "get_totals {ns}/{key}");
+        }
+        let whole = seg.spans_within(first, u32::try_from(seg.meta().end_bucket()).unwrap_or(0));
+        if let Some(spans) = whole.filter(|_| verified) {
+            let (mut totals, mut subs) = (Vec::new(), BTreeMap::new());
+            let summed = seg.sums_over_spans(
+                (ns, key),
+                spans,
+                &all,
+                &|_| true,
+                &mut |i, n| totals.push((i, n)),
+                &mut |d, v, n| {
+                    subs.insert((d.to_owned(), v.to_owned()), n);
+                },
+            );
+            if summed.is_ok() {
+                assert_eq!(totals, rec.totals, "sums_over_spans totals {ns}/{key}");
+                let mut want = BTreeMap::new();
+                for d in &rec.dims {
+                    for (v, b) in &d.values {
+                        let n = b.iter().fold(0i64, |t, (_, n)| t.wrapping_add(*n));
+                        if n != 0 {
+                            want.insert((d.dim.clone(), v.clone()), n);
+                        }
+                    }
+                }
+                assert_eq!(subs, want, "sums_over_spans subtotals {ns}/{key}");
+            }
         }
         for inside in [&all as &dyn Fn(u32) -> bool, &half] {
             let (mut totals, mut subs) = (BTreeMap::new(), BTreeMap::new());

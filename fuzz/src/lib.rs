@@ -125,14 +125,21 @@ pub fn fix_segment_checksums(bytes: &mut [u8], blocks: bool, index: bool) {
     let count = u32_at(bytes, footer_at + l::FOOTER_BLOCKS_OFFSET) as usize;
     if blocks {
         let table = index_at.saturating_add(dict_len).saturating_add(fst_len);
-        // Version 2: after the block table, the sums header, then an entry per span frame
-        // and per key frame, checksummed as blocks are.
+        // Version 2: after the block table, the sums header, then an entry per span frame,
+        // per key frame and (with the rollups flag) per rollup frame, checksummed as blocks
+        // are.
         let mut entries = count;
         if bytes[bytes.len() - 1] == l::MAGIC_V2[3] {
             let head = table.saturating_add(count.saturating_mul(l::BLOCK_ENTRY_LEN));
             if head.saturating_add(l::SUMS_HEADER_LEN) <= footer_at {
                 let spans = u32_at(bytes, head + l::SUMS_SPANS_OFFSET) as usize;
-                entries = count.saturating_mul(2).saturating_add(spans);
+                let flags = u32_at(bytes, head + l::SUMS_FLAGS_OFFSET);
+                let per_block = if flags & l::SUMS_FLAG_ROLLUPS != 0 {
+                    3
+                } else {
+                    2
+                };
+                entries = count.saturating_mul(per_block).saturating_add(spans);
             }
         }
         for b in 0..entries.min(1 << 16) {

@@ -234,8 +234,23 @@ impl Archive {
         totals: &mut BTreeMap<u32, i64>,
         sub: &mut dyn FnMut(&str, &str, i64),
     ) -> Result<(), SegmentError> {
+        let (lo, hi) = index_range(r.resolution, from, to);
         for (seg, (_, show_subs)) in self.overlapping(r.resolution, from, to, r.cutoff) {
-            if show_subs {
+            // Whole spans, all kept (retention keeps every bucket after a kept one): the
+            // subtotals can come from a rollup.
+            let spans = seg
+                .spans_within(lo, hi)
+                .filter(|s| !s.is_empty() && (r.inside)(lo.max(seg.meta().first_bucket())));
+            if show_subs && let Some(spans) = spans {
+                seg.sums_over_spans(
+                    (r.ns, r.key),
+                    spans,
+                    r.inside,
+                    r.dim_ok,
+                    &mut |i, n| *totals.entry(i).or_default() += n,
+                    sub,
+                )?;
+            } else if show_subs {
                 seg.sums(
                     (r.ns, r.key),
                     r.inside,

@@ -496,7 +496,7 @@ impl Block {
                     for i in sidx {
                         let v = unzigzag(c[SCOUNTS].varint()?);
                         if inside(i) {
-                            n += v;
+                            n = n.wrapping_add(v);
                         }
                     }
                 } else {
@@ -513,7 +513,7 @@ impl Block {
                         m &= m - 1;
                         let v = unzigzag(c[SCOUNTS].varint()?);
                         if all_inside || inside(idx[p]) {
-                            n += v;
+                            n = n.wrapping_add(v);
                         }
                     }
                 }
@@ -525,6 +525,35 @@ impl Block {
             }
         }
         Ok(())
+    }
+
+    /// The subtotal series of record `j`, in order, as (dimension, value) — from the shape
+    /// and value-id streams alone, no count decoded. Returns how many there are.
+    pub(crate) fn series_names(
+        &self,
+        j: usize,
+        dict: &Dictionary,
+        visit: &mut dyn FnMut(usize, &str, &str),
+    ) -> Result<usize, String> {
+        let mut c = self.cursors(j)?;
+        let ndims = c[SHAPE].varint()? >> 1;
+        let mut at = 0usize;
+        for _ in 0..ndims {
+            let id = c[SHAPE].varint()?;
+            let Some((dim, names)) = usize::try_from(id).ok().and_then(|i| dict.dims.get(i)) else {
+                return Err(format!("dimension id {id} is not in the dictionary"));
+            };
+            let nvalues = c[SHAPE].count(0)?;
+            for _ in 0..nvalues {
+                let id = c[IDS].varint()?;
+                let Some(v) = usize::try_from(id).ok().and_then(|i| names.get(i)) else {
+                    return Err(format!("value id {id} of {dim:?} is not in the dictionary"));
+                };
+                visit(at, dim, v);
+                at += 1;
+            }
+        }
+        Ok(at)
     }
 
     /// Only the totals of record `j`: what a series, a window or a top of keys needs. The

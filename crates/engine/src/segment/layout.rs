@@ -227,11 +227,12 @@ impl Footer {
 }
 
 /// Version 2: the last part of the index section, after the block table. Its header, then
-/// one [`BlockEntry`] per span frame (`keys` = the frame's entries) and one per key frame
-/// (one per block, `keys` = the block's records).
+/// one [`BlockEntry`] per span frame (`keys` = the frame's entries), one per key frame (one
+/// per block, `keys` = the block's records) and, with [`SUMS_FLAG_ROLLUPS`], one per rollup
+/// frame (one per block, `keys` = the block's records that have a rollup).
 pub const SUMS_SPAN_BUCKETS_OFFSET: usize = 0;
 pub const SUMS_SPANS_OFFSET: usize = 8;
-pub const SUMS_RESERVED_OFFSET: usize = 12;
+pub const SUMS_FLAGS_OFFSET: usize = 12;
 pub const SUMS_FRAMES_OFFSET_OFFSET: usize = 16;
 /// Bytes of the sums header.
 pub const SUMS_HEADER_LEN: usize = 24;
@@ -239,6 +240,8 @@ pub const SUMS_HEADER_LEN: usize = 24;
 pub const MAX_SPANS: u32 = 4096;
 /// The length of a span the writer prefers, in seconds: a UTC day.
 pub const SPAN_SECS: i64 = 86_400;
+/// Sums header flag: the file has rollup frames (and their table). The other bits are zero.
+pub const SUMS_FLAG_ROLLUPS: u32 = 1;
 
 /// The sums header (version 2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -246,6 +249,9 @@ pub struct SumsHeader {
     /// Buckets per span; the spans tile the period.
     pub span_buckets: u64,
     pub spans: u32,
+    /// Whether rollup frames follow the key frames ([`SUMS_FLAG_ROLLUPS`]); files written
+    /// before rollups existed have none.
+    pub rollups: bool,
     /// Where the first span frame starts: the end of the blocks.
     pub frames_offset: u64,
 }
@@ -254,7 +260,8 @@ impl SumsHeader {
     pub fn encode(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.span_buckets.to_le_bytes());
         out.extend_from_slice(&self.spans.to_le_bytes());
-        out.extend_from_slice(&0u32.to_le_bytes());
+        let flags = if self.rollups { SUMS_FLAG_ROLLUPS } else { 0 };
+        out.extend_from_slice(&flags.to_le_bytes());
         out.extend_from_slice(&self.frames_offset.to_le_bytes());
     }
 
@@ -263,12 +270,14 @@ impl SumsHeader {
         if b.len() != SUMS_HEADER_LEN {
             return Err(format!("sums header of {} bytes", b.len()));
         }
-        if u32_at(b, SUMS_RESERVED_OFFSET) != 0 {
-            return Err("sums header: reserved bytes are not zero".into());
+        let flags = u32_at(b, SUMS_FLAGS_OFFSET);
+        if flags & !SUMS_FLAG_ROLLUPS != 0 {
+            return Err(format!("sums header: unknown flags {flags:#x}"));
         }
         Ok(SumsHeader {
             span_buckets: u64_at(b, SUMS_SPAN_BUCKETS_OFFSET),
             spans: u32_at(b, SUMS_SPANS_OFFSET),
+            rollups: flags & SUMS_FLAG_ROLLUPS != 0,
             frames_offset: u64_at(b, SUMS_FRAMES_OFFSET_OFFSET),
         })
     }

@@ -20,6 +20,7 @@ use std::path::PathBuf;
 
 pub use layout::Version;
 pub use reader::{BlockHandle, Records, Segment};
+pub use sums::ROLLUP_RATIO;
 pub use writer::{Codec, SegmentWriter, WriteOptions};
 
 /// What a segment holds: one tier resolution, one period, and who it is.

@@ -17,7 +17,7 @@ use super::layout::{
     FOOTER_LEN, FOOTER_MAGIC_OFFSET, Footer, HEADER_LEN, MAX_BLOCK_RAW_LEN, MAX_DICT_RAW_LEN,
     MAX_SPANS, MagicProblem, SUMS_HEADER_LEN, SumsHeader, Version, u32_at,
 };
-use super::sums::{decode_keys, decode_span};
+use super::sums::{Rollup, decode_keys, decode_rollups, decode_span};
 use super::{Buckets, KeyRecord, SegmentError, SegmentMeta, SegmentStats, index_key};
 
 /// Where a block is and what it holds, as the block table says.
@@ -46,6 +46,9 @@ pub struct Segment {
     span_buckets: u64,
     spans: Vec<BlockEntry>,
     key_frames: Vec<BlockEntry>,
+    /// Version 2 with rollups: one rollup frame per block (empty when none of its records
+    /// has a rollup); none in files written before rollups.
+    rollups: Vec<BlockEntry>,
     /// The blocks `get` decoded last.
     cache: Mutex<BlockCache>,
 }
@@ -188,8 +191,8 @@ impl Segment {
                 .collect()
         };
         let blocks = entries(&table);
-        let (head, span_buckets, spans, key_frames) = match version {
-            Version::V1 => (None, 0, Vec::new(), Vec::new()),
+        let (head, span_buckets, spans, key_frames, rollups) = match version {
+            Version::V1 => (None, 0, Vec::new(), Vec::new(), Vec::new()),
             Version::V2 => {
                 let (h, rest) = sums.split_at(SUMS_HEADER_LEN);
                 let head = SumsHeader::decode(h).map_err(&corrupt)?;
@@ -203,7 +206,8 @@ impl Segment {
                         head.spans, head.span_buckets
                     )));
                 }
-                let want = (head.spans as usize + blocks.len()) * BLOCK_ENTRY_LEN;
+                let per_block = if head.rollups { 2 } else { 1 };
+                let want = (head.spans as usize + per_block * blocks.len()) * BLOCK_ENTRY_LEN;
                 if rest.len() != want {
                     return Err(corrupt(format!(
                         "the sums tables take {} bytes, {} spans and {} blocks take {want}",
@@ -212,8 +216,15 @@ impl Segment {
                         blocks.len()
                     )));
                 }
-                let (s, k) = rest.split_at(head.spans as usize * BLOCK_ENTRY_LEN);
-                (Some(head), head.span_buckets, entries(s), entries(k))
+                let (s, rest) = rest.split_at(head.spans as usize * BLOCK_ENTRY_LEN);
+                let (k, r) = rest.split_at(blocks.len() * BLOCK_ENTRY_LEN);
+                (
+                    Some(head),
+                    head.span_buckets,
+                    entries(s),
+                    entries(k),
+                    entries(r),
+                )
             }
         };
         let ok = |b: &BlockEntry| {
@@ -250,9 +261,18 @@ impl Segment {
             }
             at += u64::from(k.stored_len);
         }
+        for (i, (r, b)) in rollups.iter().zip(&blocks).enumerate() {
+            let empty = r.keys == 0 && r.stored_len == 0 && r.raw_len == 0;
+            if r.offset != at || !ok(r) || r.keys > b.keys || (r.keys == 0 && !empty) {
+                return Err(corrupt(format!(
+                    "rollup frame table entry {i} is inconsistent"
+                )));
+            }
+            at += u64::from(r.stored_len);
+        }
         if at != footer.index_offset {
             return Err(corrupt(
-                "the span and key frames do not end where the index starts".into(),
+                "the span, key and rollup frames do not end where the index starts".into(),
             ));
         }
         let index = fst::Map::new(index).map_err(|e| corrupt(format!("key index: {e}")))?;
@@ -290,6 +310,7 @@ impl Segment {
             span_buckets,
             spans,
             key_frames,
+            rollups,
             cache: Mutex::default(),
         })
     }
@@ -417,6 +438,67 @@ impl Segment {
             .sums(ord, &self.dict, &self.period, inside, dim_ok, total, sub)
             .map_err(|why| self.corrupt(format!("block {block}: {why}")))?;
         Ok(true)
+    }
+
+    /// As [`Segment::sums`], for a read whose buckets in this segment are exactly the spans
+    /// `spans` (see [`Segment::spans_within`]): when the key's record has a rollup, each
+    /// subtotal series is summed from it, a sum per span, and no subtotal bucket is decoded.
+    pub fn sums_over_spans(
+        &self,
+        (ns, key): (&str, &str),
+        spans: std::ops::Range<usize>,
+        inside: &dyn Fn(u32) -> bool,
+        dim_ok: &dyn Fn(&str) -> bool,
+        total: &mut dyn FnMut(u32, i64),
+        sub: &mut dyn FnMut(&str, &str, i64),
+    ) -> Result<bool, SegmentError> {
+        let Some(v) = self.index.get(index_key(ns, key)) else {
+            return Ok(false);
+        };
+        let (block, ord) = self.locate(v)?;
+        let Some(rollup) = self.rollup(block, ord)? else {
+            return self.sums((ns, key), inside, dim_ok, total, sub);
+        };
+        let b = self.cached_block(block)?;
+        let bad = |why: String| self.corrupt(format!("block {block}: {why}"));
+        for (i, n) in b.totals(ord, &self.period).map_err(bad)? {
+            if inside(i) {
+                total(i, n);
+            }
+        }
+        let series = b
+            .series_names(ord, &self.dict, &mut |si, d, v| {
+                if si < rollup.series as usize && dim_ok(d) {
+                    match rollup.sum(si, &spans) {
+                        0 => {}
+                        n => sub(d, v, n),
+                    }
+                }
+            })
+            .map_err(bad)?;
+        if series != rollup.series as usize {
+            return Err(self.corrupt(format!(
+                "rollup frame {block}: {} series where record {ord} has {series}",
+                rollup.series
+            )));
+        }
+        Ok(true)
+    }
+
+    /// The rollup of record `ord` of `block`, if it has one.
+    fn rollup(&self, block: usize, ord: usize) -> Result<Option<Rollup>, SegmentError> {
+        let (Some(e), Some(b)) = (self.rollups.get(block), self.blocks.get(block)) else {
+            return Ok(None);
+        };
+        if e.keys == 0 {
+            return Ok(None);
+        }
+        let what = Frame::Rollups(block);
+        let raw = self.frame(e, what)?;
+        let spans = self.spans.len() as u32;
+        let mut found = decode_rollups(&raw, e.keys, (b.keys, spans), Some(ord as u32))
+            .map_err(|why| self.corrupt(format!("{what}: {why}")))?;
+        Ok(found.pop().filter(|r| r.ord as usize == ord))
     }
 
     /// A key's totals alone (its subtotals are not decoded); `None` if the key is absent.
@@ -725,6 +807,17 @@ impl Segment {
                 }
                 None => None,
             };
+            let mut rollups = match self.rollups.get(b) {
+                Some(e) if e.keys > 0 => {
+                    let raw = self.frame(e, Frame::Rollups(b))?;
+                    let spans = self.spans.len() as u32;
+                    decode_rollups(&raw, e.keys, (entry.keys, spans), None)
+                        .map_err(|why| self.corrupt(format!("rollup frame {b}: {why}")))?
+                }
+                _ => Vec::new(),
+            }
+            .into_iter()
+            .peekable();
             for ord in 0..entry.keys {
                 let Some((k, v)) = stream.next() else {
                     return Err(self.corrupt("the key index ends before the blocks".into()));
@@ -746,6 +839,16 @@ impl Segment {
                     .record(ord as usize, &self.dict, &self.period)
                     .map_err(|why| self.corrupt(format!("block {b}: {why}")))?;
                 points += rec.data_points();
+                if let Some(rollup) = rollups.next_if(|r| r.ord == ord) {
+                    let first = self.period.first;
+                    let per = self.span_buckets.max(1);
+                    let span_of = |i: u32| (u64::from(i - first) / per) as u32;
+                    if Rollup::of(ord, &rec, &span_of).as_ref() != Some(&rollup) {
+                        return Err(self.corrupt(format!(
+                            "rollup frame {b} does not hold the sums of record {ord}'s subtotals"
+                        )));
+                    }
+                }
                 let mut sums: Vec<(usize, i64)> = Vec::new();
                 for &(i, n) in &rec.totals {
                     // Version 1 has no spans (0 buckets each): nothing to check.
@@ -802,6 +905,7 @@ enum Frame {
     Block(usize),
     Span(usize),
     Keys(usize),
+    Rollups(usize),
 }
 
 impl std::fmt::Display for Frame {
@@ -810,6 +914,7 @@ impl std::fmt::Display for Frame {
             Frame::Block(n) => write!(f, "block {n}"),
             Frame::Span(n) => write!(f, "span frame {n}"),
             Frame::Keys(n) => write!(f, "key frame {n}"),
+            Frame::Rollups(n) => write!(f, "rollup frame {n}"),
         }
     }
 }

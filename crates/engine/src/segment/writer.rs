@@ -12,7 +12,7 @@ use super::layout::{
     BlockEntry, CODEC_NONE, CODEC_ZSTD, DEFAULT_BLOCK_TARGET, DICT_HEADER_LEN, Footer, HEADER_LEN,
     MAX_BLOCK_RAW_LEN, MAX_DICT_RAW_LEN, SumsHeader, Version,
 };
-use super::sums::{encode_keys, encode_span};
+use super::sums::{Rollup, encode_keys, encode_rollups, encode_span};
 use super::{KeyRecord, SegmentError, SegmentMeta, SegmentStats, index_key};
 
 /// How block payloads are stored.
@@ -65,6 +65,10 @@ pub struct SegmentWriter {
     /// stored, with its uncompressed length.
     block_keys: Vec<Vec<u8>>,
     key_frames: Vec<(Vec<u8>, u32)>,
+    /// The rollups of the block being filled, and each written block's rollup frame as
+    /// stored, with its uncompressed length and how many rollups it holds.
+    block_rollups: Vec<Rollup>,
+    rollup_frames: Vec<(Vec<u8>, u32, u32)>,
     last_key: Option<Vec<u8>>,
     keys: u64,
     data_points: u64,
@@ -125,6 +129,8 @@ impl SegmentWriter {
             spans: vec![Vec::new(); spans as usize],
             block_keys: Vec::new(),
             key_frames: Vec::new(),
+            block_rollups: Vec::new(),
+            rollup_frames: Vec::new(),
             last_key: None,
             keys: 0,
             data_points: 0,
@@ -191,6 +197,11 @@ impl SegmentWriter {
             return Err(invalid(format!("key index: {e}")));
         }
         self.add_span_sums(&record);
+        let (first, per) = (self.period.first, self.span_buckets);
+        let span_of = |i: u32| (u64::from(i - first) / per) as u32;
+        if let Some(r) = Rollup::worth(self.pending.len() as u32, &record, &span_of) {
+            self.block_rollups.push(r);
+        }
         self.keys += 1;
         self.data_points += record.data_points();
         self.pending.push(record);
@@ -265,6 +276,21 @@ impl SegmentWriter {
         self.key_frames
             .push((self.compress(&keys)?, keys.len() as u32));
         self.block_keys.clear();
+        // Rollups are a shortcut a reader can do without: a frame too large to be read back
+        // is left empty rather than refused.
+        let mut rollups = encode_rollups(&self.block_rollups);
+        let mut count = self.block_rollups.len() as u32;
+        if rollups.len() > MAX_BLOCK_RAW_LEN {
+            (rollups, count) = (Vec::new(), 0);
+        }
+        let rollup_frame = if count == 0 {
+            Vec::new()
+        } else {
+            self.compress(&rollups)?
+        };
+        self.rollup_frames
+            .push((rollup_frame, rollups.len() as u32, count));
+        self.block_rollups.clear();
         self.file
             .write_all(&stored)
             .map_err(|e| SegmentError::io(&path, e))?;
@@ -289,13 +315,14 @@ impl SegmentWriter {
         }
         self.flush_block()?;
         let path = self.path.clone();
-        // The span frames, then the key frames, after the blocks; their tables go last in
-        // the index section.
+        // The span frames, the key frames, then the rollup frames, after the blocks; their
+        // tables go last in the index section.
         let frames_offset = self.offset;
         let mut tables = Vec::new();
         SumsHeader {
             span_buckets: self.span_buckets,
             spans: self.spans.len() as u32,
+            rollups: true,
             frames_offset,
         }
         .encode(&mut tables);
@@ -330,6 +357,9 @@ impl SegmentWriter {
         drop(spans);
         for ((stored, raw_len), b) in self.key_frames.iter().zip(&self.blocks) {
             add_frame(&mut frames, stored, *raw_len as usize, b.keys as usize);
+        }
+        for (stored, raw_len, count) in &self.rollup_frames {
+            add_frame(&mut frames, stored, *raw_len as usize, *count as usize);
         }
         self.file
             .write_all(&frames)

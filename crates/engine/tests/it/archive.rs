@@ -853,3 +853,80 @@ fn a_top_over_an_archived_day_adds_late_events_to_its_sums() {
     let want = [("z", 7), ("a", 6), ("zz", 3), ("m", 2)];
     assert_eq!(names, want.map(|(k, n)| (k.to_owned(), n)));
 }
+
+/// A breakdown over whole archived days sums each subtotal series from the day segments'
+/// rollups (a busy key has every hour of every day), over part of a day from the buckets, and
+/// adds late events from memory and from a delta segment: always what the reference says.
+#[test]
+fn a_breakdown_over_archived_days_reads_rollups_and_adds_late_events() {
+    use tally_core::model::Key;
+    use tally_core::store::{KeyRead, Want};
+    let dir = tempfile::tempdir().unwrap();
+    let clock = crate::clock(NOW);
+    let reference = MemStore::new(clock.clone());
+    let e = open(dir.path(), &clock);
+    let d0 = NOW - NOW % DAY - 4 * DAY;
+    let mut events = Vec::new();
+    for h in 0..72 {
+        for (i, country) in ["DE", "FR", "US"].iter().enumerate() {
+            let ts = d0 + h * 3600 + 60 * i as i64;
+            let n = 1 + (h + i as i64) % 4;
+            events.push(raw("clicks", "busy", ts, n, &[("country", country)]));
+        }
+    }
+    events.push(raw("clicks", "quiet", d0 + DAY, 2, &[("country", "US")]));
+    write_both(&e, &reference, NOW, &events);
+    assert!(e.flush().unwrap().segments >= 3);
+    // Late events: flushed into a delta segment, then more kept in memory.
+    let late = |n: i64| {
+        [
+            raw("clicks", "busy", d0 + DAY + 7200, n, &[("country", "US")]),
+            raw("clicks", "busy", d0 + 2 * DAY, n, &[("country", "JP")]),
+        ]
+    };
+    write_both(&e, &reference, NOW, &late(5));
+    e.flush().unwrap();
+    write_both(&e, &reference, NOW, &late(-2));
+    let ns = Namespace::new("clicks").unwrap();
+    let key = Key::new("busy").unwrap();
+    let ranges = [
+        (d0, d0 + 3 * DAY),
+        (d0 + DAY, d0 + 2 * DAY),
+        (d0 + 3600, d0 + 3 * DAY),
+        (d0 - DAY, NOW),
+    ];
+    for (from, to) in ranges {
+        for want in [
+            Want::All,
+            Want::Dim { dim: "country" },
+            Want::Value {
+                dim: "country",
+                value: "US",
+            },
+        ] {
+            let read = KeyRead {
+                ns: &ns,
+                key: &key,
+                resolution: tally_core::model::Duration::from_secs(3600).unwrap(),
+                from,
+                to,
+                want,
+                sum_subtotals: true,
+            };
+            let folded = |s: &dyn Store| {
+                let d = s.read(&[read]).unwrap().pop().unwrap();
+                let mut subs: Vec<(String, i64)> = d
+                    .subtotals
+                    .iter()
+                    .map(|s| (s.value.clone(), s.buckets.iter().map(|b| b.1).sum()))
+                    .filter(|s| s.1 != 0)
+                    .collect();
+                subs.sort();
+                (d.totals, subs)
+            };
+            let got = folded(&e);
+            assert_eq!(got, folded(&reference), "{want:?} over {from}..{to}");
+            assert!(!got.1.is_empty(), "{want:?} over {from}..{to}");
+        }
+    }
+}

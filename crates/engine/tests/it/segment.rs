@@ -444,9 +444,13 @@ fn count() -> impl Strategy<Value = i64> {
     ]
 }
 
+/// Mostly a few buckets; sometimes most of the day's, so that records get rollups.
 fn buckets() -> impl Strategy<Value = Buckets> {
-    prop::collection::btree_map(FIRST..FIRST + HOURS, count(), 0..5)
-        .prop_map(|m| m.into_iter().collect())
+    prop_oneof![
+        4 => prop::collection::btree_map(FIRST..FIRST + HOURS, count(), 0..5),
+        1 => prop::collection::btree_map(FIRST..FIRST + HOURS, count(), 12..25),
+    ]
+    .prop_map(|m| m.into_iter().collect())
 }
 
 fn text() -> impl Strategy<Value = String> {
@@ -515,6 +519,40 @@ proptest! {
         );
         for ((ns, key), r) in &input {
             prop_assert_eq!(seg.get(ns, key).unwrap(), Some(r.clone()));
+            // The whole day as spans (a rollup, when the record has one) sums as the
+            // buckets do, for every dimension and for the first alone.
+            let first_dim = r.dims.first().map(|d| d.dim.clone());
+            for only_first in [false, true] {
+                let dim_ok = |d: &str| !only_first || first_dim.as_deref() == Some(d);
+                let (mut totals, mut subs) = (Vec::new(), BTreeMap::new());
+                let found = seg
+                    .sums_over_spans(
+                        (ns, key),
+                        0..1,
+                        &|_| true,
+                        &dim_ok,
+                        &mut |i, n| totals.push((i, n)),
+                        &mut |d, v, n| {
+                            subs.insert((d.to_owned(), v.to_owned()), n);
+                        },
+                    )
+                    .unwrap();
+                prop_assert!(found);
+                prop_assert_eq!(&totals, &r.totals);
+                let want: BTreeMap<(String, String), i64> = r
+                    .dims
+                    .iter()
+                    .filter(|d| dim_ok(&d.dim))
+                    .flat_map(|d| {
+                        d.values.iter().map(move |(v, b)| {
+                            let sum = b.iter().fold(0i64, |t, (_, n)| t.wrapping_add(*n));
+                            ((d.dim.clone(), v.clone()), sum)
+                        })
+                    })
+                    .filter(|(_, n)| *n != 0)
+                    .collect();
+                prop_assert_eq!(subs, want);
+            }
         }
         for (ns, key) in &absent {
             if !input.contains_key(&(ns.clone(), key.clone())) {

@@ -35,7 +35,7 @@ fn sums_header_table_matches_the_code() {
         vec![
             (SUMS_SPAN_BUCKETS_OFFSET, 8),
             (SUMS_SPANS_OFFSET, 4),
-            (SUMS_RESERVED_OFFSET, 4),
+            (SUMS_FLAGS_OFFSET, 4),
             (SUMS_FRAMES_OFFSET_OFFSET, 8),
         ]
     );
@@ -99,6 +99,11 @@ fn segment_constants_table_matches_the_code() {
         ("`SUMS_HEADER_LEN`", SUMS_HEADER_LEN),
         ("`MAX_SPANS`", MAX_SPANS as usize),
         ("`SPAN_SECS`", SPAN_SECS as usize),
+        ("`SUMS_FLAG_ROLLUPS`", SUMS_FLAG_ROLLUPS as usize),
+        (
+            "`ROLLUP_RATIO`",
+            tally_engine::segment::ROLLUP_RATIO as usize,
+        ),
     ];
     assert_eq!(rows.len(), want.len());
     for (name, value) in want {
@@ -109,6 +114,37 @@ fn segment_constants_table_matches_the_code() {
         assert_eq!(row[1].parse::<usize>().unwrap(), value, "{name}");
     }
     assert_eq!((CODEC_NONE, CODEC_ZSTD), (0, 1));
+}
+
+/// A record with eight subtotal buckets in one series and one span has a rollup: its
+/// frame holds the documented bytes, and its table entry is the last before the footer.
+#[test]
+fn a_rollup_frame_has_the_documented_layout() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("r.seg");
+    let hours: Vec<(u32, i64)> = (0..8).map(|h| (h, 1 + i64::from(h % 2))).collect();
+    let mut input = Input::new();
+    input.insert(
+        ("clicks".into(), "k".into()),
+        rec(&hours, &[("country", &[("US", &hours)])]),
+    );
+    let opts = WriteOptions {
+        codec: Codec::None,
+        block_target: 1 << 10,
+    };
+    write_with(&path, &input, opts);
+    let b = std::fs::read(&path).unwrap();
+    let r = &b[b.len() - FOOTER_LEN - BLOCK_ENTRY_LEN..b.len() - FOOTER_LEN];
+    // Record 0 (gap 0), spans from 0, 1 span, 1 series, the sum 12 (zigzag 24).
+    let frame = [0, 0, 1, 1, 24];
+    let at = u64_at(r, 0) as usize;
+    assert_eq!(&b[at..at + frame.len()], &frame[..]);
+    assert_eq!(u32_at(r, 8) as usize, frame.len());
+    assert_eq!(u32_at(r, 12) as usize, frame.len());
+    assert_eq!(u32_at(r, 16), crc32c_of(&frame));
+    assert_eq!(u32_at(r, 20), 1, "rollups");
+    let seg = Segment::open(&path).unwrap();
+    seg.verify().unwrap();
 }
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
@@ -156,11 +192,11 @@ fn a_real_segment_file_has_the_documented_layout() {
     let fst_len = u32_at(f, 60) as usize;
     assert_eq!(u32_at(f, 64), 1, "blocks");
     let index = &b[index_at..b.len() - FOOTER_LEN];
-    // Dictionary, key index, one block entry, the sums header, one span entry and one key
-    // frame entry.
+    // Dictionary, key index, one block entry, the sums header, one span entry, one key
+    // frame entry and one rollup frame entry.
     assert_eq!(
         index.len(),
-        dict_len + fst_len + BLOCK_ENTRY_LEN + SUMS_HEADER_LEN + 2 * BLOCK_ENTRY_LEN
+        dict_len + fst_len + BLOCK_ENTRY_LEN + SUMS_HEADER_LEN + 3 * BLOCK_ENTRY_LEN
     );
     assert_eq!(u32_at(f, 68), crc32c_of(index));
     assert_eq!(u32_at(f, 72), crc32c_of(&f[..72]));
@@ -202,7 +238,7 @@ fn a_real_segment_file_has_the_documented_layout() {
     let h = &e[BLOCK_ENTRY_LEN..];
     assert_eq!(u64_at(h, 0), 24);
     assert_eq!(u32_at(h, 8), 1);
-    assert_eq!(u32_at(h, 12), 0);
+    assert_eq!(u32_at(h, 12), SUMS_FLAG_ROLLUPS, "rollup frames follow");
     let frames_at = 4 + len;
     assert_eq!(u64_at(h, 16) as usize, frames_at);
     // The span frame: one entry, a rank stream of one byte (rank 0), the sum 3 - 1 = 2
@@ -225,6 +261,11 @@ fn a_real_segment_file_has_the_documented_layout() {
     assert_eq!(u32_at(k, 16), crc32c_of(&keys));
     assert_eq!(u32_at(k, 20), 1, "keys");
     assert_eq!(&b[keys_at..keys_at + keys.len()], &keys[..]);
+    // The record's one subtotal bucket is too few for a rollup: the block's rollup frame is
+    // empty.
+    let r = &k[BLOCK_ENTRY_LEN..];
+    assert_eq!(u64_at(r, 0) as usize, keys_at + keys.len());
+    assert_eq!(&r[8..], &[0; 16]);
     assert_eq!(keys_at + keys.len(), index_at);
     // The key index maps "clicks\0k" to block 0, position 0.
     let seg = Segment::open(&path).unwrap();
