@@ -19,21 +19,48 @@ use super::codec::{Cur, put_varint, unzigzag, zigzag};
 /// A span frame's payload: varint entry count, varint byte length of the rank stream, the
 /// rank stream (the first rank, then each next one's gap minus one) and the sum stream
 /// (zigzag varints). `entries` are sorted by rank, ranks unique, sums non-zero.
+#[cfg(test)]
 pub(crate) fn encode_span(entries: &[(u64, i64)]) -> Vec<u8> {
-    let mut ranks = Vec::with_capacity(entries.len() * 2);
-    let mut sums = Vec::with_capacity(entries.len() * 2);
-    let mut next = 0u64;
+    let mut span = SpanBuilder::default();
     for &(rank, sum) in entries {
-        put_varint(&mut ranks, rank - next);
-        next = rank + 1;
-        put_varint(&mut sums, zigzag(sum));
+        span.push(rank, sum);
     }
-    let mut out = Vec::with_capacity(ranks.len() + sums.len() + 10);
-    put_varint(&mut out, entries.len() as u64);
-    put_varint(&mut out, ranks.len() as u64);
-    out.extend_from_slice(&ranks);
-    out.extend_from_slice(&sums);
-    out
+    span.finish()
+}
+
+/// A span frame's payload built entry by entry, already varint-coded: a writer holds one per
+/// span of its period (a month segment: 31) until the end, so an entry costs its few bytes
+/// rather than 16.
+#[derive(Debug, Default)]
+pub(crate) struct SpanBuilder {
+    entries: u64,
+    next: u64,
+    ranks: Vec<u8>,
+    sums: Vec<u8>,
+}
+
+impl SpanBuilder {
+    /// Adds `(rank, sum)`: ranks strictly increasing, `sum` non-zero.
+    pub(crate) fn push(&mut self, rank: u64, sum: i64) {
+        debug_assert!(rank >= self.next && sum != 0);
+        put_varint(&mut self.ranks, rank - self.next);
+        self.next = rank + 1;
+        put_varint(&mut self.sums, zigzag(sum));
+        self.entries += 1;
+    }
+
+    pub(crate) fn entries(&self) -> u64 {
+        self.entries
+    }
+
+    pub(crate) fn finish(self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.ranks.len() + self.sums.len() + 20);
+        put_varint(&mut out, self.entries);
+        put_varint(&mut out, self.ranks.len() as u64);
+        out.extend_from_slice(&self.ranks);
+        out.extend_from_slice(&self.sums);
+        out
+    }
 }
 
 /// Visits the entries of a span frame whose rank lies in `[lo, hi)`, in rank order. The

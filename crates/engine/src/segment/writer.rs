@@ -12,7 +12,7 @@ use super::layout::{
     BlockEntry, CODEC_NONE, CODEC_ZSTD, DEFAULT_BLOCK_TARGET, DICT_HEADER_LEN, Footer, HEADER_LEN,
     MAX_BLOCK_RAW_LEN, MAX_DICT_RAW_LEN, SumsHeader, Version,
 };
-use super::sums::{Rollup, encode_keys, encode_rollups, encode_span};
+use super::sums::{Rollup, SpanBuilder, encode_keys, encode_rollups};
 use super::{KeyRecord, SegmentError, SegmentMeta, SegmentStats, index_key};
 
 /// How block payloads are stored.
@@ -58,9 +58,10 @@ pub struct SegmentWriter {
     pending_bytes: usize,
     blocks: Vec<BlockEntry>,
     index: fst::MapBuilder<Vec<u8>>,
-    /// Buckets per span, and per span every key's non-zero totals sum as (rank, sum).
+    /// Buckets per span, and per span every key's non-zero totals sum as (rank, sum),
+    /// already coded.
     span_buckets: u64,
-    spans: Vec<Vec<(u64, i64)>>,
+    spans: Vec<SpanBuilder>,
     /// The index keys of the block being filled, and each written block's key frame as
     /// stored, with its uncompressed length.
     block_keys: Vec<Vec<u8>>,
@@ -126,7 +127,7 @@ impl SegmentWriter {
             blocks: Vec::new(),
             index: fst::MapBuilder::memory(),
             span_buckets,
-            spans: vec![Vec::new(); spans as usize],
+            spans: (0..spans).map(|_| SpanBuilder::default()).collect(),
             block_keys: Vec::new(),
             key_frames: Vec::new(),
             block_rollups: Vec::new(),
@@ -224,7 +225,7 @@ impl SegmentWriter {
                     if let Some((s, sum)) = at.take()
                         && sum != 0
                     {
-                        self.spans[s].push((rank, sum));
+                        self.spans[s].push(rank, sum);
                     }
                     at = Some((span, n));
                 }
@@ -233,7 +234,7 @@ impl SegmentWriter {
         if let Some((s, sum)) = at
             && sum != 0
         {
-            self.spans[s].push((rank, sum));
+            self.spans[s].push(rank, sum);
         }
     }
 
@@ -341,8 +342,9 @@ impl SegmentWriter {
             at += stored.len() as u64;
             frames.extend_from_slice(stored);
         };
-        for entries in &spans {
-            let raw = encode_span(entries);
+        for span in spans {
+            let entries = span.entries() as usize;
+            let raw = span.finish();
             if raw.len() > MAX_BLOCK_RAW_LEN {
                 return Err(SegmentError::Invalid {
                     path: path.clone(),
@@ -352,9 +354,8 @@ impl SegmentWriter {
                 });
             }
             let stored = self.compress(&raw)?;
-            add_frame(&mut frames, &stored, raw.len(), entries.len());
+            add_frame(&mut frames, &stored, raw.len(), entries);
         }
-        drop(spans);
         for ((stored, raw_len), b) in self.key_frames.iter().zip(&self.blocks) {
             add_frame(&mut frames, stored, *raw_len as usize, b.keys as usize);
         }
@@ -426,8 +427,16 @@ thread_local! {
         const { std::cell::RefCell::new(None) };
 }
 
+/// Inputs larger than this are compressed with a context of their own, freed after: a
+/// kept context keeps the workspace of the largest input it saw, and a span frame of a
+/// month segment (hundreds of KiB) would leave each flushing thread holding megabytes.
+const KEPT_CONTEXT_MAX_INPUT: usize = 64 << 10;
+
 /// Compresses one block as one zstd frame with this thread's context.
 fn compress(raw: &[u8], level: i32) -> std::io::Result<Vec<u8>> {
+    if raw.len() > KEPT_CONTEXT_MAX_INPUT {
+        return zstd::bulk::compress(raw, level);
+    }
     COMPRESSOR.with(|c| {
         let mut c = c.borrow_mut();
         if c.as_ref().is_none_or(|(l, _)| *l != level) {
