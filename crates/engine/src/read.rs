@@ -140,11 +140,7 @@ impl Core {
                 &mut totals,
                 &want,
                 &mut |d, v, shard, sid| {
-                    add(
-                        d,
-                        v,
-                        window.collect(shard, sid).iter().map(|(_, n)| n).sum(),
-                    );
+                    add(d, v, window.sum(shard, sid));
                 },
             );
             Arc::clone(&archive)
@@ -226,7 +222,7 @@ impl Core {
                 };
                 let sum: i64 = {
                     let shard = self.mem.lock(self.mem.shard_of(key));
-                    window.collect(&shard, sid).iter().map(|(_, n)| n).sum()
+                    window.sum(&shard, sid)
                 };
                 if sum != 0 {
                     add(&mut sums, name, sum);
@@ -745,25 +741,50 @@ impl Window {
         }
     }
 
-    pub(crate) fn collect(&self, shard: &Shard, sid: SeriesId) -> Vec<(i64, i64)> {
-        let keep = |idx: u32| {
-            let b = i64::from(idx) * self.res;
-            self.tier
-                .retention
-                .keeps_bucket(b, self.tier.resolution, self.now)
-        };
+    /// The bucket indexes of the window `shard` can hold, and whether probing each of them
+    /// costs less than scanning the shard's counters; `None` when there is nothing to read.
+    /// Retention keeps every bucket after a kept one, so the kept ones are a suffix.
+    fn probe_range(&self, shard: &Shard) -> Option<(u32, u32, bool)> {
         let (min, max) = shard.extent(self.slot);
         let (lo, hi) = (self.lo.max(min), self.hi.min(max));
-        if lo >= hi {
-            return Vec::new();
-        }
         let len = shard.count(self.slot);
-        if len == 0 {
-            return Vec::new();
+        if lo >= hi || len == 0 {
+            return None;
         }
-        if ((hi - lo) as usize) <= len {
+        // Binary search for the first kept index of [lo, hi).
+        let (mut a, mut b) = (lo, hi);
+        while a < b {
+            let mid = a + (b - a) / 2;
+            if self.keeps(mid) {
+                b = mid;
+            } else {
+                a = mid + 1;
+            }
+        }
+        (a < hi).then_some((a, hi, ((hi - lo) as usize) <= len))
+    }
+
+    /// One series' counters in memory over the window, summed (wrapping, as every sum).
+    pub(crate) fn sum(&self, shard: &Shard, sid: SeriesId) -> i64 {
+        match self.probe_range(shard) {
+            None => 0,
+            Some((lo, hi, true)) => (lo..hi)
+                .map(|i| shard.get(self.slot, sid, i))
+                .fold(0i64, i64::wrapping_add),
+            Some(_) => self
+                .collect(shard, sid)
+                .iter()
+                .fold(0i64, |t, (_, n)| t.wrapping_add(*n)),
+        }
+    }
+
+    pub(crate) fn collect(&self, shard: &Shard, sid: SeriesId) -> Vec<(i64, i64)> {
+        let keep = |idx: u32| self.keeps(idx);
+        let Some((lo, hi, probe)) = self.probe_range(shard) else {
+            return Vec::new();
+        };
+        if probe {
             (lo..hi)
-                .filter(|&i| keep(i))
                 .filter_map(|i| match shard.get(self.slot, sid, i) {
                     0 => None,
                     n => Some((i64::from(i) * self.res, n)),
