@@ -17,7 +17,7 @@
 //! version 2 file that `verify` accepts, each span frame read for a namespace holds the sums
 //! of its records' totals over the span, and the ranks name the keys the records have: a
 //! frame changed behind a recomputed checksum is what `verify` is there to catch. Likewise
-//! `sums_over_spans` over the whole period (a rollup, when a record has one) sums each
+//! `sums` over the whole period as whole spans (a rollup, when a record has one) sums each
 //! subtotal series as its buckets do.
 
 #![no_main]
@@ -128,9 +128,9 @@ fuzz_target!(|data: &[u8]| {
         let whole = seg.spans_within(first, u32::try_from(seg.meta().end_bucket()).unwrap_or(0));
         if let Some(spans) = whole.filter(|_| verified) {
             let (mut totals, mut subs) = (Vec::new(), BTreeMap::new());
-            let summed = seg.sums_over_spans(
+            let summed = seg.sums(
                 (ns, key),
-                spans,
+                Some(spans),
                 &all,
                 &|_| true,
                 &mut |i, n| totals.push((i, n)),
@@ -139,7 +139,10 @@ fuzz_target!(|data: &[u8]| {
                 },
             );
             if summed.is_ok() {
-                assert_eq!(totals, rec.totals, "sums_over_spans totals {ns}/{key}");
+                assert_eq!(
+                    totals, rec.totals,
+                    "sums over whole spans: totals {ns}/{key}"
+                );
                 let mut want = BTreeMap::new();
                 for d in &rec.dims {
                     for (v, b) in &d.values {
@@ -149,13 +152,14 @@ fuzz_target!(|data: &[u8]| {
                         }
                     }
                 }
-                assert_eq!(subs, want, "sums_over_spans subtotals {ns}/{key}");
+                assert_eq!(subs, want, "sums over whole spans: subtotals {ns}/{key}");
             }
         }
         for inside in [&all as &dyn Fn(u32) -> bool, &half] {
             let (mut totals, mut subs) = (BTreeMap::new(), BTreeMap::new());
             let summed = seg.sums(
                 (ns, key),
+                None,
                 inside,
                 &|_| true,
                 &mut |i, n| *totals.entry(i).or_insert(0) += n,

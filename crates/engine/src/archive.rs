@@ -241,18 +241,10 @@ impl Archive {
             let spans = seg
                 .spans_within(lo, hi)
                 .filter(|s| !s.is_empty() && (r.inside)(lo.max(seg.meta().first_bucket())));
-            if show_subs && let Some(spans) = spans {
-                seg.sums_over_spans(
-                    (r.ns, r.key),
-                    spans,
-                    r.inside,
-                    r.dim_ok,
-                    &mut |i, n| *totals.entry(i).or_default() += n,
-                    sub,
-                )?;
-            } else if show_subs {
+            if show_subs {
                 seg.sums(
                     (r.ns, r.key),
+                    spans,
                     r.inside,
                     r.dim_ok,
                     &mut |i, n| *totals.entry(i).or_default() += n,

@@ -422,9 +422,14 @@ impl Segment {
     /// A key's record summed (see `Block::sums`): totals bucket by bucket to `total`, one
     /// sum per subtotal series of the dimensions `dim_ok` accepts to `sub`, both over the
     /// buckets `inside` accepts. False if the segment does not have the key.
+    ///
+    /// `whole_spans`, when `inside` accepts exactly those spans of this segment (see
+    /// [`Segment::spans_within`]): if the key's record has a rollup, each subtotal series is
+    /// summed from it, a sum per span, and no subtotal bucket is decoded.
     pub fn sums(
         &self,
         (ns, key): (&str, &str),
+        whole_spans: Option<std::ops::Range<usize>>,
         inside: &dyn Fn(u32) -> bool,
         dim_ok: &dyn Fn(&str) -> bool,
         total: &mut dyn FnMut(u32, i64),
@@ -434,30 +439,15 @@ impl Segment {
             return Ok(false);
         };
         let (block, ord) = self.locate(v)?;
-        self.cached_block(block)?
-            .sums(ord, &self.dict, &self.period, inside, dim_ok, total, sub)
-            .map_err(|why| self.corrupt(format!("block {block}: {why}")))?;
-        Ok(true)
-    }
-
-    /// As [`Segment::sums`], for a read whose buckets in this segment are exactly the spans
-    /// `spans` (see [`Segment::spans_within`]): when the key's record has a rollup, each
-    /// subtotal series is summed from it, a sum per span, and no subtotal bucket is decoded.
-    pub fn sums_over_spans(
-        &self,
-        (ns, key): (&str, &str),
-        spans: std::ops::Range<usize>,
-        inside: &dyn Fn(u32) -> bool,
-        dim_ok: &dyn Fn(&str) -> bool,
-        total: &mut dyn FnMut(u32, i64),
-        sub: &mut dyn FnMut(&str, &str, i64),
-    ) -> Result<bool, SegmentError> {
-        let Some(v) = self.index.get(index_key(ns, key)) else {
-            return Ok(false);
+        let rollup = match &whole_spans {
+            Some(spans) => self.rollup(block, ord)?.map(|r| (r, spans.clone())),
+            None => None,
         };
-        let (block, ord) = self.locate(v)?;
-        let Some(rollup) = self.rollup(block, ord)? else {
-            return self.sums((ns, key), inside, dim_ok, total, sub);
+        let Some((rollup, spans)) = rollup else {
+            self.cached_block(block)?
+                .sums(ord, &self.dict, &self.period, inside, dim_ok, total, sub)
+                .map_err(|why| self.corrupt(format!("block {block}: {why}")))?;
+            return Ok(true);
         };
         let b = self.cached_block(block)?;
         let bad = |why: String| self.corrupt(format!("block {block}: {why}"));

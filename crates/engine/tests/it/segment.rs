@@ -526,9 +526,9 @@ proptest! {
                 let dim_ok = |d: &str| !only_first || first_dim.as_deref() == Some(d);
                 let (mut totals, mut subs) = (Vec::new(), BTreeMap::new());
                 let found = seg
-                    .sums_over_spans(
+                    .sums(
                         (ns, key),
-                        0..1,
+                        Some(0..1),
                         &|_| true,
                         &dim_ok,
                         &mut |i, n| totals.push((i, n)),
