@@ -1,8 +1,10 @@
-//! The frozen segment-v1 fixture: a segment written by format version 1, committed as bytes,
-//! must keep opening with the same contents in every later build. The ignored test below
-//! wrote it once (`TALLY_WRITE_FIXTURES=1 cargo test -p tally-engine --test it
-//! write_segment_v1_fixture -- --ignored`); rewrite it only for a new format version, in a
-//! new directory.
+//! The frozen segment fixtures: segments written by format versions 1 and 2, committed as
+//! bytes, must keep opening with the same contents in every later build. Version 1's was
+//! written by the version-1 writer (`85a5fb5`), which no longer exists: today's writer
+//! writes version 2, so nothing here can rewrite it. Version 2's was written by the ignored
+//! test below (`TALLY_WRITE_FIXTURES=1 cargo test -p tally-engine --test it
+//! write_segment_v2_fixture -- --ignored`) before rollup frames existed; a later fixture
+//! goes in a new directory, never over this one.
 
 use std::path::PathBuf;
 
@@ -32,6 +34,11 @@ fn meta() -> SegmentMeta {
 /// 40 keys over two namespaces: unicode keys, negative and large counts, two dimensions
 /// with a compound value and a long one.
 fn contents() -> Input {
+    contents_over(|_| 0)
+}
+
+/// [`contents`] with key `i`'s first two buckets moved `day(i)` days later.
+fn contents_over(day: impl Fn(u32) -> u32) -> Input {
     let long = "x".repeat(300);
     let mut m = Input::new();
     for i in 0..40u32 {
@@ -40,9 +47,11 @@ fn contents() -> Input {
         } else {
             ("clicks", format!("lnk_{i:02}_é字"))
         };
-        let (n, h) = (i64::from(i) + 1, i % 22);
+        let (n, h) = (i64::from(i) + 1, i % 22 + 24 * day(i));
+        let mut totals = vec![(h, n), (h + 1, 1 << 40), (23, -n)];
+        totals.sort();
         let r = rec(
-            &[(h, n), (h + 1, 1 << 40), (23, -n)],
+            &totals,
             &[
                 (
                     "country+device",
@@ -56,24 +65,33 @@ fn contents() -> Input {
     m
 }
 
-#[test]
-#[ignore = "writes the frozen fixture: only for a new format version"]
-fn write_segment_v1_fixture() {
-    // Also behind the variable, so that `cargo test -- --ignored` cannot rewrite it.
+/// Writes a fixture, only when `TALLY_WRITE_FIXTURES` is set (so that `cargo test --
+/// --ignored` cannot rewrite one).
+fn write_fixture(path: &std::path::Path, meta: SegmentMeta, contents: &Input) {
     if std::env::var_os("TALLY_WRITE_FIXTURES").is_none() {
         return;
     }
-    let path = fixture();
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     let opts = WriteOptions {
         codec: Codec::Zstd { level: 3 },
         block_target: 330,
     };
-    let mut w = SegmentWriter::with_options(&path, meta(), opts).unwrap();
-    for ((ns, key), r) in &contents() {
+    let mut w = SegmentWriter::with_options(path, meta, opts).unwrap();
+    for ((ns, key), r) in contents {
         w.add(ns, key, r).unwrap();
     }
     w.finish().unwrap();
+}
+
+/// Every record of a segment.
+fn all_records(seg: &Segment) -> Input {
+    let mut all = Input::new();
+    seg.scan_all(&mut |ns, key, r| {
+        all.insert((ns.to_owned(), key.to_owned()), r.clone());
+        Ok(())
+    })
+    .unwrap();
+    all
 }
 
 #[test]
@@ -107,12 +125,7 @@ fn the_segment_v1_fixture_opens_and_reads_its_known_values() {
         vec!["/v1/ping/4", "/v1/ping/5"]
     );
     // Everything equals what the generator makes.
-    let mut all = Input::new();
-    seg.scan_all(&mut |ns, key, r| {
-        all.insert((ns.to_owned(), key.to_owned()), r.clone());
-        Ok(())
-    })
-    .unwrap();
+    let all = all_records(&seg);
     assert_eq!(all, contents());
     assert_eq!(
         stats.data_points,
@@ -138,49 +151,13 @@ fn meta_v2() -> SegmentMeta {
 /// As [`contents`], with key `i`'s first two buckets moved to day `i % 3`: each key has
 /// traffic on one or two of the three days.
 fn contents_v2() -> Input {
-    let long = "x".repeat(300);
-    let mut m = Input::new();
-    for i in 0..40u32 {
-        let (ns, key) = if i < 10 {
-            ("api", format!("/v1/ping/{i}"))
-        } else {
-            ("clicks", format!("lnk_{i:02}_é字"))
-        };
-        let (n, h) = (i64::from(i) + 1, i % 22 + 24 * (i % 3));
-        let mut totals = vec![(h, n), (h + 1, 1 << 40), (23, -n)];
-        totals.sort();
-        let r = rec(
-            &totals,
-            &[
-                (
-                    "country+device",
-                    &[("DE|mobile", &[(23, -n)]), ("US|desktop", &[(h, n)])],
-                ),
-                ("referrer", &[(long.as_str(), &[(h, 2)])]),
-            ],
-        );
-        m.insert((ns.to_owned(), key), r);
-    }
-    m
+    contents_over(|i| i % 3)
 }
 
 #[test]
 #[ignore = "writes the frozen fixture: only for a new format version"]
 fn write_segment_v2_fixture() {
-    if std::env::var_os("TALLY_WRITE_FIXTURES").is_none() {
-        return;
-    }
-    let path = fixture_v2();
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    let opts = WriteOptions {
-        codec: Codec::Zstd { level: 3 },
-        block_target: 330,
-    };
-    let mut w = SegmentWriter::with_options(&path, meta_v2(), opts).unwrap();
-    for ((ns, key), r) in &contents_v2() {
-        w.add(ns, key, r).unwrap();
-    }
-    w.finish().unwrap();
+    write_fixture(&fixture_v2(), meta_v2(), &contents_v2());
 }
 
 #[test]
@@ -192,12 +169,7 @@ fn the_segment_v2_fixture_opens_and_reads_its_known_values() {
     let stats = seg.verify().unwrap();
     assert_eq!(stats.keys, 40);
     assert_eq!(stats.bytes, std::fs::metadata(fixture_v2()).unwrap().len());
-    let mut all = Input::new();
-    seg.scan_all(&mut |ns, key, r| {
-        all.insert((ns.to_owned(), key.to_owned()), r.clone());
-        Ok(())
-    })
-    .unwrap();
+    let all = all_records(&seg);
     assert_eq!(all, contents_v2());
     // Literal values, independent of the generator above. Ranks: api's 10 keys, then
     // clicks' 30, key `lnk_i` at rank i.
