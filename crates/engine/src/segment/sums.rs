@@ -181,45 +181,59 @@ impl Rollup {
     /// The record's rollup, whatever its size; `None` without subtotals. `span_of` maps a
     /// bucket index to its span.
     pub(crate) fn of(ord: u32, record: &KeyRecord, span_of: &dyn Fn(u32) -> u32) -> Option<Self> {
-        let buckets = || record.dims.iter().flat_map(|d| d.values.iter());
-        let spans = buckets().flat_map(|(_, b)| b.first().into_iter().chain(b.last()));
-        let (first, last) = spans
-            .map(|&(i, _)| span_of(i))
-            .fold(None, |r: Option<(u32, u32)>, s| {
-                Some(r.map_or((s, s), |(a, b)| (a.min(s), b.max(s))))
-            })?;
-        let n = last - first + 1;
-        let series = buckets().count();
-        let mut sums = vec![0i64; series * n as usize];
-        for (si, (_, b)) in buckets().enumerate() {
-            for &(i, v) in b {
-                let at = &mut sums[si * n as usize + (span_of(i) - first) as usize];
-                *at = at.wrapping_add(v);
-            }
-        }
-        Some(Rollup {
-            ord,
-            first,
-            spans: n,
-            series: series as u32,
-            sums,
-        })
+        let (first, n, series) = Self::shape(record, span_of)?;
+        Some(Self::build(ord, record, span_of, (first, n, series)))
     }
 
-    /// The record's rollup if it pays for itself ([`ROLLUP_RATIO`]).
+    /// The record's rollup if it pays for itself ([`ROLLUP_RATIO`]); decided before any sum
+    /// is allocated, so what a rollup holds is at most an eighth of the record's buckets.
     pub(crate) fn worth(
         ord: u32,
         record: &KeyRecord,
         span_of: &dyn Fn(u32) -> u32,
     ) -> Option<Self> {
-        let points: u64 = record
-            .dims
-            .iter()
-            .flat_map(|d| d.values.iter())
-            .map(|(_, b)| b.len() as u64)
-            .sum();
-        let r = Rollup::of(ord, record, span_of)?;
-        (r.sums.len() as u64 * ROLLUP_RATIO <= points).then_some(r)
+        let (first, n, series) = Self::shape(record, span_of)?;
+        let points: u64 = Self::series(record).map(|(_, b)| b.len() as u64).sum();
+        let sums = u64::from(n).saturating_mul(series as u64);
+        (sums.saturating_mul(ROLLUP_RATIO) <= points)
+            .then(|| Self::build(ord, record, span_of, (first, n, series)))
+    }
+
+    fn series(record: &KeyRecord) -> impl Iterator<Item = &(String, super::Buckets)> {
+        record.dims.iter().flat_map(|d| d.values.iter())
+    }
+
+    /// (first span, spans, series) of the record's subtotals; `None` without any.
+    fn shape(record: &KeyRecord, span_of: &dyn Fn(u32) -> u32) -> Option<(u32, u32, usize)> {
+        let ends = Self::series(record).flat_map(|(_, b)| b.first().into_iter().chain(b.last()));
+        let (first, last) = ends
+            .map(|&(i, _)| span_of(i))
+            .fold(None, |r: Option<(u32, u32)>, s| {
+                Some(r.map_or((s, s), |(a, b)| (a.min(s), b.max(s))))
+            })?;
+        Some((first, last - first + 1, Self::series(record).count()))
+    }
+
+    fn build(
+        ord: u32,
+        record: &KeyRecord,
+        span_of: &dyn Fn(u32) -> u32,
+        (first, n, series): (u32, u32, usize),
+    ) -> Self {
+        let mut sums = vec![0i64; series * n as usize];
+        for (si, (_, b)) in Self::series(record).enumerate() {
+            for &(i, v) in b {
+                let at = &mut sums[si * n as usize + (span_of(i) - first) as usize];
+                *at = at.wrapping_add(v);
+            }
+        }
+        Rollup {
+            ord,
+            first,
+            spans: n,
+            series: series as u32,
+            sums,
+        }
     }
 
     /// Series `si` summed over spans `within` (those outside the rollup's add nothing).
