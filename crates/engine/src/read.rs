@@ -771,15 +771,18 @@ impl Window {
             Some((lo, hi, true)) => (lo..hi)
                 .map(|i| shard.get(self.slot, sid, i))
                 .fold(0i64, i64::wrapping_add),
-            Some(_) => self
-                .collect(shard, sid)
-                .iter()
-                .fold(0i64, |t, (_, n)| t.wrapping_add(*n)),
+            // Live and frozen counters of one bucket are both added, as a sum wants.
+            Some((lo, hi, false)) => shard
+                .counters(self.slot)
+                .filter(|&(k, _)| {
+                    let (s, i) = split_key(k);
+                    s == sid && (lo..hi).contains(&i)
+                })
+                .fold(0i64, |t, (_, n)| t.wrapping_add(n)),
         }
     }
 
     pub(crate) fn collect(&self, shard: &Shard, sid: SeriesId) -> Vec<(i64, i64)> {
-        let keep = |idx: u32| self.keeps(idx);
         let Some((lo, hi, probe)) = self.probe_range(shard) else {
             return Vec::new();
         };
@@ -796,8 +799,7 @@ impl Window {
                 .counters(self.slot)
                 .filter_map(|(k, n)| {
                     let (s, i) = split_key(k);
-                    (s == sid && i >= lo && i < hi && keep(i))
-                        .then_some((i64::from(i) * self.res, n))
+                    (s == sid && (lo..hi).contains(&i)).then_some((i64::from(i) * self.res, n))
                 })
                 .collect();
             out.sort_unstable();
