@@ -145,6 +145,40 @@ fn a_rollup_frame_has_the_documented_layout() {
     assert_eq!(u32_at(r, 20), 1, "rollups");
     let seg = Segment::open(&path).unwrap();
     seg.verify().unwrap();
+    let us = |seg: &Segment| {
+        let mut got = Vec::new();
+        seg.sums(
+            ("clicks", "k"),
+            Some(0..1),
+            &|_| true,
+            &|_| true,
+            &mut |_, _| {},
+            &mut |d, v, n| got.push((d.to_owned(), v.to_owned(), n)),
+        )
+        .unwrap();
+        got
+    };
+    assert_eq!(us(&seg), vec![("country".into(), "US".into(), 12)]);
+    drop(seg);
+
+    // The sum changed to 13 behind recomputed checksums (frame, index section, footer): the
+    // file opens and a read trusts the frame, but `verify` (`tally check`) names it.
+    let mut forged = b.clone();
+    forged[at + 4] = 26;
+    let entry = forged.len() - FOOTER_LEN - BLOCK_ENTRY_LEN;
+    let crc = crc32c_of(&frame[..4].iter().chain(&[26]).copied().collect::<Vec<_>>());
+    forged[entry + 16..entry + 20].copy_from_slice(&crc.to_le_bytes());
+    let footer = forged.len() - FOOTER_LEN;
+    let index_at = u64_at(&forged[footer..], 48) as usize;
+    let crc = crc32c_of(&forged[index_at..footer]);
+    forged[footer + 68..footer + 72].copy_from_slice(&crc.to_le_bytes());
+    let crc = crc32c_of(&forged[footer..footer + 72]);
+    forged[footer + 72..footer + 76].copy_from_slice(&crc.to_le_bytes());
+    std::fs::write(&path, &forged).unwrap();
+    let seg = Segment::open(&path).unwrap();
+    assert_eq!(us(&seg), vec![("country".into(), "US".into(), 13)]);
+    let err = seg.verify().unwrap_err().to_string();
+    assert!(err.contains("rollup frame 0"), "{err}");
 }
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
