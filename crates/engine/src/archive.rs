@@ -10,6 +10,7 @@ use tally_core::store::StoreError;
 
 use crate::catalog::Cutoff;
 use crate::manifest::{Manifest, SegmentEntry};
+use crate::names::Names;
 use crate::segment::{KeyRecord, Segment, SegmentError};
 
 /// Which (dimension, value) subtotals a read wants.
@@ -221,18 +222,29 @@ pub(crate) struct SumRead<'a> {
     pub inside: &'a dyn Fn(u32) -> bool,
     /// The dimensions whose subtotals are summed; the others are skipped.
     pub dim_ok: &'a dyn Fn(&str) -> bool,
+    /// Only this value's subtotal (of the dimensions `dim_ok` accepts), if given.
+    pub value: Option<&'a str>,
+    /// What subtotals are named by: see [`Archive::sum_key`].
+    pub names: &'a Names,
+}
+
+/// A subtotal series named by ids of a [`Names`]: dimension id << 32 | value id.
+pub(crate) fn name_pair(d: u32, v: u32) -> u64 {
+    (u64::from(d) << 32) | u64::from(v)
 }
 
 impl Archive {
     /// One key's archived buckets over `[from, to)` with each subtotal series summed: totals
     /// bucket by bucket into `totals`, one sum per (dimension, value) to `sub`, from every
-    /// segment that shows subtotals. Nothing of a value is copied unless `sub` copies it.
+    /// segment that shows subtotals. Subtotals are named by ids of `r.names` (see
+    /// [`name_pair`]), which each segment maps its dictionary to once: no name is hashed
+    /// per read.
     pub(crate) fn sum_key(
         &self,
         r: &SumRead<'_>,
         (from, to): (i64, i64),
         totals: &mut BTreeMap<u32, i64>,
-        sub: &mut dyn FnMut(&str, &str, i64),
+        sub: &mut dyn FnMut(u64, i64),
     ) -> Result<(), SegmentError> {
         let (lo, hi) = index_range(r.resolution, from, to);
         for (seg, (_, show_subs)) in self.overlapping(r.resolution, from, to, r.cutoff) {
@@ -242,13 +254,24 @@ impl Archive {
                 .spans_within(lo, hi)
                 .filter(|s| !s.is_empty() && (r.inside)(lo.max(seg.meta().first_bucket())));
             if show_subs {
-                seg.sums(
+                let ids = seg.name_ids(r.names);
+                // The one value wanted, as named here: found only if the segment's
+                // dictionary (now mapped) holds it.
+                let value = r.value.map(|v| r.names.get(v));
+                let dim_ok = |d: &str| (r.dim_ok)(d) && value != Some(None);
+                seg.sums_by_id(
                     (r.ns, r.key),
                     spans,
                     r.inside,
-                    r.dim_ok,
+                    &dim_ok,
                     &mut |i, n| *totals.entry(i).or_default() += n,
-                    sub,
+                    &mut |d, v, n| {
+                        if let Some((d, v)) = ids.get(d, v)
+                            && value.is_none_or(|w| w == Some(v))
+                        {
+                            sub(name_pair(d, v), n);
+                        }
+                    },
                 )?;
             } else if let Some(t) = seg.get_totals(r.ns, r.key)? {
                 for &(i, n) in t.iter().filter(|(i, _)| (r.inside)(*i)) {

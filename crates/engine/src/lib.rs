@@ -18,6 +18,7 @@ mod flush;
 pub mod io;
 pub mod manifest;
 pub mod memtable;
+pub mod names;
 mod read;
 mod recovery;
 pub mod segment;

@@ -11,7 +11,7 @@ use tally_core::store::{
     Deadline, KeyData, KeyList, KeyRead, Scan, StoreError, SubtotalBuckets, TopKeys, Want,
 };
 
-use crate::archive::{SubSums, SumRead, Wants, index_range};
+use crate::archive::{SubSums, SumRead, Wants, index_range, name_pair};
 use crate::catalog::{Catalog, SeriesId, TierPlan};
 use crate::memtable::{Shard, split_key};
 use crate::segment::SegmentError;
@@ -51,9 +51,11 @@ impl Core {
                 &window,
                 &mut totals,
                 &*want,
-                &mut |d, v, shard, sid| {
-                    let m = subs.entry((d.to_owned(), v.to_owned())).or_default();
-                    window.add_into(shard, sid, m);
+                &mut |shard, series| {
+                    for &(d, v, sid) in series {
+                        let m = subs.entry((d.to_owned(), v.to_owned())).or_default();
+                        window.add_into(shard, sid, m);
+                    }
                 },
             );
             Arc::clone(&archive)
@@ -112,37 +114,39 @@ impl Core {
         let res = r.resolution.secs() as u32;
         let cutoff = cat.ns[ns as usize].cutoff(res);
         let mut totals = BTreeMap::new();
-        // dimension → value → sum; looked up by `&str`, so a name is copied once.
-        type Map<V> = HashMap<String, V, foldhash::fast::FixedState>;
-        let mut sums: Map<Map<i64>> = Map::default();
-        let mut add = |d: &str, v: &str, n: i64| {
-            if !want(d, v) {
-                return;
-            }
-            let values = match sums.get_mut(d) {
-                Some(m) => m,
-                None => sums.entry(d.to_owned()).or_default(),
-            };
-            match values.get_mut(v) {
-                Some(s) => *s += n,
-                None => {
-                    values.insert(v.to_owned(), n);
-                }
-            }
+        // (dimension, value) named by ids of `names` → sum: the archive adds by id, so a
+        // value met in many segments is hashed as a name once (when its segment is mapped).
+        let names = self.names();
+        let mut sums: HashMap<u64, i64, foldhash::fast::FixedState> = HashMap::default();
+        let mut add = |pair: u64, n: i64| {
+            let s = sums.entry(pair).or_default();
+            *s = s.wrapping_add(n);
         };
         let archive = {
             let archive = self.archive();
             let mine = (ns, r.key.as_str());
+            let mut in_memory: Vec<(&str, &str, i64)> = Vec::new();
             self.key_in_memory(
                 &cat,
                 mine,
                 &window,
                 &mut totals,
                 &want,
-                &mut |d, v, shard, sid| {
-                    add(d, v, window.sum(shard, sid));
+                &mut |shard, series| {
+                    let sids: Vec<SeriesId> = series.iter().map(|s| s.2).collect();
+                    let mut sums = vec![0i64; sids.len()];
+                    window.sum_many(shard, &sids, &mut sums);
+                    for (&(d, v, _), n) in series.iter().zip(sums) {
+                        if n != 0 {
+                            in_memory.push((d, v, n));
+                        }
+                    }
                 },
             );
+            let ids = names.intern_all(in_memory.iter().flat_map(|&(d, v, _)| [d, v]));
+            for (pair, &(_, _, n)) in ids.chunks_exact(2).zip(&in_memory) {
+                add(name_pair(pair[0], pair[1]), n);
+            }
             Arc::clone(&archive)
         };
         drop(cat);
@@ -155,23 +159,22 @@ impl Core {
             cutoff,
             inside: &inside,
             dim_ok: &dim_ok,
+            value: one_value,
+            names: &names,
         };
         archive
             .sum_key(&read, (r.from, r.to), &mut totals, &mut add)
             .map_err(|e| self.archive_error(e))?;
-        let mut subtotals: Vec<SubtotalBuckets> = sums
-            .into_iter()
-            .flat_map(|(dim, values)| {
-                values
-                    .into_iter()
-                    .filter(|&(_, n)| n != 0)
-                    .map(move |(value, n)| SubtotalBuckets {
-                        dim: dim.clone(),
-                        value,
-                        buckets: vec![(r.from, n)],
-                    })
-            })
-            .collect();
+        let mut subtotals: Vec<SubtotalBuckets> = names.with(|name| {
+            sums.into_iter()
+                .filter(|&(_, n)| n != 0)
+                .map(|(pair, n)| SubtotalBuckets {
+                    dim: name((pair >> 32) as u32).to_owned(),
+                    value: name(pair as u32).to_owned(),
+                    buckets: vec![(r.from, n)],
+                })
+                .collect()
+        });
         subtotals.sort_unstable_by(|a, b| (&a.dim, &a.value).cmp(&(&b.dim, &b.value)));
         Ok(KeyData {
             totals: totals
@@ -474,26 +477,29 @@ impl Core {
     /// One key's counters in memory: its totals added into `totals`, and each subtotal
     /// series `want` accepts handed to `sub` with its (locked) shard. The caller holds the
     /// archive's lock shared (see the module doc).
-    fn key_in_memory(
+    fn key_in_memory<'c>(
         &self,
-        cat: &Catalog,
+        cat: &'c Catalog,
         (ns, key): (u32, &str),
         window: &Window,
         totals: &mut BTreeMap<u32, i64>,
         want: &dyn Fn(&str, &str) -> bool,
-        sub: &mut dyn FnMut(&str, &str, &Shard, SeriesId),
+        subs: &mut dyn FnMut(&Shard, &[Named<'c>]),
     ) {
         let Some(key) = cat.key_id(ns, key) else {
             return;
         };
         let entry = &cat.keys[key as usize];
+        let wanted: Vec<Named<'_>> = entry
+            .subs
+            .iter()
+            .map(|&(d, v, sid)| (cat.str(d), cat.str(v), sid))
+            .filter(|&(d, v, _)| want(d, v))
+            .collect();
         let shard = self.mem.lock(self.mem.shard_of(key));
         window.add_into(&shard, entry.total, totals);
-        for &(d, v, sid) in &entry.subs {
-            let (d, v) = (cat.str(d), cat.str(v));
-            if want(d, v) {
-                sub(d, v, &shard, sid);
-            }
+        if !wanted.is_empty() {
+            subs(&shard, &wanted);
         }
     }
 
@@ -699,6 +705,9 @@ fn add(sums: &mut KeySums, key: &str, n: i64) {
     }
 }
 
+/// A key's subtotal series with its (dimension, value) names.
+type Named<'c> = (&'c str, &'c str, SeriesId);
+
 /// The buckets of one tier that a read covers.
 pub(crate) struct Window {
     slot: usize,
@@ -779,6 +788,35 @@ impl Window {
                     s == sid && (lo..hi).contains(&i)
                 })
                 .fold(0i64, |t, (_, n)| t.wrapping_add(n)),
+        }
+    }
+
+    /// Several series' counters in memory over the window, each summed into `out` at its
+    /// position: probing each series' buckets, or walking the slot's counters once when
+    /// that is fewer steps (a busy key's thousands of values over the open day).
+    pub(crate) fn sum_many(&self, shard: &Shard, sids: &[SeriesId], out: &mut [i64]) {
+        let Some((lo, hi, _)) = self.probe_range(shard) else {
+            return;
+        };
+        let probes = (sids.len() as u64).saturating_mul(u64::from(hi - lo));
+        if probes <= shard.count(self.slot) as u64 {
+            for (o, &sid) in out.iter_mut().zip(sids) {
+                *o = (lo..hi)
+                    .map(|i| shard.get(self.slot, sid, i))
+                    .fold(*o, i64::wrapping_add);
+            }
+            return;
+        }
+        let at: HashMap<SeriesId, usize, foldhash::fast::FixedState> =
+            sids.iter().enumerate().map(|(p, &s)| (s, p)).collect();
+        // Live and frozen counters of one bucket are both added, as a sum wants.
+        for (k, n) in shard.counters(self.slot) {
+            let (s, i) = split_key(k);
+            if (lo..hi).contains(&i)
+                && let Some(o) = at.get(&s).and_then(|&p| out.get_mut(p))
+            {
+                *o = o.wrapping_add(n);
+            }
         }
     }
 

@@ -12,6 +12,7 @@ use tally_core::store::{IdemRecord, StoreError};
 use crate::archive::{Archive, FlushPolicy, store_error};
 use crate::catalog::{Catalog, KeyId, NsId, SeriesId, TierPlan};
 use crate::memtable::{Memtable, split_key};
+use crate::names::{MAX_NAMES, Names};
 use crate::segment::SegmentError;
 use crate::wal::payload::BatchView;
 
@@ -69,6 +70,8 @@ pub(crate) struct Core {
     pub(crate) last_seq: AtomicU64,
     /// The first damage a read found in the archive: `/healthz` reports it until restart.
     pub(crate) damaged: Mutex<Option<StoreError>>,
+    /// What reads that sum over segments name subtotals by (see [`Core::names`]).
+    names: Mutex<Arc<Names>>,
 }
 
 /// A batch resolved to ids: what [`Core::add_resolved`] adds.
@@ -115,7 +118,18 @@ impl Core {
             schemas: Mutex::new(SchemaLog::default()),
             last_seq: AtomicU64::new(0),
             damaged: Mutex::new(None),
+            names: Mutex::default(),
         }
+    }
+
+    /// The engine's [`Names`]; a fresh one once it holds [`MAX_NAMES`], so that the names
+    /// of dropped segments and past reads do not pile up for the life of the process.
+    pub(crate) fn names(&self) -> Arc<Names> {
+        let mut names = lock(&self.names);
+        if names.len() >= MAX_NAMES {
+            *names = Arc::default();
+        }
+        Arc::clone(&names)
     }
 
     /// Loads a manifest's checkpoint: the schemas as of its `wal_start` and the remembered

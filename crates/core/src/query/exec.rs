@@ -121,12 +121,19 @@ fn breakdown_of(
 ) -> BreakdownAnswer {
     values.retain(|v| v.n != 0);
     let all: i64 = values.iter().map(|v| v.n).sum();
-    values.sort_by(|a, b| {
+    let order = |a: &ValueCount, b: &ValueCount| {
         b.n.cmp(&a.n)
             .then_with(|| a.value.as_bytes().cmp(b.value.as_bytes()))
-    });
+    };
+    // Only the first `limit` are answered in order: select them, then sort those alone
+    // (a busy key has thousands of values). Values are distinct, so the order is total
+    // and the selection is the one a full sort would make.
+    if limit < values.len() {
+        values.select_nth_unstable_by(limit, order);
+    }
     let rest: i64 = values.iter().skip(limit).map(|v| v.n).sum();
     values.truncate(limit);
+    values.sort_unstable_by(order);
     BreakdownAnswer {
         ns: head.ns.to_string(),
         key: head.key.to_string(),
@@ -245,13 +252,14 @@ pub fn breakdown(
     } else {
         Default::default()
     };
+    let total = sum(&data.totals);
     let values = data
         .subtotals
-        .iter()
+        .into_iter()
         .filter(|s| s.dim == q.dim.name())
         .map(|s| ValueCount {
-            value: s.value.clone(),
             n: sum(&s.buckets),
+            value: s.value,
         })
         .collect();
     let head = BreakdownHead {
@@ -263,7 +271,7 @@ pub fn breakdown(
         to,
         tz: &q.tz,
     };
-    Ok(breakdown_of(head, sum(&data.totals), values, q.limit))
+    Ok(breakdown_of(head, total, values, q.limit))
 }
 
 pub fn dashboard(

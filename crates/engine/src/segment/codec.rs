@@ -196,6 +196,34 @@ impl Dictionary {
     pub(crate) fn strings(&self) -> usize {
         self.dims.iter().map(|(_, v)| 1 + v.len()).sum()
     }
+
+    /// Every dimension: its name and its values, each at its id.
+    pub(crate) fn dims(&self) -> &[(String, Vec<String>)] {
+        &self.dims
+    }
+
+    /// The names of dimension `d` and its value `v` (ids a block's records hold, checked
+    /// by the block's reads).
+    pub(crate) fn names(&self, d: u32, v: u32) -> Option<(&str, &str)> {
+        let (dim, values) = self.dims.get(d as usize)?;
+        Some((dim, values.get(v as usize)?))
+    }
+
+    /// Checks dimension id `d` and returns its name and values.
+    fn dim(&self, d: u64) -> Result<(&str, &[String]), String> {
+        match usize::try_from(d).ok().and_then(|i| self.dims.get(i)) {
+            Some((dim, values)) => Ok((dim, values)),
+            None => Err(format!("dimension id {d} is not in the dictionary")),
+        }
+    }
+}
+
+/// Checks value id `v` of dimension `dim` (with values `names`) and returns it as a u32.
+fn value_id(v: u64, dim: &str, names: &[String]) -> Result<u32, String> {
+    match u32::try_from(v) {
+        Ok(id) if (id as usize) < names.len() => Ok(id),
+        _ => Err(format!("value id {v} of {dim:?} is not in the dictionary")),
+    }
 }
 
 // ---- block payload ------------------------------------------------------------------------
@@ -439,9 +467,10 @@ impl Block {
 
     /// Record `j` summed rather than decoded: its totals bucket by bucket, those `inside`
     /// accepts, go to `total`; each subtotal series of a dimension `dim_ok` accepts goes to
-    /// `sub` as one sum over the buckets `inside` accepts (non-zero sums only). Other
-    /// dimensions are skipped without decoding, and no name is copied: what a breakdown
-    /// needs of a key with thousands of values over a month.
+    /// `sub` as (dimension id, value id in `dict`, sum over the buckets `inside` accepts),
+    /// non-zero sums only, ids checked. Other dimensions are skipped without decoding, and
+    /// no name is touched: what a breakdown needs of a key with thousands of values over a
+    /// month.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn sums(
         &self,
@@ -451,7 +480,7 @@ impl Block {
         inside: &dyn Fn(u32) -> bool,
         dim_ok: &dyn Fn(&str) -> bool,
         total: &mut dyn FnMut(u32, i64),
-        sub: &mut dyn FnMut(&str, &str, i64),
+        sub: &mut dyn FnMut(u32, u32, i64),
     ) -> Result<(), String> {
         let mut c = self.cursors(j)?;
         let head = c[SHAPE].varint()?;
@@ -468,9 +497,9 @@ impl Block {
         let all_inside = idx.iter().all(|&i| inside(i));
         for _ in 0..ndims {
             let id = c[SHAPE].varint()?;
-            let Some((dim, names)) = usize::try_from(id).ok().and_then(|i| dict.dims.get(i)) else {
-                return Err(format!("dimension id {id} is not in the dictionary"));
-            };
+            let (dim, names) = dict.dim(id)?;
+            // Checked by `dict.dim`: the dictionary's dimensions are counted in a u32.
+            let dim_id = id as u32;
             let nvalues = c[SHAPE].varint()?;
             let wanted = dim_ok(dim);
             if !wanted {
@@ -478,11 +507,7 @@ impl Block {
             }
             for _ in 0..nvalues {
                 let value = if wanted {
-                    let id = c[IDS].varint()?;
-                    let Some(v) = usize::try_from(id).ok().and_then(|i| names.get(i)) else {
-                        return Err(format!("value id {id} of {dim:?} is not in the dictionary"));
-                    };
-                    Some(v)
+                    Some(value_id(c[IDS].varint()?, dim, names)?)
                 } else {
                     None
                 };
@@ -520,36 +545,32 @@ impl Block {
                 if let Some(v) = value
                     && n != 0
                 {
-                    sub(dim, v, n);
+                    sub(dim_id, v, n);
                 }
             }
         }
         Ok(())
     }
 
-    /// The subtotal series of record `j`, in order, as (dimension, value) — from the shape
-    /// and value-id streams alone, no count decoded. Returns how many there are.
-    pub(crate) fn series_names(
+    /// The subtotal series of record `j`, in order, as (dimension name, dimension id, value
+    /// id in `dict`) — from the shape and value-id streams alone, no count decoded, ids
+    /// checked. Returns how many there are.
+    pub(crate) fn series_ids(
         &self,
         j: usize,
         dict: &Dictionary,
-        visit: &mut dyn FnMut(usize, &str, &str),
+        visit: &mut dyn FnMut(usize, &str, u32, u32),
     ) -> Result<usize, String> {
         let mut c = self.cursors(j)?;
         let ndims = c[SHAPE].varint()? >> 1;
         let mut at = 0usize;
         for _ in 0..ndims {
             let id = c[SHAPE].varint()?;
-            let Some((dim, names)) = usize::try_from(id).ok().and_then(|i| dict.dims.get(i)) else {
-                return Err(format!("dimension id {id} is not in the dictionary"));
-            };
+            let (dim, names) = dict.dim(id)?;
             let nvalues = c[SHAPE].count(0)?;
             for _ in 0..nvalues {
-                let id = c[IDS].varint()?;
-                let Some(v) = usize::try_from(id).ok().and_then(|i| names.get(i)) else {
-                    return Err(format!("value id {id} of {dim:?} is not in the dictionary"));
-                };
-                visit(at, dim, v);
+                let v = value_id(c[IDS].varint()?, dim, names)?;
+                visit(at, dim, id as u32, v);
                 at += 1;
             }
         }
@@ -935,7 +956,10 @@ mod tests {
                                 &inside,
                                 &|dim| dim == only,
                                 &mut |i, n| totals.push((i, n)),
-                                &mut |dim, v, n| subs.push((dim.to_owned(), v.to_owned(), n)),
+                                &mut |dim, v, n| {
+                                    let (dim, v) = d.names(dim, v).unwrap();
+                                    subs.push((dim.to_owned(), v.to_owned(), n));
+                                },
                             )
                             .unwrap();
                         let expected: Buckets = r

@@ -7,7 +7,7 @@
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use fst::{IntoStreamer, Streamer};
 
@@ -19,6 +19,7 @@ use super::layout::{
 };
 use super::sums::{Rollup, decode_keys, decode_rollups, decode_span};
 use super::{Buckets, KeyRecord, SegmentError, SegmentMeta, SegmentStats, index_key};
+use crate::names::{NameIds, Names};
 
 /// Where a block is and what it holds, as the block table says.
 pub type BlockHandle = BlockEntry;
@@ -51,6 +52,9 @@ pub struct Segment {
     rollups: Vec<BlockEntry>,
     /// The blocks `get` decoded last.
     cache: Mutex<BlockCache>,
+    /// The dictionary's ids mapped to the engine's `Names` (made by the first read that
+    /// sums by id).
+    name_ids: Mutex<Option<Arc<NameIds>>>,
 }
 
 /// How many decoded blocks one open segment keeps for `get`.
@@ -312,6 +316,7 @@ impl Segment {
             key_frames,
             rollups,
             cache: Mutex::default(),
+            name_ids: Mutex::default(),
         })
     }
 
@@ -428,12 +433,46 @@ impl Segment {
     /// summed from it, a sum per span, and no subtotal bucket is decoded.
     pub fn sums(
         &self,
-        (ns, key): (&str, &str),
+        nskey: (&str, &str),
         whole_spans: Option<std::ops::Range<usize>>,
         inside: &dyn Fn(u32) -> bool,
         dim_ok: &dyn Fn(&str) -> bool,
         total: &mut dyn FnMut(u32, i64),
         sub: &mut dyn FnMut(&str, &str, i64),
+    ) -> Result<bool, SegmentError> {
+        let dict = &self.dict;
+        let mut named = |d: u32, v: u32, n: i64| {
+            if let Some((d, v)) = dict.names(d, v) {
+                sub(d, v, n);
+            }
+        };
+        self.sums_by_id(nskey, whole_spans, inside, dim_ok, total, &mut named)
+    }
+
+    /// The dictionary's ids mapped to `names`, made once per `Names` and kept.
+    pub fn name_ids(&self, names: &Names) -> Arc<NameIds> {
+        let mut cached = self.name_ids.lock().unwrap_or_else(PoisonError::into_inner);
+        match &*cached {
+            Some(m) if m.names == names.id() => Arc::clone(m),
+            _ => {
+                let m = Arc::new(NameIds::new(names, self.dict.dims()));
+                *cached = Some(Arc::clone(&m));
+                m
+            }
+        }
+    }
+
+    /// [`Segment::sums`] with each subtotal series given to `sub` as (dimension id, value
+    /// id) in the segment's dictionary (checked; see [`Segment::name_ids`]) rather than
+    /// by name.
+    pub fn sums_by_id(
+        &self,
+        (ns, key): (&str, &str),
+        whole_spans: Option<std::ops::Range<usize>>,
+        inside: &dyn Fn(u32) -> bool,
+        dim_ok: &dyn Fn(&str) -> bool,
+        total: &mut dyn FnMut(u32, i64),
+        sub: &mut dyn FnMut(u32, u32, i64),
     ) -> Result<bool, SegmentError> {
         let Some(v) = self.index.get(index_key(ns, key)) else {
             return Ok(false);
@@ -457,8 +496,8 @@ impl Segment {
             }
         }
         let series = b
-            .series_names(ord, &self.dict, &mut |si, d, v| {
-                if si < rollup.series as usize && dim_ok(d) {
+            .series_ids(ord, &self.dict, &mut |si, dim, d, v| {
+                if si < rollup.series as usize && dim_ok(dim) {
                     match rollup.sum(si, &spans) {
                         0 => {}
                         n => sub(d, v, n),

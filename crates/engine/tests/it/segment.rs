@@ -7,6 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use proptest::prelude::*;
+use tally_engine::names::Names;
 use tally_engine::segment::{
     Buckets, Codec, DimRecord, KeyRecord, Segment, SegmentError, SegmentKind, SegmentMeta,
     SegmentStats, SegmentWriter, WriteOptions,
@@ -551,7 +552,20 @@ proptest! {
                     })
                     .filter(|(_, n)| *n != 0)
                     .collect();
-                prop_assert_eq!(subs, want);
+                prop_assert_eq!(&subs, &want);
+                // The same by id, each id named through the engine's numbering.
+                let names = Names::default();
+                let ids = seg.name_ids(&names);
+                let mut by_id = BTreeMap::new();
+                seg.sums_by_id((ns, key), Some(0..1), &|_| true, &dim_ok, &mut |_, _| {}, &mut |d, v, n| {
+                    let (d, v) = ids.get(d, v).unwrap();
+                    names.with(|name| by_id.insert((name(d).to_owned(), name(v).to_owned()), n));
+                })
+                .unwrap();
+                prop_assert_eq!(by_id, want);
+                prop_assert!(Arc::ptr_eq(&ids, &seg.name_ids(&names)), "mapped once per Names");
+                let other = Names::default();
+                prop_assert_eq!(seg.name_ids(&other).names, other.id(), "mapped again for a new one");
             }
         }
         for (ns, key) in &absent {
