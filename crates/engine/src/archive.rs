@@ -228,23 +228,18 @@ pub(crate) struct SumRead<'a> {
     pub names: &'a Names,
 }
 
-/// A subtotal series named by ids of a [`Names`]: dimension id << 32 | value id.
-pub(crate) fn name_pair(d: u32, v: u32) -> u64 {
-    (u64::from(d) << 32) | u64::from(v)
-}
-
 impl Archive {
     /// One key's archived buckets over `[from, to)` with each subtotal series summed: totals
     /// bucket by bucket into `totals`, one sum per (dimension, value) to `sub`, from every
-    /// segment that shows subtotals. Subtotals are named by ids of `r.names` (see
-    /// [`name_pair`]), which each segment maps its dictionary to once: no name is hashed
-    /// per read.
+    /// segment that shows subtotals. Subtotals are named by (dimension, value) ids of
+    /// `r.names`, which each segment maps its dictionary to once: no name is hashed per
+    /// read.
     pub(crate) fn sum_key(
         &self,
         r: &SumRead<'_>,
         (from, to): (i64, i64),
         totals: &mut BTreeMap<u32, i64>,
-        sub: &mut dyn FnMut(u64, i64),
+        sub: &mut dyn FnMut(u32, u32, i64),
     ) -> Result<(), SegmentError> {
         let (lo, hi) = index_range(r.resolution, from, to);
         for (seg, (_, show_subs)) in self.overlapping(r.resolution, from, to, r.cutoff) {
@@ -269,7 +264,7 @@ impl Archive {
                         if let Some((d, v)) = ids.get(d, v)
                             && value.is_none_or(|w| w == Some(v))
                         {
-                            sub(name_pair(d, v), n);
+                            sub(d, v, n);
                         }
                     },
                 )?;

@@ -84,14 +84,6 @@ impl Names {
         self.read().ids.get(s).copied()
     }
 
-    /// The id of one name, numbering it if new.
-    pub fn intern(&self, s: &str) -> u32 {
-        if let Some(&id) = self.read().ids.get(s) {
-            return id;
-        }
-        self.intern_all(std::iter::once(s))[0]
-    }
-
     /// Calls `f` with a lookup from ids to names (one read lock for all of them).
     pub fn with<R>(&self, f: impl for<'a> FnOnce(&'a dyn Fn(u32) -> &'a str) -> R) -> R {
         let g = self.read();
@@ -137,6 +129,56 @@ impl NameIds {
     }
 }
 
+/// Value ids below this are summed in an array (see [`PairSums`]).
+const DENSE: u32 = 1 << 14;
+
+/// Sums by (dimension, value) named by ids of one [`Names`]: per dimension an array indexed
+/// by value id while ids are small (what a breakdown adds to thousands of times per
+/// segment), a hash map beyond. Sums wrap, as every sum.
+#[derive(Debug, Default)]
+pub struct PairSums {
+    dims: Vec<(u32, Vec<i64>)>,
+    large: HashMap<(u32, u32), i64, FixedState>,
+}
+
+impl PairSums {
+    pub fn add(&mut self, d: u32, v: u32, n: i64) {
+        let s = if v < DENSE {
+            let at = match self.dims.iter().position(|e| e.0 == d) {
+                Some(at) => at,
+                None => {
+                    self.dims.push((d, Vec::new()));
+                    self.dims.len() - 1
+                }
+            };
+            let sums = &mut self.dims[at].1;
+            if sums.len() <= v as usize {
+                sums.resize(v as usize + 1, 0);
+            }
+            &mut sums[v as usize]
+        } else {
+            self.large.entry((d, v)).or_default()
+        };
+        *s = s.wrapping_add(n);
+    }
+
+    /// Every (dimension id, value id, sum) with a non-zero sum, in no particular order.
+    pub fn non_zero(&self) -> impl Iterator<Item = (u32, u32, i64)> + '_ {
+        let dense = self.dims.iter().flat_map(|(d, sums)| {
+            sums.iter()
+                .enumerate()
+                .filter(|e| *e.1 != 0)
+                .map(move |(v, &n)| (*d, v as u32, n))
+        });
+        let large = self
+            .large
+            .iter()
+            .filter(|e| *e.1 != 0)
+            .map(|(&(d, v), &n)| (d, v, n));
+        dense.chain(large)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -144,7 +186,8 @@ mod tests {
     #[test]
     fn names_are_numbered_once_and_maps_follow_dictionaries() {
         let names = Names::default();
-        assert_eq!(names.intern("country"), 0);
+        assert_eq!(names.intern_all(["country"].into_iter()), vec![0]);
+        assert_eq!((names.get("country"), names.get("FR")), (Some(0), None));
         let dims = vec![
             (
                 "referrer".to_owned(),
@@ -162,6 +205,34 @@ mod tests {
             Names::default().id(),
             names.id(),
             "each Names is told apart"
+        );
+    }
+
+    #[test]
+    fn pair_sums_add_small_and_large_ids_alike() {
+        let mut s = PairSums::default();
+        for (d, v, n) in [
+            (1, 3, 5),
+            (2, 3, 7),
+            (1, DENSE + 9, 2),
+            (1, 3, -5),
+            (1, 0, i64::MAX),
+        ] {
+            s.add(d, v, n);
+        }
+        s.add(1, 0, 2);
+        s.add(2, DENSE + 9, 1);
+        let mut got: Vec<_> = s.non_zero().collect();
+        got.sort_unstable();
+        assert_eq!(
+            got,
+            vec![
+                (1, 0, i64::MIN + 1),
+                (1, DENSE + 9, 2),
+                (2, 3, 7),
+                (2, DENSE + 9, 1)
+            ],
+            "a sum netting to zero is left out, sums wrap, dimensions kept apart"
         );
     }
 }

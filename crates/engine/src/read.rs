@@ -11,9 +11,10 @@ use tally_core::store::{
     Deadline, KeyData, KeyList, KeyRead, Scan, StoreError, SubtotalBuckets, TopKeys, Want,
 };
 
-use crate::archive::{SubSums, SumRead, Wants, index_range, name_pair};
-use crate::catalog::{Catalog, SeriesId, TierPlan};
+use crate::archive::{SubSums, SumRead, Wants, index_range};
+use crate::catalog::{Catalog, SeriesId, StrId, TierPlan};
 use crate::memtable::{Shard, split_key};
+use crate::names::PairSums;
 use crate::segment::SegmentError;
 use crate::state::Core;
 
@@ -52,9 +53,11 @@ impl Core {
                 &mut totals,
                 &*want,
                 &mut |shard, series| {
-                    for &(d, v, sid) in series {
-                        let m = subs.entry((d.to_owned(), v.to_owned())).or_default();
-                        window.add_into(shard, sid, m);
+                    for s in series {
+                        let m = subs
+                            .entry((s.dim.to_owned(), s.value.to_owned()))
+                            .or_default();
+                        window.add_into(shard, s.sid, m);
                     }
                 },
             );
@@ -114,18 +117,14 @@ impl Core {
         let res = r.resolution.secs() as u32;
         let cutoff = cat.ns[ns as usize].cutoff(res);
         let mut totals = BTreeMap::new();
-        // (dimension, value) named by ids of `names` → sum: the archive adds by id, so a
+        // Sums by (dimension, value) named by ids of `names`: the archive adds by id, so a
         // value met in many segments is hashed as a name once (when its segment is mapped).
         let names = self.names();
-        let mut sums: HashMap<u64, i64, foldhash::fast::FixedState> = HashMap::default();
-        let mut add = |pair: u64, n: i64| {
-            let s = sums.entry(pair).or_default();
-            *s = s.wrapping_add(n);
-        };
+        let mut sums = PairSums::default();
         let archive = {
             let archive = self.archive();
             let mine = (ns, r.key.as_str());
-            let mut in_memory: Vec<(&str, &str, i64)> = Vec::new();
+            let mut in_memory: Vec<(StrId, StrId, i64)> = Vec::new();
             self.key_in_memory(
                 &cat,
                 mine,
@@ -133,19 +132,20 @@ impl Core {
                 &mut totals,
                 &want,
                 &mut |shard, series| {
-                    let sids: Vec<SeriesId> = series.iter().map(|s| s.2).collect();
+                    let sids: Vec<SeriesId> = series.iter().map(|s| s.sid).collect();
                     let mut sums = vec![0i64; sids.len()];
                     window.sum_many(shard, &sids, &mut sums);
-                    for (&(d, v, _), n) in series.iter().zip(sums) {
+                    for (s, n) in series.iter().zip(sums) {
                         if n != 0 {
-                            in_memory.push((d, v, n));
+                            in_memory.push((s.d, s.v, n));
                         }
                     }
                 },
             );
-            let ids = names.intern_all(in_memory.iter().flat_map(|&(d, v, _)| [d, v]));
+            let strs: Vec<StrId> = in_memory.iter().flat_map(|&(d, v, _)| [d, v]).collect();
+            let ids = self.catalog_names(&cat, &names, &strs);
             for (pair, &(_, _, n)) in ids.chunks_exact(2).zip(&in_memory) {
-                add(name_pair(pair[0], pair[1]), n);
+                sums.add(pair[0], pair[1], n);
             }
             Arc::clone(&archive)
         };
@@ -163,19 +163,20 @@ impl Core {
             names: &names,
         };
         archive
-            .sum_key(&read, (r.from, r.to), &mut totals, &mut add)
+            .sum_key(&read, (r.from, r.to), &mut totals, &mut |d, v, n| {
+                sums.add(d, v, n)
+            })
             .map_err(|e| self.archive_error(e))?;
-        let mut subtotals: Vec<SubtotalBuckets> = names.with(|name| {
-            sums.into_iter()
-                .filter(|&(_, n)| n != 0)
-                .map(|(pair, n)| SubtotalBuckets {
-                    dim: name((pair >> 32) as u32).to_owned(),
-                    value: name(pair as u32).to_owned(),
+        // In no particular order: the callers (breakdowns, dashboards) order by count.
+        let subtotals: Vec<SubtotalBuckets> = names.with(|name| {
+            sums.non_zero()
+                .map(|(d, v, n)| SubtotalBuckets {
+                    dim: name(d).to_owned(),
+                    value: name(v).to_owned(),
                     buckets: vec![(r.from, n)],
                 })
                 .collect()
         });
-        subtotals.sort_unstable_by(|a, b| (&a.dim, &a.value).cmp(&(&b.dim, &b.value)));
         Ok(KeyData {
             totals: totals
                 .into_iter()
@@ -493,8 +494,14 @@ impl Core {
         let wanted: Vec<Named<'_>> = entry
             .subs
             .iter()
-            .map(|&(d, v, sid)| (cat.str(d), cat.str(v), sid))
-            .filter(|&(d, v, _)| want(d, v))
+            .map(|&(d, v, sid)| Named {
+                d,
+                v,
+                dim: cat.str(d),
+                value: cat.str(v),
+                sid,
+            })
+            .filter(|s| want(s.dim, s.value))
             .collect();
         let shard = self.mem.lock(self.mem.shard_of(key));
         window.add_into(&shard, entry.total, totals);
@@ -705,8 +712,14 @@ fn add(sums: &mut KeySums, key: &str, n: i64) {
     }
 }
 
-/// A key's subtotal series with its (dimension, value) names.
-type Named<'c> = (&'c str, &'c str, SeriesId);
+/// A key's subtotal series with its (dimension, value) ids and names in the catalog.
+pub(crate) struct Named<'c> {
+    d: StrId,
+    v: StrId,
+    dim: &'c str,
+    value: &'c str,
+    sid: SeriesId,
+}
 
 /// The buckets of one tier that a read covers.
 pub(crate) struct Window {

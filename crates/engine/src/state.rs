@@ -10,7 +10,7 @@ use tally_core::model::{MAX_TS, Namespace, Retention, Schema};
 use tally_core::store::{IdemRecord, StoreError};
 
 use crate::archive::{Archive, FlushPolicy, store_error};
-use crate::catalog::{Catalog, KeyId, NsId, SeriesId, TierPlan};
+use crate::catalog::{Catalog, KeyId, NsId, SeriesId, StrId, TierPlan};
 use crate::memtable::{Memtable, split_key};
 use crate::names::{MAX_NAMES, Names};
 use crate::segment::SegmentError;
@@ -72,6 +72,9 @@ pub(crate) struct Core {
     pub(crate) damaged: Mutex<Option<StoreError>>,
     /// What reads that sum over segments name subtotals by (see [`Core::names`]).
     names: Mutex<Arc<Names>>,
+    /// The id in `names` (the one whose id is kept beside) of each catalog string met by
+    /// such a read, `u32::MAX` for one not met yet: see [`Core::catalog_names`].
+    catalog_names: Mutex<(u64, Vec<u32>)>,
 }
 
 /// A batch resolved to ids: what [`Core::add_resolved`] adds.
@@ -119,7 +122,38 @@ impl Core {
             last_seq: AtomicU64::new(0),
             damaged: Mutex::new(None),
             names: Mutex::default(),
+            catalog_names: Mutex::default(),
         }
+    }
+
+    /// The ids in `names` of catalog strings `strs`, numbering the ones `names` lacks. The
+    /// answers are remembered per catalog string (catalog strings keep their ids for the
+    /// life of the process), so that memory's share of a read hashes no name it hashed
+    /// before.
+    pub(crate) fn catalog_names(&self, cat: &Catalog, names: &Names, strs: &[StrId]) -> Vec<u32> {
+        let mut g = lock(&self.catalog_names);
+        let (of, ids) = &mut *g;
+        if *of != names.id() {
+            *of = names.id();
+            ids.clear();
+        }
+        if let Some(&max) = strs.iter().max()
+            && ids.len() <= max as usize
+        {
+            ids.resize(max as usize + 1, u32::MAX);
+        }
+        let missing: Vec<StrId> = strs
+            .iter()
+            .copied()
+            .filter(|&s| ids[s as usize] == u32::MAX)
+            .collect();
+        if !missing.is_empty() {
+            let found = names.intern_all(missing.iter().map(|&s| cat.str(s)));
+            for (&s, id) in missing.iter().zip(found) {
+                ids[s as usize] = id;
+            }
+        }
+        strs.iter().map(|&s| ids[s as usize]).collect()
     }
 
     /// The engine's [`Names`]; a fresh one once it holds [`MAX_NAMES`], so that the names
@@ -437,5 +471,33 @@ impl Core {
             }
         }
         removed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn catalog_strings_are_named_once_per_names_and_again_for_a_new_one() {
+        let core = Core::new(1, FlushPolicy::default(), Archive::default());
+        let mut cat = Catalog::default();
+        let ids: Vec<StrId> = ["referrer", "a.com", "b.com"]
+            .iter()
+            .map(|s| cat.intern_str(s).unwrap())
+            .collect();
+        let names = Names::default();
+        names.intern_all(["x"].into_iter());
+        let got = core.catalog_names(&cat, &names, &[ids[2], ids[0], ids[2]]);
+        assert_eq!(got, vec![1, 2, 1]);
+        assert_eq!(core.catalog_names(&cat, &names, &[ids[1]]), vec![3]);
+        assert_eq!(names.len(), 4, "each string numbered once");
+        let fresh = Names::default();
+        assert_eq!(
+            core.catalog_names(&cat, &fresh, &[ids[1], ids[0]]),
+            vec![0, 1],
+            "a new Names is numbered afresh, not answered from the old one"
+        );
+        fresh.with(|name| assert_eq!((name(0), name(1)), ("a.com", "referrer")));
     }
 }
