@@ -51,7 +51,7 @@ impl Core {
                 mine,
                 &window,
                 &mut totals,
-                &*want,
+                if tier.breakdown { r.want } else { Want::Totals },
                 &mut |shard, series| {
                     for s in series {
                         let m = subs
@@ -112,7 +112,6 @@ impl Core {
             Want::All => (None, None),
         };
         let dim_ok = |d: &str| one_dim.is_none_or(|w| w == d);
-        let want = |d: &str, v: &str| dim_ok(d) && one_value.is_none_or(|w| w == v);
         let window = Window::new(&tier, r.from, r.to, now);
         let res = r.resolution.secs() as u32;
         let cutoff = cat.ns[ns as usize].cutoff(res);
@@ -130,7 +129,7 @@ impl Core {
                 mine,
                 &window,
                 &mut totals,
-                &want,
+                r.want,
                 &mut |shard, series| {
                     let sids: Vec<SeriesId> = series.iter().map(|s| s.sid).collect();
                     let mut sums = vec![0i64; sids.len()];
@@ -475,8 +474,8 @@ impl Core {
         .map_err(|e| self.archive_error(e))
     }
 
-    /// One key's counters in memory: its totals added into `totals`, and each subtotal
-    /// series `want` accepts handed to `sub` with its (locked) shard. The caller holds the
+    /// One key's counters in memory: its totals added into `totals`, and the subtotal
+    /// series `want` names handed to `sub` with their (locked) shard. The caller holds the
     /// archive's lock shared (see the module doc).
     fn key_in_memory<'c>(
         &self,
@@ -484,25 +483,39 @@ impl Core {
         (ns, key): (u32, &str),
         window: &Window,
         totals: &mut BTreeMap<u32, i64>,
-        want: &dyn Fn(&str, &str) -> bool,
+        want: Want<'_>,
         subs: &mut dyn FnMut(&Shard, &[Named<'c>]),
     ) {
         let Some(key) = cat.key_id(ns, key) else {
             return;
         };
         let entry = &cat.keys[key as usize];
-        let wanted: Vec<Named<'_>> = entry
-            .subs
-            .iter()
-            .map(|&(d, v, sid)| Named {
-                d,
-                v,
-                dim: cat.str(d),
-                value: cat.str(v),
-                sid,
-            })
-            .filter(|s| want(s.dim, s.value))
-            .collect();
+        // The wanted names as catalog ids: a series is then picked without a string
+        // compare (a busy key has thousands). A name the catalog lacks picks nothing.
+        let pick = match want {
+            Want::Totals => None,
+            Want::Value { dim, value } => cat
+                .str_id(dim)
+                .zip(cat.str_id(value))
+                .map(|(d, v)| (Some(d), Some(v))),
+            Want::Dim { dim } => cat.str_id(dim).map(|d| (Some(d), None)),
+            Want::All => Some((None, None)),
+        };
+        let wanted: Vec<Named<'_>> = match pick {
+            None => Vec::new(),
+            Some((dim, value)) => entry
+                .subs
+                .iter()
+                .filter(|&&(d, v, _)| dim.is_none_or(|w| w == d) && value.is_none_or(|w| w == v))
+                .map(|&(d, v, sid)| Named {
+                    d,
+                    v,
+                    dim: cat.str(d),
+                    value: cat.str(v),
+                    sid,
+                })
+                .collect(),
+        };
         let shard = self.mem.lock(self.mem.shard_of(key));
         window.add_into(&shard, entry.total, totals);
         if !wanted.is_empty() {
