@@ -210,18 +210,24 @@ impl Core {
         let mut sums: KeySums = HashMap::default();
         let mut tick = ticker(scan.deadline);
         let archive = self.archive();
-        if scan.value.is_some()
-            || !self.sum_totals_by_scan(&cat, ns, &window, &mut sums, scan.deadline)?
-        {
+        if scan.value.is_none() {
+            let by_key = self.memory_totals(&cat, ns, &window, scan.deadline)?;
+            let by_key = by_key.as_deref().unwrap_or_default();
+            let ordered = by_key.first().map(|_| &cat.ns[ns as usize].ordered);
+            for (name, &key) in ordered.into_iter().flatten() {
+                match by_key.get(key as usize) {
+                    Some(&n) if n != 0 => add(&mut sums, name, n),
+                    _ => {}
+                }
+            }
+        } else {
             for (name, &key) in &cat.ns[ns as usize].ordered {
                 tick()?;
-                let sid = match (scan.value, value) {
-                    (None, _) => cat.keys[key as usize].total,
-                    (Some(_), Some((d, v))) => match cat.sub_id(key, d, v) {
-                        Some(s) => s,
-                        None => continue,
-                    },
-                    (Some(_), None) => break,
+                let Some((d, v)) = value else {
+                    break;
+                };
+                let Some(sid) = cat.sub_id(key, d, v) else {
+                    continue;
                 };
                 let sum: i64 = {
                     let shard = self.mem.lock(self.mem.shard_of(key));
@@ -341,6 +347,11 @@ impl Core {
         limit: usize,
         now: i64,
     ) -> Result<TopKeys, StoreError> {
+        if scan.value.is_none()
+            && let Some(top) = self.top_of_memory(scan, limit, now)?
+        {
+            return Ok(top);
+        }
         let Some(prepared) = self.prepare_scan(scan, now)? else {
             return Ok(TopKeys::default());
         };
@@ -523,19 +534,19 @@ impl Core {
         }
     }
 
-    /// The memory half of a top by totals, when walking every counter of the tier's maps
-    /// once costs less than probing each key of the namespace for each bucket of the range
-    /// (a top over today, with the open day in memory): sums each key's total series over
-    /// the window into `sums`. False, having done nothing, when probing is cheaper.
-    fn sum_totals_by_scan(
+    /// The memory half of a top by totals: each key's total series summed over the window,
+    /// by key id (the catalog's key count long); `None` when memory holds nothing of the
+    /// window. Walks every counter of the tier's maps
+    /// once when that costs less than probing each key of the namespace for each bucket of
+    /// the range (a top over today, with the open day in memory), else probes.
+    fn memory_totals(
         &self,
         cat: &Catalog,
         ns: u32,
         window: &Window,
-        sums: &mut KeySums,
         deadline: &Deadline,
-    ) -> Result<bool, StoreError> {
-        let keys = cat.ns[ns as usize].ordered.len();
+    ) -> Result<Option<Vec<i64>>, StoreError> {
+        let ordered = &cat.ns[ns as usize].ordered;
         let mut counters = 0usize;
         let mut span = 0u64;
         for s in 0..self.mem.shards() {
@@ -549,12 +560,19 @@ impl Core {
         if span == 0 {
             // No shard holds a counter of the window's buckets (extents bound them): memory
             // adds nothing, and probing each key would find nothing.
-            return Ok(true);
-        }
-        if (counters as u64) >= (keys as u64).saturating_mul(span) {
-            return Ok(false);
+            return Ok(None);
         }
         let mut by_key = vec![0i64; cat.keys.len()];
+        if (counters as u64) >= (ordered.len() as u64).saturating_mul(span) {
+            let mut tick = ticker(deadline);
+            for &key in ordered.values() {
+                tick()?;
+                let sid = cat.keys[key as usize].total;
+                let shard = self.mem.lock(self.mem.shard_of(key));
+                by_key[key as usize] = window.sum(&shard, sid);
+            }
+            return Ok(Some(by_key));
+        }
         let mut seen = 0u32;
         for s in 0..self.mem.shards() {
             let shard = self.mem.lock(s);
@@ -572,19 +590,72 @@ impl Core {
                 };
                 match cat.keys.get(key as usize) {
                     Some(e) if e.ns == ns && e.total == sid && window.keeps(idx) => {
-                        by_key[key as usize] += n;
+                        let at = &mut by_key[key as usize];
+                        *at = at.wrapping_add(n);
                     }
                     _ => {}
                 }
             }
         }
-        for (name, &key) in &cat.ns[ns as usize].ordered {
-            match by_key.get(key as usize) {
-                Some(&n) if n != 0 => add(sums, name, n),
-                _ => {}
+        Ok(Some(by_key))
+    }
+
+    /// A top of keys by totals that memory alone answers (no archive segment overlaps the
+    /// range: "today", with the open day in memory): each key's sum by key id, offered to
+    /// [`Leaders`] in key order, and only the winners named — no map by name, no `Key` made
+    /// for every key. `None` when the archive holds part of the range.
+    fn top_of_memory(
+        &self,
+        scan: &Scan<'_>,
+        limit: usize,
+        now: i64,
+    ) -> Result<Option<TopKeys>, StoreError> {
+        let cat = self.read_cat();
+        let Some(ns) = cat.ns_id(scan.ns.as_str()) else {
+            return Ok(None);
+        };
+        let Some(tier) = cat.ns[ns as usize].tier(scan.resolution) else {
+            return Ok(None);
+        };
+        let window = Window::new(&tier, scan.from, scan.to, now);
+        let res = scan.resolution.secs() as u32;
+        let cutoff = cat.ns[ns as usize].cutoff(res);
+        // Held while memory is read, as every read does (see the module doc).
+        let archive = self.archive();
+        if archive
+            .overlapping(res, scan.from, scan.to, cutoff)
+            .next()
+            .is_some()
+        {
+            return Ok(None);
+        }
+        let Some(by_key) = self.memory_totals(&cat, ns, &window, scan.deadline)? else {
+            return Ok(Some(TopKeys::default()));
+        };
+        let ordered = &cat.ns[ns as usize].ordered;
+        let mut best = Leaders::new(limit);
+        let mut tick = ticker(scan.deadline);
+        // Ranks are positions in key order, so Leaders' ties fall in key byte order.
+        for (rank, &key) in ordered.values().enumerate() {
+            tick()?;
+            best.offer(rank as u64, by_key.get(key as usize).copied().unwrap_or(0));
+        }
+        let total = best.total;
+        let winners = best.into_ranks();
+        let mut keys = Vec::with_capacity(winners.len());
+        let mut next = winners.iter().peekable();
+        for (rank, name) in ordered.keys().enumerate() {
+            let Some(&&(r, n)) = next.peek() else {
+                break;
+            };
+            if r == rank as u64 {
+                keys.push((key_of(name.to_string())?, n));
+                next.next();
             }
         }
-        Ok(true)
+        let mut top = TopKeys::select(keys, limit);
+        top.total = total;
+        Ok(Some(top))
     }
 
     /// A page of a namespace's keys: those in memory and those in the archive, merged.
