@@ -573,6 +573,9 @@ impl Core {
             }
             return Ok(Some(by_key));
         }
+        let key_bits = &cat.ns[ns as usize].key_bits;
+        // Retention keeps a suffix of the window: its first kept bucket.
+        let lo = window.first_kept();
         let mut seen = 0u32;
         for s in 0..self.mem.shards() {
             let shard = self.mem.lock(s);
@@ -582,18 +585,17 @@ impl Core {
                     deadline.check()?;
                 }
                 let (sid, idx) = split_key(k);
-                if idx < window.lo || idx >= window.hi || cat.is_subtotal(sid) {
+                // Most counters are subtotals: told apart by a bit, without reading the
+                // catalog's entries (a total series is its key's, so the key's bit then
+                // says its namespace).
+                if idx < lo || idx >= window.hi || !cat.total_bits.contains(sid) {
                     continue;
                 }
                 let Some(key) = cat.key_of_series(sid) else {
                     continue;
                 };
-                match cat.keys.get(key as usize) {
-                    Some(e) if e.ns == ns && e.total == sid && window.keeps(idx) => {
-                        let at = &mut by_key[key as usize];
-                        *at = at.wrapping_add(n);
-                    }
-                    _ => {}
+                if let (true, Some(at)) = (key_bits.contains(key), by_key.get_mut(key as usize)) {
+                    *at = at.wrapping_add(n);
                 }
             }
         }
@@ -857,7 +859,18 @@ impl Window {
         if lo >= hi || len == 0 {
             return None;
         }
-        // Binary search for the first kept index of [lo, hi).
+        let a = self.first_kept_in(lo, hi);
+        (a < hi).then_some((a, hi, ((hi - lo) as usize) <= len))
+    }
+
+    /// The first bucket index of the window retention keeps (`hi` if none).
+    pub(crate) fn first_kept(&self) -> u32 {
+        self.first_kept_in(self.lo, self.hi)
+    }
+
+    /// The first index of `[lo, hi)` retention keeps (`hi` if none), by binary search:
+    /// retention keeps every bucket after a kept one.
+    fn first_kept_in(&self, lo: u32, hi: u32) -> u32 {
         let (mut a, mut b) = (lo, hi);
         while a < b {
             let mid = a + (b - a) / 2;
@@ -867,7 +880,7 @@ impl Window {
                 a = mid + 1;
             }
         }
-        (a < hi).then_some((a, hi, ((hi - lo) as usize) <= len))
+        a
     }
 
     /// One series' counters in memory over the window, summed (wrapping, as every sum).
