@@ -55,6 +55,68 @@ pub struct Segment {
     /// The dictionary's ids mapped to the engine's `Names` (made by the first read that
     /// sums by id).
     name_ids: Mutex<Option<Arc<NameIds>>>,
+    /// Records read from their rollups lately (see [`Segment::summed`]).
+    summed: Mutex<SummedCache>,
+}
+
+/// A record's rollup with the dictionary ids of its subtotal series, in the record's order.
+#[derive(Debug)]
+struct Summed {
+    rollup: Rollup,
+    series: Vec<(u32, u32)>,
+}
+
+impl Summed {
+    fn bytes(&self) -> usize {
+        64 + self.rollup.sums.len() * 8 + self.series.len() * 8
+    }
+}
+
+/// What one open segment keeps of [`Summed`] records, in bytes: a busy key's day (thousands
+/// of values) takes tens of KiB; a record past this is not kept.
+pub const SUMMED_CACHE_BYTES: usize = 256 << 10;
+
+/// How many records one open segment keeps, with or without a rollup (found by a walk).
+pub const SUMMED_CACHE_RECORDS: usize = 32;
+
+type SummedEntry = ((usize, usize), Option<Arc<Summed>>, u64);
+
+/// The records a segment read from their rollups lately, by (block, record); `None` for a
+/// record found to have no rollup. Least recently used out first, within
+/// [`SUMMED_CACHE_BYTES`] and [`SUMMED_CACHE_RECORDS`].
+#[derive(Debug, Default)]
+struct SummedCache {
+    /// (block, record), what it holds, when last used.
+    entries: Vec<SummedEntry>,
+    bytes: usize,
+    clock: u64,
+}
+
+impl SummedCache {
+    fn get(&mut self, at: (usize, usize)) -> Option<Option<Arc<Summed>>> {
+        self.clock += 1;
+        let now = self.clock;
+        let e = self.entries.iter_mut().find(|e| e.0 == at)?;
+        e.2 = now;
+        Some(e.1.clone())
+    }
+
+    fn put(&mut self, at: (usize, usize), s: Option<Arc<Summed>>) {
+        let size = s.as_ref().map_or(64, |s| s.bytes());
+        if size > SUMMED_CACHE_BYTES || self.entries.iter().any(|e| e.0 == at) {
+            return;
+        }
+        while self.bytes + size > SUMMED_CACHE_BYTES || self.entries.len() >= SUMMED_CACHE_RECORDS {
+            let Some(oldest) = (0..self.entries.len()).min_by_key(|&i| self.entries[i].2) else {
+                break;
+            };
+            let (_, gone, _) = self.entries.swap_remove(oldest);
+            self.bytes -= gone.as_ref().map_or(64, |s| s.bytes());
+        }
+        self.clock += 1;
+        self.bytes += size;
+        self.entries.push((at, s, self.clock));
+    }
 }
 
 /// How many decoded blocks one open segment keeps for `get`.
@@ -317,6 +379,7 @@ impl Segment {
             rollups,
             cache: Mutex::default(),
             name_ids: Mutex::default(),
+            summed: Mutex::default(),
         })
     }
 
@@ -478,11 +541,11 @@ impl Segment {
             return Ok(false);
         };
         let (block, ord) = self.locate(v)?;
-        let rollup = match &whole_spans {
-            Some(spans) => self.rollup(block, ord)?.map(|r| (r, spans.clone())),
+        let summed = match &whole_spans {
+            Some(spans) => self.summed(block, ord)?.map(|r| (r, spans.clone())),
             None => None,
         };
-        let Some((rollup, spans)) = rollup else {
+        let Some((summed, spans)) = summed else {
             self.cached_block(block)?
                 .sums(ord, &self.dict, &self.period, inside, dim_ok, total, sub)
                 .map_err(|why| self.corrupt(format!("block {block}: {why}")))?;
@@ -495,23 +558,53 @@ impl Segment {
                 total(i, n);
             }
         }
-        let series = b
-            .series_ids(ord, &self.dict, &mut |si, dim, d, v| {
-                if si < rollup.series as usize && dim_ok(dim) {
-                    match rollup.sum(si, &spans) {
-                        0 => {}
-                        n => sub(d, v, n),
-                    }
+        // Whether each dimension is wanted, asked once per dimension, not per series.
+        let mut wanted: Vec<(u32, bool)> = Vec::new();
+        for (si, &(d, v)) in summed.series.iter().enumerate() {
+            let ok = match wanted.iter().find(|w| w.0 == d) {
+                Some(w) => w.1,
+                None => {
+                    let ok = self.dict.names(d, v).is_some_and(|(dim, _)| dim_ok(dim));
+                    wanted.push((d, ok));
+                    ok
                 }
-            })
-            .map_err(bad)?;
-        if series != rollup.series as usize {
+            };
+            if ok {
+                match summed.rollup.sum(si, &spans) {
+                    0 => {}
+                    n => sub(d, v, n),
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// Record `ord` of `block` summed per span, with its series' dictionary ids, if it has
+    /// a rollup: decoded (and checked against the record) once, then kept while the
+    /// segment's budget for them allows — a dashboard asks for the same busy keys again.
+    fn summed(&self, block: usize, ord: usize) -> Result<Option<Arc<Summed>>, SegmentError> {
+        let lock = || self.summed.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(hit) = lock().get((block, ord)) {
+            return Ok(hit);
+        }
+        let Some(rollup) = self.rollup(block, ord)? else {
+            lock().put((block, ord), None);
+            return Ok(None);
+        };
+        let b = self.cached_block(block)?;
+        let mut series = Vec::with_capacity(rollup.series as usize);
+        let n = b
+            .series_ids(ord, &self.dict, &mut |_, _, d, v| series.push((d, v)))
+            .map_err(|why| self.corrupt(format!("block {block}: {why}")))?;
+        if n != rollup.series as usize {
             return Err(self.corrupt(format!(
-                "rollup frame {block}: {} series where record {ord} has {series}",
+                "rollup frame {block}: {} series where record {ord} has {n}",
                 rollup.series
             )));
         }
-        Ok(true)
+        let summed = Arc::new(Summed { rollup, series });
+        lock().put((block, ord), Some(Arc::clone(&summed)));
+        Ok(Some(summed))
     }
 
     /// The rollup of record `ord` of `block`, if it has one.
@@ -1087,4 +1180,55 @@ fn check_magic(path: &Path, magic: [u8; 4]) -> Result<Version, SegmentError> {
 fn read_exact_at(file: &File, path: &Path, buf: &mut [u8], at: u64) -> Result<(), SegmentError> {
     file.read_exact_at(buf, at)
         .map_err(|e| SegmentError::io(path, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn summed(series: usize) -> Option<Arc<Summed>> {
+        Some(Arc::new(Summed {
+            rollup: Rollup {
+                ord: 0,
+                first: 0,
+                spans: 1,
+                series: series as u32,
+                sums: vec![1; series],
+            },
+            series: vec![(0, 0); series],
+        }))
+    }
+
+    #[test]
+    fn the_summed_cache_keeps_to_its_bytes_and_records_least_recent_out() {
+        let mut c = SummedCache::default();
+        let big = SUMMED_CACHE_BYTES / 16 / 3 - 8; // under a third of the budget
+        for ord in 0..3 {
+            c.put((0, ord), summed(big));
+        }
+        assert!(c.get((0, 0)).is_some(), "three thirds fit");
+        c.put((0, 3), summed(big));
+        assert!(c.bytes <= SUMMED_CACHE_BYTES);
+        assert!(c.get((0, 1)).is_none(), "the least recently used went");
+        assert!(c.get((0, 0)).is_some() && c.get((0, 3)).is_some());
+        c.put((1, 0), summed(SUMMED_CACHE_BYTES / 8));
+        assert!(
+            c.get((1, 0)).is_none(),
+            "one record past the budget is not kept"
+        );
+        for ord in 0..100 {
+            c.put((2, ord), None);
+        }
+        assert_eq!(c.entries.len(), SUMMED_CACHE_RECORDS);
+        assert!(
+            matches!(c.get((2, 99)), Some(None)),
+            "a record without a rollup is remembered"
+        );
+        let held: usize = c
+            .entries
+            .iter()
+            .map(|e| e.1.as_ref().map_or(64, |s| s.bytes()))
+            .sum();
+        assert_eq!(held, c.bytes);
+    }
 }
