@@ -224,9 +224,12 @@ impl Engine {
             }
             Err(e) => {
                 // Nothing was published: the counters go back to memory, still dirty.
+                let cat = self.core.read_cat();
+                let is_total = |sid| cat.total_bits.contains(sid);
                 for s in 0..self.core.mem.shards() {
-                    self.core.mem.lock(s).thaw();
+                    self.core.mem.lock(s).thaw(&is_total);
                 }
+                drop(cat);
                 let mut dirty = self
                     .core
                     .dirty

@@ -4,8 +4,10 @@
 //! event visible wholly or not at all.
 //!
 //! A counter is one `u64 → i64` entry: `series id << 32 | bucket index` (the bucket start
-//! divided by the resolution; timestamps are below 2^32, so it fits). One map per
-//! resolution slot. Zero counters are removed rather than kept. Counters a flush is writing
+//! divided by the resolution; timestamps are below 2^32, so it fits). Two maps per
+//! resolution slot, one per [`Lane`]: totals apart from subtotals, so that a walk over a
+//! tier's totals (a top of keys over today) does not step over every subtotal, and an
+//! event's total lands in the smaller map. Zero counters are removed rather than kept. Counters a flush is writing
 //! are *frozen*: moved to a sorted array per slot (16 bytes each, no hash table), read by
 //! binary search until their segment is published.
 
@@ -31,9 +33,27 @@ fn frozen_get(f: &Frozen, k: u64) -> i64 {
 #[repr(align(128))]
 struct Padded<T>(T);
 
+/// Which map of a slot a series' counters live in (see the module doc). The caller knows:
+/// a key's total series is `Total`, each (dimension, value) series `Sub`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lane {
+    Total = 0,
+    Sub = 1,
+}
+
+impl Lane {
+    const ALL: [Lane; 2] = [Lane::Total, Lane::Sub];
+}
+
+/// Where the live map of `(slot, lane)` is in `Shard::maps`.
+fn at(slot: usize, lane: Lane) -> usize {
+    slot * 2 + lane as usize
+}
+
 #[derive(Debug, Default)]
 pub struct Shard {
-    /// Indexed by resolution slot.
+    /// Indexed by resolution slot and lane: the map of `(slot, lane)` is at
+    /// `slot * 2 + lane`.
     pub maps: Vec<Counters>,
     /// Per slot, the lowest and highest bucket index of the live counters, or wider: grown
     /// by every add, made exact again by each freeze (which walks the map anyway). Reads
@@ -50,12 +70,30 @@ pub struct Shard {
 }
 
 impl Shard {
-    pub fn map(&mut self, slot: usize) -> &mut Counters {
-        if self.maps.len() <= slot {
-            self.maps.resize_with(slot + 1, Counters::default);
+    /// The live map of one slot's lane, made (with the slot's others) if new.
+    pub fn map(&mut self, slot: usize, lane: Lane) -> &mut Counters {
+        if self.maps.len() <= at(slot, Lane::Sub) {
+            self.maps
+                .resize_with(at(slot, Lane::Sub) + 1, Counters::default);
             self.extent.resize(slot + 1, EMPTY);
         }
-        &mut self.maps[slot]
+        &mut self.maps[at(slot, lane)]
+    }
+
+    fn live_map(&self, slot: usize, lane: Lane) -> Option<&Counters> {
+        self.maps.get(at(slot, lane))
+    }
+
+    /// The resolution slot of the live map at `i` of `maps`.
+    pub fn slot_of_map(i: usize) -> usize {
+        i / 2
+    }
+
+    /// Keeps a slot's live counters (both lanes) that `keep` accepts.
+    pub fn retain_live(&mut self, slot: usize, mut keep: impl FnMut(u64) -> bool) {
+        for lane in Lane::ALL {
+            self.map(slot, lane).retain(|k, _| keep(*k));
+        }
     }
 
     /// The `[lo, hi)` bucket indexes of a slot that can hold counters, live or frozen:
@@ -73,14 +111,14 @@ impl Shard {
         }
     }
 
-    pub fn add(&mut self, slot: usize, series: SeriesId, bucket_index: u32, n: i64) {
+    pub fn add(&mut self, slot: usize, lane: Lane, series: SeriesId, bucket_index: u32, n: i64) {
         if n == 0 {
             return;
         }
-        self.map(slot);
+        self.map(slot, lane);
         let e = &mut self.extent[slot];
         *e = union(*e, (bucket_index, bucket_index));
-        match self.maps[slot].entry(counter_key(series, bucket_index)) {
+        match self.maps[at(slot, lane)].entry(counter_key(series, bucket_index)) {
             Entry::Occupied(mut e) => {
                 *e.get_mut() += n;
                 if *e.get() == 0 {
@@ -94,9 +132,9 @@ impl Shard {
     }
 
     /// A counter's value: live plus frozen.
-    pub fn get(&self, slot: usize, series: SeriesId, bucket_index: u32) -> i64 {
+    pub fn get(&self, slot: usize, lane: Lane, series: SeriesId, bucket_index: u32) -> i64 {
         let k = counter_key(series, bucket_index);
-        let live = self.maps.get(slot).and_then(|m| m.get(&k)).copied();
+        let live = self.live_map(slot, lane).and_then(|m| m.get(&k)).copied();
         live.unwrap_or(0) + self.frozen.get(slot).map_or(0, |f| frozen_get(f, k))
     }
 
@@ -106,17 +144,19 @@ impl Shard {
             + self.frozen.iter().map(|f| f.len()).sum::<usize>()
     }
 
-    /// How many counters a slot holds, live and frozen (a key can be in both).
-    pub fn count(&self, slot: usize) -> usize {
-        self.maps.get(slot).map_or(0, HashMap::len) + self.frozen.get(slot).map_or(0, |f| f.len())
+    /// How many counters one lane of a slot holds, live, plus the slot's frozen counters
+    /// (of both lanes; a key can be live and frozen): what walking them costs.
+    pub fn count(&self, slot: usize, lane: Lane) -> usize {
+        self.live_map(slot, lane).map_or(0, HashMap::len)
+            + self.frozen.get(slot).map_or(0, |f| f.len())
     }
 
-    /// Every counter of a slot, live then frozen; a key live and frozen comes twice (the
-    /// caller adds them).
-    pub fn counters(&self, slot: usize) -> impl Iterator<Item = (u64, i64)> + '_ {
+    /// Every live counter of one lane of a slot, then the slot's frozen counters of both
+    /// lanes (the caller tells them apart by series); a key live and frozen comes twice
+    /// (the caller adds them).
+    pub fn counters(&self, slot: usize, lane: Lane) -> impl Iterator<Item = (u64, i64)> + '_ {
         let live = self
-            .maps
-            .get(slot)
+            .live_map(slot, lane)
             .into_iter()
             .flatten()
             .map(|(&k, &n)| (k, n));
@@ -132,26 +172,32 @@ impl Shard {
     /// Moves a slot's counters whose bucket index lies in one of `ranges` (`[lo, hi)`) to its
     /// frozen array, in one pass over the slot; the live extent becomes exact again.
     pub fn freeze(&mut self, slot: usize, ranges: &[(u32, u32)]) {
-        self.map(slot);
+        self.map(slot, Lane::Total);
         if self.frozen.len() <= slot {
             self.frozen.resize_with(slot + 1, Arc::default);
             self.frozen_extent.resize(slot + 1, EMPTY);
         }
-        let live = &mut self.maps[slot];
         let frozen = Arc::make_mut(&mut self.frozen[slot]);
         let had = frozen.len();
         let (mut kept, mut moved) = (EMPTY, self.frozen_extent[slot]);
-        live.retain(|k, n| {
-            let i = split_key(*k).1;
-            if ranges.iter().any(|&(lo, hi)| lo <= i && i < hi) {
-                frozen.push((*k, *n));
-                moved = union(moved, (i, i));
-                false
-            } else {
-                kept = union(kept, (i, i));
-                true
+        for lane in Lane::ALL {
+            let live = &mut self.maps[at(slot, lane)];
+            live.retain(|k, n| {
+                let i = split_key(*k).1;
+                if ranges.iter().any(|&(lo, hi)| lo <= i && i < hi) {
+                    frozen.push((*k, *n));
+                    moved = union(moved, (i, i));
+                    false
+                } else {
+                    kept = union(kept, (i, i));
+                    true
+                }
+            });
+            // A flush empties most of a map: give the memory back rather than keep the peak.
+            if live.len() < live.capacity() / 4 {
+                live.shrink_to_fit();
             }
-        });
+        }
         self.extent[slot] = kept;
         self.frozen_extent[slot] = moved;
         frozen.sort_unstable_by_key(|e| e.0);
@@ -166,20 +212,22 @@ impl Shard {
             });
             frozen.retain(|e| e.1 != 0);
         }
-        // A flush empties most of a map: give the memory back rather than keep the peak.
-        if live.len() < live.capacity() / 4 {
-            live.shrink_to_fit();
-        }
     }
 
-    /// Puts every frozen counter back (a flush failed).
-    pub fn thaw(&mut self) {
+    /// Puts every frozen counter back (a flush failed), each in its lane: `is_total` says
+    /// which series are totals.
+    pub fn thaw(&mut self, is_total: &dyn Fn(SeriesId) -> bool) {
         let frozen = std::mem::take(&mut self.frozen);
         self.frozen_extent.clear();
         for (slot, map) in frozen.into_iter().enumerate() {
             for &(k, n) in map.iter() {
                 let (series, idx) = split_key(k);
-                self.add(slot, series, idx, n);
+                let lane = if is_total(series) {
+                    Lane::Total
+                } else {
+                    Lane::Sub
+                };
+                self.add(slot, lane, series, idx, n);
             }
         }
     }
@@ -264,31 +312,43 @@ mod tests {
     #[test]
     fn counters_add_and_vanish_at_zero() {
         let mut s = Shard::default();
-        s.add(2, 7, 100, 5);
-        s.add(2, 7, 100, -5);
-        s.add(0, 7, 100, 0);
+        s.add(2, Lane::Total, 7, 100, 5);
+        s.add(2, Lane::Total, 7, 100, -5);
+        s.add(0, Lane::Total, 7, 100, 0);
         assert_eq!(s.live(), 0);
-        s.add(1, u32::MAX, u32::MAX, -3);
-        assert_eq!(s.get(1, u32::MAX, u32::MAX), -3);
+        s.add(1, Lane::Total, u32::MAX, u32::MAX, -3);
+        assert_eq!(s.get(1, Lane::Total, u32::MAX, u32::MAX), -3);
         assert_eq!(split_key(counter_key(u32::MAX, 9)), (u32::MAX, 9));
     }
 
     #[test]
     fn frozen_counters_stay_readable_and_thaw_back() {
         let mut s = Shard::default();
-        s.add(0, 1, 10, 2);
-        s.add(0, 1, 20, 3);
+        s.add(0, Lane::Total, 1, 10, 2);
+        s.add(0, Lane::Total, 1, 20, 3);
         s.freeze(0, &[(0, 15)]);
-        assert_eq!((s.maps[0].len(), s.frozen[0].len()), (1, 1));
-        assert_eq!((s.get(0, 1, 10), s.get(0, 1, 20)), (2, 3));
-        s.add(0, 1, 10, 4);
         assert_eq!(
-            s.get(0, 1, 10),
+            (s.maps[at(0, Lane::Total)].len(), s.frozen[0].len()),
+            (1, 1)
+        );
+        assert_eq!(
+            (s.get(0, Lane::Total, 1, 10), s.get(0, Lane::Total, 1, 20)),
+            (2, 3)
+        );
+        s.add(0, Lane::Total, 1, 10, 4);
+        assert_eq!(
+            s.get(0, Lane::Total, 1, 10),
             6,
             "a late add lands beside the frozen counter"
         );
-        s.thaw();
-        assert_eq!((s.maps[0].len(), s.get(0, 1, 10)), (2, 6));
+        s.thaw(&|_| true);
+        assert_eq!(
+            (
+                s.maps[at(0, Lane::Total)].len(),
+                s.get(0, Lane::Total, 1, 10)
+            ),
+            (2, 6)
+        );
         s.freeze(0, &[(0, 100)]);
         s.drop_frozen();
         assert_eq!(s.live(), 0);
@@ -298,20 +358,20 @@ mod tests {
     fn the_extent_bounds_every_counter_and_narrows_at_each_freeze() {
         let mut s = Shard::default();
         assert_eq!(s.extent(0), (0, 0), "nothing held");
-        s.add(0, 1, 10, 2);
-        s.add(0, 2, 30, 1);
-        s.add(0, 1, 50, 1);
+        s.add(0, Lane::Total, 1, 10, 2);
+        s.add(0, Lane::Total, 2, 30, 1);
+        s.add(0, Lane::Total, 1, 50, 1);
         assert_eq!(s.extent(0), (10, 51));
         s.freeze(0, &[(0, 40)]);
         assert_eq!(s.extent(0), (10, 51), "frozen counters are still held");
         s.drop_frozen();
         assert_eq!(s.extent(0), (50, 51), "only the live counter at 50 is left");
-        s.add(0, 3, 20, 7);
+        s.add(0, Lane::Total, 3, 20, 7);
         assert_eq!(s.extent(0), (20, 51), "a late add widens it again");
         s.freeze(0, &[(0, 40)]);
-        s.thaw();
+        s.thaw(&|_| true);
         assert_eq!(s.extent(0), (20, 51), "thawed counters are live again");
-        assert_eq!(s.get(0, 3, 20), 7);
+        assert_eq!(s.get(0, Lane::Total, 3, 20), 7);
         s.freeze(0, &[(0, 100)]);
         s.drop_frozen();
         assert_eq!(s.extent(0), (0, 0), "everything flushed");
@@ -322,13 +382,13 @@ mod tests {
     fn frozen_twice_keeps_one_sorted_entry_per_counter() {
         let mut s = Shard::default();
         for (series, idx, n) in [(3, 5, 1), (1, 7, 2), (1, 5, 4), (2, 9, 8)] {
-            s.add(0, series, idx, n);
+            s.add(0, Lane::Total, series, idx, n);
         }
         s.freeze(0, &[(0, 8)]);
         // Late adds to a frozen counter and to a new one, then a second freeze.
-        s.add(0, 1, 5, 16);
-        s.add(0, 3, 5, -1);
-        s.add(0, 2, 6, 32);
+        s.add(0, Lane::Total, 1, 5, 16);
+        s.add(0, Lane::Total, 3, 5, -1);
+        s.add(0, Lane::Total, 2, 6, 32);
         s.freeze(0, &[(0, 8)]);
         let keys: Vec<(u32, u32, i64)> = s.frozen[0]
             .iter()
@@ -339,10 +399,54 @@ mod tests {
             vec![(1, 5, 20), (1, 7, 2), (2, 6, 32)],
             "summed, netted to zero dropped, sorted by (series, bucket)"
         );
-        assert_eq!((s.get(0, 1, 5), s.get(0, 3, 5), s.get(0, 2, 9)), (20, 0, 8));
-        assert_eq!(s.count(0), 4);
-        let mut all: Vec<(u64, i64)> = s.counters(0).collect();
+        assert_eq!(
+            (
+                s.get(0, Lane::Total, 1, 5),
+                s.get(0, Lane::Total, 3, 5),
+                s.get(0, Lane::Total, 2, 9)
+            ),
+            (20, 0, 8)
+        );
+        assert_eq!(s.count(0, Lane::Total), 4);
+        let mut all: Vec<(u64, i64)> = s.counters(0, Lane::Total).collect();
         all.sort_unstable();
         assert_eq!(all.len(), 4);
+    }
+
+    #[test]
+    fn lanes_keep_totals_apart_and_freeze_and_thaw_together() {
+        let mut s = Shard::default();
+        s.add(0, Lane::Total, 1, 10, 2);
+        s.add(0, Lane::Sub, 2, 10, 3);
+        s.add(0, Lane::Sub, 2, 20, 5);
+        assert_eq!((s.count(0, Lane::Total), s.count(0, Lane::Sub)), (1, 2));
+        assert_eq!(
+            s.get(0, Lane::Sub, 1, 10),
+            0,
+            "a total is not in the subtotals' map"
+        );
+        assert_eq!(
+            s.counters(0, Lane::Total).collect::<Vec<_>>(),
+            vec![(counter_key(1, 10), 2)]
+        );
+        s.freeze(0, &[(0, 15)]);
+        assert_eq!(
+            (s.get(0, Lane::Total, 1, 10), s.get(0, Lane::Sub, 2, 10)),
+            (2, 3)
+        );
+        assert_eq!(
+            s.count(0, Lane::Total),
+            2,
+            "frozen counters of both lanes are walked"
+        );
+        s.thaw(&|sid| sid == 1);
+        assert_eq!(
+            (s.count(0, Lane::Total), s.count(0, Lane::Sub)),
+            (1, 2),
+            "back in their lanes"
+        );
+        s.retain_live(0, |k| split_key(k).0 != 2);
+        assert_eq!((s.live(), s.get(0, Lane::Total, 1, 10)), (1, 2));
+        assert_eq!(Shard::slot_of_map(at(3, Lane::Sub)), 3);
     }
 }

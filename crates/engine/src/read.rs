@@ -13,7 +13,7 @@ use tally_core::store::{
 
 use crate::archive::{SubSums, SumRead, Wants, index_range};
 use crate::catalog::{Catalog, SeriesId, StrId, TierPlan};
-use crate::memtable::{Shard, split_key};
+use crate::memtable::{Lane, Shard, split_key};
 use crate::names::PairSums;
 use crate::segment::SegmentError;
 use crate::state::Core;
@@ -57,7 +57,7 @@ impl Core {
                         let m = subs
                             .entry((s.dim.to_owned(), s.value.to_owned()))
                             .or_default();
-                        window.add_into(shard, s.sid, m);
+                        window.add_into(shard, (Lane::Sub, s.sid), m);
                     }
                 },
             );
@@ -231,7 +231,7 @@ impl Core {
                 };
                 let sum: i64 = {
                     let shard = self.mem.lock(self.mem.shard_of(key));
-                    window.sum(&shard, sid)
+                    window.sum(&shard, (Lane::Sub, sid))
                 };
                 if sum != 0 {
                     add(&mut sums, name, sum);
@@ -528,7 +528,7 @@ impl Core {
                 .collect(),
         };
         let shard = self.mem.lock(self.mem.shard_of(key));
-        window.add_into(&shard, entry.total, totals);
+        window.add_into(&shard, (Lane::Total, entry.total), totals);
         if !wanted.is_empty() {
             subs(&shard, &wanted);
         }
@@ -555,7 +555,7 @@ impl Core {
             span = span.max(u64::from(
                 window.hi.min(max).saturating_sub(window.lo.max(min)),
             ));
-            counters += shard.count(window.slot);
+            counters += shard.count(window.slot, Lane::Total);
         }
         if span == 0 {
             // No shard holds a counter of the window's buckets (extents bound them): memory
@@ -569,7 +569,7 @@ impl Core {
                 tick()?;
                 let sid = cat.keys[key as usize].total;
                 let shard = self.mem.lock(self.mem.shard_of(key));
-                by_key[key as usize] = window.sum(&shard, sid);
+                by_key[key as usize] = window.sum(&shard, (Lane::Total, sid));
             }
             return Ok(Some(by_key));
         }
@@ -579,7 +579,7 @@ impl Core {
         let mut seen = 0u32;
         for s in 0..self.mem.shards() {
             let shard = self.mem.lock(s);
-            for (k, n) in shard.counters(window.slot) {
+            for (k, n) in shard.counters(window.slot, Lane::Total) {
                 seen = seen.wrapping_add(1);
                 if seen.is_multiple_of(1 << 14) {
                     deadline.check()?;
@@ -843,8 +843,13 @@ impl Window {
     }
 
     /// Adds one series' counters in memory (live and frozen) to `out`, by bucket index.
-    pub(crate) fn add_into(&self, shard: &Shard, sid: SeriesId, out: &mut BTreeMap<u32, i64>) {
-        for (b, n) in self.collect(shard, sid) {
+    pub(crate) fn add_into(
+        &self,
+        shard: &Shard,
+        (lane, sid): (Lane, SeriesId),
+        out: &mut BTreeMap<u32, i64>,
+    ) {
+        for (b, n) in self.collect(shard, (lane, sid)) {
             *out.entry((b / self.res) as u32).or_default() += n;
         }
     }
@@ -852,10 +857,10 @@ impl Window {
     /// The bucket indexes of the window `shard` can hold, and whether probing each of them
     /// costs less than scanning the shard's counters; `None` when there is nothing to read.
     /// Retention keeps every bucket after a kept one, so the kept ones are a suffix.
-    fn probe_range(&self, shard: &Shard) -> Option<(u32, u32, bool)> {
+    fn probe_range(&self, shard: &Shard, lane: Lane) -> Option<(u32, u32, bool)> {
         let (min, max) = shard.extent(self.slot);
         let (lo, hi) = (self.lo.max(min), self.hi.min(max));
-        let len = shard.count(self.slot);
+        let len = shard.count(self.slot, lane);
         if lo >= hi || len == 0 {
             return None;
         }
@@ -884,15 +889,15 @@ impl Window {
     }
 
     /// One series' counters in memory over the window, summed (wrapping, as every sum).
-    pub(crate) fn sum(&self, shard: &Shard, sid: SeriesId) -> i64 {
-        match self.probe_range(shard) {
+    pub(crate) fn sum(&self, shard: &Shard, (lane, sid): (Lane, SeriesId)) -> i64 {
+        match self.probe_range(shard, lane) {
             None => 0,
             Some((lo, hi, true)) => (lo..hi)
-                .map(|i| shard.get(self.slot, sid, i))
+                .map(|i| shard.get(self.slot, lane, sid, i))
                 .fold(0i64, i64::wrapping_add),
             // Live and frozen counters of one bucket are both added, as a sum wants.
             Some((lo, hi, false)) => shard
-                .counters(self.slot)
+                .counters(self.slot, lane)
                 .filter(|&(k, _)| {
                     let (s, i) = split_key(k);
                     s == sid && (lo..hi).contains(&i)
@@ -905,14 +910,15 @@ impl Window {
     /// position: probing each series' buckets, or walking the slot's counters once when
     /// that is fewer steps (a busy key's thousands of values over the open day).
     pub(crate) fn sum_many(&self, shard: &Shard, sids: &[SeriesId], out: &mut [i64]) {
-        let Some((lo, hi, _)) = self.probe_range(shard) else {
+        let lane = Lane::Sub;
+        let Some((lo, hi, _)) = self.probe_range(shard, lane) else {
             return;
         };
         let probes = (sids.len() as u64).saturating_mul(u64::from(hi - lo));
-        if probes <= shard.count(self.slot) as u64 {
+        if probes <= shard.count(self.slot, lane) as u64 {
             for (o, &sid) in out.iter_mut().zip(sids) {
                 *o = (lo..hi)
-                    .map(|i| shard.get(self.slot, sid, i))
+                    .map(|i| shard.get(self.slot, lane, sid, i))
                     .fold(*o, i64::wrapping_add);
             }
             return;
@@ -920,7 +926,7 @@ impl Window {
         let at: HashMap<SeriesId, usize, foldhash::fast::FixedState> =
             sids.iter().enumerate().map(|(p, &s)| (s, p)).collect();
         // Live and frozen counters of one bucket are both added, as a sum wants.
-        for (k, n) in shard.counters(self.slot) {
+        for (k, n) in shard.counters(self.slot, lane) {
             let (s, i) = split_key(k);
             if (lo..hi).contains(&i)
                 && let Some(o) = at.get(&s).and_then(|&p| out.get_mut(p))
@@ -930,13 +936,13 @@ impl Window {
         }
     }
 
-    pub(crate) fn collect(&self, shard: &Shard, sid: SeriesId) -> Vec<(i64, i64)> {
-        let Some((lo, hi, probe)) = self.probe_range(shard) else {
+    pub(crate) fn collect(&self, shard: &Shard, (lane, sid): (Lane, SeriesId)) -> Vec<(i64, i64)> {
+        let Some((lo, hi, probe)) = self.probe_range(shard, lane) else {
             return Vec::new();
         };
         if probe {
             (lo..hi)
-                .filter_map(|i| match shard.get(self.slot, sid, i) {
+                .filter_map(|i| match shard.get(self.slot, lane, sid, i) {
                     0 => None,
                     n => Some((i64::from(i) * self.res, n)),
                 })
@@ -944,7 +950,7 @@ impl Window {
         } else {
             // A range longer than the maps: scanning them is cheaper than probing.
             let mut out: Vec<(i64, i64)> = shard
-                .counters(self.slot)
+                .counters(self.slot, lane)
                 .filter_map(|(k, n)| {
                     let (s, i) = split_key(k);
                     (s == sid && (lo..hi).contains(&i)).then_some((i64::from(i) * self.res, n))

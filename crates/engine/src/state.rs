@@ -11,7 +11,7 @@ use tally_core::store::{IdemRecord, StoreError};
 
 use crate::archive::{Archive, FlushPolicy, store_error};
 use crate::catalog::{Catalog, KeyId, NsId, SeriesId, StrId, TierPlan};
-use crate::memtable::{Memtable, split_key};
+use crate::memtable::{Lane, Memtable, Shard, split_key};
 use crate::names::{MAX_NAMES, Names};
 use crate::segment::SegmentError;
 use crate::wal::payload::BatchView;
@@ -358,10 +358,10 @@ impl Core {
                         touched.push((t.slot, period));
                     }
                     let idx = (b / t.res) as u32;
-                    shard.add(t.slot, r.total, idx, r.n);
+                    shard.add(t.slot, Lane::Total, r.total, idx, r.n);
                     if t.breakdown {
                         for &sid in &sids[r.subs.0..r.subs.1] {
-                            shard.add(t.slot, sid, idx, r.n);
+                            shard.add(t.slot, Lane::Sub, sid, idx, r.n);
                         }
                     }
                 }
@@ -414,7 +414,7 @@ impl Core {
                     let mine = cat.ns_of_series(sid) == Some(id);
                     mine && (whole || cat.is_subtotal(sid))
                 };
-                shard.map(slot).retain(|k, _| !dropped(k));
+                shard.retain_live(slot, |k| !dropped(&k));
                 // Copied only if it holds something to drop (a flush may share it).
                 if let Some(f) = shard.frozen.get_mut(slot)
                     && f.iter().any(|(k, _)| dropped(k))
@@ -456,7 +456,8 @@ impl Core {
         let mut removed = 0;
         for s in 0..self.mem.shards() {
             let mut shard = self.mem.lock(s);
-            for (slot, map) in shard.maps.iter_mut().enumerate() {
+            for (i, map) in shard.maps.iter_mut().enumerate() {
+                let slot = Shard::slot_of_map(i);
                 let before = map.len();
                 map.retain(|k, _| {
                     let (sid, idx) = split_key(*k);
