@@ -634,25 +634,27 @@ impl Core {
         let Some(by_key) = self.memory_totals(&cat, ns, &window, scan.deadline)? else {
             return Ok(Some(TopKeys::default()));
         };
-        let ordered = &cat.ns[ns as usize].ordered;
-        let mut best = Leaders::new(limit);
-        let mut tick = ticker(scan.deadline);
-        // Ranks are positions in key order, so Leaders' ties fall in key byte order.
-        for (rank, &key) in ordered.values().enumerate() {
-            tick()?;
-            best.offer(rank as u64, by_key.get(key as usize).copied().unwrap_or(0));
+        // Sums by key id (only this namespace's keys have any). The `limit`th largest sum
+        // is the floor: keys above it win, and those equal to it are named and ordered by
+        // name with the rest — no walk over the keys in name order.
+        let mut found: Vec<(usize, i64)> = by_key
+            .iter()
+            .enumerate()
+            .filter(|e| *e.1 != 0)
+            .map(|(k, &n)| (k, n))
+            .collect();
+        let total = found.iter().fold(0i64, |t, e| t.wrapping_add(e.1));
+        if limit == 0 {
+            found.clear();
+        } else if found.len() > limit {
+            found.select_nth_unstable_by(limit - 1, |a, b| b.1.cmp(&a.1));
+            let floor = found[limit - 1].1;
+            found.retain(|e| e.1 >= floor);
         }
-        let total = best.total;
-        let winners = best.into_ranks();
-        let mut keys = Vec::with_capacity(winners.len());
-        let mut next = winners.iter().peekable();
-        for (rank, name) in ordered.keys().enumerate() {
-            let Some(&&(r, n)) = next.peek() else {
-                break;
-            };
-            if r == rank as u64 {
-                keys.push((key_of(name.to_string())?, n));
-                next.next();
+        let mut keys = Vec::with_capacity(found.len());
+        for (k, n) in found {
+            if let Some(entry) = cat.keys.get(k) {
+                keys.push((key_of(entry.name.to_string())?, n));
             }
         }
         let mut top = TopKeys::select(keys, limit);

@@ -974,3 +974,47 @@ fn memory_past_retention_counts_for_nothing_before_a_sweep() {
     };
     assert_eq!(e.read(&[read]).unwrap(), reference.read(&[read]).unwrap());
 }
+
+/// A top that memory alone answers selects by sum and breaks ties by key name, whatever
+/// order the keys were made in (their ids run the other way here), with the sum of all.
+#[test]
+fn a_top_of_memory_breaks_ties_by_name_not_by_arrival() {
+    use tally_core::store::Deadline;
+    let dir = tempfile::tempdir().unwrap();
+    let clock = crate::clock(NOW);
+    let reference = MemStore::new(clock.clone());
+    let e = open(dir.path(), &clock);
+    let t0 = NOW / 3600 * 3600 - 3600;
+    let mut events: Vec<RawEvent> = (0..12)
+        .rev()
+        .map(|i| raw("clicks", &format!("k{i:02}"), t0 + 60, 1, &[]))
+        .collect();
+    events.push(raw("clicks", "busy", t0 + 120, 5, &[]));
+    events.push(raw("clicks", "gone", t0 + 180, 0, &[]));
+    write_both(&e, &reference, NOW, &events);
+    let ns = Namespace::new("clicks").unwrap();
+    let deadline = Deadline::none();
+    for resolution in [60, 3600] {
+        let scan = Scan {
+            ns: &ns,
+            resolution: tally_core::model::Duration::from_secs(resolution).unwrap(),
+            from: t0,
+            to: t0 + 3600,
+            value: None,
+            deadline: &deadline,
+        };
+        for limit in [0, 1, 3, 13, 20] {
+            let top = e.top(&scan, limit).unwrap();
+            assert_eq!(top, reference.top(&scan, limit).unwrap(), "limit {limit}");
+            assert_eq!(top.total, 17);
+        }
+        let names: Vec<String> = e
+            .top(&scan, 3)
+            .unwrap()
+            .keys
+            .iter()
+            .map(|(k, _)| k.to_string())
+            .collect();
+        assert_eq!(names, ["busy", "k00", "k01"]);
+    }
+}
