@@ -59,30 +59,34 @@ pub struct Segment {
     summed: Mutex<SummedCache>,
 }
 
-/// A record's rollup with the dictionary ids of its subtotal series, in the record's order.
+/// A record's subtotal series summed over some whole spans from its rollup, each with its
+/// dictionary ids, in the record's order.
 #[derive(Debug)]
 struct Summed {
-    rollup: Rollup,
     series: Vec<(u32, u32)>,
+    sums: Vec<i64>,
 }
 
 impl Summed {
     fn bytes(&self) -> usize {
-        64 + self.rollup.sums.len() * 8 + self.series.len() * 8
+        64 + self.series.len() * 16
     }
 }
 
-/// What one open segment keeps of [`Summed`] records, in bytes: a busy key's day (thousands
-/// of values) takes tens of KiB; a record past this is not kept.
+/// What one open segment keeps of [`Summed`] records, in bytes: a busy key's (thousands of
+/// values) takes tens of KiB; a record past this is not kept.
 pub const SUMMED_CACHE_BYTES: usize = 256 << 10;
 
 /// How many records one open segment keeps, with or without a rollup (found by a walk).
 pub const SUMMED_CACHE_RECORDS: usize = 32;
 
-type SummedEntry = ((usize, usize), Option<Arc<Summed>>, u64);
+/// (block, record, first span, end span): a record summed over those spans.
+type SummedAt = (usize, usize, usize, usize);
 
-/// The records a segment read from their rollups lately, by (block, record); `None` for a
-/// record found to have no rollup. Least recently used out first, within
+type SummedEntry = (SummedAt, Option<Arc<Summed>>, u64);
+
+/// The records a segment summed from their rollups lately, by (block, record, spans);
+/// `None` for a record found to have no rollup. Least recently used out first, within
 /// [`SUMMED_CACHE_BYTES`] and [`SUMMED_CACHE_RECORDS`].
 #[derive(Debug, Default)]
 struct SummedCache {
@@ -93,7 +97,7 @@ struct SummedCache {
 }
 
 impl SummedCache {
-    fn get(&mut self, at: (usize, usize)) -> Option<Option<Arc<Summed>>> {
+    fn get(&mut self, at: SummedAt) -> Option<Option<Arc<Summed>>> {
         self.clock += 1;
         let now = self.clock;
         let e = self.entries.iter_mut().find(|e| e.0 == at)?;
@@ -101,7 +105,7 @@ impl SummedCache {
         Some(e.1.clone())
     }
 
-    fn put(&mut self, at: (usize, usize), s: Option<Arc<Summed>>) {
+    fn put(&mut self, at: SummedAt, s: Option<Arc<Summed>>) {
         let size = s.as_ref().map_or(64, |s| s.bytes());
         if size > SUMMED_CACHE_BYTES || self.entries.iter().any(|e| e.0 == at) {
             return;
@@ -541,11 +545,11 @@ impl Segment {
             return Ok(false);
         };
         let (block, ord) = self.locate(v)?;
-        let summed = match &whole_spans {
-            Some(spans) => self.summed(block, ord)?.map(|r| (r, spans.clone())),
+        let summed = match whole_spans {
+            Some(spans) => self.summed(block, ord, spans)?,
             None => None,
         };
-        let Some((summed, spans)) = summed else {
+        let Some(summed) = summed else {
             self.cached_block(block)?
                 .sums(ord, &self.dict, &self.period, inside, dim_ok, total, sub)
                 .map_err(|why| self.corrupt(format!("block {block}: {why}")))?;
@@ -570,7 +574,7 @@ impl Segment {
                 }
             };
             if ok {
-                match summed.rollup.sum(si, &spans) {
+                match summed.sums.get(si).copied().unwrap_or(0) {
                     0 => {}
                     n => sub(d, v, n),
                 }
@@ -579,16 +583,24 @@ impl Segment {
         Ok(true)
     }
 
-    /// Record `ord` of `block` summed per span, with its series' dictionary ids, if it has
-    /// a rollup: decoded (and checked against the record) once, then kept while the
-    /// segment's budget for them allows — a dashboard asks for the same busy keys again.
-    fn summed(&self, block: usize, ord: usize) -> Result<Option<Arc<Summed>>, SegmentError> {
+    /// Record `ord` of `block`'s subtotal series summed over `spans` from its rollup, with
+    /// their dictionary ids, if it has a rollup: decoded (and checked against the record)
+    /// once, then kept while the segment's budget allows — a dashboard asks for the same
+    /// busy keys over the same days again, and a segment the range covers whole is always
+    /// asked for all its spans.
+    fn summed(
+        &self,
+        block: usize,
+        ord: usize,
+        spans: std::ops::Range<usize>,
+    ) -> Result<Option<Arc<Summed>>, SegmentError> {
+        let at = (block, ord, spans.start, spans.end);
         let lock = || self.summed.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(hit) = lock().get((block, ord)) {
+        if let Some(hit) = lock().get(at) {
             return Ok(hit);
         }
         let Some(rollup) = self.rollup(block, ord)? else {
-            lock().put((block, ord), None);
+            lock().put(at, None);
             return Ok(None);
         };
         let b = self.cached_block(block)?;
@@ -602,8 +614,9 @@ impl Segment {
                 rollup.series
             )));
         }
-        let summed = Arc::new(Summed { rollup, series });
-        lock().put((block, ord), Some(Arc::clone(&summed)));
+        let sums = (0..n).map(|si| rollup.sum(si, &spans)).collect();
+        let summed = Arc::new(Summed { series, sums });
+        lock().put(at, Some(Arc::clone(&summed)));
         Ok(Some(summed))
     }
 
@@ -1188,14 +1201,8 @@ mod tests {
 
     fn summed(series: usize) -> Option<Arc<Summed>> {
         Some(Arc::new(Summed {
-            rollup: Rollup {
-                ord: 0,
-                first: 0,
-                spans: 1,
-                series: series as u32,
-                sums: vec![1; series],
-            },
             series: vec![(0, 0); series],
+            sums: vec![1; series],
         }))
     }
 
@@ -1204,24 +1211,27 @@ mod tests {
         let mut c = SummedCache::default();
         let big = SUMMED_CACHE_BYTES / 16 / 3 - 8; // under a third of the budget
         for ord in 0..3 {
-            c.put((0, ord), summed(big));
+            c.put((0, ord, 0, 1), summed(big));
         }
-        assert!(c.get((0, 0)).is_some(), "three thirds fit");
-        c.put((0, 3), summed(big));
+        assert!(c.get((0, 0, 0, 1)).is_some(), "three thirds fit");
+        c.put((0, 3, 0, 1), summed(big));
         assert!(c.bytes <= SUMMED_CACHE_BYTES);
-        assert!(c.get((0, 1)).is_none(), "the least recently used went");
-        assert!(c.get((0, 0)).is_some() && c.get((0, 3)).is_some());
-        c.put((1, 0), summed(SUMMED_CACHE_BYTES / 8));
         assert!(
-            c.get((1, 0)).is_none(),
+            c.get((0, 1, 0, 1)).is_none(),
+            "the least recently used went"
+        );
+        assert!(c.get((0, 0, 0, 1)).is_some() && c.get((0, 3, 0, 1)).is_some());
+        c.put((1, 0, 0, 1), summed(SUMMED_CACHE_BYTES / 8));
+        assert!(
+            c.get((1, 0, 0, 1)).is_none(),
             "one record past the budget is not kept"
         );
         for ord in 0..100 {
-            c.put((2, ord), None);
+            c.put((2, ord, 0, 1), None);
         }
         assert_eq!(c.entries.len(), SUMMED_CACHE_RECORDS);
         assert!(
-            matches!(c.get((2, 99)), Some(None)),
+            matches!(c.get((2, 99, 0, 1)), Some(None)),
             "a record without a rollup is remembered"
         );
         let held: usize = c
