@@ -249,6 +249,10 @@ impl Archive {
                 .spans_within(lo, hi)
                 .filter(|s| !s.is_empty() && (r.inside)(lo.max(seg.meta().first_bucket())));
             if show_subs {
+                // Only a segment that has the key maps its dictionary (all of it, once).
+                if !seg.has(r.ns, r.key) {
+                    continue;
+                }
                 let ids = seg.name_ids(r.names);
                 // The one value wanted, as named here: found only if the segment's
                 // dictionary (now mapped) holds it.

@@ -12,7 +12,7 @@ use tally_core::store::{
 };
 
 use crate::archive::{SubSums, SumRead, Wants, index_range};
-use crate::catalog::{Catalog, SeriesId, StrId, TierPlan};
+use crate::catalog::{Catalog, KeyId, SeriesId, StrId, TierPlan};
 use crate::memtable::{Lane, Shard, split_key};
 use crate::names::PairSums;
 use crate::segment::SegmentError;
@@ -120,10 +120,11 @@ impl Core {
         // value met in many segments is hashed as a name once (when its segment is mapped).
         let names = self.names();
         let mut sums = PairSums::default();
+        let mut in_memory: Vec<(StrId, StrId, i64)> = Vec::new();
+        let (strs, mut ids, missing);
         let archive = {
             let archive = self.archive();
             let mine = (ns, r.key.as_str());
-            let mut in_memory: Vec<(StrId, StrId, i64)> = Vec::new();
             self.key_in_memory(
                 &cat,
                 mine,
@@ -141,14 +142,33 @@ impl Core {
                     }
                 },
             );
-            let strs: Vec<StrId> = in_memory.iter().flat_map(|&(d, v, _)| [d, v]).collect();
-            let ids = self.catalog_names(&cat, &names, &strs);
-            for (pair, &(_, _, n)) in ids.chunks_exact(2).zip(&in_memory) {
-                sums.add(pair[0], pair[1], n);
-            }
+            // Memory's names as ids of `names`: those earlier reads numbered now, the others
+            // (their text copied) once the locks are let go.
+            strs = in_memory
+                .iter()
+                .flat_map(|&(d, v, _)| [d, v])
+                .collect::<Vec<StrId>>();
+            ids = self.catalog_names_known(&names, &strs);
+            missing = ids
+                .iter()
+                .zip(&strs)
+                .filter(|(id, _)| id.is_none())
+                .map(|(_, &s)| (s, cat.str_list.get(s as usize).cloned().unwrap_or_default()))
+                .collect::<Vec<(StrId, Arc<str>)>>();
             Arc::clone(&archive)
         };
         drop(cat);
+        if !missing.is_empty() {
+            let mut numbered = self.catalog_names_number(&names, &missing).into_iter();
+            for id in ids.iter_mut().filter(|id| id.is_none()) {
+                *id = numbered.next();
+            }
+        }
+        for (pair, &(_, _, n)) in ids.chunks_exact(2).zip(&in_memory) {
+            if let [Some(d), Some(v)] = *pair {
+                sums.add(d, v, n);
+            }
+        }
         let (lo, hi) = index_range(res, r.from, r.to);
         let inside = |i: u32| lo <= i && i < hi && window.keeps(i);
         let read = SumRead {
@@ -211,13 +231,10 @@ impl Core {
         let mut tick = ticker(scan.deadline);
         let archive = self.archive();
         if scan.value.is_none() {
-            let by_key = self.memory_totals(&cat, ns, &window, scan.deadline)?;
-            let by_key = by_key.as_deref().unwrap_or_default();
-            let ordered = by_key.first().map(|_| &cat.ns[ns as usize].ordered);
-            for (name, &key) in ordered.into_iter().flatten() {
-                match by_key.get(key as usize) {
-                    Some(&n) if n != 0 => add(&mut sums, name, n),
-                    _ => {}
+            let found = self.memory_totals(&cat, ns, &window, scan.deadline)?;
+            for (key, n) in found.into_iter().flatten() {
+                if let Some(e) = cat.keys.get(key as usize) {
+                    add(&mut sums, &e.name, n);
                 }
             }
         } else {
@@ -534,18 +551,19 @@ impl Core {
         }
     }
 
-    /// The memory half of a top by totals: each key's total series summed over the window,
-    /// by key id (the catalog's key count long); `None` when memory holds nothing of the
-    /// window. Walks every counter of the tier's maps
-    /// once when that costs less than probing each key of the namespace for each bucket of
-    /// the range (a top over today, with the open day in memory), else probes.
+    /// The memory half of a top by totals: each key of the namespace with a non-zero sum of
+    /// its total series over the window, as (key id, sum), in no particular order; `None`
+    /// when memory holds nothing of the window. Walks every counter of the tier's totals
+    /// maps once when that costs less than probing each key of the namespace for each
+    /// bucket of the range (a top over today, with the open day in memory), else probes.
+    /// What it allocates is bounded by the work it does, not by the catalog.
     fn memory_totals(
         &self,
         cat: &Catalog,
         ns: u32,
         window: &Window,
         deadline: &Deadline,
-    ) -> Result<Option<Vec<i64>>, StoreError> {
+    ) -> Result<Option<Vec<(KeyId, i64)>>, StoreError> {
         let ordered = &cat.ns[ns as usize].ordered;
         let mut counters = 0usize;
         let mut span = 0u64;
@@ -562,18 +580,25 @@ impl Core {
             // adds nothing, and probing each key would find nothing.
             return Ok(None);
         }
-        let mut by_key = vec![0i64; cat.keys.len()];
         if (counters as u64) >= (ordered.len() as u64).saturating_mul(span) {
             let mut tick = ticker(deadline);
+            let mut found = Vec::new();
             for &key in ordered.values() {
                 tick()?;
                 let sid = cat.keys[key as usize].total;
                 let shard = self.mem.lock(self.mem.shard_of(key));
-                by_key[key as usize] = window.sum(&shard, (Lane::Total, sid));
+                match window.sum(&shard, (Lane::Total, sid)) {
+                    0 => {}
+                    n => found.push((key, n)),
+                }
             }
-            return Ok(Some(by_key));
+            return Ok(Some(found));
         }
-        let key_bits = &cat.ns[ns as usize].key_bits;
+        // Sums by key id in an array when the catalog's keys are not many more than the
+        // counters walked, else in a map.
+        let dense = cat.keys.len() <= counters.saturating_mul(4);
+        let mut by_key = vec![0i64; if dense { cat.keys.len() } else { 0 }];
+        let mut sparse: HashMap<KeyId, i64, foldhash::fast::FixedState> = HashMap::default();
         // Retention keeps a suffix of the window: its first kept bucket.
         let lo = window.first_kept();
         let mut seen = 0u32;
@@ -585,27 +610,39 @@ impl Core {
                     deadline.check()?;
                 }
                 let (sid, idx) = split_key(k);
-                // Most counters are subtotals: told apart by a bit, without reading the
-                // catalog's entries (a total series is its key's, so the key's bit then
-                // says its namespace).
+                // Frozen counters of subtotals come too: told apart by a bit, without
+                // reading the catalog's entries; a total's key then by its series, and the
+                // key's namespace from a small array.
                 if idx < lo || idx >= window.hi || !cat.total_bits.contains(sid) {
                     continue;
                 }
                 let Some(key) = cat.key_of_series(sid) else {
                     continue;
                 };
-                if let (true, Some(at)) = (key_bits.contains(key), by_key.get_mut(key as usize)) {
-                    *at = at.wrapping_add(n);
+                if cat.key_ns.get(key as usize) != Some(&ns) {
+                    continue;
                 }
+                let at = match by_key.get_mut(key as usize) {
+                    Some(at) => at,
+                    None => sparse.entry(key).or_default(),
+                };
+                *at = at.wrapping_add(n);
             }
         }
-        Ok(Some(by_key))
+        let found = by_key
+            .iter()
+            .enumerate()
+            .map(|(k, &n)| (k as KeyId, n))
+            .chain(sparse)
+            .filter(|e| e.1 != 0)
+            .collect();
+        Ok(Some(found))
     }
 
     /// A top of keys by totals that memory alone answers (no archive segment overlaps the
-    /// range: "today", with the open day in memory): each key's sum by key id, offered to
-    /// [`Leaders`] in key order, and only the winners named — no map by name, no `Key` made
-    /// for every key. `None` when the archive holds part of the range.
+    /// range: "today", with the open day in memory): a selection over each key's sum by key
+    /// id, and only the winners named — no map by name, no `Key` made for every key. `None`
+    /// when the archive holds part of the range.
     fn top_of_memory(
         &self,
         scan: &Scan<'_>,
@@ -631,31 +668,34 @@ impl Core {
         {
             return Ok(None);
         }
-        let Some(by_key) = self.memory_totals(&cat, ns, &window, scan.deadline)? else {
+        let Some(mut found) = self.memory_totals(&cat, ns, &window, scan.deadline)? else {
             return Ok(Some(TopKeys::default()));
         };
-        // Sums by key id (only this namespace's keys have any). The `limit`th largest sum
-        // is the floor: keys above it win, and those equal to it are named and ordered by
-        // name with the rest — no walk over the keys in name order.
-        let mut found: Vec<(usize, i64)> = by_key
-            .iter()
-            .enumerate()
-            .filter(|e| *e.1 != 0)
-            .map(|(k, &n)| (k, n))
-            .collect();
         let total = found.iter().fold(0i64, |t, e| t.wrapping_add(e.1));
+        let name = |k: KeyId| cat.keys.get(k as usize).map_or("", |e| &e.name);
         if limit == 0 {
             found.clear();
         } else if found.len() > limit {
+            // The `limit`th largest sum is the floor: the keys above it win, and of those
+            // equal to it the first by name fill the rest — selected by borrowed names, so
+            // that only the winners are copied.
             found.select_nth_unstable_by(limit - 1, |a, b| b.1.cmp(&a.1));
             let floor = found[limit - 1].1;
-            found.retain(|e| e.1 >= floor);
+            let (mut won, mut tied): (Vec<_>, Vec<_>) = found
+                .into_iter()
+                .filter(|e| e.1 >= floor)
+                .partition(|e| e.1 > floor);
+            let room = limit - won.len();
+            if tied.len() > room {
+                tied.select_nth_unstable_by(room, |a, b| name(a.0).cmp(name(b.0)));
+                tied.truncate(room);
+            }
+            won.extend(tied);
+            found = won;
         }
         let mut keys = Vec::with_capacity(found.len());
         for (k, n) in found {
-            if let Some(entry) = cat.keys.get(k) {
-                keys.push((key_of(entry.name.to_string())?, n));
-            }
+            keys.push((key_of(name(k).to_owned())?, n));
         }
         let mut top = TopKeys::select(keys, limit);
         top.total = total;

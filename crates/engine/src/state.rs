@@ -126,34 +126,43 @@ impl Core {
         }
     }
 
-    /// The ids in `names` of catalog strings `strs`, numbering the ones `names` lacks. The
-    /// answers are remembered per catalog string (catalog strings keep their ids for the
-    /// life of the process), so that memory's share of a read hashes no name it hashed
-    /// before.
-    pub(crate) fn catalog_names(&self, cat: &Catalog, names: &Names, strs: &[StrId]) -> Vec<u32> {
+    /// The ids in `names` of catalog strings `strs` that earlier reads numbered, `None` for
+    /// the others (see [`Core::catalog_names_number`]). Catalog strings keep their ids for
+    /// the life of the process, so that memory's share of a read hashes no name it hashed
+    /// before. Only looks: it is called under the catalog's lock.
+    pub(crate) fn catalog_names_known(&self, names: &Names, strs: &[StrId]) -> Vec<Option<u32>> {
+        let g = lock(&self.catalog_names);
+        let (of, ids) = &*g;
+        strs.iter()
+            .map(|&s| {
+                let id = ids.get(s as usize).copied().filter(|&id| id != u32::MAX);
+                id.filter(|_| *of == names.id())
+            })
+            .collect()
+    }
+
+    /// Numbers catalog strings (id and text) in `names` and remembers them; returns their
+    /// ids in order. Called with no lock of the catalog or the archive held: numbering may
+    /// wait for a segment's dictionary being mapped.
+    pub(crate) fn catalog_names_number(
+        &self,
+        names: &Names,
+        strs: &[(StrId, Arc<str>)],
+    ) -> Vec<u32> {
+        let found = names.intern_all(strs.iter().map(|(_, s)| &**s));
         let mut g = lock(&self.catalog_names);
         let (of, ids) = &mut *g;
         if *of != names.id() {
             *of = names.id();
             ids.clear();
         }
-        if let Some(&max) = strs.iter().max()
-            && ids.len() <= max as usize
-        {
-            ids.resize(max as usize + 1, u32::MAX);
-        }
-        let missing: Vec<StrId> = strs
-            .iter()
-            .copied()
-            .filter(|&s| ids[s as usize] == u32::MAX)
-            .collect();
-        if !missing.is_empty() {
-            let found = names.intern_all(missing.iter().map(|&s| cat.str(s)));
-            for (&s, id) in missing.iter().zip(found) {
-                ids[s as usize] = id;
+        for (&(s, _), &id) in strs.iter().zip(&found) {
+            if ids.len() <= s as usize {
+                ids.resize(s as usize + 1, u32::MAX);
             }
+            ids[s as usize] = id;
         }
-        strs.iter().map(|&s| ids[s as usize]).collect()
+        found
     }
 
     /// The engine's [`Names`]; a fresh one once it holds [`MAX_NAMES`], so that the names
@@ -487,17 +496,34 @@ mod tests {
             .iter()
             .map(|s| cat.intern_str(s).unwrap())
             .collect();
+        let text = |i: usize| (ids[i], Arc::<str>::from(cat.str(ids[i])));
         let names = Names::default();
         names.intern_all(["x"].into_iter());
-        let got = core.catalog_names(&cat, &names, &[ids[2], ids[0], ids[2]]);
-        assert_eq!(got, vec![1, 2, 1]);
-        assert_eq!(core.catalog_names(&cat, &names, &[ids[1]]), vec![3]);
+        assert_eq!(core.catalog_names_known(&names, &ids), vec![None; 3]);
+        assert_eq!(
+            core.catalog_names_number(&names, &[text(2), text(0)]),
+            vec![1, 2]
+        );
+        assert_eq!(
+            core.catalog_names_known(&names, &[ids[0], ids[1], ids[2]]),
+            vec![Some(2), None, Some(1)]
+        );
+        assert_eq!(core.catalog_names_number(&names, &[text(1)]), vec![3]);
         assert_eq!(names.len(), 4, "each string numbered once");
         let fresh = Names::default();
         assert_eq!(
-            core.catalog_names(&cat, &fresh, &[ids[1], ids[0]]),
-            vec![0, 1],
-            "a new Names is numbered afresh, not answered from the old one"
+            core.catalog_names_known(&fresh, &ids),
+            vec![None; 3],
+            "a new Names is not answered from the old one"
+        );
+        assert_eq!(
+            core.catalog_names_number(&fresh, &[text(1), text(0)]),
+            vec![0, 1]
+        );
+        assert_eq!(
+            core.catalog_names_known(&names, &[ids[1]]),
+            vec![None],
+            "nor the old from the new"
         );
         fresh.with(|name| assert_eq!((name(0), name(1)), ("a.com", "referrer")));
     }

@@ -516,6 +516,11 @@ impl Segment {
         self.sums_by_id(nskey, whole_spans, inside, dim_ok, total, &mut named)
     }
 
+    /// Whether the segment has a record of `key` in namespace `ns` (one index lookup).
+    pub fn has(&self, ns: &str, key: &str) -> bool {
+        self.index.get(index_key(ns, key)).is_some()
+    }
+
     /// The dictionary's ids mapped to `names`, made once per `Names` and kept.
     pub fn name_ids(&self, names: &Names) -> Arc<NameIds> {
         let mut cached = self.name_ids.lock().unwrap_or_else(PoisonError::into_inner);
