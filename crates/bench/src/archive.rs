@@ -414,12 +414,8 @@ impl Queries {
         )
     }
 
-    fn top_path(&self) -> String {
-        format!(
-            "/v1/ns/clicks/top?from={}&to={}&limit=10",
-            self.day,
-            self.day + DAY
-        )
+    fn top_path(&self, day: i64) -> String {
+        format!("/v1/ns/clicks/top?from={}&to={}&limit=10", day, day + DAY)
     }
 
     fn series_path(&self, key: &str) -> String {
@@ -489,7 +485,11 @@ impl Queries {
             ),
             (
                 "top 10 keys over one day, over HTTP".into(),
-                self.top_path(),
+                self.top_path(self.day),
+            ),
+            (
+                "top 10 keys over the last day, over HTTP".into(),
+                self.top_path(self.last_day),
             ),
         ] {
             let (fig, ans) = latency(3000, budget, || {
