@@ -51,12 +51,12 @@ pub struct Segment {
     /// has a rollup); none in files written before rollups.
     rollups: Vec<BlockEntry>,
     /// The blocks `get` decoded last.
-    cache: Mutex<BlockCache>,
+    cache: Mutex<Recent<usize, Arc<Block>>>,
     /// The dictionary's ids mapped to the engine's `Names` (made by the first read that
     /// sums by id).
     name_ids: Mutex<Option<Arc<NameIds>>>,
     /// Records read from their rollups lately (see [`Segment::summed`]).
-    summed: Mutex<SummedCache>,
+    summed: Mutex<Recent<SummedAt, Option<Arc<Summed>>>>,
 }
 
 /// A record's subtotal series summed over some whole spans from its rollup, each with its
@@ -83,87 +83,68 @@ pub const SUMMED_CACHE_RECORDS: usize = 32;
 /// (block, record, first span, end span): a record summed over those spans.
 type SummedAt = (usize, usize, usize, usize);
 
-type SummedEntry = (SummedAt, Option<Arc<Summed>>, u64);
-
-/// The records a segment summed from their rollups lately, by (block, record, spans);
-/// `None` for a record found to have no rollup. Least recently used out first, within
-/// [`SUMMED_CACHE_BYTES`] and [`SUMMED_CACHE_RECORDS`].
-#[derive(Debug, Default)]
-struct SummedCache {
-    /// (block, record), what it holds, when last used.
-    entries: Vec<SummedEntry>,
-    bytes: usize,
-    clock: u64,
-}
-
-impl SummedCache {
-    fn get(&mut self, at: SummedAt) -> Option<Option<Arc<Summed>>> {
-        self.clock += 1;
-        let now = self.clock;
-        let e = self.entries.iter_mut().find(|e| e.0 == at)?;
-        e.2 = now;
-        Some(e.1.clone())
-    }
-
-    fn put(&mut self, at: SummedAt, s: Option<Arc<Summed>>) {
-        let size = s.as_ref().map_or(64, |s| s.bytes());
-        if size > SUMMED_CACHE_BYTES || self.entries.iter().any(|e| e.0 == at) {
-            return;
-        }
-        while self.bytes + size > SUMMED_CACHE_BYTES || self.entries.len() >= SUMMED_CACHE_RECORDS {
-            let Some(oldest) = (0..self.entries.len()).min_by_key(|&i| self.entries[i].2) else {
-                break;
-            };
-            let (_, gone, _) = self.entries.swap_remove(oldest);
-            self.bytes -= gone.as_ref().map_or(64, |s| s.bytes());
-        }
-        self.clock += 1;
-        self.bytes += size;
-        self.entries.push((at, s, self.clock));
-    }
-}
+/// What [`Recent`] counts for a record found to have no rollup.
+const NO_ROLLUP_BYTES: usize = 64;
 
 /// How many decoded blocks one open segment keeps for `get`.
 pub const CACHED_BLOCKS: usize = 8;
 
-/// The last few blocks `get` decoded, least recently used first out.
-#[derive(Default)]
-struct BlockCache {
-    /// (block number, the block, when last used)
-    entries: Vec<(usize, Arc<Block>, u64)>,
+/// The values a segment made lately (decoded blocks, summed records), by key: at most
+/// `max_entries` of them weighing at most `max_bytes` in all, least recently used out
+/// first; a value heavier than the budget alone is not kept.
+struct Recent<K, V> {
+    /// (key, value, its weight, when last used)
+    entries: Vec<(K, V, usize, u64)>,
+    bytes: usize,
     clock: u64,
+    max_entries: usize,
+    max_bytes: usize,
 }
 
-impl BlockCache {
-    fn get(&mut self, block: usize) -> Option<Arc<Block>> {
+impl<K: PartialEq + Copy, V: Clone> Recent<K, V> {
+    fn new(max_entries: usize, max_bytes: usize) -> Self {
+        Recent {
+            entries: Vec::new(),
+            bytes: 0,
+            clock: 0,
+            max_entries,
+            max_bytes,
+        }
+    }
+
+    fn get(&mut self, k: K) -> Option<V> {
         self.clock += 1;
         let now = self.clock;
-        let e = self.entries.iter_mut().find(|e| e.0 == block)?;
-        e.2 = now;
-        Some(Arc::clone(&e.1))
+        let e = self.entries.iter_mut().find(|e| e.0 == k)?;
+        e.3 = now;
+        Some(e.1.clone())
     }
 
-    fn put(&mut self, block: usize, b: Arc<Block>) {
-        self.clock += 1;
-        if self.entries.iter().any(|e| e.0 == block) {
+    fn put(&mut self, k: K, v: V, weight: usize) {
+        if weight > self.max_bytes || self.entries.iter().any(|e| e.0 == k) {
             return;
         }
-        if self.entries.len() >= CACHED_BLOCKS
-            && let Some(oldest) = (0..self.entries.len()).min_by_key(|&i| self.entries[i].2)
-        {
-            self.entries.swap_remove(oldest);
+        while self.bytes + weight > self.max_bytes || self.entries.len() >= self.max_entries {
+            let Some(oldest) = (0..self.entries.len()).min_by_key(|&i| self.entries[i].3) else {
+                break;
+            };
+            let (_, _, gone, _) = self.entries.swap_remove(oldest);
+            self.bytes -= gone;
         }
-        self.entries.push((block, b, self.clock));
+        self.clock += 1;
+        self.bytes += weight;
+        self.entries.push((k, v, weight, self.clock));
     }
 }
 
-impl std::fmt::Debug for BlockCache {
+impl<K: std::fmt::Debug, V> std::fmt::Debug for Recent<K, V> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BlockCache")
+        f.debug_struct("Recent")
             .field(
-                "blocks",
-                &self.entries.iter().map(|e| e.0).collect::<Vec<_>>(),
+                "keys",
+                &self.entries.iter().map(|e| &e.0).collect::<Vec<_>>(),
             )
+            .field("bytes", &self.bytes)
             .finish()
     }
 }
@@ -381,9 +362,9 @@ impl Segment {
             spans,
             key_frames,
             rollups,
-            cache: Mutex::default(),
+            cache: Mutex::new(Recent::new(CACHED_BLOCKS, usize::MAX)),
             name_ids: Mutex::default(),
-            summed: Mutex::default(),
+            summed: Mutex::new(Recent::new(SUMMED_CACHE_RECORDS, SUMMED_CACHE_BYTES)),
         })
     }
 
@@ -605,7 +586,7 @@ impl Segment {
             return Ok(hit);
         }
         let Some(rollup) = self.rollup(block, ord)? else {
-            lock().put(at, None);
+            lock().put(at, None, NO_ROLLUP_BYTES);
             return Ok(None);
         };
         let b = self.cached_block(block)?;
@@ -621,7 +602,8 @@ impl Segment {
         }
         let sums = (0..n).map(|si| rollup.sum(si, &spans)).collect();
         let summed = Arc::new(Summed { series, sums });
-        lock().put(at, Some(Arc::clone(&summed)));
+        let weight = summed.bytes();
+        lock().put(at, Some(Arc::clone(&summed)), weight);
         Ok(Some(summed))
     }
 
@@ -822,11 +804,11 @@ impl Segment {
             return Ok(b);
         }
         let b = Arc::new(self.block(block)?);
-        self.lock_cache().put(block, Arc::clone(&b));
+        self.lock_cache().put(block, Arc::clone(&b), 0);
         Ok(b)
     }
 
-    fn lock_cache(&self) -> std::sync::MutexGuard<'_, BlockCache> {
+    fn lock_cache(&self) -> std::sync::MutexGuard<'_, Recent<usize, Arc<Block>>> {
         // The cache is only ever a copy of what the file holds: one a panic left half-updated
         // is still consistent (entries are pushed whole).
         self.cache.lock().unwrap_or_else(|e| e.into_inner())
@@ -1213,37 +1195,46 @@ mod tests {
 
     #[test]
     fn the_summed_cache_keeps_to_its_bytes_and_records_least_recent_out() {
-        let mut c = SummedCache::default();
+        let mut c = Recent::new(SUMMED_CACHE_RECORDS, SUMMED_CACHE_BYTES);
+        // Weighed as `Segment::summed` weighs what it keeps.
+        let weight = |s: &Option<Arc<Summed>>| s.as_ref().map_or(NO_ROLLUP_BYTES, |s| s.bytes());
+        let mut put = |c: &mut Recent<SummedAt, Option<Arc<Summed>>>, at, s| {
+            let w = weight(&s);
+            c.put(at, s, w)
+        };
         let big = SUMMED_CACHE_BYTES / 16 / 3 - 8; // under a third of the budget
         for ord in 0..3 {
-            c.put((0, ord, 0, 1), summed(big));
+            put(&mut c, (0, ord, 0, 1), summed(big));
         }
         assert!(c.get((0, 0, 0, 1)).is_some(), "three thirds fit");
-        c.put((0, 3, 0, 1), summed(big));
+        put(&mut c, (0, 3, 0, 1), summed(big));
         assert!(c.bytes <= SUMMED_CACHE_BYTES);
         assert!(
             c.get((0, 1, 0, 1)).is_none(),
             "the least recently used went"
         );
         assert!(c.get((0, 0, 0, 1)).is_some() && c.get((0, 3, 0, 1)).is_some());
-        c.put((1, 0, 0, 1), summed(SUMMED_CACHE_BYTES / 8));
+        put(&mut c, (1, 0, 0, 1), summed(SUMMED_CACHE_BYTES / 8));
         assert!(
             c.get((1, 0, 0, 1)).is_none(),
             "one record past the budget is not kept"
         );
         for ord in 0..100 {
-            c.put((2, ord, 0, 1), None);
+            put(&mut c, (2, ord, 0, 1), None);
         }
         assert_eq!(c.entries.len(), SUMMED_CACHE_RECORDS);
         assert!(
             matches!(c.get((2, 99, 0, 1)), Some(None)),
             "a record without a rollup is remembered"
         );
-        let held: usize = c
-            .entries
-            .iter()
-            .map(|e| e.1.as_ref().map_or(64, |s| s.bytes()))
-            .sum();
+        let held: usize = c.entries.iter().map(|e| weight(&e.1)).sum();
         assert_eq!(held, c.bytes);
+        // The block cache's shape: a count, no byte budget.
+        let mut blocks = Recent::new(CACHED_BLOCKS, usize::MAX);
+        for b in 0..20usize {
+            blocks.put(b, b, 0);
+        }
+        assert_eq!(blocks.entries.len(), CACHED_BLOCKS);
+        assert_eq!((blocks.get(19), blocks.get(0)), (Some(19), None));
     }
 }
