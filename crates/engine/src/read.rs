@@ -121,7 +121,7 @@ impl Core {
         let names = self.names();
         let mut sums = PairSums::default();
         let mut in_memory: Vec<(StrId, StrId, i64)> = Vec::new();
-        let (strs, mut ids, missing);
+        let (mut ids, missing);
         let archive = {
             let archive = self.archive();
             let mine = (ns, r.key.as_str());
@@ -144,10 +144,7 @@ impl Core {
             );
             // Memory's names as ids of `names`: those earlier reads numbered now, the others
             // (their text copied) once the locks are let go.
-            strs = in_memory
-                .iter()
-                .flat_map(|&(d, v, _)| [d, v])
-                .collect::<Vec<StrId>>();
+            let strs: Vec<StrId> = in_memory.iter().flat_map(|&(d, v, _)| [d, v]).collect();
             ids = self.catalog_names_known(&names, &strs);
             missing = ids
                 .iter()
