@@ -1198,7 +1198,7 @@ mod tests {
         let mut c = Recent::new(SUMMED_CACHE_RECORDS, SUMMED_CACHE_BYTES);
         // Weighed as `Segment::summed` weighs what it keeps.
         let weight = |s: &Option<Arc<Summed>>| s.as_ref().map_or(NO_ROLLUP_BYTES, |s| s.bytes());
-        let mut put = |c: &mut Recent<SummedAt, Option<Arc<Summed>>>, at, s| {
+        let put = |c: &mut Recent<SummedAt, Option<Arc<Summed>>>, at, s| {
             let w = weight(&s);
             c.put(at, s, w)
         };
