@@ -240,8 +240,13 @@ pub const SUMS_HEADER_LEN: usize = 24;
 pub const MAX_SPANS: u32 = 4096;
 /// The length of a span the writer prefers, in seconds: a UTC day.
 pub const SPAN_SECS: i64 = 86_400;
-/// Sums header flag: the file has rollup frames (and their table). The other bits are zero.
+/// Sums header flag: the file has rollup frames (and their table).
 pub const SUMS_FLAG_ROLLUPS: u32 = 1;
+/// Sums header flag: the file has hour frames (and their table), one per hour of each span.
+/// The other bits are zero.
+pub const SUMS_FLAG_HOURS: u32 = 2;
+/// The length of an hour frame's part of a span, in seconds.
+pub const HOUR_SECS: i64 = 3600;
 
 /// The sums header (version 2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -252,6 +257,9 @@ pub struct SumsHeader {
     /// Whether rollup frames follow the key frames ([`SUMS_FLAG_ROLLUPS`]); files written
     /// before rollups existed have none.
     pub rollups: bool,
+    /// Whether hour frames follow ([`SUMS_FLAG_HOURS`]): each span's totals summed per
+    /// hour. Only spans of several hours have them.
+    pub hours: bool,
     /// Where the first span frame starts: the end of the blocks.
     pub frames_offset: u64,
 }
@@ -260,7 +268,10 @@ impl SumsHeader {
     pub fn encode(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.span_buckets.to_le_bytes());
         out.extend_from_slice(&self.spans.to_le_bytes());
-        let flags = if self.rollups { SUMS_FLAG_ROLLUPS } else { 0 };
+        let mut flags = if self.rollups { SUMS_FLAG_ROLLUPS } else { 0 };
+        if self.hours {
+            flags |= SUMS_FLAG_HOURS;
+        }
         out.extend_from_slice(&flags.to_le_bytes());
         out.extend_from_slice(&self.frames_offset.to_le_bytes());
     }
@@ -271,13 +282,14 @@ impl SumsHeader {
             return Err(format!("sums header of {} bytes", b.len()));
         }
         let flags = u32_at(b, SUMS_FLAGS_OFFSET);
-        if flags & !SUMS_FLAG_ROLLUPS != 0 {
+        if flags & !(SUMS_FLAG_ROLLUPS | SUMS_FLAG_HOURS) != 0 {
             return Err(format!("sums header: unknown flags {flags:#x}"));
         }
         Ok(SumsHeader {
             span_buckets: u64_at(b, SUMS_SPAN_BUCKETS_OFFSET),
             spans: u32_at(b, SUMS_SPANS_OFFSET),
             rollups: flags & SUMS_FLAG_ROLLUPS != 0,
+            hours: flags & SUMS_FLAG_HOURS != 0,
             frames_offset: u64_at(b, SUMS_FRAMES_OFFSET_OFFSET),
         })
     }
@@ -298,6 +310,23 @@ impl SumsHeader {
         } else {
             (buckets, 1)
         }
+    }
+}
+
+/// Buckets per hour frame for spans of `span_buckets` buckets of `resolution` seconds: the
+/// buckets of an hour when a span is several whole hours, else 0 (no hour frames). Writer
+/// and reader agree on it, so the file need not store it.
+pub fn hour_buckets(resolution: u32, span_buckets: u64) -> u64 {
+    let res = u64::from(resolution.max(1));
+    let hour = HOUR_SECS as u64;
+    if !hour.is_multiple_of(res) {
+        return 0;
+    }
+    let per = hour / res;
+    if span_buckets > per && span_buckets.is_multiple_of(per) {
+        per
+    } else {
+        0
     }
 }
 

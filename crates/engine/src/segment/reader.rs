@@ -15,7 +15,7 @@ use super::codec::{Block, Dictionary, Period, total_sums};
 use super::layout::{
     BLOCK_ENTRY_LEN, BlockEntry, CODEC_NONE, CODEC_ZSTD, DICT_HEADER_LEN, FOOTER_CRC_OFFSET,
     FOOTER_LEN, FOOTER_MAGIC_OFFSET, Footer, HEADER_LEN, MAX_BLOCK_RAW_LEN, MAX_DICT_RAW_LEN,
-    MAX_SPANS, MagicProblem, SUMS_HEADER_LEN, SumsHeader, Version, u32_at,
+    MAX_SPANS, MagicProblem, SUMS_HEADER_LEN, SumsHeader, Version, hour_buckets, u32_at,
 };
 use super::sums::{Rollup, decode_keys, decode_rollups, decode_span};
 use super::{Buckets, KeyRecord, SegmentError, SegmentMeta, SegmentStats, index_key};
@@ -50,6 +50,10 @@ pub struct Segment {
     /// Version 2 with rollups: one rollup frame per block (empty when none of its records
     /// has a rollup); none in files written before rollups.
     rollups: Vec<BlockEntry>,
+    /// Version 2 with hour frames: buckets per hour frame (0 without), and one frame per
+    /// hour of each span, in time order.
+    hour_buckets: u64,
+    hours: Vec<BlockEntry>,
     /// The blocks `get` decoded last.
     cache: Mutex<Recent<usize, Arc<Block>>>,
     /// The dictionary's ids mapped to the engine's `Names` (made by the first read that
@@ -57,6 +61,28 @@ pub struct Segment {
     name_ids: Mutex<Option<Arc<NameIds>>>,
     /// Records read from their rollups lately (see [`Segment::summed`]).
     summed: Mutex<Recent<SummedAt, Option<Arc<Summed>>>>,
+}
+
+/// A frame of totals summed per key by rank (see [`Segment::cover`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SumFrame {
+    /// A span's frame, by span number.
+    Span(usize),
+    /// An hour's frame, by hour of the period (span × hours per span + hour of the span).
+    Hour(usize),
+}
+
+/// The totals over a range as frames: the sums of `add` minus those of `sub`.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Cover {
+    pub add: Vec<SumFrame>,
+    pub sub: Vec<SumFrame>,
+}
+
+impl Cover {
+    pub fn is_empty(&self) -> bool {
+        self.add.is_empty() && self.sub.is_empty()
+    }
 }
 
 /// A record's subtotal series summed over some whole spans from its rollup, each with its
@@ -242,8 +268,8 @@ impl Segment {
                 .collect()
         };
         let blocks = entries(&table);
-        let (head, span_buckets, spans, key_frames, rollups) = match version {
-            Version::V1 => (None, 0, Vec::new(), Vec::new(), Vec::new()),
+        let (head, span_buckets, spans, key_frames, rollups, hour_buckets, hours) = match version {
+            Version::V1 => (None, 0, Vec::new(), Vec::new(), Vec::new(), 0, Vec::new()),
             Version::V2 => {
                 let (h, rest) = sums.split_at(SUMS_HEADER_LEN);
                 let head = SumsHeader::decode(h).map_err(&corrupt)?;
@@ -258,23 +284,43 @@ impl Segment {
                     )));
                 }
                 let per_block = if head.rollups { 2 } else { 1 };
-                let want = (head.spans as usize + per_block * blocks.len()) * BLOCK_ENTRY_LEN;
+                let hour_buckets = match head.hours {
+                    false => 0,
+                    true => match hour_buckets(footer.meta.resolution, head.span_buckets) {
+                        0 => {
+                            return Err(corrupt(format!(
+                                "hour frames for spans of {} buckets of {} s",
+                                head.span_buckets, footer.meta.resolution
+                            )));
+                        }
+                        per => per,
+                    },
+                };
+                let hours = (head.span_buckets / hour_buckets.max(1)) as usize
+                    * head.spans as usize
+                    * usize::from(head.hours);
+                let want =
+                    (head.spans as usize + per_block * blocks.len() + hours) * BLOCK_ENTRY_LEN;
                 if rest.len() != want {
                     return Err(corrupt(format!(
-                        "the sums tables take {} bytes, {} spans and {} blocks take {want}",
+                        "the sums tables take {} bytes, {} spans, {} blocks and {hours} hours \
+                         take {want}",
                         rest.len(),
                         head.spans,
                         blocks.len()
                     )));
                 }
                 let (s, rest) = rest.split_at(head.spans as usize * BLOCK_ENTRY_LEN);
-                let (k, r) = rest.split_at(blocks.len() * BLOCK_ENTRY_LEN);
+                let (k, rest) = rest.split_at(blocks.len() * BLOCK_ENTRY_LEN);
+                let (r, h) = rest.split_at(rest.len() - hours * BLOCK_ENTRY_LEN);
                 (
                     Some(head),
                     head.span_buckets,
                     entries(s),
                     entries(k),
                     entries(r),
+                    hour_buckets,
+                    entries(h),
                 )
             }
         };
@@ -321,9 +367,15 @@ impl Segment {
             }
             at += u64::from(r.stored_len);
         }
+        for (i, h) in hours.iter().enumerate() {
+            if h.offset != at || !ok(h) || u64::from(h.keys) > footer.keys {
+                return Err(corrupt(format!("hour table entry {i} is inconsistent")));
+            }
+            at += u64::from(h.stored_len);
+        }
         if at != footer.index_offset {
             return Err(corrupt(
-                "the span, key and rollup frames do not end where the index starts".into(),
+                "the span, key, rollup and hour frames do not end where the index starts".into(),
             ));
         }
         let index = fst::Map::new(index).map_err(|e| corrupt(format!("key index: {e}")))?;
@@ -362,6 +414,8 @@ impl Segment {
             spans,
             key_frames,
             rollups,
+            hour_buckets,
+            hours,
             cache: Mutex::new(Recent::new(CACHED_BLOCKS, usize::MAX)),
             name_ids: Mutex::default(),
             summed: Mutex::new(Recent::new(SUMMED_CACHE_RECORDS, SUMMED_CACHE_BYTES)),
@@ -732,10 +786,63 @@ impl Segment {
         ranks: std::ops::Range<u64>,
         visit: &mut dyn FnMut(u64, i64),
     ) -> Result<(), SegmentError> {
-        let Some(e) = self.spans.get(span) else {
-            return Err(self.corrupt(format!("no span {span}")));
+        self.frame_sums(SumFrame::Span(span), ranks, visit)
+    }
+
+    /// The frames whose sums give every key's totals over bucket indexes `[lo, hi)`, once
+    /// clipped to the period: whole spans from span frames, the hours of a span cut by the
+    /// range from hour frames (or, when fewer frames, the span minus the hours left out).
+    /// `None` when the range cuts an hour, or a span of a segment without hour frames (or
+    /// the segment has no span sums).
+    pub fn cover(&self, lo: u32, hi: u32) -> Option<Cover> {
+        let sb = self.span_buckets;
+        if sb == 0 {
+            return None;
+        }
+        let first = u64::from(self.period.first);
+        let lo = u64::from(lo).clamp(first, self.period.end);
+        let hi = u64::from(hi).clamp(lo, self.period.end);
+        let (a, b) = (lo - first, hi - first);
+        let mut cover = Cover::default();
+        let hb = self.hour_buckets;
+        for s in a / sb..b.div_ceil(sb) {
+            let (s_lo, s_hi) = (s * sb, (s + 1) * sb);
+            let (x, y) = (a.max(s_lo), b.min(s_hi));
+            if (x, y) == (s_lo, s_hi) {
+                cover.add.push(SumFrame::Span(s as usize));
+                continue;
+            }
+            if hb == 0 || x % hb != 0 || y % hb != 0 {
+                return None;
+            }
+            let (parts, h0) = (sb / hb, s * (sb / hb));
+            let (from, to) = (h0 + (x - s_lo) / hb, h0 + (y - s_lo) / hb);
+            let hour = |h: u64| SumFrame::Hour(h as usize);
+            if 1 + parts - (to - from) < to - from {
+                cover.add.push(SumFrame::Span(s as usize));
+                cover.sub.extend((h0..from).chain(to..h0 + parts).map(hour));
+            } else {
+                cover.add.extend((from..to).map(hour));
+            }
+        }
+        Some(cover)
+    }
+
+    /// A span's or an hour's (rank, totals sum) entries with a rank in `ranks`, in rank
+    /// order: keys whose totals sum to 0 over it are not there.
+    pub fn frame_sums(
+        &self,
+        frame: SumFrame,
+        ranks: std::ops::Range<u64>,
+        visit: &mut dyn FnMut(u64, i64),
+    ) -> Result<(), SegmentError> {
+        let (e, what) = match frame {
+            SumFrame::Span(i) => (self.spans.get(i), Frame::Span(i)),
+            SumFrame::Hour(i) => (self.hours.get(i), Frame::Hour(i)),
         };
-        let what = Frame::Span(span);
+        let Some(e) = e else {
+            return Err(self.corrupt(format!("no {what}")));
+        };
         let raw = self.frame(e, what)?;
         decode_span(
             &raw,
@@ -916,6 +1023,7 @@ impl Segment {
         let mut points = 0u64;
         // Version 2: each span's (rank, sum) entries as the records say they must be.
         let mut spans: Vec<Vec<(u64, i64)>> = vec![Vec::new(); self.spans.len()];
+        let mut hours: Vec<Vec<(u64, i64)>> = vec![Vec::new(); self.hours.len()];
         let mut rank = 0u64;
         for (b, entry) in self.blocks.iter().enumerate() {
             let r = self.block(b)?;
@@ -971,41 +1079,50 @@ impl Segment {
                         )));
                     }
                 }
-                let mut sums: Vec<(usize, i64)> = Vec::new();
-                for &(i, n) in &rec.totals {
-                    // Version 1 has no spans (0 buckets each): nothing to check.
-                    let Some(span) =
-                        u64::from(i - self.period.first).checked_div(self.span_buckets)
-                    else {
-                        break;
-                    };
-                    let span = span as usize;
-                    match sums.last_mut() {
-                        Some((s, sum)) if *s == span => *sum = sum.wrapping_add(n),
-                        _ => sums.push((span, n)),
+                // Version 1 has no spans (0 buckets each): nothing to check.
+                let first = self.period.first;
+                let frames = [
+                    (&mut spans, self.span_buckets),
+                    (&mut hours, self.hour_buckets),
+                ];
+                for (lists, per) in frames.into_iter().filter(|(_, per)| *per > 0) {
+                    let mut sums: Vec<(usize, i64)> = Vec::new();
+                    for &(i, n) in &rec.totals {
+                        let at = (u64::from(i - first) / per) as usize;
+                        match sums.last_mut() {
+                            Some((s, sum)) if *s == at => *sum = sum.wrapping_add(n),
+                            _ => sums.push((at, n)),
+                        }
                     }
-                }
-                for (s, sum) in sums {
-                    if sum != 0
-                        && let Some(list) = spans.get_mut(s)
-                    {
-                        list.push((rank, sum));
+                    for (s, sum) in sums {
+                        if sum != 0
+                            && let Some(list) = lists.get_mut(s)
+                        {
+                            list.push((rank, sum));
+                        }
                     }
                 }
                 rank += 1;
             }
         }
-        for (i, (want, e)) in spans.iter().zip(&self.spans).enumerate() {
-            let raw = self.frame(e, Frame::Span(i))?;
-            let mut got = Vec::with_capacity(want.len());
-            decode_span(&raw, e.keys, self.keys, (0, u64::MAX), true, &mut |r, n| {
-                got.push((r, n))
-            })
-            .map_err(|why| self.corrupt(format!("span frame {i}: {why}")))?;
-            if &got != want {
-                return Err(self.corrupt(format!(
-                    "span frame {i} does not hold the sums of the records' totals"
-                )));
+        let checks = [
+            (spans, &self.spans, Frame::Span as fn(usize) -> Frame),
+            (hours, &self.hours, Frame::Hour),
+        ];
+        for (wanted, entries, frame) in checks {
+            for (i, (want, e)) in wanted.iter().zip(entries).enumerate() {
+                let raw = self.frame(e, frame(i))?;
+                let mut got = Vec::with_capacity(want.len());
+                decode_span(&raw, e.keys, self.keys, (0, u64::MAX), true, &mut |r, n| {
+                    got.push((r, n))
+                })
+                .map_err(|why| self.corrupt(format!("{}: {why}", frame(i))))?;
+                if &got != want {
+                    return Err(self.corrupt(format!(
+                        "{} does not hold the sums of the records' totals",
+                        frame(i)
+                    )));
+                }
             }
         }
         if stream.next().is_some() {
@@ -1028,6 +1145,7 @@ enum Frame {
     Span(usize),
     Keys(usize),
     Rollups(usize),
+    Hour(usize),
 }
 
 impl std::fmt::Display for Frame {
@@ -1037,6 +1155,7 @@ impl std::fmt::Display for Frame {
             Frame::Span(n) => write!(f, "span frame {n}"),
             Frame::Keys(n) => write!(f, "key frame {n}"),
             Frame::Rollups(n) => write!(f, "rollup frame {n}"),
+            Frame::Hour(n) => write!(f, "hour frame {n}"),
         }
     }
 }

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use super::codec::{DictBuilder, Period, encode_block, estimate, record_problem};
 use super::layout::{
     BlockEntry, CODEC_NONE, CODEC_ZSTD, DEFAULT_BLOCK_TARGET, DICT_HEADER_LEN, Footer, HEADER_LEN,
-    MAX_BLOCK_RAW_LEN, MAX_DICT_RAW_LEN, SumsHeader, Version,
+    MAX_BLOCK_RAW_LEN, MAX_DICT_RAW_LEN, SumsHeader, Version, hour_buckets,
 };
 use super::sums::{Rollup, SpanBuilder, encode_keys, encode_rollups};
 use super::{KeyRecord, SegmentError, SegmentMeta, SegmentStats, index_key};
@@ -42,6 +42,30 @@ impl Default for WriteOptions {
     }
 }
 
+/// Adds `totals` (sorted by bucket index), summed per group of `per` buckets from `first`,
+/// to `frames` (one per group) under `rank`; a zero sum is left out.
+fn push_sums(frames: &mut [SpanBuilder], per: u64, first: u64, rank: u64, totals: &[(u32, i64)]) {
+    let mut at: Option<(usize, i64)> = None;
+    for &(i, n) in totals {
+        let group = ((u64::from(i) - first) / per) as usize;
+        match &mut at {
+            Some((g, sum)) if *g == group => *sum = sum.wrapping_add(n),
+            _ => {
+                if let Some((g, sum)) = at.replace((group, n))
+                    && sum != 0
+                {
+                    frames[g].push(rank, sum);
+                }
+            }
+        }
+    }
+    if let Some((g, sum)) = at
+        && sum != 0
+    {
+        frames[g].push(rank, sum);
+    }
+}
+
 /// Writes one segment file. Keys must be added in strictly increasing (namespace, key) byte
 /// order. A file whose writer did not `finish` has no footer and never opens.
 pub struct SegmentWriter {
@@ -62,6 +86,10 @@ pub struct SegmentWriter {
     /// already coded.
     span_buckets: u64,
     spans: Vec<SpanBuilder>,
+    /// The same per hour of each span, when a span has several ([`hour_buckets`]; 0 and
+    /// none otherwise).
+    hour_buckets: u64,
+    hours: Vec<SpanBuilder>,
     /// The index keys of the block being filled, and each written block's key frame as
     /// stored, with its uncompressed length.
     block_keys: Vec<Vec<u8>>,
@@ -111,6 +139,11 @@ impl SegmentWriter {
         file.write_all(&Version::V2.magic())
             .map_err(|e| SegmentError::io(path, e))?;
         let (span_buckets, spans) = SumsHeader::spans_of(&meta);
+        let hour_buckets = hour_buckets(meta.resolution, span_buckets);
+        let hours = match hour_buckets {
+            0 => 0,
+            per => span_buckets / per * u64::from(spans),
+        };
         Ok(SegmentWriter {
             path: path.to_path_buf(),
             file,
@@ -128,6 +161,8 @@ impl SegmentWriter {
             index: fst::MapBuilder::memory(),
             span_buckets,
             spans: (0..spans).map(|_| SpanBuilder::default()).collect(),
+            hour_buckets,
+            hours: (0..hours).map(|_| SpanBuilder::default()).collect(),
             block_keys: Vec::new(),
             key_frames: Vec::new(),
             block_rollups: Vec::new(),
@@ -212,29 +247,25 @@ impl SegmentWriter {
         Ok(())
     }
 
-    /// Adds the record's totals, summed per span, to the span frames under its rank.
+    /// Adds the record's totals, summed per span (and per hour), to the span (and hour)
+    /// frames under its rank.
     fn add_span_sums(&mut self, record: &KeyRecord) {
-        let mut at: Option<(usize, i64)> = None;
-        let rank = self.keys;
-        let first = u64::from(self.period.first);
-        for &(i, n) in &record.totals {
-            let span = ((u64::from(i) - first) / self.span_buckets) as usize;
-            match &mut at {
-                Some((s, sum)) if *s == span => *sum = sum.wrapping_add(n),
-                _ => {
-                    if let Some((s, sum)) = at.take()
-                        && sum != 0
-                    {
-                        self.spans[s].push(rank, sum);
-                    }
-                    at = Some((span, n));
-                }
-            }
-        }
-        if let Some((s, sum)) = at
-            && sum != 0
-        {
-            self.spans[s].push(rank, sum);
+        let (rank, first) = (self.keys, u64::from(self.period.first));
+        push_sums(
+            &mut self.spans,
+            self.span_buckets,
+            first,
+            rank,
+            &record.totals,
+        );
+        if self.hour_buckets > 0 {
+            push_sums(
+                &mut self.hours,
+                self.hour_buckets,
+                first,
+                rank,
+                &record.totals,
+            );
         }
     }
 
@@ -324,12 +355,14 @@ impl SegmentWriter {
             span_buckets: self.span_buckets,
             spans: self.spans.len() as u32,
             rollups: true,
+            hours: self.hour_buckets > 0,
             frames_offset,
         }
         .encode(&mut tables);
         let mut frames = Vec::new();
         let mut at = frames_offset;
         let spans = std::mem::take(&mut self.spans);
+        let hours = std::mem::take(&mut self.hours);
         let mut add_frame = |frames: &mut Vec<u8>, stored: &[u8], raw_len: usize, n: usize| {
             BlockEntry {
                 offset: at,
@@ -342,7 +375,7 @@ impl SegmentWriter {
             at += stored.len() as u64;
             frames.extend_from_slice(stored);
         };
-        for span in spans {
+        let sums_frame = |span: SpanBuilder, what: &str| {
             let entries = span.entries() as usize;
             let raw = span.finish();
             if raw.len() > MAX_BLOCK_RAW_LEN {
@@ -350,17 +383,24 @@ impl SegmentWriter {
                     path: path.clone(),
                     ns: String::new(),
                     key: String::new(),
-                    why: format!("span frame of {} bytes is too large", raw.len()),
+                    why: format!("{what} frame of {} bytes is too large", raw.len()),
                 });
             }
-            let stored = self.compress(&raw)?;
-            add_frame(&mut frames, &stored, raw.len(), entries);
+            Ok((self.compress(&raw)?, raw.len(), entries))
+        };
+        for span in spans {
+            let (stored, raw_len, entries) = sums_frame(span, "span")?;
+            add_frame(&mut frames, &stored, raw_len, entries);
         }
         for ((stored, raw_len), b) in self.key_frames.iter().zip(&self.blocks) {
             add_frame(&mut frames, stored, *raw_len as usize, b.keys as usize);
         }
         for (stored, raw_len, count) in &self.rollup_frames {
             add_frame(&mut frames, stored, *raw_len as usize, *count as usize);
+        }
+        for hour in hours {
+            let (stored, raw_len, entries) = sums_frame(hour, "hour")?;
+            add_frame(&mut frames, &stored, raw_len, entries);
         }
         self.file
             .write_all(&frames)

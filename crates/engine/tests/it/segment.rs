@@ -637,3 +637,74 @@ proptest! {
         let _ = read_everything(&path, &input);
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// The frames [`Segment::cover`] names for any range of hours, spans and hours added and
+    /// hours taken off, sum to every key's totals over that range as the records hold them;
+    /// a range that cuts an hour has no cover.
+    #[test]
+    fn covers_sum_to_the_totals_of_any_range_of_hours(
+        keys in prop::collection::btree_map(
+            "[a-z]{1,4}",
+            prop::collection::btree_map(0u32..72, -3i64..20, 0..30),
+            1..40,
+        ),
+        ranges in prop::collection::vec((0u32..80, 0u32..80), 1..12),
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("days.seg");
+        // Three days of hours: three spans of 24 hour frames each.
+        let meta = SegmentMeta {
+            period_end: i64::from(FIRST + 72) * 3600,
+            ..day_meta(SegmentKind::Base)
+        };
+        let mut w =
+            SegmentWriter::with_options(&path, meta.clone(), WriteOptions::default()).unwrap();
+        let mut want_all = Vec::new();
+        for (key, hours) in &keys {
+            let totals: Buckets = hours
+                .iter()
+                .filter(|(_, n)| **n != 0)
+                .map(|(&h, &n)| (FIRST + h, n))
+                .collect();
+            let r = KeyRecord { totals, dims: Vec::new() };
+            w.add("ns", key, &r).unwrap();
+            want_all.push(r.totals);
+        }
+        w.finish().unwrap();
+        let seg = Segment::open(&path).unwrap();
+        seg.verify().unwrap();
+        let ranks = seg.rank_range("ns").unwrap();
+        prop_assert_eq!(ranks.clone(), 0..keys.len() as u64);
+        for (a, b) in ranges {
+            let (lo, hi) = (FIRST - 4 + a.min(b), FIRST - 4 + a.max(b));
+            let cover = seg.cover(lo, hi).unwrap();
+            let mut got = vec![0i64; keys.len()];
+            for (frames, sign) in [(&cover.add, 1i64), (&cover.sub, -1)] {
+                for &f in frames {
+                    seg.frame_sums(f, ranks.clone(), &mut |r, n| got[r as usize] += sign * n)
+                        .unwrap();
+                }
+            }
+            let want: Vec<i64> = want_all
+                .iter()
+                .map(|t| t.iter().filter(|(i, _)| lo <= *i && *i < hi).map(|(_, n)| n).sum())
+                .collect();
+            prop_assert_eq!(got, want, "hours [{}, {})", lo, hi);
+            prop_assert!(cover.add.len() + cover.sub.len() <= 3 * 13, "{:?}", cover);
+        }
+        // A minute segment of one hour has one span and no hour frames: a range that cuts
+        // the hour has no cover.
+        let path = dir.path().join("hour.seg");
+        let meta = SegmentMeta { resolution: 60, period_start: 3600 * 100, period_end: 3600 * 101, ..meta };
+        let mut w = SegmentWriter::with_options(&path, meta, WriteOptions::default()).unwrap();
+        let r = KeyRecord { totals: vec![(6000, 1), (6030, 2)], dims: Vec::new() };
+        w.add("ns", "k", &r).unwrap();
+        w.finish().unwrap();
+        let seg = Segment::open(&path).unwrap();
+        prop_assert_eq!(seg.cover(6000, 6030), None);
+        prop_assert!(seg.cover(0, 7000).is_some_and(|c| c.add.len() == 1 && c.sub.is_empty()));
+    }
+}

@@ -100,6 +100,8 @@ fn segment_constants_table_matches_the_code() {
         ("`MAX_SPANS`", MAX_SPANS as usize),
         ("`SPAN_SECS`", SPAN_SECS as usize),
         ("`SUMS_FLAG_ROLLUPS`", SUMS_FLAG_ROLLUPS as usize),
+        ("`SUMS_FLAG_HOURS`", SUMS_FLAG_HOURS as usize),
+        ("`HOUR_SECS`", HOUR_SECS as usize),
         (
             "`ROLLUP_RATIO`",
             tally_engine::segment::ROLLUP_RATIO as usize,
@@ -117,7 +119,8 @@ fn segment_constants_table_matches_the_code() {
 }
 
 /// A record with eight subtotal buckets in one series and one span has a rollup: its
-/// frame holds the documented bytes, and its table entry is the last before the footer.
+/// frame holds the documented bytes, and its table entry is the last before the hour
+/// frames' (24: the period is a day of hours).
 #[test]
 fn a_rollup_frame_has_the_documented_layout() {
     let dir = tempfile::tempdir().unwrap();
@@ -134,7 +137,8 @@ fn a_rollup_frame_has_the_documented_layout() {
     };
     write_with(&path, &input, opts);
     let b = std::fs::read(&path).unwrap();
-    let r = &b[b.len() - FOOTER_LEN - BLOCK_ENTRY_LEN..b.len() - FOOTER_LEN];
+    let r_at = b.len() - FOOTER_LEN - 25 * BLOCK_ENTRY_LEN;
+    let r = &b[r_at..r_at + BLOCK_ENTRY_LEN];
     // Record 0 (gap 0), spans from 0, 1 span, 1 series, the sum 12 (zigzag 24).
     let frame = [0, 0, 1, 1, 24];
     let at = u64_at(r, 0) as usize;
@@ -165,7 +169,7 @@ fn a_rollup_frame_has_the_documented_layout() {
     // file opens and a read trusts the frame, but `verify` (`tally check`) names it.
     let mut forged = b.clone();
     forged[at + 4] = 26;
-    let entry = forged.len() - FOOTER_LEN - BLOCK_ENTRY_LEN;
+    let entry = r_at;
     let crc = crc32c_of(&frame[..4].iter().chain(&[26]).copied().collect::<Vec<_>>());
     forged[entry + 16..entry + 20].copy_from_slice(&crc.to_le_bytes());
     let footer = forged.len() - FOOTER_LEN;
@@ -227,10 +231,10 @@ fn a_real_segment_file_has_the_documented_layout() {
     assert_eq!(u32_at(f, 64), 1, "blocks");
     let index = &b[index_at..b.len() - FOOTER_LEN];
     // Dictionary, key index, one block entry, the sums header, one span entry, one key
-    // frame entry and one rollup frame entry.
+    // frame entry, one rollup frame entry and 24 hour frame entries.
     assert_eq!(
         index.len(),
-        dict_len + fst_len + BLOCK_ENTRY_LEN + SUMS_HEADER_LEN + 3 * BLOCK_ENTRY_LEN
+        dict_len + fst_len + BLOCK_ENTRY_LEN + SUMS_HEADER_LEN + 27 * BLOCK_ENTRY_LEN
     );
     assert_eq!(u32_at(f, 68), crc32c_of(index));
     assert_eq!(u32_at(f, 72), crc32c_of(&f[..72]));
@@ -272,7 +276,11 @@ fn a_real_segment_file_has_the_documented_layout() {
     let h = &e[BLOCK_ENTRY_LEN..];
     assert_eq!(u64_at(h, 0), 24);
     assert_eq!(u32_at(h, 8), 1);
-    assert_eq!(u32_at(h, 12), SUMS_FLAG_ROLLUPS, "rollup frames follow");
+    assert_eq!(
+        u32_at(h, 12),
+        SUMS_FLAG_ROLLUPS | SUMS_FLAG_HOURS,
+        "rollup frames and hour frames follow"
+    );
     let frames_at = 4 + len;
     assert_eq!(u64_at(h, 16) as usize, frames_at);
     // The span frame: one entry, a rank stream of one byte (rank 0), the sum 3 - 1 = 2
@@ -299,8 +307,26 @@ fn a_real_segment_file_has_the_documented_layout() {
     // empty.
     let r = &k[BLOCK_ENTRY_LEN..];
     assert_eq!(u64_at(r, 0) as usize, keys_at + keys.len());
-    assert_eq!(&r[8..], &[0; 16]);
-    assert_eq!(keys_at + keys.len(), index_at);
+    assert_eq!(&r[8..BLOCK_ENTRY_LEN], &[0; 16]);
+    // The hour frames, one per hour of the day: hour 2 holds rank 0's 3 (zigzag 6), hour 5
+    // its -1 (zigzag 1), every other hour no entry (a count and a rank stream length of 0).
+    let mut at = keys_at + keys.len();
+    for hour in 0..24 {
+        let e = &r[(1 + hour) * BLOCK_ENTRY_LEN..];
+        let frame: &[u8] = match hour {
+            2 => &[1, 1, 0, 6],
+            5 => &[1, 1, 0, 1],
+            _ => &[0, 0],
+        };
+        assert_eq!(u64_at(e, 0) as usize, at, "hour {hour}");
+        assert_eq!(u32_at(e, 8) as usize, frame.len());
+        assert_eq!(u32_at(e, 12) as usize, frame.len());
+        assert_eq!(u32_at(e, 16), crc32c_of(frame));
+        assert_eq!(u32_at(e, 20), u32::from(frame[0]), "entries");
+        assert_eq!(&b[at..at + frame.len()], frame);
+        at += frame.len();
+    }
+    assert_eq!(at, index_at);
     // The key index maps "clicks\0k" to block 0, position 0.
     let seg = Segment::open(&path).unwrap();
     assert_eq!(seg.index_bytes(), fst_len);
