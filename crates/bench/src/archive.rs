@@ -395,12 +395,20 @@ impl Queries {
         .expect("breakdown query")
     }
 
-    fn top(&self, day: i64) -> TopQuery {
+    /// `[from, to)` of the UTC day `day` as a day in [`TZ`] (same date): it cuts two UTC
+    /// days on an hour boundary.
+    fn zoned(day: i64) -> (i64, i64) {
+        let tz = tally_core::time::Tz::get(TZ).expect("bundled zone");
+        let local_midnight = |d: i64| d - tz.offset_at(d + DAY / 2);
+        (local_midnight(day), local_midnight(day + DAY))
+    }
+
+    fn top(&self, (from, to): (i64, i64)) -> TopQuery {
         TopQuery::parse(
             "clicks",
             &[
-                ("from", day.to_string().as_str()),
-                ("to", (day + DAY).to_string().as_str()),
+                ("from", from.to_string().as_str()),
+                ("to", to.to_string().as_str()),
                 ("limit", "10"),
             ][..],
         )
@@ -414,8 +422,8 @@ impl Queries {
         )
     }
 
-    fn top_path(&self, day: i64) -> String {
-        format!("/v1/ns/clicks/top?from={}&to={}&limit=10", day, day + DAY)
+    fn top_path(&self, (from, to): (i64, i64)) -> String {
+        format!("/v1/ns/clicks/top?from={from}&to={to}&limit=10")
     }
 
     fn series_path(&self, key: &str) -> String {
@@ -463,8 +471,13 @@ impl Queries {
             fig,
             ans,
         ));
-        for (what, day) in [("one day", self.day), ("the last day", self.last_day)] {
-            let q = self.top(day);
+        let ny = format!("one day in {TZ}");
+        for (what, range) in [
+            ("one day", (self.day, self.day + DAY)),
+            (&ny, Self::zoned(self.day)),
+            ("the last day", (self.last_day, self.last_day + DAY)),
+        ] {
+            let q = self.top(range);
             let (fig, ans) = latency(1000, budget, || {
                 let a = query::top(store, ctx(), &q).expect("top");
                 serde_json::to_string(&a).unwrap()
@@ -485,11 +498,15 @@ impl Queries {
             ),
             (
                 "top 10 keys over one day, over HTTP".into(),
-                self.top_path(self.day),
+                self.top_path((self.day, self.day + DAY)),
+            ),
+            (
+                format!("top 10 keys over one day in {TZ}, over HTTP"),
+                self.top_path(Self::zoned(self.day)),
             ),
             (
                 "top 10 keys over the last day, over HTTP".into(),
-                self.top_path(self.last_day),
+                self.top_path((self.last_day, self.last_day + DAY)),
             ),
         ] {
             let (fig, ans) = latency(3000, budget, || {

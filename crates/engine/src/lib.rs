@@ -23,6 +23,7 @@ mod read;
 mod recovery;
 pub mod segment;
 mod state;
+mod top;
 pub mod wal;
 
 pub use archive::FlushPolicy;

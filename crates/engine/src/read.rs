@@ -15,8 +15,9 @@ use crate::archive::{SubSums, SumRead, Wants, index_range};
 use crate::catalog::{Catalog, KeyId, SeriesId, StrId, TierPlan};
 use crate::memtable::{Lane, Shard, split_key};
 use crate::names::PairSums;
-use crate::segment::SegmentError;
+use crate::segment::{Cover, SegmentError};
 use crate::state::Core;
+use crate::top::{RankSums, TopError, top_across};
 
 impl Core {
     /// One key's buckets: memory (live and frozen counters) plus the archive, summed.
@@ -384,32 +385,75 @@ impl Core {
             .overlapping(prepared.res, scan.from, scan.to, prepared.cutoff)
             .map(|(s, _)| s)
             .collect();
-        // The segment whose spans the range covers whole, within retention, with the most
-        // keys: it alone is read by rank.
-        let primary = segments
+        // The segments whose span and hour frames give the range's sums by rank (within
+        // retention).
+        let covered: Vec<(usize, Cover)> = segments
             .iter()
             .enumerate()
             .filter_map(|(i, seg)| {
-                let spans = seg.spans_within(lo, hi)?;
+                let cover = seg.cover(lo, hi)?;
                 let first = lo.max(seg.meta().first_bucket());
-                (!spans.is_empty() && window.keeps(first)).then_some((i, spans))
+                (!cover.is_empty() && window.keeps(first)).then_some((i, cover))
             })
-            .max_by_key(|(i, _)| segments[*i].stats().keys);
-        let Some((primary, spans)) = primary else {
+            .collect();
+        if covered.is_empty() {
             return by_scan(prepared);
-        };
+        }
         let Prepared {
             mut sums, window, ..
         } = prepared;
         let in_range = |i: u32| lo <= i && i < hi && window.keeps(i);
+        let err = |e| self.archive_error(e);
+        let ns = scan.ns.as_str();
+        if covered.len() > 1 {
+            // Several: each summed by its own ranks, the top found across them by
+            // thresholds, if no sum is negative.
+            let mut lists = Vec::with_capacity(covered.len());
+            for (i, cover) in &covered {
+                lists.push(RankSums::read(segments[*i], ns, cover, scan.deadline).map_err(err)?);
+            }
+            if lists.iter().all(RankSums::non_negative) {
+                for (i, seg) in segments.iter().enumerate() {
+                    if !covered.iter().any(|(c, _)| *c == i) {
+                        self.add_total_sums(seg, scan, &in_range, &mut sums)?;
+                    }
+                }
+                if sums.values().all(|&n| n >= 0) {
+                    let (found, total) = top_across(ns, &lists, &sums, limit, scan.deadline)
+                        .map_err(|e| match e {
+                            TopError::Segment(e) => self.archive_error(e),
+                            TopError::Store(e) => e,
+                        })?;
+                    let keys = found
+                        .into_iter()
+                        .map(|(k, n)| Ok((key_of(k)?, n)))
+                        .collect::<Result<Vec<_>, StoreError>>()?;
+                    let mut top = TopKeys::select(keys, limit);
+                    top.total = total;
+                    return Ok(top);
+                }
+            }
+            // A negative sum (a decrement) voids the thresholds' bound: read by name, from
+            // memory's sums afresh (the segments read so far must not be added twice).
+            return match self.prepare_scan(scan, now)? {
+                Some(p) => by_scan(p),
+                None => Ok(TopKeys::default()),
+            };
+        }
+        // The covered segment with the most keys is read by rank; every other source by name.
+        let Some((primary, cover)) = covered
+            .into_iter()
+            .max_by_key(|(i, _)| segments[*i].stats().keys)
+        else {
+            return Ok(TopKeys::default());
+        };
         for (i, seg) in segments.iter().enumerate() {
             if i != primary {
                 self.add_total_sums(seg, scan, &in_range, &mut sums)?;
             }
         }
         let seg = segments[primary];
-        let err = |e| self.archive_error(e);
-        let ranks = seg.rank_range(scan.ns.as_str()).map_err(err)?;
+        let ranks = seg.rank_range(ns).map_err(err)?;
         // Memory and the other segments, by name: as ranks where the primary has the key,
         // else kept apart.
         let mut extra: Vec<(u64, i64)> = Vec::new();
@@ -417,19 +461,18 @@ impl Core {
         let mut tick = ticker(scan.deadline);
         for (name, n) in sums {
             tick()?;
-            match seg.rank_of(scan.ns.as_str(), &name).map_err(err)? {
+            match seg.rank_of(ns, &name).map_err(err)? {
                 Some(r) if ranks.contains(&r) => extra.push((r, n)),
                 _ => apart.push((key_of(name)?, n)),
             }
         }
         extra.sort_unstable_by_key(|&(r, _)| r);
         let mut best = Leaders::new(limit);
-        if spans.len() == 1 {
-            let span = spans.start;
-            // One span: its entries stream in rank order, merged with the extra ranks.
+        if let ([frame], []) = (&cover.add[..], &cover.sub[..]) {
+            // One frame: its entries stream in rank order, merged with the extra ranks.
             scan.deadline.check()?;
             let mut extra = extra.into_iter().peekable();
-            seg.span_sums(span, ranks.clone(), &mut |r, mut n| {
+            seg.frame_sums(*frame, ranks.clone(), &mut |r, mut n| {
                 while let Some(&(e, m)) = extra.peek()
                     && e <= r
                 {
@@ -445,15 +488,9 @@ impl Core {
             .map_err(err)?;
             extra.for_each(|(e, m)| best.offer(e, m));
         } else {
-            let mut by_rank = vec![0i64; (ranks.end - ranks.start) as usize];
-            for span in spans {
-                scan.deadline.check()?;
-                seg.span_sums(span, ranks.clone(), &mut |r, n| {
-                    let at = &mut by_rank[(r - ranks.start) as usize];
-                    *at = at.wrapping_add(n);
-                })
-                .map_err(err)?;
-            }
+            let mut by_rank = RankSums::read(seg, ns, &cover, scan.deadline)
+                .map_err(err)?
+                .by_rank;
             for (r, n) in extra {
                 let at = &mut by_rank[(r - ranks.start) as usize];
                 *at = at.wrapping_add(n);

@@ -1018,3 +1018,85 @@ fn a_top_of_memory_breaks_ties_by_name_not_by_arrival() {
         assert_eq!(names, ["busy", "k00", "k01"]);
     }
 }
+
+/// A top over ranges that cut UTC days on hour boundaries (a day in New York, the last 24
+/// hours) reads several day segments by rank, each from its span and hour frames, and
+/// finds the top across them by thresholds: always the reference's answer, ties included,
+/// whatever the limit. A negative count (a decrement) anywhere in the range voids the
+/// thresholds' bound: the engine reads by name instead, and still answers the same.
+#[test]
+fn a_top_over_hours_that_cut_archived_days_matches_the_reference() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = crate::clock(NOW);
+    let reference = MemStore::new(clock.clone());
+    let e = open(dir.path(), &clock);
+    let today = NOW - NOW % DAY;
+    let first = today - 4 * DAY;
+    // 400 keys, skewed counts with many ties, spread over four days' hours by a small LCG.
+    let mut x: u64 = 7;
+    let mut next = |m: u64| {
+        x = x
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (x >> 33) % m
+    };
+    let mut events = Vec::new();
+    for _ in 0..6000 {
+        let k = next(400);
+        let key = format!("k{:03}", k * k / 400);
+        let ts = first + next(4 * 24) as i64 * 3600 + next(3600) as i64;
+        events.push(raw("clicks", &key, ts, 1 + next(3) as i64, &[]));
+    }
+    write_both(&e, &reference, NOW, &events);
+    assert!(e.flush().unwrap().segments >= 4);
+    // Late events in memory for archived days, one for a key no segment has.
+    let late = [
+        raw("clicks", "k000", first + DAY + 5 * 3600, 9, &[]),
+        raw("clicks", "new", first + 2 * DAY + 3600, 40, &[]),
+    ];
+    write_both(&e, &reference, NOW, &late);
+    let ns = Namespace::new("clicks").unwrap();
+    let deadline = tally_core::store::Deadline::none();
+    let ranges = [
+        // A day in New York (UTC-5 in winter), a day and a half, the last 24 hours, two
+        // hours across a UTC midnight, 23 hours of one day, whole days plus an hour.
+        (first + DAY + 5 * 3600, first + 2 * DAY + 5 * 3600),
+        (first + 13 * 3600, first + 2 * DAY + 3600),
+        (today - DAY, today),
+        (first + 2 * DAY - 3600, first + 2 * DAY + 3600),
+        (first + 3600, first + DAY),
+        (first, first + 3 * DAY + 3600),
+        (first + DAY + 5 * 3600, NOW + 3600),
+    ];
+    let check = |what: &str| {
+        for &(from, to) in &ranges {
+            let scan = Scan {
+                ns: &ns,
+                resolution: tally_core::model::Duration::from_secs(3600).unwrap(),
+                from,
+                to,
+                value: None,
+                deadline: &deadline,
+            };
+            for limit in [0, 1, 3, 10, 50, 1000] {
+                assert_eq!(
+                    e.top(&scan, limit).unwrap(),
+                    reference.top(&scan, limit).unwrap(),
+                    "{what}: top {limit} over {}..{}",
+                    from - first,
+                    to - first
+                );
+            }
+        }
+    };
+    check("non-negative sums");
+    write_both(
+        &e,
+        &reference,
+        NOW,
+        &[raw("clicks", "k001", first + DAY + 6 * 3600, -2, &[])],
+    );
+    check("a decrement in memory");
+    assert!(e.flush().unwrap().segments > 0, "a delta segment");
+    check("a decrement in a delta segment");
+}

@@ -187,13 +187,15 @@ fn compare(engine: &Engine, reference: &MemStore) -> Result<(), TestCaseError> {
             };
             prop_assert_eq!(collect(engine), collect(reference));
         }
-        // A top: the engine reads whole segment spans by rank where it can (format v2),
-        // the reference scans and selects. Ranges aligned to hours and to UTC days, and not.
+        // A top: the engine reads whole segment spans and hours by rank where it can (format
+        // v2), the reference scans and selects. Ranges aligned to hours and to UTC days, and
+        // not; a day in New York cuts two UTC days.
         let (hour, day) = (NOW / 3600 * 3600, NOW / 86_400 * 86_400);
         for (from, to) in [
             (NOW - 86_400, NOW + 86_400),
             (day - 86_400, day + 86_400),
             (day - 3 * 86_400, day),
+            (day - 2 * 86_400 + 5 * 3600, day - 86_400 + 5 * 3600),
             (hour - 7200, hour),
             (hour - 3 * 3600, hour + 3600),
             (0, 1 << 32),
