@@ -66,14 +66,12 @@ impl<'s> RankSums<'s> {
 
     /// The names of the ranks whose sum `keep` accepts, at most the best `most` of them.
     fn names(&self, most: usize, keep: impl Fn(i64) -> bool) -> Result<Vec<String>, SegmentError> {
-        let mut picked: Vec<(u64, i64)> = (self.ranks.start..)
-            .zip(self.by_rank.iter().copied())
-            .filter(|&(_, n)| keep(n))
-            .collect();
-        if picked.len() > most {
-            picked.select_nth_unstable_by(most, |a, b| b.1.cmp(&a.1));
-            picked.truncate(most);
-        }
+        let picked = best(
+            (self.ranks.start..)
+                .zip(self.by_rank.iter().copied())
+                .filter(|&(_, n)| keep(n)),
+            most,
+        );
         let mut ranks: Vec<u64> = picked.into_iter().map(|(r, _)| r).collect();
         ranks.sort_unstable();
         Ok(self
@@ -146,16 +144,41 @@ fn best_by_name(
     most: usize,
     keep: impl Fn(i64) -> bool,
 ) -> Vec<String> {
-    let mut picked: Vec<(&String, i64)> = sums
-        .iter()
-        .filter(|(_, n)| keep(**n))
-        .map(|(k, &n)| (k, n))
-        .collect();
-    if picked.len() > most {
-        picked.select_nth_unstable_by(most, |a, b| b.1.cmp(&a.1));
-        picked.truncate(most);
-    }
+    let picked = best(
+        sums.iter().filter(|(_, n)| keep(**n)).map(|(k, &n)| (k, n)),
+        most,
+    );
     picked.into_iter().map(|(k, _)| k.clone()).collect()
+}
+
+/// The best `most` of `items` by sum (larger first; among equal sums any), in no order.
+/// Holds about twice `most` at a time: once that many, it keeps the best `most` and turns
+/// away any later sum not above the worst of them.
+fn best<T>(items: impl Iterator<Item = (T, i64)>, most: usize) -> Vec<(T, i64)> {
+    if most == 0 {
+        return Vec::new();
+    }
+    let cap = most.saturating_mul(2).max(64);
+    let mut kept: Vec<(T, i64)> = Vec::new();
+    let mut floor: Option<i64> = None;
+    let keep_best = |kept: &mut Vec<(T, i64)>| {
+        if kept.len() > most {
+            kept.select_nth_unstable_by(most - 1, |a, b| b.1.cmp(&a.1));
+            kept.truncate(most);
+        }
+    };
+    for (t, n) in items {
+        if floor.is_some_and(|f| n <= f) {
+            continue;
+        }
+        kept.push((t, n));
+        if kept.len() >= cap {
+            keep_best(&mut kept);
+            floor = kept.iter().map(|e| e.1).min();
+        }
+    }
+    keep_best(&mut kept);
+    kept
 }
 
 /// What stops [`top_across`]: a segment's failure, or the deadline.
@@ -174,5 +197,34 @@ impl From<SegmentError> for TopError {
 impl From<StoreError> for TopError {
     fn from(e: StoreError) -> Self {
         TopError::Store(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn best_keeps_the_largest_sums_whatever_their_order() {
+        let mut x: u64 = 3;
+        for len in [0usize, 1, 5, 63, 64, 65, 500, 5000] {
+            let items: Vec<(usize, i64)> = (0..len)
+                .map(|i| {
+                    x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                    (i, ((x >> 40) % 50) as i64)
+                })
+                .collect();
+            for most in [0usize, 1, 3, 10, 64, 100, 10_000] {
+                let mut got: Vec<i64> = best(items.iter().copied(), most)
+                    .into_iter()
+                    .map(|e| e.1)
+                    .collect();
+                let mut want: Vec<i64> = items.iter().map(|e| e.1).collect();
+                want.sort_unstable_by(|a, b| b.cmp(a));
+                want.truncate(most);
+                got.sort_unstable_by(|a, b| b.cmp(a));
+                assert_eq!(got, want, "{len} items, best {most}");
+            }
+        }
     }
 }

@@ -791,7 +791,8 @@ impl Segment {
 
     /// The frames whose sums give every key's totals over bucket indexes `[lo, hi)`, once
     /// clipped to the period: whole spans from span frames, the hours of a span cut by the
-    /// range from hour frames (or, when fewer frames, the span minus the hours left out).
+    /// range from hour frames (or, when that is fewer entries to decode, the span minus the
+    /// hours left out).
     /// `None` when the range cuts an hour, or a span of a segment without hour frames (or
     /// the segment has no span sums).
     pub fn cover(&self, lo: u32, hi: u32) -> Option<Cover> {
@@ -818,7 +819,13 @@ impl Segment {
             let (parts, h0) = (sb / hb, s * (sb / hb));
             let (from, to) = (h0 + (x - s_lo) / hb, h0 + (y - s_lo) / hb);
             let hour = |h: u64| SumFrame::Hour(h as usize);
-            if 1 + parts - (to - from) < to - from {
+            // What a frame costs to read: its entries, plus a little for the read itself.
+            let cost = |e: Option<&BlockEntry>| 64 + e.map_or(0, |e| u64::from(e.keys));
+            let hours = |r: std::ops::Range<u64>| -> u64 {
+                r.map(|h| cost(self.hours.get(h as usize))).sum()
+            };
+            let less = cost(self.spans.get(s as usize)) + hours(h0..from) + hours(to..h0 + parts);
+            if less < hours(from..to) {
                 cover.add.push(SumFrame::Span(s as usize));
                 cover.sub.extend((h0..from).chain(to..h0 + parts).map(hour));
             } else {

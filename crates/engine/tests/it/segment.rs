@@ -693,7 +693,7 @@ proptest! {
                 .map(|t| t.iter().filter(|(i, _)| lo <= *i && *i < hi).map(|(_, n)| n).sum())
                 .collect();
             prop_assert_eq!(got, want, "hours [{}, {})", lo, hi);
-            prop_assert!(cover.add.len() + cover.sub.len() <= 3 * 13, "{:?}", cover);
+            prop_assert!(cover.add.len() + cover.sub.len() <= 3 * 24, "{:?}", cover);
         }
         // A minute segment of one hour has one span and no hour frames: a range that cuts
         // the hour has no cover.
