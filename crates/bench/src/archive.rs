@@ -476,6 +476,10 @@ impl Queries {
             ("one day", (self.day, self.day + DAY)),
             (&ny, Self::zoned(self.day)),
             ("the last day", (self.last_day, self.last_day + DAY)),
+            (
+                "24 hours, 12 archived and 12 of the last day",
+                (self.last_day - DAY / 2, self.last_day + DAY / 2),
+            ),
         ] {
             let q = self.top(range);
             let (fig, ans) = latency(1000, budget, || {
@@ -507,6 +511,10 @@ impl Queries {
             (
                 "top 10 keys over the last day, over HTTP".into(),
                 self.top_path((self.last_day, self.last_day + DAY)),
+            ),
+            (
+                "top 10 keys over 24 hours, 12 archived and 12 of the last day, over HTTP".into(),
+                self.top_path((self.last_day - DAY / 2, self.last_day + DAY / 2)),
             ),
         ] {
             let (fig, ans) = latency(3000, budget, || {
