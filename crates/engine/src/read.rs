@@ -12,12 +12,12 @@ use tally_core::store::{
 };
 
 use crate::archive::{SubSums, SumRead, Wants, index_range};
-use crate::catalog::{Catalog, KeyId, SeriesId, StrId, TierPlan};
+use crate::catalog::{Catalog, KeyId, NsId, SeriesId, StrId, TierPlan};
 use crate::memtable::{Lane, Shard, split_key};
 use crate::names::PairSums;
-use crate::segment::{Cover, SegmentError};
+use crate::segment::{Cover, Segment, SegmentError};
 use crate::state::Core;
-use crate::top::{RankSums, TopError, top_across};
+use crate::top::{ByName, RankSums, TopError, top_across};
 
 impl Core {
     /// One key's buckets: memory (live and frozen counters) plus the archive, summed.
@@ -352,20 +352,25 @@ impl Core {
         Ok(())
     }
 
-    /// A top of keys by totals, without a `Key` made for every key when a segment keeps
-    /// its totals summed per day (format v2): the segment covering most of the range by
-    /// whole spans gives its sums by rank, every other source is summed by name and folded
-    /// in, and only the winners' names are read. Any other top is a scan, selected.
+    /// A top of keys by totals, without a `Key` made for every key where it can: memory
+    /// alone by key id ([`Core::top_of_memory`]); segments that sum the range by rank (span
+    /// and hour frames), with memory, by thresholds ([`Core::top_by_thresholds`]); one
+    /// such segment alone by rank in one pass, any other source (a delta segment) summed
+    /// by name and folded in, and only the winners' names read. Any other top (a
+    /// breakdown's, or sums that go negative) is a scan, selected.
     pub(crate) fn top(
         &self,
         scan: &Scan<'_>,
         limit: usize,
         now: i64,
     ) -> Result<TopKeys, StoreError> {
-        if scan.value.is_none()
-            && let Some(top) = self.top_of_memory(scan, limit, now)?
-        {
-            return Ok(top);
+        if scan.value.is_none() {
+            if let Some(top) = self.top_of_memory(scan, limit, now)? {
+                return Ok(top);
+            }
+            if let Some(top) = self.top_by_thresholds(scan, limit, now)? {
+                return Ok(top);
+            }
         }
         let Some(prepared) = self.prepare_scan(scan, now)? else {
             return Ok(TopKeys::default());
@@ -385,68 +390,20 @@ impl Core {
             .overlapping(prepared.res, scan.from, scan.to, prepared.cutoff)
             .map(|(s, _)| s)
             .collect();
-        // The segments whose span and hour frames give the range's sums by rank (within
-        // retention).
-        let covered: Vec<(usize, Cover)> = segments
-            .iter()
-            .enumerate()
-            .filter_map(|(i, seg)| {
-                let cover = seg.cover(lo, hi)?;
-                let first = lo.max(seg.meta().first_bucket());
-                (!cover.is_empty() && window.keeps(first)).then_some((i, cover))
-            })
-            .collect();
-        if covered.is_empty() {
-            return by_scan(prepared);
-        }
+        let mut covered = covers(&segments, (lo, hi), window);
+        let (primary, cover) = match covered.pop() {
+            Some(c) if covered.is_empty() => c,
+            // None, or several that [`Core::top_by_thresholds`] did not read because a sum
+            // is negative (a decrement voids the thresholds' bound): by name.
+            _ => return by_scan(prepared),
+        };
         let Prepared {
             mut sums, window, ..
         } = prepared;
         let in_range = |i: u32| lo <= i && i < hi && window.keeps(i);
         let err = |e| self.archive_error(e);
         let ns = scan.ns.as_str();
-        if covered.len() > 1 {
-            // Several: each summed by its own ranks, the top found across them by
-            // thresholds, if no sum is negative.
-            let mut lists = Vec::with_capacity(covered.len());
-            for (i, cover) in &covered {
-                lists.push(RankSums::read(segments[*i], ns, cover, scan.deadline).map_err(err)?);
-            }
-            if lists.iter().all(RankSums::non_negative) {
-                for (i, seg) in segments.iter().enumerate() {
-                    if !covered.iter().any(|(c, _)| *c == i) {
-                        self.add_total_sums(seg, scan, &in_range, &mut sums)?;
-                    }
-                }
-                if sums.values().all(|&n| n >= 0) {
-                    let (found, total) = top_across(ns, &lists, &sums, limit, scan.deadline)
-                        .map_err(|e| match e {
-                            TopError::Segment(e) => self.archive_error(e),
-                            TopError::Store(e) => e,
-                        })?;
-                    let keys = found
-                        .into_iter()
-                        .map(|(k, n)| Ok((key_of(k)?, n)))
-                        .collect::<Result<Vec<_>, StoreError>>()?;
-                    let mut top = TopKeys::select(keys, limit);
-                    top.total = total;
-                    return Ok(top);
-                }
-            }
-            // A negative sum (a decrement) voids the thresholds' bound: read by name, from
-            // memory's sums afresh (the segments read so far must not be added twice).
-            return match self.prepare_scan(scan, now)? {
-                Some(p) => by_scan(p),
-                None => Ok(TopKeys::default()),
-            };
-        }
-        // The covered segment with the most keys is read by rank; every other source by name.
-        let Some((primary, cover)) = covered
-            .into_iter()
-            .max_by_key(|(i, _)| segments[*i].stats().keys)
-        else {
-            return Ok(TopKeys::default());
-        };
+        // The covered segment is read by rank; every other source by name.
         for (i, seg) in segments.iter().enumerate() {
             if i != primary {
                 self.add_total_sums(seg, scan, &in_range, &mut sums)?;
@@ -513,6 +470,83 @@ impl Core {
         let mut top = TopKeys::select(keys, limit);
         top.total = total;
         Ok(top)
+    }
+
+    /// A top of keys by totals over segments that sum the range by rank (span and hour
+    /// frames), with memory and any other segment: by thresholds (see [`crate::top`]), so
+    /// that only the keys they pick are named and looked up in each source. The catalog is
+    /// held shared throughout, so memory's sums stay by key id. `None` (read another way)
+    /// when no segment covers the range, when one does and memory holds nothing of it (its
+    /// ranks are then read in one pass), or when a sum is negative.
+    fn top_by_thresholds(
+        &self,
+        scan: &Scan<'_>,
+        limit: usize,
+        now: i64,
+    ) -> Result<Option<TopKeys>, StoreError> {
+        let cat = self.read_cat();
+        let Some(ns) = cat.ns_id(scan.ns.as_str()) else {
+            return Ok(None);
+        };
+        let Some(tier) = cat.ns[ns as usize].tier(scan.resolution) else {
+            return Ok(None);
+        };
+        let window = Window::new(&tier, scan.from, scan.to, now);
+        let res = scan.resolution.secs() as u32;
+        let cutoff = cat.ns[ns as usize].cutoff(res);
+        let (lo, hi) = index_range(res, scan.from, scan.to);
+        // Held while memory is read, as every read does (see the module doc).
+        let held = self.archive();
+        let archive = Arc::clone(&held);
+        let segments: Vec<_> = archive
+            .overlapping(res, scan.from, scan.to, cutoff)
+            .map(|(s, _)| s)
+            .collect();
+        let covered = covers(&segments, (lo, hi), &window);
+        if covered.is_empty() {
+            return Ok(None);
+        }
+        let found = self
+            .memory_totals(&cat, ns, &window, scan.deadline)?
+            .unwrap_or_default();
+        drop(held);
+        if (covered.len() == 1 && found.is_empty()) || found.iter().any(|e| e.1 < 0) {
+            return Ok(None);
+        }
+        let err = |e| self.archive_error(e);
+        let name = scan.ns.as_str();
+        let mut lists = Vec::with_capacity(covered.len());
+        for (i, cover) in &covered {
+            let list = RankSums::read(segments[*i], name, cover, scan.deadline).map_err(err)?;
+            if !list.non_negative() {
+                return Ok(None);
+            }
+            lists.push(list);
+        }
+        let in_range = |i: u32| lo <= i && i < hi && window.keeps(i);
+        let mut others = KeySums::default();
+        for (i, seg) in segments.iter().enumerate() {
+            if !covered.iter().any(|(c, _)| *c == i) {
+                self.add_total_sums(seg, scan, &in_range, &mut others)?;
+            }
+        }
+        if others.values().any(|&n| n < 0) {
+            return Ok(None);
+        }
+        let memory = MemorySums::new(&cat, ns, found);
+        let (found, total) = top_across(name, &lists, &[&others, &memory], limit, scan.deadline)
+            .map_err(|e| match e {
+                TopError::Segment(e) => self.archive_error(e),
+                TopError::Store(e) => e,
+            })?;
+        drop(cat);
+        let keys = found
+            .into_iter()
+            .map(|(k, n)| Ok((key_of(k)?, n)))
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        let mut top = TopKeys::select(keys, limit);
+        top.total = total;
+        Ok(Some(top))
     }
 
     /// A segment's keys of the scan's namespace summed by totals over `in_range`, into
@@ -833,6 +867,92 @@ impl Leaders {
         self.keep_best();
         self.best.sort_unstable_by_key(|&(r, _)| r);
         self.best
+    }
+}
+
+/// The segments of `segments` whose span and hour frames give the sums of buckets
+/// `[lo, hi)` by rank (within retention), by position, each with its cover.
+fn covers(
+    segments: &[&Arc<Segment>],
+    (lo, hi): (u32, u32),
+    window: &Window,
+) -> Vec<(usize, Cover)> {
+    segments
+        .iter()
+        .enumerate()
+        .filter_map(|(i, seg)| {
+            let cover = seg.cover(lo, hi)?;
+            let first = lo.max(seg.meta().first_bucket());
+            (!cover.is_empty() && window.keeps(first)).then_some((i, cover))
+        })
+        .collect()
+}
+
+/// Memory's sums of a namespace's keys by key id, looked up by name through the catalog
+/// (held shared while they are used, so that ids mean the same keys throughout).
+struct MemorySums<'c> {
+    cat: &'c Catalog,
+    ns: NsId,
+    found: Vec<(KeyId, i64)>,
+    /// The sum of each key, by key id when the catalog holds not many more keys than have
+    /// a sum, else in `sparse`.
+    dense: Vec<i64>,
+    sparse: HashMap<KeyId, i64, foldhash::fast::FixedState>,
+}
+
+impl<'c> MemorySums<'c> {
+    fn new(cat: &'c Catalog, ns: NsId, found: Vec<(KeyId, i64)>) -> Self {
+        let keys = cat.keys.len();
+        let mut dense = Vec::new();
+        let mut sparse = HashMap::default();
+        if keys <= found.len().saturating_mul(8).saturating_add(4096) {
+            dense = vec![0i64; keys];
+            for &(k, n) in &found {
+                if let Some(at) = dense.get_mut(k as usize) {
+                    *at = n;
+                }
+            }
+        } else {
+            sparse.extend(found.iter().copied());
+        }
+        MemorySums {
+            cat,
+            ns,
+            found,
+            dense,
+            sparse,
+        }
+    }
+
+    fn name(&self, key: KeyId) -> &'c str {
+        self.cat.keys.get(key as usize).map_or("", |e| &e.name)
+    }
+}
+
+impl ByName for MemorySums<'_> {
+    fn total(&self) -> i64 {
+        self.found.iter().fold(0i64, |t, e| t.wrapping_add(e.1))
+    }
+
+    fn is_empty(&self) -> bool {
+        self.found.is_empty()
+    }
+
+    fn of(&self, key: &str) -> i64 {
+        let Some(k) = self.cat.key_id(self.ns, key) else {
+            return 0;
+        };
+        match self.dense.get(k as usize) {
+            Some(&n) => n,
+            None => self.sparse.get(&k).copied().unwrap_or(0),
+        }
+    }
+
+    fn names(&self, most: usize, keep: &dyn Fn(i64) -> bool) -> Vec<String> {
+        crate::top::best(self.found.iter().copied().filter(|e| keep(e.1)), most)
+            .into_iter()
+            .map(|(k, _)| self.name(k).to_owned())
+            .collect()
     }
 }
 

@@ -83,25 +83,59 @@ impl<'s> RankSums<'s> {
     }
 }
 
-/// The best `limit` keys of `ns` by the sum of `lists` and `by_name` (memory and segments
+/// Sums looked up by a key's name: segments read by name, or memory (by key id, through
+/// the catalog).
+pub(crate) trait ByName {
+    /// The sum of every key.
+    fn total(&self) -> i64;
+    fn is_empty(&self) -> bool;
+    /// The sum of `key`, 0 if it has none here.
+    fn of(&self, key: &str) -> i64;
+    /// The names of the keys whose sum `keep` accepts, at most the best `most` of them.
+    fn names(&self, most: usize, keep: &dyn Fn(i64) -> bool) -> Vec<String>;
+}
+
+impl ByName for HashMap<String, i64, foldhash::fast::FixedState> {
+    fn total(&self) -> i64 {
+        self.values().fold(0i64, |t, &n| t.wrapping_add(n))
+    }
+
+    fn is_empty(&self) -> bool {
+        HashMap::is_empty(self)
+    }
+
+    fn of(&self, key: &str) -> i64 {
+        self.get(key).copied().unwrap_or(0)
+    }
+
+    fn names(&self, most: usize, keep: &dyn Fn(i64) -> bool) -> Vec<String> {
+        let picked = best(
+            self.iter().filter(|(_, n)| keep(**n)).map(|(k, &n)| (k, n)),
+            most,
+        );
+        picked.into_iter().map(|(k, _)| k.clone()).collect()
+    }
+}
+
+/// The best `limit` keys of `ns` by the sum of `lists` and `by_name` (memory, and segments
 /// read by name), and the total of every key. Every sum must be non-negative (see the
 /// module doc); `Err` is a segment's failure.
 pub(crate) fn top_across(
     ns: &str,
     lists: &[RankSums<'_>],
-    by_name: &HashMap<String, i64, foldhash::fast::FixedState>,
+    by_name: &[&dyn ByName],
     limit: usize,
     deadline: &Deadline,
 ) -> Result<(Vec<(String, i64)>, i64), TopError> {
     let total = lists
         .iter()
-        .flat_map(|l| l.by_rank.iter())
-        .chain(by_name.values())
-        .fold(0i64, |t, &n| t.wrapping_add(n));
+        .flat_map(|l| l.by_rank.iter().copied())
+        .chain(by_name.iter().map(|b| b.total()))
+        .fold(0i64, i64::wrapping_add);
     if limit == 0 {
         return Ok((Vec::new(), total));
     }
-    let m = (lists.len() + usize::from(!by_name.is_empty())) as i128;
+    let m = (lists.len() + by_name.iter().filter(|b| !b.is_empty()).count()) as i128;
     let mut exact: HashMap<String, i64> = HashMap::new();
     let sum_of = |exact: &mut HashMap<String, i64>, names: Vec<String>| -> Result<(), TopError> {
         for name in names {
@@ -109,7 +143,9 @@ pub(crate) fn top_across(
                 continue;
             }
             deadline.check()?;
-            let mut n = by_name.get(&name).copied().unwrap_or(0);
+            let mut n = by_name
+                .iter()
+                .fold(0i64, |t, b| t.wrapping_add(b.of(&name)));
             for l in lists {
                 n = n.wrapping_add(l.of(ns, &name)?);
             }
@@ -121,7 +157,9 @@ pub(crate) fn top_across(
     for l in lists {
         sum_of(&mut exact, l.names(limit, |n| n > 0)?)?;
     }
-    sum_of(&mut exact, best_by_name(by_name, limit, |n| n > 0))?;
+    for b in by_name {
+        sum_of(&mut exact, b.names(limit, &|n| n > 0))?;
+    }
     let mut sums: Vec<i64> = exact.values().copied().collect();
     let tau = if sums.len() >= limit {
         *sums.select_nth_unstable_by(limit - 1, |a, b| b.cmp(a)).1
@@ -134,27 +172,16 @@ pub(crate) fn top_across(
     for l in lists {
         sum_of(&mut exact, l.names(usize::MAX, keep)?)?;
     }
-    sum_of(&mut exact, best_by_name(by_name, usize::MAX, keep))?;
+    for b in by_name {
+        sum_of(&mut exact, b.names(usize::MAX, &keep))?;
+    }
     Ok((exact.into_iter().collect(), total))
-}
-
-/// Keys of `sums` whose sum `keep` accepts, at most the best `most`.
-fn best_by_name(
-    sums: &HashMap<String, i64, foldhash::fast::FixedState>,
-    most: usize,
-    keep: impl Fn(i64) -> bool,
-) -> Vec<String> {
-    let picked = best(
-        sums.iter().filter(|(_, n)| keep(**n)).map(|(k, &n)| (k, n)),
-        most,
-    );
-    picked.into_iter().map(|(k, _)| k.clone()).collect()
 }
 
 /// The best `most` of `items` by sum (larger first; among equal sums any), in no order.
 /// Holds about twice `most` at a time: once that many, it keeps the best `most` and turns
 /// away any later sum not above the worst of them.
-fn best<T>(items: impl Iterator<Item = (T, i64)>, most: usize) -> Vec<(T, i64)> {
+pub(crate) fn best<T>(items: impl Iterator<Item = (T, i64)>, most: usize) -> Vec<(T, i64)> {
     if most == 0 {
         return Vec::new();
     }

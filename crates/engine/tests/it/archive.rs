@@ -1049,11 +1049,19 @@ fn a_top_over_hours_that_cut_archived_days_matches_the_reference() {
     }
     write_both(&e, &reference, NOW, &events);
     assert!(e.flush().unwrap().segments >= 4);
-    // Late events in memory for archived days, one for a key no segment has.
-    let late = [
+    // Late events in memory for archived days, one for a key no segment has, and many
+    // over the second and third days (as memory's share of a top over the last 24 hours
+    // when the open day is in memory: many keys, by key id).
+    let mut late = vec![
         raw("clicks", "k000", first + DAY + 5 * 3600, 9, &[]),
         raw("clicks", "new", first + 2 * DAY + 3600, 40, &[]),
     ];
+    for _ in 0..600 {
+        let k = next(400);
+        let key = format!("k{:03}", k * k / 400);
+        let ts = first + DAY + next(2 * 24) as i64 * 3600 + next(3600) as i64;
+        late.push(raw("clicks", &key, ts, 1 + next(5) as i64, &[]));
+    }
     write_both(&e, &reference, NOW, &late);
     let ns = Namespace::new("clicks").unwrap();
     let deadline = tally_core::store::Deadline::none();
@@ -1067,6 +1075,9 @@ fn a_top_over_hours_that_cut_archived_days_matches_the_reference() {
         (first + 3600, first + DAY),
         (first, first + 3 * DAY + 3600),
         (first + DAY + 5 * 3600, NOW + 3600),
+        // Hours of one archived day: one segment by rank, memory by key id.
+        (first + DAY + 3600, first + DAY + 20 * 3600),
+        (first + 2 * DAY, first + 2 * DAY + 7 * 3600),
     ];
     let check = |what: &str| {
         for &(from, to) in &ranges {
