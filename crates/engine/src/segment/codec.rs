@@ -701,7 +701,19 @@ impl<'a> Cur<'a> {
         self.pos == self.buf.len()
     }
 
+    #[inline]
     pub(crate) fn varint(&mut self) -> Result<u64, String> {
+        // Most varints of a frame (rank gaps, small sums) are one byte.
+        if let Some(&b) = self.buf.get(self.pos)
+            && b < 0x80
+        {
+            self.pos += 1;
+            return Ok(u64::from(b));
+        }
+        self.varint_long()
+    }
+
+    fn varint_long(&mut self) -> Result<u64, String> {
         let mut v = 0u64;
         for shift in (0..64).step_by(7) {
             let Some(&b) = self.buf.get(self.pos) else {

@@ -784,7 +784,7 @@ impl Segment {
         &self,
         span: usize,
         ranks: std::ops::Range<u64>,
-        visit: &mut dyn FnMut(u64, i64),
+        visit: &mut impl FnMut(u64, i64),
     ) -> Result<(), SegmentError> {
         self.frame_sums(SumFrame::Span(span), ranks, visit)
     }
@@ -841,7 +841,7 @@ impl Segment {
         &self,
         frame: SumFrame,
         ranks: std::ops::Range<u64>,
-        visit: &mut dyn FnMut(u64, i64),
+        visit: &mut impl FnMut(u64, i64),
     ) -> Result<(), SegmentError> {
         let (e, what) = match frame {
             SumFrame::Span(i) => (self.spans.get(i), Frame::Span(i)),

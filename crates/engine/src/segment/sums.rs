@@ -73,7 +73,7 @@ pub(crate) fn decode_span(
     keys: u64,
     (lo, hi): (u64, u64),
     whole: bool,
-    visit: &mut dyn FnMut(u64, i64),
+    visit: &mut impl FnMut(u64, i64),
 ) -> Result<(), String> {
     let mut head = Cur::new(raw, "span frame");
     let n = head.varint()?;
