@@ -1111,3 +1111,62 @@ fn a_top_over_hours_that_cut_archived_days_matches_the_reference() {
     assert!(e.flush().unwrap().segments > 0, "a delta segment");
     check("a decrement in a delta segment");
 }
+
+/// A top of memory walks the counters of every namespace at the resolution (they share a
+/// map) and keeps only the asked namespace's keys, whether it sums by key id in an array
+/// or, when the catalog holds many more keys than counters, in a map: the same answer as
+/// the reference, for each namespace, with keys of the same name in both.
+#[test]
+fn a_top_of_memory_keeps_to_its_namespace_among_others_at_the_same_resolution() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = crate::clock(NOW);
+    let reference = MemStore::new(clock.clone());
+    let e = open(&dir.path().join("db"), &clock);
+    let (h1, h2) = (NOW - 3 * 3600, NOW - 2 * 3600);
+    let mut events = Vec::new();
+    for i in 0..5 {
+        events.push(raw("a", &format!("k{i}"), h2 + 60, 10 + i, &[]));
+    }
+    for i in 0..2000 {
+        events.push(raw("b", &format!("k{i}"), h1 + 60, 1 + i % 7, &[]));
+    }
+    for i in 0..10 {
+        events.push(raw("b", &format!("k{i}"), h2 + 120, 100 + i, &[]));
+    }
+    let check = |what: &str| {
+        let deadline = tally_core::store::Deadline::none();
+        for ns in ["a", "b"] {
+            let ns = Namespace::new(ns).unwrap();
+            for (from, to) in [(h1, h1 + 3600), (h2, h2 + 3600), (h1, NOW)] {
+                let scan = Scan {
+                    ns: &ns,
+                    resolution: tally_core::model::Duration::from_secs(3600).unwrap(),
+                    from,
+                    to,
+                    value: None,
+                    deadline: &deadline,
+                };
+                for limit in [0, 3, 10, 5000] {
+                    assert_eq!(
+                        e.top(&scan, limit).unwrap(),
+                        reference.top(&scan, limit).unwrap(),
+                        "{what}: {ns} top {limit} over {}..{}",
+                        from - h1,
+                        to - h1
+                    );
+                }
+            }
+        }
+    };
+    write_both(&e, &reference, NOW, &events);
+    check("keys summed in an array");
+    // Many more keys in the catalog, at another resolution only: sums go to a map.
+    let c = Namespace::new("c").unwrap();
+    e.put_schema(&c, &crate::minute_only()).unwrap();
+    reference.put_schema(&c, &crate::minute_only()).unwrap();
+    let many: Vec<RawEvent> = (0..12_000)
+        .map(|i| raw("c", &format!("k{i}"), h2 + 60, 1, &[]))
+        .collect();
+    write_both(&e, &reference, NOW, &many);
+    check("keys summed in a map");
+}
