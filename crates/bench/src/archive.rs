@@ -381,14 +381,14 @@ impl Queries {
         .expect("series query")
     }
 
-    fn breakdown(&self) -> BreakdownQuery {
+    fn breakdown(&self, (from, to): (i64, i64)) -> BreakdownQuery {
         BreakdownQuery::parse(
             "clicks",
             &self.busy,
             &[
                 ("dim", "referrer"),
-                ("from", self.from.to_string().as_str()),
-                ("to", self.to.to_string().as_str()),
+                ("from", from.to_string().as_str()),
+                ("to", to.to_string().as_str()),
                 ("limit", "10"),
             ][..],
         )
@@ -415,11 +415,17 @@ impl Queries {
         .expect("top query")
     }
 
-    fn breakdown_path(&self) -> String {
+    fn breakdown_path(&self, (from, to): (i64, i64)) -> String {
         format!(
-            "/v1/ns/clicks/keys/{}/breakdown?dim=referrer&from={}&to={}&limit=10",
-            self.busy, self.from, self.to
+            "/v1/ns/clicks/keys/{}/breakdown?dim=referrer&from={from}&to={to}&limit=10",
+            self.busy
         )
+    }
+
+    /// The breakdowns' 30 days, from and to midnights in [`TZ`] (same dates): the first
+    /// and last UTC days are cut on an hour boundary.
+    fn zoned_days(&self) -> (i64, i64) {
+        (Self::zoned(self.from).0, Self::zoned(self.to).0)
     }
 
     fn top_path(&self, (from, to): (i64, i64)) -> String {
@@ -458,19 +464,24 @@ impl Queries {
                 ans,
             ));
         }
-        let q = self.breakdown();
-        let (fig, ans) = latency(3000, budget, || {
-            let a = query::breakdown(store, ctx(), &q).expect("breakdown");
-            serde_json::to_string(&a).unwrap()
-        });
-        out.push((
-            format!(
-                "breakdown in-process, top 10 referrers of {} over 30 days",
-                self.busy
-            ),
-            fig,
-            ans,
-        ));
+        for (what, range) in [
+            (String::new(), (self.from, self.to)),
+            (format!(" in {TZ}"), self.zoned_days()),
+        ] {
+            let q = self.breakdown(range);
+            let (fig, ans) = latency(3000, budget, || {
+                let a = query::breakdown(store, ctx(), &q).expect("breakdown");
+                serde_json::to_string(&a).unwrap()
+            });
+            out.push((
+                format!(
+                    "breakdown in-process, top 10 referrers of {} over 30 days{what}",
+                    self.busy
+                ),
+                fig,
+                ans,
+            ));
+        }
         let ny = format!("one day in {TZ}");
         for (what, range) in [
             ("one day", (self.day, self.day + DAY)),
@@ -498,7 +509,14 @@ impl Queries {
             ),
             (
                 format!("breakdown over HTTP, top 10 referrers of {}", self.busy),
-                self.breakdown_path(),
+                self.breakdown_path((self.from, self.to)),
+            ),
+            (
+                format!(
+                    "breakdown over HTTP, top 10 referrers of {} over 30 days in {TZ}",
+                    self.busy
+                ),
+                self.breakdown_path(self.zoned_days()),
             ),
             (
                 "top 10 keys over one day, over HTTP".into(),
