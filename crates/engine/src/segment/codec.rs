@@ -485,16 +485,17 @@ impl Block {
         let mut c = self.cursors(j)?;
         let head = c[SHAPE].varint()?;
         let (ndims, relative) = (head >> 1, head & 1 == 1);
+        let inside = Inside::new(period, inside);
         let idx = c[TBITS].series(period)?;
         let k = idx.len();
         for &i in &idx {
             match unzigzag(c[TCOUNTS].varint()?) {
                 0 => return Err(format!("{}: bucket {i} has a zero count", c[TCOUNTS].what)),
-                n if inside(i) => total(i, n),
+                n if inside.has(i) => total(i, n),
                 _ => {}
             }
         }
-        let all_inside = idx.iter().all(|&i| inside(i));
+        let all_inside = idx.iter().all(|&i| inside.has(i));
         for _ in 0..ndims {
             let id = c[SHAPE].varint()?;
             let (dim, names) = dict.dim(id)?;
@@ -513,17 +514,21 @@ impl Block {
                 };
                 let mut n = 0i64;
                 if !relative {
-                    let sidx = c[SBITS].series(period)?;
                     if value.is_none() {
-                        c[SCOUNTS].skip_varints(sidx.len() as u64)?;
+                        let len = c[SBITS].skip_series(period)?;
+                        c[SCOUNTS].skip_varints(len)?;
                         continue;
                     }
-                    for i in sidx {
-                        let v = unzigzag(c[SCOUNTS].varint()?);
-                        if inside(i) {
+                    // Indexes and counts are separate streams: read side by side.
+                    let (head, tail) = c.split_at_mut(SCOUNTS);
+                    let (sbits, scounts) = (&mut head[SBITS], &mut tail[0]);
+                    sbits.series_each(period, |i| {
+                        let v = unzigzag(scounts.varint()?);
+                        if inside.has(i) {
                             n = n.wrapping_add(v);
                         }
-                    }
+                        Ok(())
+                    })?;
                 } else {
                     let mask = c[SBITS]
                         .position_mask(k)
@@ -537,7 +542,7 @@ impl Block {
                         let p = m.trailing_zeros() as usize;
                         m &= m - 1;
                         let v = unzigzag(c[SCOUNTS].varint()?);
-                        if all_inside || inside(idx[p]) {
+                        if all_inside || inside.has(idx[p]) {
                             n = n.wrapping_add(v);
                         }
                     }
@@ -590,6 +595,49 @@ impl Block {
         cur(SHAPE).varint()?;
         let idx = cur(TBITS).series(period)?;
         cur(TCOUNTS).counts(&idx)
+    }
+}
+
+/// Which buckets of a period a read takes: asked of the caller's closure once per bucket of
+/// the period and kept as bits, when the period is short enough, so that a record with
+/// thousands of subtotal buckets does not call it for each.
+struct Inside<'f> {
+    first: u32,
+    bits: Vec<u64>,
+    ask: &'f dyn Fn(u32) -> bool,
+}
+
+impl<'f> Inside<'f> {
+    /// Periods up to this many buckets are kept as bits (a month of hours is 744).
+    const MOST: u64 = 4096;
+
+    fn new(period: &Period, ask: &'f dyn Fn(u32) -> bool) -> Self {
+        let len = period.end.saturating_sub(u64::from(period.first));
+        let mut bits = Vec::new();
+        if len <= Self::MOST {
+            bits = vec![0u64; (len as usize).div_ceil(64)];
+            for b in 0..len as u32 {
+                if ask(period.first + b) {
+                    bits[b as usize / 64] |= 1 << (b % 64);
+                }
+            }
+        }
+        Inside {
+            first: period.first,
+            bits,
+            ask,
+        }
+    }
+
+    #[inline]
+    fn has(&self, i: u32) -> bool {
+        if self.bits.is_empty() {
+            return (self.ask)(i);
+        }
+        let b = i.wrapping_sub(self.first) as usize;
+        self.bits
+            .get(b / 64)
+            .is_some_and(|w| w >> (b % 64) & 1 == 1)
     }
 }
 
@@ -819,6 +867,37 @@ impl<'a> Cur<'a> {
         let n = self.count(1)? as u64;
         self.skip_varints(n)?;
         Ok(n)
+    }
+
+    /// A series' indexes, checked to lie in the period, each handed to `each` as it is
+    /// read (no list is made).
+    #[inline]
+    pub(crate) fn series_each(
+        &mut self,
+        period: &Period,
+        mut each: impl FnMut(u32) -> Result<(), String>,
+    ) -> Result<(), String> {
+        if period.bitmap() {
+            let bits = (period.end - u64::from(period.first)) as usize;
+            let mut mask = self.bits(bits)?;
+            while mask != 0 {
+                let b = mask.trailing_zeros();
+                mask &= mask - 1;
+                each(period.first + b)?;
+            }
+            return Ok(());
+        }
+        let n = self.count(1)?;
+        let mut next = u64::from(period.first);
+        for _ in 0..n {
+            let i = next
+                .checked_add(self.varint()?)
+                .filter(|&i| i < period.end)
+                .ok_or_else(|| format!("{}: bucket index outside the period", self.what))?;
+            each(i as u32)?;
+            next = i + 1;
+        }
+        Ok(())
     }
 
     /// A series' indexes, checked to lie in the period.

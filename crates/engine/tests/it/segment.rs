@@ -708,3 +708,126 @@ proptest! {
         prop_assert!(seg.cover(0, 7000).is_some_and(|c| c.add.len() == 1 && c.sub.is_empty()));
     }
 }
+
+/// A record over `hours` hours from `FIRST`: totals, and per dimension a few values whose
+/// buckets lie among the totals' (as a writer's records always do).
+fn record_over(hours: u32) -> impl Strategy<Value = KeyRecord> {
+    let totals = prop_oneof![
+        2 => prop::collection::btree_map(FIRST..FIRST + hours, 1i64..9, 1..8),
+        1 => prop::collection::btree_map(FIRST..FIRST + hours, 1i64..9, 40..200),
+    ];
+    (totals, 0usize..3, any::<u64>()).prop_map(move |(totals, ndims, seed)| {
+        let totals: Buckets = totals.into_iter().collect();
+        let mut x = seed | 1;
+        let mut next = move |m: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % m
+        };
+        let dims = (0..ndims)
+            .map(|d| DimRecord {
+                dim: format!("d{d}"),
+                values: (0..1 + next(6))
+                    .map(|v| {
+                        let mut b: Buckets = Vec::new();
+                        for &(i, _) in &totals {
+                            if next(3) == 0 {
+                                b.push((i, 1 + next(4) as i64));
+                            }
+                        }
+                        (format!("v{v}"), b)
+                    })
+                    .filter(|(_, b)| !b.is_empty())
+                    .collect(),
+            })
+            .collect();
+        KeyRecord { totals, dims }
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// A record summed over any buckets a read takes (a range that cuts the period's days,
+    /// or a scattered set), bucket by bucket: the same sums as the record's own buckets, in
+    /// a day's segment (bucket bitmaps) and in a month's (bucket gaps), whatever the
+    /// subtotals' coding.
+    #[test]
+    fn a_record_sums_over_any_buckets_as_its_buckets_do(
+        month in any::<bool>(),
+        recs in prop::collection::vec(record_over(24 * 31), 1..6),
+        ranges in prop::collection::vec((0u32..800, 0u32..800, 0u32..3), 1..8),
+    ) {
+        let hours = if month { 24 * 31 } else { HOURS };
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.seg");
+        let meta = SegmentMeta {
+            period_end: i64::from(FIRST + hours) * 3600,
+            ..day_meta(SegmentKind::Base)
+        };
+        let clip = |b: &Buckets| -> Buckets {
+            b.iter().copied().filter(|&(i, _)| i < FIRST + hours).collect()
+        };
+        let recs: Vec<KeyRecord> = recs
+            .iter()
+            .map(|r| KeyRecord {
+                totals: clip(&r.totals),
+                dims: r
+                    .dims
+                    .iter()
+                    .map(|d| DimRecord {
+                        dim: d.dim.clone(),
+                        values: d
+                            .values
+                            .iter()
+                            .map(|(v, b)| (v.clone(), clip(b)))
+                            .filter(|(_, b)| !b.is_empty())
+                            .collect(),
+                    })
+                    .collect(),
+            })
+            .filter(|r| !r.totals.is_empty())
+            .collect();
+        let mut w = SegmentWriter::with_options(&path, meta, WriteOptions::default()).unwrap();
+        for (k, r) in recs.iter().enumerate() {
+            w.add("ns", &format!("k{k}"), r).unwrap();
+        }
+        w.finish().unwrap();
+        let seg = Segment::open(&path).unwrap();
+        for (a, b, every) in ranges {
+            let (lo, hi) = (FIRST + a.min(b), FIRST + a.max(b));
+            // A range, or every second or third bucket of it.
+            let takes = |i: u32| lo <= i && i < hi && (every == 0 || i % (every + 1) == 0);
+            for (k, r) in recs.iter().enumerate() {
+                let (mut totals, mut subs) = (Vec::new(), BTreeMap::new());
+                seg.sums(
+                    ("ns", &format!("k{k}")),
+                    None,
+                    &takes,
+                    &|_| true,
+                    &mut |i, n| totals.push((i, n)),
+                    &mut |d, v, n| {
+                        subs.insert((d.to_owned(), v.to_owned()), n);
+                    },
+                )
+                .unwrap();
+                let want_totals: Buckets =
+                    r.totals.iter().copied().filter(|&(i, _)| takes(i)).collect();
+                prop_assert_eq!(&totals, &want_totals);
+                let want: BTreeMap<(String, String), i64> = r
+                    .dims
+                    .iter()
+                    .flat_map(|d| {
+                        d.values.iter().map(move |(v, b)| {
+                            let sum = b.iter().filter(|(i, _)| takes(*i)).map(|(_, n)| n).sum();
+                            ((d.dim.clone(), v.clone()), sum)
+                        })
+                    })
+                    .filter(|(_, n): &(_, i64)| *n != 0)
+                    .collect();
+                prop_assert_eq!(&subs, &want, "[{}, {}) every {}", lo, hi, every + 1);
+            }
+        }
+    }
+}
