@@ -798,7 +798,7 @@ proptest! {
         for (a, b, every) in ranges {
             let (lo, hi) = (FIRST + a.min(b), FIRST + a.max(b));
             // A range, or every second or third bucket of it.
-            let takes = |i: u32| lo <= i && i < hi && (every == 0 || i % (every + 1) == 0);
+            let takes = |i: u32| lo <= i && i < hi && (every == 0 || i.is_multiple_of(every + 1));
             for (k, r) in recs.iter().enumerate() {
                 let (mut totals, mut subs) = (Vec::new(), BTreeMap::new());
                 seg.sums(
