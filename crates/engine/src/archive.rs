@@ -11,7 +11,7 @@ use tally_core::store::StoreError;
 use crate::catalog::Cutoff;
 use crate::manifest::{Manifest, SegmentEntry};
 use crate::names::Names;
-use crate::segment::{KeyRecord, Segment, SegmentError};
+use crate::segment::{Exact, KeyRecord, Segment, SegmentError};
 
 /// Which (dimension, value) subtotals a read wants.
 pub type Wants<'a> = dyn Fn(&str, &str) -> bool + 'a;
@@ -244,10 +244,21 @@ impl Archive {
         let (lo, hi) = index_range(r.resolution, from, to);
         for (seg, (_, show_subs)) in self.overlapping(r.resolution, from, to, r.cutoff) {
             // Whole spans, all kept (retention keeps every bucket after a kept one): the
-            // subtotals can come from a rollup.
-            let spans = seg
-                .spans_within(lo, hi)
-                .filter(|s| !s.is_empty() && (r.inside)(lo.max(seg.meta().first_bucket())));
+            // subtotals can come from a rollup. Else the range's buckets within the period,
+            // all kept: summed once and reused.
+            let (first, end) = (seg.meta().first_bucket(), seg.meta().end_bucket());
+            let exact = if !(r.inside)(lo.max(first)) {
+                None
+            } else {
+                match seg.spans_within(lo, hi) {
+                    Some(s) if !s.is_empty() => Some(Exact::Spans(s.start, s.end)),
+                    Some(_) => None,
+                    None => {
+                        let hi = u64::from(hi).min(end) as u32;
+                        Some(Exact::Buckets(lo.max(first), hi))
+                    }
+                }
+            };
             if show_subs {
                 // Only a segment that has the key maps its dictionary (all of it, once).
                 if !seg.has(r.ns, r.key) {
@@ -260,7 +271,7 @@ impl Archive {
                 let dim_ok = |d: &str| (r.dim_ok)(d) && value != Some(None);
                 seg.sums_by_id(
                     (r.ns, r.key),
-                    spans,
+                    exact,
                     r.inside,
                     &dim_ok,
                     &mut |i, n| *totals.entry(i).or_default() += n,

@@ -19,7 +19,7 @@ use std::io;
 use std::path::PathBuf;
 
 pub use layout::Version;
-pub use reader::{BlockHandle, Cover, Records, Segment, SumFrame};
+pub use reader::{BlockHandle, Cover, Exact, Records, Segment, SumFrame};
 pub use sums::ROLLUP_RATIO;
 pub use writer::{Codec, SegmentWriter, WriteOptions};
 

@@ -85,8 +85,20 @@ impl Cover {
     }
 }
 
-/// A record's subtotal series summed over some whole spans from its rollup, each with its
-/// dictionary ids, in the record's order.
+/// What a read's `inside` takes of a segment's period, when it takes exactly that: a record
+/// summed over it can be kept and reused (see [`Segment::sums`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Exact {
+    /// Whole spans `[a, b)` (see [`Segment::spans_within`]): summed from the record's
+    /// rollup.
+    Spans(usize, usize),
+    /// The bucket indexes `[lo, hi)`, within the period: summed bucket by bucket once.
+    Buckets(u32, u32),
+}
+
+/// A record's subtotal series summed over some whole spans from its rollup, or over a
+/// range of buckets, each with its dictionary ids (in the record's order from a rollup;
+/// only non-zero sums from buckets).
 #[derive(Debug)]
 struct Summed {
     series: Vec<(u32, u32)>,
@@ -106,8 +118,8 @@ pub const SUMMED_CACHE_BYTES: usize = 256 << 10;
 /// How many records one open segment keeps, with or without a rollup (found by a walk).
 pub const SUMMED_CACHE_RECORDS: usize = 32;
 
-/// (block, record, first span, end span): a record summed over those spans.
-type SummedAt = (usize, usize, usize, usize);
+/// (block, record, what it is summed over).
+type SummedAt = (usize, usize, Exact);
 
 /// What [`Recent`] counts for a record found to have no rollup.
 const NO_ROLLUP_BYTES: usize = 64;
@@ -530,13 +542,15 @@ impl Segment {
     /// sum per subtotal series of the dimensions `dim_ok` accepts to `sub`, both over the
     /// buckets `inside` accepts. False if the segment does not have the key.
     ///
-    /// `whole_spans`, when `inside` accepts exactly those spans of this segment (see
-    /// [`Segment::spans_within`]): if the key's record has a rollup, each subtotal series is
-    /// summed from it, a sum per span, and no subtotal bucket is decoded.
+    /// `exact`, when `inside` accepts exactly what it says of this segment's period: whole
+    /// spans (see [`Segment::spans_within`]) — if the key's record has a rollup, each
+    /// subtotal series is summed from it, a sum per span, and no subtotal bucket is decoded
+    /// — or a range of buckets, summed bucket by bucket once and then reused. Either is
+    /// kept while the segment's budget allows.
     pub fn sums(
         &self,
         nskey: (&str, &str),
-        whole_spans: Option<std::ops::Range<usize>>,
+        exact: Option<Exact>,
         inside: &dyn Fn(u32) -> bool,
         dim_ok: &dyn Fn(&str) -> bool,
         total: &mut dyn FnMut(u32, i64),
@@ -548,7 +562,7 @@ impl Segment {
                 sub(d, v, n);
             }
         };
-        self.sums_by_id(nskey, whole_spans, inside, dim_ok, total, &mut named)
+        self.sums_by_id(nskey, exact, inside, dim_ok, total, &mut named)
     }
 
     /// Whether the segment has a record of `key` in namespace `ns` (one index lookup).
@@ -575,7 +589,7 @@ impl Segment {
     pub fn sums_by_id(
         &self,
         (ns, key): (&str, &str),
-        whole_spans: Option<std::ops::Range<usize>>,
+        exact: Option<Exact>,
         inside: &dyn Fn(u32) -> bool,
         dim_ok: &dyn Fn(&str) -> bool,
         total: &mut dyn FnMut(u32, i64),
@@ -585,8 +599,9 @@ impl Segment {
             return Ok(false);
         };
         let (block, ord) = self.locate(v)?;
-        let summed = match whole_spans {
-            Some(spans) => self.summed(block, ord, spans)?,
+        let summed = match exact {
+            Some(Exact::Spans(a, b)) => self.summed(block, ord, a..b)?,
+            Some(Exact::Buckets(lo, hi)) => Some(self.summed_buckets(block, ord, (lo, hi))?),
             None => None,
         };
         let Some(summed) = summed else {
@@ -634,7 +649,7 @@ impl Segment {
         ord: usize,
         spans: std::ops::Range<usize>,
     ) -> Result<Option<Arc<Summed>>, SegmentError> {
-        let at = (block, ord, spans.start, spans.end);
+        let at = (block, ord, Exact::Spans(spans.start, spans.end));
         let lock = || self.summed.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(hit) = lock().get(at) {
             return Ok(hit);
@@ -659,6 +674,42 @@ impl Segment {
         let weight = summed.bytes();
         lock().put(at, Some(Arc::clone(&summed)), weight);
         Ok(Some(summed))
+    }
+
+    /// Record `ord` of `block`'s subtotal series summed over buckets `[lo, hi)`, bucket by
+    /// bucket, every dimension (so that any later read of the range can use it): made once,
+    /// then kept while the segment's budget allows — a dashboard in a zone other than UTC
+    /// asks for the same days, cut at the same hours, again.
+    fn summed_buckets(
+        &self,
+        block: usize,
+        ord: usize,
+        (lo, hi): (u32, u32),
+    ) -> Result<Arc<Summed>, SegmentError> {
+        let at = (block, ord, Exact::Buckets(lo, hi));
+        let lock = || self.summed.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(Some(hit)) = lock().get(at) {
+            return Ok(hit);
+        }
+        let (mut series, mut sums) = (Vec::new(), Vec::new());
+        self.cached_block(block)?
+            .sums(
+                ord,
+                &self.dict,
+                &self.period,
+                &|i| lo <= i && i < hi,
+                &|_| true,
+                &mut |_, _| {},
+                &mut |d, v, n| {
+                    series.push((d, v));
+                    sums.push(n);
+                },
+            )
+            .map_err(|why| self.corrupt(format!("block {block}: {why}")))?;
+        let summed = Arc::new(Summed { series, sums });
+        let weight = summed.bytes();
+        lock().put(at, Some(Arc::clone(&summed)), weight);
+        Ok(summed)
     }
 
     /// The rollup of record `ord` of `block`, if it has one.
@@ -1330,27 +1381,37 @@ mod tests {
         };
         let big = SUMMED_CACHE_BYTES / 16 / 3 - 8; // under a third of the budget
         for ord in 0..3 {
-            put(&mut c, (0, ord, 0, 1), summed(big));
+            put(&mut c, (0, ord, Exact::Spans(0, 1)), summed(big));
         }
-        assert!(c.get((0, 0, 0, 1)).is_some(), "three thirds fit");
-        put(&mut c, (0, 3, 0, 1), summed(big));
+        assert!(
+            c.get((0, 0, Exact::Spans(0, 1))).is_some(),
+            "three thirds fit"
+        );
+        put(&mut c, (0, 3, Exact::Spans(0, 1)), summed(big));
         assert!(c.bytes <= SUMMED_CACHE_BYTES);
         assert!(
-            c.get((0, 1, 0, 1)).is_none(),
+            c.get((0, 1, Exact::Spans(0, 1))).is_none(),
             "the least recently used went"
         );
-        assert!(c.get((0, 0, 0, 1)).is_some() && c.get((0, 3, 0, 1)).is_some());
-        put(&mut c, (1, 0, 0, 1), summed(SUMMED_CACHE_BYTES / 8));
         assert!(
-            c.get((1, 0, 0, 1)).is_none(),
+            c.get((0, 0, Exact::Spans(0, 1))).is_some()
+                && c.get((0, 3, Exact::Spans(0, 1))).is_some()
+        );
+        put(
+            &mut c,
+            (1, 0, Exact::Spans(0, 1)),
+            summed(SUMMED_CACHE_BYTES / 8),
+        );
+        assert!(
+            c.get((1, 0, Exact::Spans(0, 1))).is_none(),
             "one record past the budget is not kept"
         );
         for ord in 0..100 {
-            put(&mut c, (2, ord, 0, 1), None);
+            put(&mut c, (2, ord, Exact::Spans(0, 1)), None);
         }
         assert_eq!(c.entries.len(), SUMMED_CACHE_RECORDS);
         assert!(
-            matches!(c.get((2, 99, 0, 1)), Some(None)),
+            matches!(c.get((2, 99, Exact::Spans(0, 1))), Some(None)),
             "a record without a rollup is remembered"
         );
         let held: usize = c.entries.iter().map(|e| weight(&e.1)).sum();

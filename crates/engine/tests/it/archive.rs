@@ -894,6 +894,10 @@ fn a_breakdown_over_archived_days_reads_rollups_and_adds_late_events() {
         (d0 + DAY, d0 + 2 * DAY),
         (d0 + 3600, d0 + 3 * DAY),
         (d0 - DAY, NOW),
+        // Days cut on hours (a day in New York, two days less an hour at each end): the
+        // cut days' records summed over those hours once, then from what each kept.
+        (d0 + DAY + 5 * 3600, d0 + 2 * DAY + 5 * 3600),
+        (d0 + 3600, d0 + 2 * DAY - 3600),
     ];
     for (from, to) in ranges {
         for want in [

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use tally_engine::names::Names;
 use tally_engine::segment::{
-    Buckets, Codec, DimRecord, KeyRecord, Segment, SegmentError, SegmentKind, SegmentMeta,
+    Buckets, Codec, DimRecord, Exact, KeyRecord, Segment, SegmentError, SegmentKind, SegmentMeta,
     SegmentStats, SegmentWriter, WriteOptions,
 };
 
@@ -529,7 +529,7 @@ proptest! {
                 let found = seg
                     .sums(
                         (ns, key),
-                        Some(0..1),
+                        Some(Exact::Spans(0, 1)),
                         &|_| true,
                         &dim_ok,
                         &mut |i, n| totals.push((i, n)),
@@ -557,7 +557,7 @@ proptest! {
                 let names = Names::default();
                 let ids = seg.name_ids(&names);
                 let mut by_id = BTreeMap::new();
-                seg.sums_by_id((ns, key), Some(0..1), &|_| true, &dim_ok, &mut |_, _| {}, &mut |d, v, n| {
+                seg.sums_by_id((ns, key), Some(Exact::Spans(0, 1)), &|_| true, &dim_ok, &mut |_, _| {}, &mut |d, v, n| {
                     let (d, v) = ids.get(d, v).unwrap();
                     names.with(|name| by_id.insert((name(d).to_owned(), name(v).to_owned()), n));
                 })
@@ -827,6 +827,26 @@ proptest! {
                     .filter(|(_, n): &(_, i64)| *n != 0)
                     .collect();
                 prop_assert_eq!(&subs, &want, "[{}, {}) every {}", lo, hi, every + 1);
+                if every == 0 {
+                    // Told that the read takes exactly that range (clipped to the period):
+                    // the same sums, made once and then kept (the second read).
+                    let exact = Exact::Buckets(lo, hi.min(FIRST + hours));
+                    for _ in 0..2 {
+                        let mut again = BTreeMap::new();
+                        seg.sums(
+                            ("ns", &format!("k{k}")),
+                            Some(exact),
+                            &takes,
+                            &|_| true,
+                            &mut |_, _| {},
+                            &mut |d, v, n| {
+                                again.insert((d.to_owned(), v.to_owned()), n);
+                            },
+                        )
+                        .unwrap();
+                        prop_assert_eq!(&again, &want, "{:?}", exact);
+                    }
+                }
             }
         }
     }

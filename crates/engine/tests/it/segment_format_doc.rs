@@ -2,7 +2,7 @@
 //! are parsed here and held against the code's constants and against a file really written.
 
 use tally_engine::segment::layout::*;
-use tally_engine::segment::{Codec, Segment, SegmentKind, WriteOptions};
+use tally_engine::segment::{Codec, Exact, Segment, SegmentKind, WriteOptions};
 
 use crate::format_doc::{crc32c_of, doc, table};
 use crate::segment::{FIRST, Input, day_meta, rec, write_with};
@@ -153,7 +153,7 @@ fn a_rollup_frame_has_the_documented_layout() {
         let mut got = Vec::new();
         seg.sums(
             ("clicks", "k"),
-            Some(0..1),
+            Some(Exact::Spans(0, 1)),
             &|_| true,
             &|_| true,
             &mut |_, _| {},
