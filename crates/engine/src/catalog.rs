@@ -245,6 +245,10 @@ pub struct Catalog {
     pub key_ns: Vec<NsId>,
     /// Resolution of each memtable slot.
     pub slots: Vec<Duration>,
+    /// How many times [`Catalog::forget`] has forgotten keys: a key id means the same key
+    /// for as long as this does not change (a reader that lets the catalog go and looks
+    /// ids up again later checks it).
+    pub forgets: u64,
     /// Ids of forgotten keys and series, reused before new ones are taken.
     free_keys: Vec<KeyId>,
     free_series: Vec<SeriesId>,
@@ -403,6 +407,9 @@ impl Catalog {
             if e.keys.len() < e.keys.capacity() / 4 {
                 e.keys.shrink_to_fit();
             }
+        }
+        if keys > 0 {
+            self.forgets += 1;
         }
         (keys, series)
     }

@@ -472,10 +472,11 @@ impl Core {
 
     /// A top of keys by totals over segments that sum the range by rank (span and hour
     /// frames), with memory and any other segment: by thresholds (see [`crate::top`]), so
-    /// that only the keys they pick are named and looked up in each source. The catalog is
-    /// held shared throughout, so memory's sums stay by key id. `None` (read another way)
-    /// when no segment covers the range, when one does and memory holds nothing of it (its
-    /// ranks are then read in one pass), or when a sum is negative.
+    /// that only the keys they pick are named and looked up in each source. Memory's sums
+    /// stay by key id, looked up through the catalog only for the keys picked (the catalog
+    /// is not held while segments are read). `None` (read another way) when no segment
+    /// covers the range, when one does and memory holds nothing of it (its ranks are then
+    /// read in one pass), when a sum is negative, or when a key was forgotten meanwhile.
     fn top_by_thresholds(
         &self,
         scan: &Scan<'_>,
@@ -511,6 +512,8 @@ impl Core {
         if (covered.len() == 1 && found.is_empty()) || found.iter().any(|e| e.1 < 0) {
             return Ok(None);
         }
+        let memory = MemorySums::new(self, &cat, ns, found);
+        drop(cat);
         let err = |e| self.archive_error(e);
         let name = scan.ns.as_str();
         let mut lists = Vec::with_capacity(covered.len());
@@ -531,13 +534,14 @@ impl Core {
         if others.values().any(|&n| n < 0) {
             return Ok(None);
         }
-        let memory = MemorySums::new(&cat, ns, found);
         let (found, total) = top_across(name, &lists, &[&others, &memory], limit, scan.deadline)
             .map_err(|e| match e {
                 TopError::Segment(e) => self.archive_error(e),
                 TopError::Store(e) => e,
             })?;
-        drop(cat);
+        if memory.stale.get() {
+            return Ok(None);
+        }
         let keys = found
             .into_iter()
             .map(|(k, n)| Ok((key_of(k)?, n)))
@@ -904,11 +908,17 @@ fn covers(
         .collect()
 }
 
-/// Memory's sums of a namespace's keys by key id, looked up by name through the catalog
-/// (held shared while they are used, so that ids mean the same keys throughout).
-struct MemorySums<'c> {
-    cat: &'c Catalog,
+/// Memory's sums of a namespace's keys by key id (taken under the catalog's lock), looked
+/// up by name through the catalog later, each look-up under the lock for its own length:
+/// a top does not hold the catalog (and so every write) while it reads segments. Ids mean
+/// the same keys as long as no key is forgotten meanwhile; if one is, `stale` is set and
+/// the caller reads another way.
+struct MemorySums<'a> {
+    core: &'a Core,
     ns: NsId,
+    /// [`Catalog::forgets`] when the sums were taken.
+    epoch: u64,
+    stale: std::cell::Cell<bool>,
     found: Vec<(KeyId, i64)>,
     /// The sum of each key, by key id when the catalog holds not many more keys than have
     /// a sum, else in `sparse`.
@@ -916,8 +926,8 @@ struct MemorySums<'c> {
     sparse: HashMap<KeyId, i64, foldhash::fast::FixedState>,
 }
 
-impl<'c> MemorySums<'c> {
-    fn new(cat: &'c Catalog, ns: NsId, found: Vec<(KeyId, i64)>) -> Self {
+impl<'a> MemorySums<'a> {
+    fn new(core: &'a Core, cat: &Catalog, ns: NsId, found: Vec<(KeyId, i64)>) -> Self {
         let keys = cat.keys.len();
         let mut dense = Vec::new();
         let mut sparse = HashMap::default();
@@ -932,16 +942,25 @@ impl<'c> MemorySums<'c> {
             sparse.extend(found.iter().copied());
         }
         MemorySums {
-            cat,
+            core,
             ns,
+            epoch: cat.forgets,
+            stale: std::cell::Cell::new(false),
             found,
             dense,
             sparse,
         }
     }
 
-    fn name(&self, key: KeyId) -> &'c str {
-        self.cat.keys.get(key as usize).map_or("", |e| &e.name)
+    /// The catalog, if its key ids still mean what they did when the sums were taken.
+    fn catalog(&self) -> Option<std::sync::RwLockReadGuard<'a, Catalog>> {
+        let cat = self.core.read_cat();
+        if cat.forgets == self.epoch {
+            Some(cat)
+        } else {
+            self.stale.set(true);
+            None
+        }
     }
 }
 
@@ -955,7 +974,7 @@ impl ByName for MemorySums<'_> {
     }
 
     fn of(&self, key: &str) -> i64 {
-        let Some(k) = self.cat.key_id(self.ns, key) else {
+        let Some(k) = self.catalog().and_then(|cat| cat.key_id(self.ns, key)) else {
             return 0;
         };
         match self.dense.get(k as usize) {
@@ -965,9 +984,13 @@ impl ByName for MemorySums<'_> {
     }
 
     fn names(&self, most: usize, keep: &dyn Fn(i64) -> bool) -> Vec<String> {
-        crate::top::best(self.found.iter().copied().filter(|e| keep(e.1)), most)
+        let picked = crate::top::best(self.found.iter().copied().filter(|e| keep(e.1)), most);
+        let Some(cat) = self.catalog() else {
+            return Vec::new();
+        };
+        picked
             .into_iter()
-            .map(|(k, _)| self.name(k).to_owned())
+            .filter_map(|(k, _)| cat.keys.get(k as usize).map(|e| e.name.to_string()))
             .collect()
     }
 }

@@ -15,6 +15,7 @@ mod segment;
 mod segment_fixture;
 mod segment_format_doc;
 mod segment_measure;
+mod tops;
 mod visibility;
 
 use std::path::Path;
