@@ -65,7 +65,15 @@ impl<'s> RankSums<'s> {
     }
 
     /// The names of the ranks whose sum `keep` accepts, at most the best `most` of them.
-    fn names(&self, most: usize, keep: impl Fn(i64) -> bool) -> Result<Vec<String>, SegmentError> {
+    /// Read a few thousand at a time with the deadline checked between: with flat sums the
+    /// second phase names every key.
+    fn names(
+        &self,
+        most: usize,
+        keep: impl Fn(i64) -> bool,
+        deadline: &Deadline,
+    ) -> Result<Vec<String>, TopError> {
+        const STEP: usize = 4096;
         let picked = best(
             (self.ranks.start..)
                 .zip(self.by_rank.iter().copied())
@@ -74,12 +82,12 @@ impl<'s> RankSums<'s> {
         );
         let mut ranks: Vec<u64> = picked.into_iter().map(|(r, _)| r).collect();
         ranks.sort_unstable();
-        Ok(self
-            .seg
-            .keys_at(&ranks)?
-            .into_iter()
-            .map(|(_, key)| key)
-            .collect())
+        let mut out = Vec::with_capacity(ranks.len());
+        for step in ranks.chunks(STEP) {
+            deadline.check()?;
+            out.extend(self.seg.keys_at(step)?.into_iter().map(|(_, key)| key));
+        }
+        Ok(out)
     }
 }
 
@@ -155,7 +163,7 @@ pub(crate) fn top_across(
     };
     // Phase 1: each list's best `limit`, summed exactly.
     for l in lists {
-        sum_of(&mut exact, l.names(limit, |n| n > 0)?)?;
+        sum_of(&mut exact, l.names(limit, |n| n > 0, deadline)?)?;
     }
     for b in by_name {
         sum_of(&mut exact, b.names(limit, &|n| n > 0))?;
@@ -170,7 +178,7 @@ pub(crate) fn top_across(
     // Phase 2: every key with at least `tau / m` in one list.
     let keep = |n: i64| n > 0 && i128::from(n) * m >= i128::from(tau);
     for l in lists {
-        sum_of(&mut exact, l.names(usize::MAX, keep)?)?;
+        sum_of(&mut exact, l.names(usize::MAX, keep, deadline)?)?;
     }
     for b in by_name {
         sum_of(&mut exact, b.names(usize::MAX, &keep))?;

@@ -800,6 +800,31 @@ fn a_scan_stops_at_its_deadline_in_memory_and_in_the_archive() {
             }
         }
     }
+    // Tops too, with a late event in memory: over whole days, over hours that cut two days
+    // (by thresholds), over one hour of a day.
+    write(&e, NOW, &[raw("clicks", "late", NOW - 2 * DAY, 1, &[])]).unwrap();
+    let top_with = |deadline: &Deadline, (from, to): (i64, i64)| {
+        let scan = Scan {
+            ns: &ns,
+            resolution: tally_core::model::Duration::from_secs(3600).unwrap(),
+            from,
+            to,
+            value: None,
+            deadline,
+        };
+        e.top(&scan, 10)
+    };
+    for range in [
+        (NOW - 3 * DAY, NOW),
+        (NOW - 2 * DAY - 5 * 3600, NOW - DAY - 5 * 3600),
+        (NOW - 2 * DAY, NOW - 2 * DAY + 3600),
+    ] {
+        assert_eq!(top_with(&Deadline::none(), range).unwrap().total, 3001);
+        for deadline in [&past, &gone] {
+            let err = top_with(deadline, range).unwrap_err();
+            assert_eq!(err.code(), tally_core::ErrorCode::QueryTimeout, "{range:?}");
+        }
+    }
     // A stopped scan marks nothing as damaged.
     assert!(e.health().is_ok());
 }
