@@ -954,6 +954,9 @@ impl<'a> MemorySums<'a> {
 
     /// The catalog, if its key ids still mean what they did when the sums were taken.
     fn catalog(&self) -> Option<std::sync::RwLockReadGuard<'a, Catalog>> {
+        if self.stale.get() {
+            return None;
+        }
         let cat = self.core.read_cat();
         if cat.forgets == self.epoch {
             Some(cat)

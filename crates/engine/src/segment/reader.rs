@@ -121,7 +121,8 @@ pub const SUMMED_CACHE_RECORDS: usize = 32;
 /// (block, record, what it is summed over).
 type SummedAt = (usize, usize, Exact);
 
-/// What [`Recent`] counts for a record found to have no rollup.
+/// What [`Recent`] counts for a record found to have no rollup, or too heavy to keep summed
+/// over a range of buckets.
 const NO_ROLLUP_BYTES: usize = 64;
 
 /// How many decoded blocks one open segment keeps for `get`.
@@ -601,7 +602,7 @@ impl Segment {
         let (block, ord) = self.locate(v)?;
         let summed = match exact {
             Some(Exact::Spans(a, b)) => self.summed(block, ord, a..b)?,
-            Some(Exact::Buckets(lo, hi)) => Some(self.summed_buckets(block, ord, (lo, hi))?),
+            Some(Exact::Buckets(lo, hi)) => self.summed_buckets(block, ord, (lo, hi))?,
             None => None,
         };
         let Some(summed) = summed else {
@@ -679,16 +680,17 @@ impl Segment {
     /// Record `ord` of `block`'s subtotal series summed over buckets `[lo, hi)`, bucket by
     /// bucket, every dimension (so that any later read of the range can use it): made once,
     /// then kept while the segment's budget allows — a dashboard in a zone other than UTC
-    /// asks for the same days, cut at the same hours, again.
+    /// asks for the same days, cut at the same hours, again. `None` for a record found too
+    /// heavy to keep: the caller then sums only what it wants, every time.
     fn summed_buckets(
         &self,
         block: usize,
         ord: usize,
         (lo, hi): (u32, u32),
-    ) -> Result<Arc<Summed>, SegmentError> {
+    ) -> Result<Option<Arc<Summed>>, SegmentError> {
         let at = (block, ord, Exact::Buckets(lo, hi));
         let lock = || self.summed.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(Some(hit)) = lock().get(at) {
+        if let Some(hit) = lock().get(at) {
             return Ok(hit);
         }
         let (mut series, mut sums) = (Vec::new(), Vec::new());
@@ -706,10 +708,18 @@ impl Segment {
                 },
             )
             .map_err(|why| self.corrupt(format!("block {block}: {why}")))?;
+        series.shrink_to_fit();
+        sums.shrink_to_fit();
         let summed = Arc::new(Summed { series, sums });
         let weight = summed.bytes();
-        lock().put(at, Some(Arc::clone(&summed)), weight);
-        Ok(summed)
+        if weight > SUMMED_CACHE_BYTES {
+            // Past the budget alone: remembered as too heavy, so that later reads sum only
+            // the dimensions they want rather than all of them for nothing.
+            lock().put(at, None, NO_ROLLUP_BYTES);
+        } else {
+            lock().put(at, Some(Arc::clone(&summed)), weight);
+        }
+        Ok(Some(summed))
     }
 
     /// The rollup of record `ord` of `block`, if it has one.

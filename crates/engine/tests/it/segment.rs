@@ -851,3 +851,70 @@ proptest! {
         }
     }
 }
+
+/// A record whose sums over a range of buckets weigh more than a segment keeps (here
+/// 17 000 values): summed over every dimension once, remembered as too heavy, and from then
+/// on summed over the wanted dimension alone — the same answers each time.
+#[test]
+fn a_record_too_heavy_to_keep_summed_over_buckets_is_summed_as_asked_each_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("heavy.seg");
+    let totals: Buckets = (0..HOURS).map(|h| (FIRST + h, 1000)).collect();
+    let urls: Vec<(String, Buckets)> = (0..17_000u32)
+        .map(|v| (format!("u{v:05}"), vec![(FIRST + v % HOURS, 1)]))
+        .collect();
+    let r = KeyRecord {
+        totals: totals.clone(),
+        dims: vec![
+            DimRecord {
+                dim: "country".into(),
+                values: vec![("US".into(), totals)],
+            },
+            DimRecord {
+                dim: "url".into(),
+                values: urls,
+            },
+        ],
+    };
+    let mut w =
+        SegmentWriter::with_options(&path, day_meta(SegmentKind::Base), WriteOptions::default())
+            .unwrap();
+    w.add("ns", "k", &r).unwrap();
+    w.finish().unwrap();
+    let seg = Segment::open(&path).unwrap();
+    let (lo, hi) = (FIRST + 5, FIRST + HOURS);
+    let takes = |i: u32| lo <= i && i < hi;
+    let sum = |dim: Option<&str>| {
+        let mut subs = BTreeMap::new();
+        seg.sums(
+            ("ns", "k"),
+            Some(Exact::Buckets(lo, hi)),
+            &takes,
+            &|d| dim.is_none_or(|w| w == d),
+            &mut |_, _| {},
+            &mut |d, v, n| {
+                subs.insert((d.to_owned(), v.to_owned()), n);
+            },
+        )
+        .unwrap();
+        subs
+    };
+    let want = |dim: Option<&str>| -> BTreeMap<(String, String), i64> {
+        r.dims
+            .iter()
+            .filter(|d| dim.is_none_or(|w| w == d.dim))
+            .flat_map(|d| {
+                d.values.iter().map(move |(v, b)| {
+                    let n = b.iter().filter(|(i, _)| takes(*i)).map(|(_, n)| n).sum();
+                    ((d.dim.clone(), v.clone()), n)
+                })
+            })
+            .filter(|(_, n): &(_, i64)| *n != 0)
+            .collect()
+    };
+    for _ in 0..2 {
+        assert_eq!(sum(Some("country")), want(Some("country")));
+        assert_eq!(sum(None).len(), want(None).len());
+        assert_eq!(sum(None), want(None));
+    }
+}
