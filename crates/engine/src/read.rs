@@ -209,10 +209,14 @@ impl Core {
     /// `None` if the namespace or tier has nothing to scan.
     fn prepare_scan(&self, scan: &Scan<'_>, now: i64) -> Result<Option<Prepared>, StoreError> {
         let cat = self.read_cat();
-        let Some(ns) = cat.ns_id(scan.ns.as_str()) else {
-            return Ok(None);
-        };
-        let Some(tier) = cat.ns[ns as usize].tier(scan.resolution) else {
+        let Some(Target {
+            ns,
+            tier,
+            window,
+            res,
+            cutoff,
+        }) = Target::of(&cat, scan, now)
+        else {
             return Ok(None);
         };
         if scan.value.is_some() && !tier.breakdown {
@@ -221,9 +225,6 @@ impl Core {
         let value = scan
             .value
             .and_then(|(d, v)| Some((cat.str_id(d)?, cat.str_id(v)?)));
-        let window = Window::new(&tier, scan.from, scan.to, now);
-        let res = scan.resolution.secs() as u32;
-        let cutoff = cat.ns[ns as usize].cutoff(res);
         // Key → its sum so far; looked up by `&str`, so a key is copied once.
         let mut sums: KeySums = HashMap::default();
         let mut tick = ticker(scan.deadline);
@@ -484,15 +485,16 @@ impl Core {
         now: i64,
     ) -> Result<Option<TopKeys>, StoreError> {
         let cat = self.read_cat();
-        let Some(ns) = cat.ns_id(scan.ns.as_str()) else {
+        let Some(Target {
+            ns,
+            window,
+            res,
+            cutoff,
+            ..
+        }) = Target::of(&cat, scan, now)
+        else {
             return Ok(None);
         };
-        let Some(tier) = cat.ns[ns as usize].tier(scan.resolution) else {
-            return Ok(None);
-        };
-        let window = Window::new(&tier, scan.from, scan.to, now);
-        let res = scan.resolution.secs() as u32;
-        let cutoff = cat.ns[ns as usize].cutoff(res);
         let (lo, hi) = index_range(res, scan.from, scan.to);
         // Held while memory is read, as every read does (see the module doc).
         let held = self.archive();
@@ -720,15 +722,16 @@ impl Core {
         now: i64,
     ) -> Result<Option<TopKeys>, StoreError> {
         let cat = self.read_cat();
-        let Some(ns) = cat.ns_id(scan.ns.as_str()) else {
+        let Some(Target {
+            ns,
+            window,
+            res,
+            cutoff,
+            ..
+        }) = Target::of(&cat, scan, now)
+        else {
             return Ok(None);
         };
-        let Some(tier) = cat.ns[ns as usize].tier(scan.resolution) else {
-            return Ok(None);
-        };
-        let window = Window::new(&tier, scan.from, scan.to, now);
-        let res = scan.resolution.secs() as u32;
-        let cutoff = cat.ns[ns as usize].cutoff(res);
         // Held while memory is read, as every read does (see the module doc).
         let archive = self.archive();
         if archive
@@ -995,6 +998,32 @@ impl ByName for MemorySums<'_> {
             .into_iter()
             .filter_map(|(k, _)| cat.keys.get(k as usize).map(|e| e.name.to_string()))
             .collect()
+    }
+}
+
+/// What a scan's namespace and resolution name in the catalog: `None` if it has neither.
+struct Target {
+    ns: NsId,
+    tier: TierPlan,
+    window: Window,
+    res: u32,
+    cutoff: crate::catalog::Cutoff,
+}
+
+impl Target {
+    fn of(cat: &Catalog, scan: &Scan<'_>, now: i64) -> Option<Target> {
+        let ns = cat.ns_id(scan.ns.as_str())?;
+        let tier = cat.ns[ns as usize].tier(scan.resolution)?;
+        let window = Window::new(&tier, scan.from, scan.to, now);
+        let res = scan.resolution.secs() as u32;
+        let cutoff = cat.ns[ns as usize].cutoff(res);
+        Some(Target {
+            ns,
+            tier,
+            window,
+            res,
+            cutoff,
+        })
     }
 }
 

@@ -902,25 +902,11 @@ impl<'a> Cur<'a> {
 
     /// A series' indexes, checked to lie in the period.
     pub(crate) fn series(&mut self, period: &Period) -> Result<Vec<u32>, String> {
-        if period.bitmap() {
-            let bits = (period.end - u64::from(period.first)) as usize;
-            let mask = self.bits(bits)?;
-            return Ok((0..bits as u32)
-                .filter(|b| mask >> b & 1 == 1)
-                .map(|b| period.first + b)
-                .collect());
-        }
-        let n = self.count(1)?;
-        let mut out = Vec::with_capacity(n);
-        let mut next = u64::from(period.first);
-        for _ in 0..n {
-            let i = next
-                .checked_add(self.varint()?)
-                .filter(|&i| i < period.end)
-                .ok_or_else(|| format!("{}: bucket index outside the period", self.what))?;
-            out.push(i as u32);
-            next = i + 1;
-        }
+        let mut out = Vec::new();
+        self.series_each(period, |i| {
+            out.push(i);
+            Ok(())
+        })?;
         Ok(out)
     }
 
