@@ -26,7 +26,7 @@ use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use tally_engine::segment::{KeyRecord, Segment};
+use tally_engine::segment::{Exact, KeyRecord, Segment};
 use tally_fuzz::{fix_segment_checksums, scratch_dir};
 
 /// Records read per input at most (a valid segment may hold many).
@@ -130,7 +130,7 @@ fuzz_target!(|data: &[u8]| {
             let (mut totals, mut subs) = (Vec::new(), BTreeMap::new());
             let summed = seg.sums(
                 (ns, key),
-                Some(spans),
+                Some(Exact::Spans(spans.start, spans.end)),
                 &all,
                 &|_| true,
                 &mut |i, n| totals.push((i, n)),
@@ -155,11 +155,22 @@ fuzz_target!(|data: &[u8]| {
                 assert_eq!(subs, want, "sums over whole spans: subtotals {ns}/{key}");
             }
         }
-        for inside in [&all as &dyn Fn(u32) -> bool, &half] {
+        // All but the period's first bucket, told as an exact range (summed once, then
+        // kept: read twice), and every other bucket.
+        let end = u32::try_from(seg.meta().end_bucket()).unwrap_or(u32::MAX);
+        let lo = first.saturating_add(1).min(end);
+        let rest = move |i: u32| lo <= i && i < end;
+        for (inside, exact) in [
+            (&all as &dyn Fn(u32) -> bool, None),
+            (&half, None),
+            (&rest, Some(Exact::Buckets(lo, end))),
+            (&rest, Some(Exact::Buckets(lo, end))),
+        ] {
+            let exact = exact.filter(|_| verified);
             let (mut totals, mut subs) = (BTreeMap::new(), BTreeMap::new());
             let summed = seg.sums(
                 (ns, key),
-                None,
+                exact,
                 inside,
                 &|_| true,
                 &mut |i, n| *totals.entry(i).or_insert(0) += n,
