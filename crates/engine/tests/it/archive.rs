@@ -67,6 +67,22 @@ pub fn write_both(e: &Engine, reference: &MemStore, now: i64, raws: &[RawEvent])
     write(reference, now, raws).unwrap();
 }
 
+/// A scan of `ns`'s hourly tier over `[from, to)`, by totals.
+fn hourly<'a>(
+    ns: &'a Namespace,
+    (from, to): (i64, i64),
+    deadline: &'a tally_core::store::Deadline,
+) -> Scan<'a> {
+    Scan {
+        ns,
+        resolution: tally_core::model::Duration::from_secs(3600).unwrap(),
+        from,
+        to,
+        value: None,
+        deadline,
+    }
+}
+
 /// Takes the hourly tier out of `clicks` and puts it back (the defaults), on both stores,
 /// checking them equal after each change when `check_at` gives a time.
 fn remove_and_restore_the_hour_tier(e: &Engine, reference: &MemStore, check_at: Option<i64>) {
@@ -129,13 +145,10 @@ pub fn same(engine: &Engine, reference: &MemStore, now: i64) {
         }
     }
     for value in [None, Some(("country", "US"))] {
+        let deadline = tally_core::store::Deadline::none();
         let scan = Scan {
-            ns: &ns,
-            resolution: tally_core::model::Duration::from_secs(3600).unwrap(),
-            from: now - 5 * DAY,
-            to: now + DAY,
             value,
-            deadline: &tally_core::store::Deadline::none(),
+            ..hourly(&ns, (now - 5 * DAY, now + DAY), &deadline)
         };
         let collect = |s: &dyn Store| {
             let mut v = Vec::new();
@@ -765,14 +778,7 @@ fn a_scan_stops_at_its_deadline_in_memory_and_in_the_archive() {
     write(&e, NOW, &events).unwrap();
     let ns = Namespace::new("clicks").unwrap();
     let scan_with = |deadline: &Deadline| {
-        let scan = Scan {
-            ns: &ns,
-            resolution: tally_core::model::Duration::from_secs(3600).unwrap(),
-            from: NOW - 3 * DAY,
-            to: NOW,
-            value: None,
-            deadline,
-        };
+        let scan = hourly(&ns, (NOW - 3 * DAY, NOW), deadline);
         let mut seen = 0usize;
         e.scan(&scan, &mut |_, _| seen += 1).map(|()| seen)
     };
@@ -804,14 +810,7 @@ fn a_scan_stops_at_its_deadline_in_memory_and_in_the_archive() {
     // (by thresholds), over one hour of a day.
     write(&e, NOW, &[raw("clicks", "late", NOW - 2 * DAY, 1, &[])]).unwrap();
     let top_with = |deadline: &Deadline, (from, to): (i64, i64)| {
-        let scan = Scan {
-            ns: &ns,
-            resolution: tally_core::model::Duration::from_secs(3600).unwrap(),
-            from,
-            to,
-            value: None,
-            deadline,
-        };
+        let scan = hourly(&ns, (from, to), deadline);
         e.top(&scan, 10)
     };
     for range in [
@@ -855,14 +854,7 @@ fn a_top_over_an_archived_day_adds_late_events_to_its_sums() {
     write_both(&e, &reference, NOW, &late);
     let ns = Namespace::new("clicks").unwrap();
     let deadline = tally_core::store::Deadline::none();
-    let scan = Scan {
-        ns: &ns,
-        resolution: tally_core::model::Duration::from_secs(3600).unwrap(),
-        from: day,
-        to: day + DAY,
-        value: None,
-        deadline: &deadline,
-    };
+    let scan = hourly(&ns, (day, day + DAY), &deadline);
     for limit in [0, 1, 2, 3, 10] {
         let got = e.top(&scan, limit).unwrap();
         assert_eq!(got, reference.top(&scan, limit).unwrap(), "limit {limit}");
@@ -1110,14 +1102,7 @@ fn a_top_over_hours_that_cut_archived_days_matches_the_reference() {
     ];
     let check = |what: &str| {
         for &(from, to) in &ranges {
-            let scan = Scan {
-                ns: &ns,
-                resolution: tally_core::model::Duration::from_secs(3600).unwrap(),
-                from,
-                to,
-                value: None,
-                deadline: &deadline,
-            };
+            let scan = hourly(&ns, (from, to), &deadline);
             for limit in [0, 1, 3, 10, 50, 1000] {
                 assert_eq!(
                     e.top(&scan, limit).unwrap(),
@@ -1167,14 +1152,7 @@ fn a_top_of_memory_keeps_to_its_namespace_among_others_at_the_same_resolution() 
         for ns in ["a", "b"] {
             let ns = Namespace::new(ns).unwrap();
             for (from, to) in [(h1, h1 + 3600), (h2, h2 + 3600), (h1, NOW)] {
-                let scan = Scan {
-                    ns: &ns,
-                    resolution: tally_core::model::Duration::from_secs(3600).unwrap(),
-                    from,
-                    to,
-                    value: None,
-                    deadline: &deadline,
-                };
+                let scan = hourly(&ns, (from, to), &deadline);
                 for limit in [0, 3, 10, 5000] {
                     assert_eq!(
                         e.top(&scan, limit).unwrap(),
