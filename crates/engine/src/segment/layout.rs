@@ -347,3 +347,29 @@ pub(crate) fn u64_at(b: &[u8], at: usize) -> u64 {
     a.copy_from_slice(&b[at..at + 8]);
     u64::from_le_bytes(a)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sums header round-trips with every known flag, and one with a flag this build does
+    /// not know (a later format's frames) is refused by name rather than misread.
+    #[test]
+    fn a_sums_header_with_an_unknown_flag_is_refused() {
+        let h = SumsHeader {
+            span_buckets: 24,
+            spans: 31,
+            rollups: true,
+            hours: true,
+            frames_offset: 4096,
+        };
+        let mut b = Vec::new();
+        h.encode(&mut b);
+        assert_eq!(SumsHeader::decode(&b), Ok(h));
+        let flags = u32_at(&b, SUMS_FLAGS_OFFSET) | 4;
+        b[SUMS_FLAGS_OFFSET..SUMS_FLAGS_OFFSET + 4].copy_from_slice(&flags.to_le_bytes());
+        let e = SumsHeader::decode(&b).unwrap_err();
+        assert!(e.contains("unknown flags 0x7"), "{e}");
+        assert!(SumsHeader::decode(&b[1..]).is_err(), "a short header");
+    }
+}
