@@ -5,7 +5,7 @@
 //! cargo run --release -p tally-bench -- engine
 //! ```
 //!
-//! Subcommands: `engine`, `compare`, `http`, `ratelimit`, `statsd`, `redis-backend`, `archive`, `archive-year`, `export`, `load`, and `soak`
+//! Subcommands: `engine`, `replay`, `compare`, `http`, `ratelimit`, `statsd`, `redis-backend`, `archive`, `archive-year`, `export`, `load`, and `soak`
 //! and `soak-disk-full` (the crash soak of `scripts/soak.sh`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -196,6 +196,56 @@ fn engine_bench() {
     }
 }
 
+/// Apply (one writer, fsync=never, fresh engine) and replay on open, each `runs` times on the
+/// same 2 000 batches, with the median of each: for comparing two builds, whose single runs
+/// differ by more than the change being measured on this shared machine.
+///
+/// `tally-bench replay [runs=7]`
+fn replay_bench(args: &[String]) {
+    let runs: usize = args
+        .iter()
+        .find_map(|a| a.strip_prefix("runs="))
+        .map_or(7, |v| v.parse().expect("runs=N"));
+    let now = SystemClock.now();
+    let shape = workload::Shape::default();
+    let raws = workload::raw_batches(shape, 2_000, now, 42);
+    let scratch = tempfile::tempdir().unwrap();
+    let batches = {
+        let e = open(scratch.path(), FsyncPolicy::Never);
+        Arc::new(workload::prepare(&e, raws, now))
+    };
+    let (mut apply, mut replay) = (Vec::new(), Vec::new());
+    for _ in 0..runs {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Arc::new(open(dir.path(), FsyncPolicy::Never));
+        apply.push(ingest(&engine, &batches, 1));
+        drop(engine);
+        let t = Instant::now();
+        let engine = open(dir.path(), FsyncPolicy::Never);
+        replay.push(engine.recovery().events as f64 / t.elapsed().as_secs_f64());
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let list = |v: &[f64]| {
+        v.iter()
+            .map(|x| format!("{:.2}", x / 1e6))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    println!("| measurement ({runs} runs, 2 000 000 events) | median | every run, M events/s |");
+    println!("|---|---|---|");
+    let rows = [
+        ("apply, fsync=never, 1 writer", &mut apply),
+        ("replay the log on open", &mut replay),
+    ];
+    for (what, v) in rows {
+        let all = list(v);
+        println!("| {what} | {} | {all} |", mevents(median(v)));
+    }
+}
+
 /// tally and Redis (the seeds' scheme) on the same batches, same run, same writer count.
 fn compare_bench() {
     let now = SystemClock.now();
@@ -301,6 +351,7 @@ fn main() {
     let rest = args.get(1..).unwrap_or_default();
     match args.first().map(String::as_str) {
         Some("engine") | None => engine_bench(),
+        Some("replay") => replay_bench(rest),
         Some("compare") => compare_bench(),
         Some("http") => http::bench(),
         Some("export") => export::bench(rest),

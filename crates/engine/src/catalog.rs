@@ -29,12 +29,67 @@ pub struct TierPlan {
     pub breakdown: bool,
 }
 
+/// A key's name as its namespace's map holds it: up to [`INLINE_NAME`] bytes in the map's
+/// own entry, so that a look-up compares against the entry it probed, with no second cache
+/// miss to a string elsewhere (`tally-bench engine`'s keys are 9 bytes); longer ones shared
+/// with the key's entry.
+#[derive(Debug, Clone)]
+pub enum KeyName {
+    Inline([u8; INLINE_NAME], u8),
+    Shared(Arc<str>),
+}
+
+/// The longest name a [`KeyName`] holds inline (the enum is then no larger than an
+/// `Arc<str>` and its tag).
+pub const INLINE_NAME: usize = 22;
+
+impl KeyName {
+    pub fn new(name: &Arc<str>) -> Self {
+        if name.len() <= INLINE_NAME {
+            let mut b = [0u8; INLINE_NAME];
+            b[..name.len()].copy_from_slice(name.as_bytes());
+            KeyName::Inline(b, name.len() as u8)
+        } else {
+            KeyName::Shared(name.clone())
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        match self {
+            // Made from a `str`: always UTF-8.
+            KeyName::Inline(b, len) => std::str::from_utf8(&b[..*len as usize]).unwrap_or(""),
+            KeyName::Shared(s) => s,
+        }
+    }
+}
+
+impl std::borrow::Borrow<str> for KeyName {
+    fn borrow(&self) -> &str {
+        self.as_str()
+    }
+}
+
+/// Hashes as the `str` it holds, which is what looking it up by `&str` needs.
+impl std::hash::Hash for KeyName {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.as_str().hash(h);
+    }
+}
+
+impl PartialEq for KeyName {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for KeyName {}
+
 #[derive(Debug)]
 pub struct NsEntry {
     pub name: Namespace,
     pub schema: Schema,
     pub tiers: Arc<[TierPlan]>,
-    pub keys: Map<Arc<str>, KeyId>,
+    pub keys: Map<KeyName, KeyId>,
     /// The same keys in byte order, for listing.
     pub ordered: BTreeMap<Arc<str>, KeyId>,
     /// Per tier resolution (seconds): archive segments flushed before these log records
@@ -152,6 +207,28 @@ impl Subs {
             }
             i = (i + 1) & mask;
         }
+    }
+
+    /// Reads the memory a look-up of `(d, v)` reads first (its table slot, or the list's
+    /// head), so that a later look-up finds it in cache: see [`Catalog::touch_subs`].
+    fn touch_slot(&self, d: StrId, v: StrId) -> u32 {
+        if self.table.is_empty() {
+            return self.list.first().map_or(0, |e| e.2);
+        }
+        self.table[sub_hash(d, v) & (self.table.len() - 1)]
+    }
+
+    /// Reads the memory a look-up of `(d, v)` reads second (the list entry its table slot
+    /// names, or the list's tail).
+    fn touch_entry(&self, d: StrId, v: StrId) -> u32 {
+        let pos = if self.table.is_empty() {
+            self.list.len()
+        } else {
+            self.table[sub_hash(d, v) & (self.table.len() - 1)] as usize
+        };
+        pos.checked_sub(1)
+            .and_then(|p| self.list.get(p))
+            .map_or(0, |e| e.2)
     }
 
     /// Adds a subtotal the key does not have yet.
@@ -449,7 +526,7 @@ impl Catalog {
         self.total_bits.set(total, true);
         let name: Arc<str> = key.into();
         if let Some(entry) = self.ns.get_mut(ns as usize) {
-            entry.keys.insert(name.clone(), id);
+            entry.keys.insert(KeyName::new(&name), id);
             entry.ordered.insert(name.clone(), id);
         }
         let entry = KeyEntry {
@@ -510,6 +587,27 @@ impl Catalog {
         Ok(id)
     }
 
+    /// Reads, ahead of the look-ups, the memory that looking up each `(key, dimension,
+    /// value)` of `wanted` will read: each stage of it for all of them in turn, so that the
+    /// CPU overlaps their cache misses (each stage's loads are independent of each other)
+    /// instead of waiting for each look-up's misses one after the other. Changes nothing;
+    /// the look-ups that follow find the lines in cache. Returns a value made of what it
+    /// read, so that the reads are not left out.
+    pub fn touch_subs(&self, wanted: &[(KeyId, StrId, StrId)]) -> u32 {
+        let mut acc = 0u32;
+        let entry = |k: KeyId| self.keys.get(k as usize);
+        for &(k, _, _) in wanted {
+            acc ^= entry(k).map_or(0, |e| e.total);
+        }
+        for &(k, d, v) in wanted {
+            acc ^= entry(k).map_or(0, |e| e.subs.touch_slot(d, v));
+        }
+        for &(k, d, v) in wanted {
+            acc ^= entry(k).map_or(0, |e| e.subs.touch_entry(d, v));
+        }
+        std::hint::black_box(acc)
+    }
+
     /// The key of a series (`None` for a forgotten one).
     pub fn key_of_series(&self, sid: SeriesId) -> Option<KeyId> {
         self.series_info
@@ -539,6 +637,54 @@ impl Catalog {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keys_are_found_by_name_inline_or_shared_and_forgotten() {
+        let mut c = Catalog::default();
+        let ns = Namespace::new("clicks").unwrap();
+        let (id, _, _) = c.put_schema(&ns, &Schema::default()).unwrap();
+        // Around the inline limit, in bytes: 22 and 23 ASCII, and multi-byte characters
+        // on either side of it (a 'é' is two bytes).
+        let names: Vec<String> = (0..=30)
+            .map(|n| "k".repeat(n))
+            .chain([
+                "é".repeat(11),
+                "é".repeat(12),
+                format!("{}é", "a".repeat(21)),
+            ])
+            .collect();
+        let ids: Vec<KeyId> = names
+            .iter()
+            .map(|n| c.key_or_insert(id, n).unwrap())
+            .collect();
+        let inline = |c: &Catalog, n: &str| {
+            matches!(
+                c.ns[id as usize].keys.get_key_value(n).map(|e| e.0),
+                Some(KeyName::Inline(..))
+            )
+        };
+        for (n, &k) in names.iter().zip(&ids) {
+            assert_eq!(c.key_id(id, n), Some(k), "{n:?}");
+            assert_eq!(c.key_or_insert(id, n).unwrap(), k, "found, not made again");
+            assert_eq!(inline(&c, n), n.len() <= INLINE_NAME, "{n:?}");
+            assert_eq!(&*c.keys[k as usize].name, n.as_str());
+        }
+        assert_eq!(c.key_id(id, "k".repeat(31).as_str()), None);
+        assert_eq!(
+            c.key_id(id, "é"),
+            None,
+            "a prefix of an inline name is not it"
+        );
+        // Forget every key but two: the map keeps exactly those.
+        let keep = [ids[3], ids[30]];
+        let totals: Vec<SeriesId> = keep.iter().map(|&k| c.keys[k as usize].total).collect();
+        c.forget(&|sid| totals.contains(&sid));
+        for (n, &k) in names.iter().zip(&ids) {
+            let want = keep.contains(&k).then_some(k);
+            assert_eq!(c.key_id(id, n), want, "{n:?}");
+        }
+        assert_eq!(c.ns[id as usize].keys.len(), 2);
+    }
 
     #[test]
     fn a_keys_subtotals_are_found_short_long_and_after_forgetting() {
