@@ -268,10 +268,13 @@ impl Core {
             let mut ns_cache: Vec<Option<NsId>> = vec![None; view.strings.len()];
             let mut key_cache: Vec<Option<(NsId, KeyId)>> = vec![None; view.strings.len()];
             let mut str_cache: Vec<Option<u32>> = vec![None; view.strings.len()];
-            // First every increment's namespace, key and names, then (touched ahead in one
-            // pass, see `Catalog::touch_subs`) its subtotal series.
-            let mut keys: Vec<KeyId> = Vec::with_capacity(view.incs.len());
-            let mut wanted: Vec<(KeyId, StrId, StrId)> = Vec::with_capacity(view.subs.len());
+            // First every increment's namespace; then the batch's keys, each (namespace,
+            // string) once, looked up in a tight loop of their own (independent look-ups, so
+            // the CPU overlaps their cache misses); then every increment's key (made if new)
+            // and names; then (touched ahead in one pass, see `Catalog::touch_subs`) its
+            // subtotal series.
+            let mut nss: Vec<NsId> = Vec::with_capacity(view.incs.len());
+            let mut todo: Vec<(u32, NsId)> = Vec::new();
             for inc in &view.incs {
                 if !(0..MAX_TS).contains(&inc.ts) {
                     return Err(StoreError::corrupt(format!(
@@ -295,10 +298,22 @@ impl Core {
                         id
                     }
                 };
+                nss.push(ns);
+                if let Some(slot @ None) = key_cache.get_mut(inc.key as usize) {
+                    *slot = Some((ns, KeyId::MAX));
+                    todo.push((inc.key, ns));
+                }
+            }
+            for (s, ns) in todo {
+                key_cache[s as usize] = cat.key_id(ns, view.str(s)).map(|k| (ns, k));
+            }
+            let mut keys: Vec<KeyId> = Vec::with_capacity(view.incs.len());
+            let mut wanted: Vec<(KeyId, StrId, StrId)> = Vec::with_capacity(view.subs.len());
+            for (inc, &ns) in view.incs.iter().zip(&nss) {
                 // Zipf traffic repeats keys and values within a batch: resolve each string of
                 // the record's table once.
                 let key = match key_cache.get(inc.key as usize).copied().flatten() {
-                    Some((n, k)) if n == ns => k,
+                    Some((n, k)) if n == ns && k != KeyId::MAX => k,
                     _ => {
                         let k = cat.key_or_insert(ns, view.str(inc.key))?;
                         if let Some(slot) = key_cache.get_mut(inc.key as usize) {
