@@ -303,6 +303,16 @@ pub struct KeyEntry {
 /// Marks a subtotal series in `series_info`.
 pub const SUBTOTAL: u32 = 1 << 31;
 
+/// Marks a total series id: a key's total series is `TOTAL | key id`, so that its key (and
+/// that it is a total) is read off the id, with no look-up (a walk over a tier's totals,
+/// a top over the open day, reads ~1 M of them). Subtotal series ids are below it.
+pub const TOTAL: u32 = 1 << 31;
+
+/// Whether a series id is a key's total.
+pub fn is_total(sid: SeriesId) -> bool {
+    sid & TOTAL != 0
+}
+
 #[derive(Debug, Default)]
 pub struct Catalog {
     pub by_name: BTreeMap<Namespace, NsId>,
@@ -310,15 +320,13 @@ pub struct Catalog {
     pub keys: Vec<KeyEntry>,
     strs: Map<Arc<str>, StrId>,
     pub str_list: Vec<Arc<str>>,
-    /// Per series: the id of its key, with [`SUBTOTAL`] set for subtotals. (The key gives
-    /// the namespace; a flush finds the keys of the series it writes without a walk over
-    /// every key.)
+    /// Per subtotal series: the id of its key, with [`SUBTOTAL`] set. (The key gives the
+    /// namespace; a flush finds the keys of the series it writes without a walk over every
+    /// key.) Totals are not here: their id names their key ([`TOTAL`]).
     pub series_info: Vec<u32>,
-    /// One bit per series id: set for the total series (see [`Bits`]).
-    pub total_bits: Bits,
     /// The namespace of each key id, as in its entry but 4 bytes apart from the rest: what
-    /// a walk over a tier's totals reads per counter (stale for a forgotten key, whose
-    /// series are no longer totals).
+    /// a walk over a tier's totals reads per counter (stale for a forgotten key, which has
+    /// no counter left).
     pub key_ns: Vec<NsId>,
     /// Resolution of each memtable slot.
     pub slots: Vec<Duration>,
@@ -326,7 +334,7 @@ pub struct Catalog {
     /// for as long as this does not change (a reader that lets the catalog go and looks
     /// ids up again later checks it).
     pub forgets: u64,
-    /// Ids of forgotten keys and series, reused before new ones are taken.
+    /// Ids of forgotten keys and subtotal series, reused before new ones are taken.
     free_keys: Vec<KeyId>,
     free_series: Vec<SeriesId>,
 }
@@ -465,12 +473,9 @@ impl Catalog {
             }
             let k = &mut self.keys[kid];
             if k.subs.is_empty() && !live(k.total) {
-                let (ns, total) = (k.ns, k.total);
+                let ns = k.ns;
                 let name = std::mem::replace(&mut k.name, Arc::from(""));
                 k.total = VACANT;
-                self.series_info[total as usize] = VACANT;
-                self.total_bits.set(total, false);
-                self.free_series.push(total);
                 if let Some(e) = self.ns.get_mut(ns as usize) {
                     e.keys.remove(&*name);
                     e.ordered.remove(&*name);
@@ -496,9 +501,9 @@ impl Catalog {
         self.keys.len() - self.free_keys.len()
     }
 
-    /// Series in use (forgotten ones excluded).
+    /// Series in use, totals and subtotals (forgotten ones excluded).
     pub fn live_series(&self) -> usize {
-        self.series_info.len() - self.free_series.len()
+        self.series_info.len() - self.free_series.len() + self.live_keys()
     }
 
     pub fn key_id(&self, ns: NsId, key: &str) -> Option<KeyId> {
@@ -515,15 +520,15 @@ impl Catalog {
         let reused = self.free_keys.last().copied();
         let id = match reused {
             Some(id) => id,
+            // Below `TOTAL - 1`: `TOTAL | id` is then never `VACANT`.
             None => u32::try_from(self.keys.len())
                 .ok()
-                .filter(|id| *id < SUBTOTAL)
+                .filter(|id| *id < TOTAL - 1)
                 .ok_or_else(|| full("key"))?,
         };
         // Nothing can fail past this point: the key's series, its entry and its names appear
         // together.
-        let total = self.new_series(id)?;
-        self.total_bits.set(total, true);
+        let total = TOTAL | id;
         let name: Arc<str> = key.into();
         if let Some(entry) = self.ns.get_mut(ns as usize) {
             entry.keys.insert(KeyName::new(&name), id);
@@ -610,6 +615,14 @@ impl Catalog {
 
     /// The key of a series (`None` for a forgotten one).
     pub fn key_of_series(&self, sid: SeriesId) -> Option<KeyId> {
+        if is_total(sid) {
+            let key = sid & !TOTAL;
+            return self
+                .keys
+                .get(key as usize)
+                .is_some_and(|k| k.total == sid)
+                .then_some(key);
+        }
         self.series_info
             .get(sid as usize)
             .filter(|i| **i != VACANT)
@@ -624,9 +637,11 @@ impl Catalog {
 
     /// Whether a series is a subtotal.
     pub fn is_subtotal(&self, sid: SeriesId) -> bool {
-        self.series_info
-            .get(sid as usize)
-            .is_some_and(|i| *i != VACANT && i & SUBTOTAL != 0)
+        !is_total(sid)
+            && self
+                .series_info
+                .get(sid as usize)
+                .is_some_and(|i| *i != VACANT && i & SUBTOTAL != 0)
     }
 
     pub fn str(&self, id: StrId) -> &str {
@@ -725,8 +740,17 @@ mod tests {
         let a_us = c.sub_or_insert(a, "country", "US").unwrap();
         let b_total = c.keys[b as usize].total;
         let a_total = c.keys[a as usize].total;
-        assert!(c.total_bits.contains(a_total) && c.total_bits.contains(b_total));
-        assert!(!c.total_bits.contains(a_us));
+        assert!(is_total(a_total) && is_total(b_total) && !is_total(a_us));
+        assert_eq!(
+            (a_total, b_total),
+            (TOTAL | a, TOTAL | b),
+            "a total names its key"
+        );
+        assert_eq!(
+            (c.key_of_series(a_total), c.key_of_series(b_total)),
+            (Some(a), Some(b))
+        );
+        assert!(c.is_subtotal(a_us) && !c.is_subtotal(a_total));
         assert_eq!((c.key_ns[a as usize], c.key_ns[b as usize]), (ns, ns));
         // Only b's total has a counter left.
         let (keys, series) = c.forget(&|sid| sid == b_total);
@@ -735,7 +759,11 @@ mod tests {
         assert_eq!(c.key_of_series(a_us), None);
         assert_eq!(c.key_id(ns, "b"), Some(b));
         assert_eq!((c.live_keys(), c.live_series()), (1, 1));
-        assert!(!c.total_bits.contains(a_total));
+        assert_eq!(
+            c.key_of_series(a_total),
+            None,
+            "a forgotten key's total names nothing"
+        );
         // New ids come from the free lists, and say what they now are.
         let x = c.key_or_insert(ns, "x").unwrap();
         assert_eq!(x, a);
@@ -745,9 +773,12 @@ mod tests {
         assert!(c.is_subtotal(x_de) && !c.is_subtotal(x_total));
         assert_eq!(c.ns_of_series(x_de), Some(ns));
         assert_eq!((c.live_keys(), c.live_series()), (2, 3));
-        assert_eq!(c.series_info.len(), 3, "no id was taken anew");
-        // The bits follow the reused ids: a freed total's id may now be a subtotal.
-        assert!(c.total_bits.contains(x_total) && !c.total_bits.contains(x_de));
+        assert_eq!(
+            (c.series_info.len(), x_de),
+            (1, a_us),
+            "no subtotal id was taken anew"
+        );
+        assert_eq!(x_total, a_total, "the reused key's total is its id again");
         assert_eq!(c.key_ns[x as usize], ns);
         let (other, _, _) = c
             .put_schema(&Namespace::new("m").unwrap(), &Schema::default())

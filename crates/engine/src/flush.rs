@@ -24,7 +24,7 @@ use std::sync::{Arc, PoisonError};
 use tally_core::store::StoreError;
 
 use crate::archive::{Archive, segment_path};
-use crate::catalog::{KeyId, SeriesId};
+use crate::catalog::{Bits, KeyId, SeriesId, TOTAL, is_total};
 use crate::engine::Engine;
 use crate::manifest::{self, Manifest, SegmentEntry};
 use crate::memtable::{Frozen, split_key};
@@ -224,12 +224,9 @@ impl Engine {
             }
             Err(e) => {
                 // Nothing was published: the counters go back to memory, still dirty.
-                let cat = self.core.read_cat();
-                let is_total = |sid| cat.total_bits.contains(sid);
                 for s in 0..self.core.mem.shards() {
                     self.core.mem.lock(s).thaw(&is_total);
                 }
-                drop(cat);
                 let mut dirty = self
                     .core
                     .dirty
@@ -620,24 +617,27 @@ impl Engine {
     /// catalog's write lock (no reader holds an id). Returns the keys forgotten.
     fn forget_archived(&self) -> usize {
         let _gate = self.gate.write().unwrap_or_else(PoisonError::into_inner);
-        // One bit per series id (ids are dense): a set of every live series built from
-        // every counter in memory, without hashing each one.
-        // No series is made while the gate is held: the count read now stays right.
-        let series = self.core.read_cat().series_info.len();
-        let mut live = vec![0u64; series.div_ceil(64)];
+        // One bit per subtotal series id and per key id (both dense; a total's id names its
+        // key): the live series, from every counter in memory, without hashing each one.
+        let (mut subs, mut totals) = (Bits::default(), Bits::default());
         for s in 0..self.core.mem.shards() {
             let shard = self.core.mem.lock(s);
             let keys = shard.maps.iter().flat_map(|m| m.keys().copied());
             for k in keys.chain(shard.frozen.iter().flat_map(|f| f.iter()).map(|e| e.0)) {
-                let sid = split_key(k).0 as usize;
-                if let Some(w) = live.get_mut(sid / 64) {
-                    *w |= 1 << (sid % 64);
+                let sid = split_key(k).0;
+                if is_total(sid) {
+                    totals.set(sid & !TOTAL, true);
+                } else {
+                    subs.set(sid, true);
                 }
             }
         }
         let is_live = |sid: SeriesId| {
-            let sid = sid as usize;
-            live.get(sid / 64).is_none_or(|w| w >> (sid % 64) & 1 == 1)
+            if is_total(sid) {
+                totals.contains(sid & !TOTAL)
+            } else {
+                subs.contains(sid)
+            }
         };
         let (keys, _) = self.core.write_cat().forget(&is_live);
         keys

@@ -12,7 +12,7 @@ use tally_core::store::{
 };
 
 use crate::archive::{SubSums, SumRead, Wants, index_range};
-use crate::catalog::{Catalog, KeyId, NsId, SeriesId, StrId, TierPlan};
+use crate::catalog::{Catalog, KeyId, NsId, SeriesId, StrId, TOTAL, TierPlan, is_total};
 use crate::memtable::{Lane, Shard, split_key};
 use crate::names::PairSums;
 use crate::segment::{Cover, Segment, SegmentError};
@@ -682,15 +682,13 @@ impl Core {
                     deadline.check()?;
                 }
                 let (sid, idx) = split_key(k);
-                // Frozen counters of subtotals come too: told apart by a bit, without
-                // reading the catalog's entries; a total's key then by its series, and the
-                // key's namespace from a small array.
-                if idx < lo || idx >= window.hi || !cat.total_bits.contains(sid) {
+                // Frozen counters of subtotals come too: told apart by their id, without
+                // reading the catalog's entries; a total's id names its key, and the key's
+                // namespace comes from a small array.
+                if idx < lo || idx >= window.hi || !is_total(sid) {
                     continue;
                 }
-                let Some(key) = cat.key_of_series(sid) else {
-                    continue;
-                };
+                let key = sid & !TOTAL;
                 if cat.key_ns.get(key as usize) != Some(&ns) {
                     continue;
                 }
