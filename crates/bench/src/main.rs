@@ -205,7 +205,8 @@ fn replay_bench(args: &[String]) {
     let runs: usize = args
         .iter()
         .find_map(|a| a.strip_prefix("runs="))
-        .map_or(7, |v| v.parse().expect("runs=N"));
+        .map_or(7, |v| v.parse().expect("runs=N"))
+        .max(1);
     let now = SystemClock.now();
     let shape = workload::Shape::default();
     let raws = workload::raw_batches(shape, 2_000, now, 42);

@@ -40,7 +40,9 @@ pub enum KeyName {
 }
 
 /// The longest name a [`KeyName`] holds inline (the enum is then no larger than an
-/// `Arc<str>` and its tag).
+/// `Arc<str>` and its tag: 24 bytes, so a map entry takes 32 bytes where one with an
+/// `Arc<str>` took 24 — 8 bytes more per key, ~0.4 B per live counter on
+/// `tally-bench engine`'s workload, also for longer names, which gain nothing).
 pub const INLINE_NAME: usize = 22;
 
 impl KeyName {
