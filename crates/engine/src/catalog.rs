@@ -790,6 +790,54 @@ mod tests {
     }
 
     #[test]
+    fn ids_at_and_above_total_name_nothing_they_should_not() {
+        let mut c = Catalog::default();
+        let (ns, _, _) = c
+            .put_schema(&Namespace::new("n").unwrap(), &Schema::default())
+            .unwrap();
+        let a = c.key_or_insert(ns, "a").unwrap();
+        let a_us = c.sub_or_insert(a, "country", "US").unwrap();
+        for sid in [
+            VACANT,
+            TOTAL,
+            TOTAL | 1,
+            TOTAL | (TOTAL - 2),
+            SUBTOTAL | a_us,
+        ] {
+            if sid == TOTAL | a {
+                continue;
+            }
+            assert_eq!(c.key_of_series(sid), None, "{sid:#x}");
+            assert_eq!(c.ns_of_series(sid), None, "{sid:#x}");
+            assert!(!c.is_subtotal(sid), "{sid:#x}");
+        }
+        assert_eq!(c.key_of_series(TOTAL | a), Some(a));
+        assert_eq!(c.key_of_series(a_us), Some(a));
+        assert!(!is_total(a_us) && is_total(TOTAL | a));
+        // A key forgotten while its subtotal is live stays, total and all.
+        let (k, s) = c.forget(&|sid| sid == a_us);
+        assert_eq!((k, s), (0, 0));
+        assert_eq!(c.key_of_series(TOTAL | a), Some(a));
+        // Forgotten: the total names nothing; a new key in another namespace takes the id
+        // and the same total, its subtotal the freed subtotal id.
+        let (k, s) = c.forget(&|_| false);
+        assert_eq!((k, s), (1, 2));
+        assert_eq!(
+            (c.key_of_series(TOTAL | a), c.key_of_series(a_us)),
+            (None, None)
+        );
+        let (m, _, _) = c
+            .put_schema(&Namespace::new("m").unwrap(), &Schema::default())
+            .unwrap();
+        let b = c.key_or_insert(m, "b").unwrap();
+        assert_eq!(b, a);
+        assert_eq!(c.ns_of_series(TOTAL | b), Some(m));
+        assert_eq!(c.key_ns[b as usize], m);
+        assert_eq!(c.key_of_series(a_us), None, "not a subtotal of b's");
+        assert_eq!(c.live_series(), 1);
+    }
+
+    #[test]
     fn bits_hold_what_is_set() {
         let mut b = Bits::default();
         b.set(200, false);

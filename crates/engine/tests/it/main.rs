@@ -16,6 +16,7 @@ mod segment_fixture;
 mod segment_format_doc;
 mod segment_measure;
 mod tops;
+mod totals;
 mod visibility;
 
 use std::path::Path;
