@@ -151,11 +151,11 @@ fn engine_bench() {
 
     // Replay and memory: load once, reopen, measure.
     let dir = tempfile::tempdir().unwrap();
-    let rss0 = rss_bytes();
+    let (rss0, heap0) = (rss_bytes(), heap_bytes());
     let engine = Arc::new(open(dir.path(), FsyncPolicy::Never));
     ingest(&engine, &batches, 1);
     let s = engine.stats();
-    let rss1 = rss_bytes();
+    let (rss1, heap1) = (rss_bytes(), heap_bytes());
     let log_bytes = s.wal.bytes_written;
     drop(engine);
     let t = Instant::now();
@@ -188,6 +188,13 @@ fn engine_bench() {
             rss1.saturating_sub(rss0) as f64 / s.live_counters as f64
         ),
     ));
+    if let (Some(h0), Some(h1)) = (heap0, heap1) {
+        // Exact where RSS is not (allocator slack, pages the kernel has not handed back).
+        rows.push((
+            "memory per live counter: heap in use (`--features heap`)".into(),
+            format!("{:.1} B", h1.saturating_sub(h0) as f64 / s.live_counters as f64),
+        ));
+    }
     drop(engine);
 
     println!("\n| measurement | result |\n|---|---|");
