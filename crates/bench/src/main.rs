@@ -181,6 +181,18 @@ fn engine_bench() {
         ),
         format!("{:.1} B", s.counter_bytes as f64 / s.live_counters as f64),
     ));
+    let per = |b: usize| format!("{:.1} B", b as f64 / s.live_counters as f64);
+    let c = s.catalog_bytes;
+    rows.push((
+        "memory per live counter: catalog (keys / subtotal series / names)".into(),
+        format!(
+            "{} ({} / {} / {})",
+            per(c.total()),
+            per(c.keys),
+            per(c.series),
+            per(c.strings)
+        ),
+    ));
     rows.push((
         "memory per live counter: whole-process RSS growth (maps + catalog + allocator)".into(),
         format!(
@@ -192,7 +204,10 @@ fn engine_bench() {
         // Exact where RSS is not (allocator slack, pages the kernel has not handed back).
         rows.push((
             "memory per live counter: heap in use (`--features heap`)".into(),
-            format!("{:.1} B", h1.saturating_sub(h0) as f64 / s.live_counters as f64),
+            format!(
+                "{:.1} B",
+                h1.saturating_sub(h0) as f64 / s.live_counters as f64
+            ),
         ));
     }
     drop(engine);

@@ -315,6 +315,23 @@ pub fn is_total(sid: SeriesId) -> bool {
     sid & TOTAL != 0
 }
 
+/// Bytes the catalog's tables take (see [`Catalog::bytes`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CatalogBytes {
+    /// Keys: their entries, names, the namespaces' maps by name and in order.
+    pub keys: usize,
+    /// Subtotal series: each key's list and table of them, and their entries by id.
+    pub series: usize,
+    /// Dimension names and values, interned once.
+    pub strings: usize,
+}
+
+impl CatalogBytes {
+    pub fn total(&self) -> usize {
+        self.keys + self.series + self.strings
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct Catalog {
     pub by_name: BTreeMap<Namespace, NsId>,
@@ -498,6 +515,38 @@ impl Catalog {
         (keys, series)
     }
 
+    /// What the catalog's tables take, at their capacity (hash tables with their control
+    /// bytes; B-tree maps counted by their entries alone, so a little low; a shared name
+    /// once). For `/metrics` and the benchmarks: where memory per live counter goes.
+    pub fn bytes(&self) -> CatalogBytes {
+        use std::mem::size_of;
+        let heap_str = |s: &str| s.len() + 2 * size_of::<usize>();
+        let mut keys = self.keys.capacity() * size_of::<KeyEntry>()
+            + self.key_ns.capacity() * size_of::<NsId>()
+            + self.free_keys.capacity() * size_of::<KeyId>();
+        let mut series = self.series_info.capacity() * size_of::<u32>()
+            + self.free_series.capacity() * size_of::<SeriesId>();
+        for k in &self.keys {
+            if k.total != VACANT {
+                keys += heap_str(&k.name);
+            }
+            series += k.subs.list.capacity() * size_of::<(StrId, StrId, SeriesId)>()
+                + k.subs.table.len() * size_of::<u32>();
+        }
+        for e in &self.ns {
+            keys += e.keys.capacity() * (size_of::<(KeyName, KeyId)>() + 1)
+                + e.ordered.len() * size_of::<(Arc<str>, KeyId)>();
+        }
+        let strings = self.strs.capacity() * (size_of::<(Arc<str>, StrId)>() + 1)
+            + self.str_list.capacity() * size_of::<Arc<str>>()
+            + self.str_list.iter().map(|s| heap_str(s)).sum::<usize>();
+        CatalogBytes {
+            keys,
+            series,
+            strings,
+        }
+    }
+
     /// Keys in use (forgotten ones excluded).
     pub fn live_keys(&self) -> usize {
         self.keys.len() - self.free_keys.len()
@@ -654,6 +703,34 @@ impl Catalog {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_catalogs_bytes_count_each_part_and_follow_forgetting() {
+        let mut c = Catalog::default();
+        let ns = Namespace::new("clicks").unwrap();
+        let (id, _, _) = c.put_schema(&ns, &Schema::default()).unwrap();
+        let empty = c.bytes();
+        let long = "k".repeat(100);
+        for k in 0..1000 {
+            let key = c.key_or_insert(id, &format!("{long}{k}")).unwrap();
+            for v in 0..10 {
+                c.sub_or_insert(key, "referrer", &format!("r{}", (k + v) % 50))
+                    .unwrap();
+            }
+        }
+        let b = c.bytes();
+        // At least what the entries and names hold, and not wildly more.
+        let keys_low = 1000 * (std::mem::size_of::<KeyEntry>() + 100);
+        assert!((keys_low..4 * keys_low).contains(&b.keys), "{b:?}");
+        let series_low = 10_000 * std::mem::size_of::<(StrId, StrId, SeriesId)>();
+        assert!((series_low..4 * series_low).contains(&b.series), "{b:?}");
+        assert!(b.strings > empty.strings, "51 names interned: {b:?}");
+        assert_eq!(b.total(), b.keys + b.series + b.strings);
+        // Forgotten keys' names are not counted (their entries stay, for reuse).
+        c.forget(&|_| false);
+        let after = c.bytes();
+        assert!(after.keys < b.keys - 1000 * 100, "{after:?} vs {b:?}");
+    }
 
     #[test]
     fn keys_are_found_by_name_inline_or_shared_and_forgotten() {

@@ -116,6 +116,8 @@ pub(crate) fn io_at(path: &Path) -> impl Fn(std::io::Error) -> OpenError + '_ {
 pub struct EngineStats {
     pub live_counters: usize,
     pub counter_bytes: usize,
+    /// What the catalog's tables take (keys, subtotal series, names).
+    pub catalog_bytes: crate::catalog::CatalogBytes,
     pub keys: usize,
     pub series: usize,
     pub wal: WalStats,
@@ -301,13 +303,14 @@ impl Engine {
     }
 
     pub fn stats(&self) -> EngineStats {
-        let (keys, series) = {
+        let (keys, series, catalog_bytes) = {
             let cat = self.core.read_cat();
-            (cat.live_keys(), cat.live_series())
+            (cat.live_keys(), cat.live_series(), cat.bytes())
         };
         EngineStats {
             live_counters: self.core.mem.live(),
             counter_bytes: self.core.mem.bytes(),
+            catalog_bytes,
             keys,
             series,
             wal: self.wal.stats(),
@@ -433,6 +436,18 @@ impl Store for Engine {
                 help: "Keys known to the engine.",
                 kind: "gauge",
                 value: s.keys as f64,
+            },
+            Gauge {
+                name: "tally_counter_bytes",
+                help: "Bytes the counters in memory take (their maps at capacity).",
+                kind: "gauge",
+                value: s.counter_bytes as f64,
+            },
+            Gauge {
+                name: "tally_catalog_bytes",
+                help: "Bytes the catalog takes: keys, subtotal series and names (tables at capacity).",
+                kind: "gauge",
+                value: s.catalog_bytes.total() as f64,
             },
             Gauge {
                 name: "tally_log_bytes_written_total",

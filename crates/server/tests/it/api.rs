@@ -279,6 +279,8 @@ fn health_metrics_openapi() {
     if crate::embedded() {
         needles.extend([
             "tally_live_counters ",
+            "tally_counter_bytes ",
+            "tally_catalog_bytes ",
             "tally_log_bytes_written_total ",
             "tally_log_fsync_seconds_total ",
         ]);
