@@ -97,6 +97,28 @@ pub fn sums(d: &KeyData) -> (i64, i64) {
 }
 
 /// A schema of one minute tier kept two days: the defaults without their hourly tier.
+/// A read with summed subtotals (`sum_subtotals` set), as compared between stores: its
+/// totals, and each (dimension, value) with its sum, zero sums left out, sorted.
+pub type Folded = (Vec<(i64, i64)>, Vec<(String, String, i64)>);
+
+pub fn folded(store: &dyn Store, read: KeyRead<'_>) -> Folded {
+    let d = store.read(&[read]).unwrap().pop().unwrap();
+    let mut subs: Vec<(String, String, i64)> = d
+        .subtotals
+        .iter()
+        .map(|s| {
+            (
+                s.dim.clone(),
+                s.value.clone(),
+                s.buckets.iter().map(|b| b.1).sum(),
+            )
+        })
+        .filter(|s| s.2 != 0)
+        .collect();
+    subs.sort();
+    (d.totals, subs)
+}
+
 pub fn minute_only() -> tally_core::model::Schema {
     tally_core::model::Schema::from_doc(&tally_core::model::SchemaDoc {
         tiers: vec!["1m:2d".into()],

@@ -145,26 +145,9 @@ fn compare(engine: &Engine, reference: &MemStore) -> Result<(), TestCaseError> {
                         sum_subtotals: true,
                         ..read
                     };
-                    let folded = |s: &dyn Store| {
-                        let d = s.read(&[read]).unwrap().pop().unwrap();
-                        let mut subs: Vec<(String, String, i64)> = d
-                            .subtotals
-                            .iter()
-                            .map(|s| {
-                                (
-                                    s.dim.clone(),
-                                    s.value.clone(),
-                                    s.buckets.iter().map(|b| b.1).sum(),
-                                )
-                            })
-                            .filter(|s| s.2 != 0)
-                            .collect();
-                        subs.sort();
-                        (d.totals, subs)
-                    };
                     prop_assert_eq!(
-                        folded(engine),
-                        folded(reference),
+                        crate::folded(engine, read),
+                        crate::folded(reference, read),
                         "key {} at {}s, {:?} over {}..{}",
                         k,
                         res,

@@ -119,26 +119,9 @@ fn same(e: &Engine, r: &MemStore, now: i64, ns: &str, keys: &[String], what: &st
                 want: Want::Dim { dim: "country" },
                 sum_subtotals: true,
             };
-            let folded = |s: &dyn Store| {
-                let d = s.read(&[read]).unwrap().pop().unwrap();
-                let mut subs: Vec<(String, String, i64)> = d
-                    .subtotals
-                    .iter()
-                    .map(|s| {
-                        (
-                            s.dim.clone(),
-                            s.value.clone(),
-                            s.buckets.iter().map(|b| b.1).sum(),
-                        )
-                    })
-                    .filter(|s| s.2 != 0)
-                    .collect();
-                subs.sort();
-                (d.totals, subs)
-            };
             assert_eq!(
-                folded(e),
-                folded(r),
+                crate::folded(e, read),
+                crate::folded(r, read),
                 "{what}: summed read {ns}/{k} at {res}s"
             );
         }
