@@ -83,6 +83,30 @@ fn hourly<'a>(
     }
 }
 
+/// The engine's top of `ns`'s hourly tier equals the reference's over each range and limit
+/// (ranges named in the message from `origin`).
+fn tops_match(
+    (e, reference): (&Engine, &MemStore),
+    ns: &Namespace,
+    ranges: &[(i64, i64)],
+    limits: &[usize],
+    (origin, what): (i64, &str),
+) {
+    let deadline = tally_core::store::Deadline::none();
+    for &(from, to) in ranges {
+        let scan = hourly(ns, (from, to), &deadline);
+        for &limit in limits {
+            assert_eq!(
+                e.top(&scan, limit).unwrap(),
+                reference.top(&scan, limit).unwrap(),
+                "{what}: {ns} top {limit} over {}..{}",
+                from - origin,
+                to - origin
+            );
+        }
+    }
+}
+
 /// Takes the hourly tier out of `clicks` and puts it back (the defaults), on both stores,
 /// checking them equal after each change when `check_at` gives a time.
 fn remove_and_restore_the_hour_tier(e: &Engine, reference: &MemStore, check_at: Option<i64>) {
@@ -1085,7 +1109,6 @@ fn a_top_over_hours_that_cut_archived_days_matches_the_reference() {
     }
     write_both(&e, &reference, NOW, &late);
     let ns = Namespace::new("clicks").unwrap();
-    let deadline = tally_core::store::Deadline::none();
     let ranges = [
         // A day in New York (UTC-5 in winter), a day and a half, the last 24 hours, two
         // hours across a UTC midnight, 23 hours of one day, whole days plus an hour.
@@ -1101,18 +1124,8 @@ fn a_top_over_hours_that_cut_archived_days_matches_the_reference() {
         (first + 2 * DAY, first + 2 * DAY + 7 * 3600),
     ];
     let check = |what: &str| {
-        for &(from, to) in &ranges {
-            let scan = hourly(&ns, (from, to), &deadline);
-            for limit in [0, 1, 3, 10, 50, 1000] {
-                assert_eq!(
-                    e.top(&scan, limit).unwrap(),
-                    reference.top(&scan, limit).unwrap(),
-                    "{what}: top {limit} over {}..{}",
-                    from - first,
-                    to - first
-                );
-            }
-        }
+        let limits = [0, 1, 3, 10, 50, 1000];
+        tops_match((&e, &reference), &ns, &ranges, &limits, (first, what));
     };
     check("non-negative sums");
     write_both(
@@ -1148,21 +1161,16 @@ fn a_top_of_memory_keeps_to_its_namespace_among_others_at_the_same_resolution() 
         events.push(raw("b", &format!("k{i}"), h2 + 120, 100 + i, &[]));
     }
     let check = |what: &str| {
-        let deadline = tally_core::store::Deadline::none();
+        let ranges = [(h1, h1 + 3600), (h2, h2 + 3600), (h1, NOW)];
         for ns in ["a", "b"] {
             let ns = Namespace::new(ns).unwrap();
-            for (from, to) in [(h1, h1 + 3600), (h2, h2 + 3600), (h1, NOW)] {
-                let scan = hourly(&ns, (from, to), &deadline);
-                for limit in [0, 3, 10, 5000] {
-                    assert_eq!(
-                        e.top(&scan, limit).unwrap(),
-                        reference.top(&scan, limit).unwrap(),
-                        "{what}: {ns} top {limit} over {}..{}",
-                        from - h1,
-                        to - h1
-                    );
-                }
-            }
+            tops_match(
+                (&e, &reference),
+                &ns,
+                &ranges,
+                &[0, 3, 10, 5000],
+                (h1, what),
+            );
         }
     };
     write_both(&e, &reference, NOW, &events);

@@ -73,6 +73,23 @@ fn open(dir: &Path, clock: &Arc<ManualClock>, fs: Arc<dyn Fs>) -> Engine {
     Engine::open(c).unwrap()
 }
 
+/// A fresh engine over `fs` in a directory of its own, and the reference store, on one
+/// clock at `NOW`.
+struct Pair {
+    dir: tempfile::TempDir,
+    clock: Arc<ManualClock>,
+    r: MemStore,
+    e: Engine,
+}
+
+fn pair(fs: Arc<dyn Fs>) -> Pair {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = crate::clock(NOW);
+    let r = MemStore::new(clock.clone());
+    let e = open(dir.path(), &clock, fs);
+    Pair { dir, clock, r, e }
+}
+
 fn both(e: &Engine, r: &MemStore, now: i64, raws: &[RawEvent]) {
     write(e, now, raws).unwrap();
     write(r, now, raws).unwrap();
@@ -201,11 +218,8 @@ fn names(prefix: &str, n: usize) -> Vec<String> {
 /// totals map, where a top over memory walks and a read probes, subtotals in theirs.
 #[test]
 fn a_failed_flush_puts_totals_back_where_reads_and_tops_find_them() {
-    let dir = tempfile::tempdir().unwrap();
-    let clock = crate::clock(NOW);
-    let r = MemStore::new(clock.clone());
     let fs = Arc::new(PauseFs::new());
-    let e = open(dir.path(), &clock, fs.clone());
+    let Pair { dir, clock, r, e } = pair(fs.clone());
     let keys = names("k", 40);
     both(&e, &r, NOW, &events("clicks", &keys, NOW, 0));
     same(&e, &r, NOW, "clicks", &keys, "before");
@@ -247,11 +261,8 @@ fn a_schema_change_during_a_flush_drops_the_right_lanes() {
         (no_breakdowns(), false),
     ] {
         let what = format!("{:?} fail {fail}", schema.tiers().len());
-        let dir = tempfile::tempdir().unwrap();
-        let clock = crate::clock(NOW);
-        let r = MemStore::new(clock.clone());
         let fs = Arc::new(PauseFs::new());
-        let e = open(dir.path(), &clock, fs.clone());
+        let Pair { dir, clock, r, e } = pair(fs.clone());
         let keys = names("k", 30);
         let others = names("o", 10);
         both(&e, &r, NOW, &events("clicks", &keys, NOW, 0));
@@ -300,10 +311,7 @@ fn a_schema_change_during_a_flush_drops_the_right_lanes() {
 /// the old keys may show under the new ones, in memory or through the archive.
 #[test]
 fn reused_key_ids_see_nothing_of_the_keys_that_had_them() {
-    let dir = tempfile::tempdir().unwrap();
-    let clock = crate::clock(NOW);
-    let r = MemStore::new(clock.clone());
-    let e = open(dir.path(), &clock, Arc::new(OsFs));
+    let Pair { dir, clock, r, e } = pair(Arc::new(OsFs));
     let day = NOW / DAY * DAY;
     // Day -2 only: a flush a day and more later archives every counter of these keys.
     let old = names("old", 300);
@@ -356,10 +364,12 @@ fn reused_key_ids_see_nothing_of_the_keys_that_had_them() {
 /// keys whose ids were reused.
 #[test]
 fn the_sweep_drops_and_keeps_totals_as_before() {
-    let dir = tempfile::tempdir().unwrap();
-    let clock = crate::clock(NOW);
-    let r = MemStore::new(clock.clone());
-    let e = open(dir.path(), &clock, Arc::new(OsFs));
+    let Pair {
+        dir: _dir,
+        clock,
+        r,
+        e,
+    } = pair(Arc::new(OsFs));
     let ns = Namespace::new("rl").unwrap();
     let schema = Schema::from_doc(&SchemaDoc {
         tiers: vec!["1m:30m".into(), "1h:1d".into()],
