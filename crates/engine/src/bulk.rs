@@ -1,12 +1,16 @@
 //! Bulk install (`tally load --data`): counters aggregated outside the write path, written
 //! straight into archive segments and published in one manifest — no log record, no memtable.
 //!
-//! [`Bulk`] aggregates validated increments by tier, period, key and bucket (every event of
-//! one series and bucket becomes one counter), keeping only the buckets a tier's retention
-//! still shows. [`Engine::install`] then flushes whatever memory holds, writes one segment per
-//! (resolution, period) — a delta where the period is archived already — flushed through the
-//! last log record, and publishes them with the given idempotency answers, atomically: after a
-//! crash the directory holds all of an install or none of it.
+//! [`Bulk`] gathers validated increments as counter updates, appended to the part — the
+//! (resolution, period) a segment will hold — they belong to, keeping only the buckets a
+//! tier's retention still shows. Appending is sequential whatever the keys, so adding an
+//! event costs no cache miss into a large table; the updates of one counter are merged when a
+//! part is sorted: for the install, or earlier when the updates fill the budget
+//! ([`Bulk::has_room`] merges in place first). [`Engine::install`] then flushes whatever memory
+//! holds, sorts each part and writes it as one segment — a delta where the period is archived
+//! already — on every core, flushed through the last log record, and publishes them with the
+//! given idempotency answers, atomically: after a crash the directory holds all of an install
+//! or none of it.
 //!
 //! Safe beside writers: the installed segments are marked flushed through the record before
 //! the first one memory still holds (read under the write gate), so every record they claim
@@ -17,6 +21,7 @@
 //! it, and installs the difference: readers see the old counts or the new, never a mix.
 
 use std::collections::HashMap;
+use std::sync::Mutex;
 
 use tally_core::model::Schema;
 use tally_core::store::{IdemRecord, Increment, StoreError};
@@ -37,15 +42,117 @@ pub struct KeyId(u32);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct SubId(u32);
 
-/// One counter: a key's total (`sub` 0) or subtotal (`sub` = [`SubId`] + 1) in the bucket
-/// `idx` (start / resolution) of the tier of `res` seconds. 16 bytes, so an entry of the
-/// counts map is 24.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-struct Slot {
-    res: u32,
+/// One counter update: `n` to a key's total (`sub` 0) or subtotal (`sub` = [`SubId`] + 1) in
+/// the bucket `idx` (start / resolution) of its part's tier. 24 bytes. For the install, `key`
+/// and `sub` become ranks (see [`Bulk::into_parts`]), so sorting by (`key`, `sub`, `idx`)
+/// gives a segment's order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Update {
     key: u32,
     sub: u32,
     idx: u32,
+    n: i64,
+}
+
+impl Update {
+    /// What identifies its counter within a part, as one sortable number.
+    #[inline]
+    fn counter(&self) -> (u64, u32) {
+        ((u64::from(self.key) << 32) | u64::from(self.sub), self.idx)
+    }
+}
+
+/// Updates per block of a part (96 KiB): a part grows a block at a time, never copying or
+/// doubling what it holds.
+const BLOCK: usize = 4096;
+
+/// Bytes of one update.
+const UPDATE: usize = std::mem::size_of::<Update>();
+
+/// The updates of one (resolution, period), in blocks.
+#[derive(Debug)]
+struct Part {
+    res: u32,
+    period: i64,
+    blocks: Vec<Vec<Update>>,
+    len: usize,
+    /// Updates at the front already merged (one per counter, none zero).
+    merged: usize,
+}
+
+impl Part {
+    fn new(res: u32, period: i64) -> Part {
+        Part {
+            res,
+            period,
+            blocks: Vec::new(),
+            len: 0,
+            merged: 0,
+        }
+    }
+
+    /// Appends `u`; answers the bytes of a block it had to start (else 0).
+    #[inline]
+    fn push(&mut self, u: Update) -> usize {
+        self.len += 1;
+        if let Some(b) = self.blocks.last_mut()
+            && b.len() < b.capacity()
+        {
+            b.push(u);
+            return 0;
+        }
+        let mut b = Vec::with_capacity(BLOCK);
+        b.push(u);
+        self.blocks.push(b);
+        BLOCK * UPDATE
+    }
+
+    fn bytes(&self) -> usize {
+        self.blocks.iter().map(|b| b.capacity() * UPDATE).sum()
+    }
+
+    /// Every update in one vector (blocks freed as they are copied).
+    fn take(&mut self) -> Vec<Update> {
+        let mut all = Vec::with_capacity(self.len);
+        for b in self.blocks.drain(..) {
+            all.extend_from_slice(&b);
+        }
+        self.len = 0;
+        self.merged = 0;
+        all
+    }
+
+    /// Merges its updates in place: one per counter, sorted, zeros left out.
+    fn merge(&mut self) {
+        if self.merged == self.len {
+            return;
+        }
+        let mut all = self.take();
+        sort_and_merge(&mut all);
+        all.shrink_to_fit();
+        self.len = all.len();
+        self.merged = all.len();
+        if !all.is_empty() {
+            self.blocks.push(all);
+        }
+    }
+}
+
+/// Sorts `all` by counter and sums each counter's updates into one, leaving out zero sums.
+fn sort_and_merge(all: &mut Vec<Update>) {
+    all.sort_unstable_by_key(Update::counter);
+    let mut w = 0usize;
+    for r in 0..all.len() {
+        let u = all[r];
+        if w > 0 && all[w - 1].counter() == u.counter() {
+            all[w - 1].n += u.n;
+        } else {
+            all[w] = u;
+            w += 1;
+        }
+    }
+    all.truncate(w);
+    all.retain(|u| u.n != 0);
 }
 
 /// One stored counter: key `key` of `ns`, the bucket starting at `start` of the tier of `res`
@@ -60,16 +167,25 @@ pub struct Counter<'a> {
 }
 
 /// Counters to install: keys and subtotals numbered once (`namespace \0 key`, `dimension \0
-/// value`: neither part holds a NUL), and one flat map from (resolution, key, subtotal,
-/// bucket) to the count — an event costs one lookup per counter it adds to, with no
-/// allocation once its key and values have been seen.
+/// value`: neither part holds a NUL), and per (resolution, period) the updates to its
+/// counters — an event costs one append per counter it adds to, with no allocation once its
+/// key and values have been seen (beyond a block every 4 096 updates).
 #[derive(Debug, Default)]
 pub struct Bulk {
     key_ids: Map<Box<str>, u32>,
     keys: Vec<Box<str>>,
     sub_ids: Map<Box<str>, u32>,
     subs: Vec<Box<str>>,
-    counts: Map<Slot, i64>,
+    /// How periods are cut (the engine's, see [`Bulk::set_policy`]).
+    policy: FlushPolicy,
+    parts: Vec<Part>,
+    part_ids: Map<(u32, i64), u32>,
+    /// The part the last update went to: (resolution, period, index).
+    last: Option<(u32, i64, u32)>,
+    /// Updates held, those not merged yet, and the bytes of the parts' blocks.
+    updates: usize,
+    fresh: usize,
+    block_bytes: usize,
     /// Bytes of the names above (each held twice).
     name_bytes: usize,
     /// See [`Bulk::set_budget`].
@@ -84,46 +200,81 @@ pub struct Bulk {
 const NAME_OVERHEAD: usize = 2 * 16 + 8;
 
 impl Bulk {
-    /// Counters held (each one (series, bucket)).
+    /// Counter updates held: at least as many as the counters (each one (series, bucket))
+    /// they add to, as many once merged.
     pub fn counters(&self) -> usize {
-        self.counts.len()
+        self.updates
     }
 
-    /// Bounds the counters' table and the names: [`Bulk::has_room`] answers `false` once
-    /// adding would make them grow past `bytes` — counting the moment of growth, when the old
-    /// table and the new one (twice as large) are both held. 0: no bound.
+    /// Cuts parts as `policy` cuts periods: the engine's ([`Engine::flush_policy`]), so an
+    /// install writes each part as it is (with another, the install cuts them again).
+    pub fn set_policy(&mut self, policy: FlushPolicy) {
+        if !self.same_periods(&policy) {
+            self.repartition(policy);
+        }
+    }
+
+    fn same_periods(&self, p: &FlushPolicy) -> bool {
+        (self.policy.hourly_period, self.policy.fine_period) == (p.hourly_period, p.fine_period)
+    }
+
+    /// Moves every update to the part `policy` puts it in.
+    fn repartition(&mut self, policy: FlushPolicy) {
+        let old = std::mem::take(&mut self.parts);
+        self.policy = policy;
+        self.part_ids.clear();
+        self.last = None;
+        self.updates = 0;
+        self.fresh = 0;
+        self.block_bytes = 0;
+        for mut part in old {
+            let res = part.res;
+            for u in part.take() {
+                self.push(res, u);
+            }
+        }
+    }
+
+    /// Bounds what is held: [`Bulk::has_room`] answers `false` once adding would take the
+    /// updates' blocks and the names past `bytes`, keeping room for sorting the largest part
+    /// (which copies it once). 0: no bound.
     pub fn set_budget(&mut self, bytes: usize) {
         self.budget = bytes;
     }
 
-    /// Whether `more` counters fit within the budget (see [`Bulk::set_budget`]), the names
-    /// held counted too.
-    pub fn has_room(&self, more: usize) -> bool {
+    /// Whether `more` updates fit within the budget (see [`Bulk::set_budget`]). When they do
+    /// not, the updates held are merged first (one per counter), and they fit if that left
+    /// the budget at least half free — so the same updates are not merged over and over.
+    pub fn has_room(&mut self, more: usize) -> bool {
         if self.budget == 0 {
             return true;
         }
-        let now = self.table_bytes() + self.name_bytes;
-        if self.counts.len() + more <= self.counts.capacity() {
-            return now <= self.budget;
+        if self.fits(more) {
+            return true;
         }
-        // Growing: hashbrown doubles its buckets (a power of two, filled to 7/8) until the
-        // counters fit, holding the old table until the new one is filled.
-        let per = std::mem::size_of::<(Slot, i64)>() + 1;
-        let need = ((self.counts.len() + more) * 8 / 7 + 1).next_power_of_two() * per;
-        now + need <= self.budget
+        if self.fresh == 0 {
+            return false;
+        }
+        for part in &mut self.parts {
+            part.merge();
+        }
+        self.updates = self.parts.iter().map(|p| p.len).sum();
+        self.block_bytes = self.parts.iter().map(Part::bytes).sum();
+        self.fresh = 0;
+        self.bytes() <= self.budget / 2 && self.fits(more)
     }
 
-    fn table_bytes(&self) -> usize {
-        let per = std::mem::size_of::<(Slot, i64)>() + 1;
-        if self.counts.capacity() == 0 {
-            return 0;
-        }
-        (self.counts.capacity() * 8 / 7).next_power_of_two() * per
+    /// Whether `more` updates (each possibly in a new block) fit beside what is held and a
+    /// copy of the largest part.
+    fn fits(&self, more: usize) -> bool {
+        let largest = self.parts.iter().map(|p| p.len).max().unwrap_or(0);
+        let grow = more.div_ceil(BLOCK) * BLOCK * UPDATE;
+        self.bytes() + grow + (largest + more) * UPDATE <= self.budget
     }
 
-    /// Estimated heap bytes held (the counters' table at its size, and the names).
+    /// Estimated heap bytes held (the updates' blocks, and the names).
     pub fn bytes(&self) -> usize {
-        self.table_bytes() + self.name_bytes
+        self.block_bytes + self.name_bytes
     }
 
     /// Estimated heap bytes of the names (kept by [`Bulk::take`]).
@@ -131,9 +282,9 @@ impl Bulk {
         self.name_bytes
     }
 
-    /// Whether no counter is held (the names may be).
+    /// Whether no counter update is held (the names may be).
     pub fn is_empty(&self) -> bool {
-        self.counts.is_empty()
+        self.updates == 0
     }
 
     /// The number of `key` of `ns`, given on first use.
@@ -166,21 +317,38 @@ impl Bulk {
     /// `start` (a multiple of `res`) of the tier of `res` seconds.
     #[inline]
     pub fn add_to(&mut self, key: KeyId, sub: Option<SubId>, res: i64, start: i64, n: i64) {
-        let slot = Slot {
-            res: res as u32,
+        let u = Update {
             key: key.0,
             sub: sub.map_or(0, |s| s.0 + 1),
             idx: (start / res) as u32,
+            n,
         };
-        // (Not `entry`: whether the compiler inlines it into this hot loop varies from build
-        // to build, and costs twice the time when it does not; a miss probes twice, in the
-        // cache lines the first probe brought in.)
-        match self.counts.get_mut(&slot) {
-            Some(c) => *c += n,
-            None => {
-                self.counts.insert(slot, n);
+        self.push(res as u32, u);
+    }
+
+    #[inline]
+    fn push(&mut self, res: u32, u: Update) {
+        let r = i64::from(res);
+        let period = self.policy.period_of(r, i64::from(u.idx) * r);
+        let at = match self.last {
+            Some((lr, lp, at)) if (lr, lp) == (res, period) => at,
+            _ => {
+                let at = match self.part_ids.get(&(res, period)) {
+                    Some(at) => *at,
+                    None => {
+                        let at = self.parts.len() as u32;
+                        self.parts.push(Part::new(res, period));
+                        self.part_ids.insert((res, period), at);
+                        at
+                    }
+                };
+                self.last = Some((res, period, at));
+                at
             }
-        }
+        };
+        self.block_bytes += self.parts[at as usize].push(u);
+        self.updates += 1;
+        self.fresh += 1;
     }
 
     /// Adds one increment under `schema` (its namespace's), as the engine's write path would
@@ -219,21 +387,33 @@ impl Bulk {
     /// Moves the counters out into a new `Bulk` (with a copy of the names), keeping the
     /// names here: the numbers given so far stay valid for what is added next.
     pub fn take(&mut self) -> Bulk {
-        Bulk {
+        let taken = Bulk {
             key_ids: self.key_ids.clone(),
             keys: self.keys.clone(),
             sub_ids: self.sub_ids.clone(),
             subs: self.subs.clone(),
-            counts: std::mem::take(&mut self.counts),
+            policy: self.policy,
+            parts: std::mem::take(&mut self.parts),
+            part_ids: std::mem::take(&mut self.part_ids),
+            last: None,
+            updates: self.updates,
+            fresh: self.fresh,
+            block_bytes: self.block_bytes,
             name_bytes: self.name_bytes,
             budget: 0,
             scratch: String::new(),
-        }
+        };
+        self.last = None;
+        self.updates = 0;
+        self.fresh = 0;
+        self.block_bytes = 0;
+        taken
     }
 
-    /// The counters in the order segments are written (zero counts left out), cut into the
-    /// periods to write.
-    fn into_sorted(self, policy: &FlushPolicy) -> Sorted {
+    /// The parts to write, in (resolution, period) order, cut as `policy` cuts periods, with
+    /// the keys' and subtotals' ranks (their names' byte order) that their sorting uses.
+    fn into_parts(mut self, policy: &FlushPolicy) -> Parts {
+        self.set_policy(*policy);
         // Keys and subtotals ranked by their names' bytes: `ns \0 key` sorts as segments
         // want keys, `dim \0 value` as records want dimensions and values.
         let rank = |names: &[Box<str>]| -> (Vec<u32>, Vec<u32>) {
@@ -251,134 +431,100 @@ impl Bulk {
         };
         let (keys_by_rank, key_rank) = rank(&self.keys);
         let (subs_by_rank, sub_rank) = rank(&self.subs);
-        let mut resolutions: Vec<u32> = Vec::new();
-        let mut counts: Vec<Entry> = Vec::with_capacity(self.counts.len());
-        for (slot, n) in self.counts {
-            if n == 0 {
-                continue;
-            }
-            let r = match resolutions.iter().position(|r| *r == slot.res) {
-                Some(r) => r,
-                None => {
-                    resolutions.push(slot.res);
-                    resolutions.len() - 1
-                }
-            };
-            let res = i64::from(slot.res);
-            let len = policy.period_len(res);
-            let period = policy.period_of(res, i64::from(slot.idx) * res) / len;
-            let sub = match slot.sub {
-                0 => 0,
-                s => u64::from(sub_rank[s as usize - 1]) + 1,
-            };
-            counts.push(Entry {
-                hi: ((r as u64) << 56)
-                    | ((period as u64) << 32)
-                    | u64::from(key_rank[slot.key as usize]),
-                lo: (sub << 32) | u64::from(slot.idx),
-                n,
-            });
-        }
-        // Resolutions ranked in order, so parts come out by (resolution, period).
-        let mut sorted_res = resolutions.clone();
-        sorted_res.sort_unstable();
-        let res_rank: Vec<u64> = resolutions
-            .iter()
-            .map(|r| sorted_res.iter().position(|x| x == r).unwrap_or(0) as u64)
+        self.parts.sort_unstable_by_key(|p| (p.res, p.period));
+        let parts = self
+            .parts
+            .into_iter()
+            .filter(|p| p.len > 0)
+            .map(|p| {
+                let res = i64::from(p.res);
+                let chosen = Chosen {
+                    slot: 0,
+                    res,
+                    period: p.period,
+                    len: policy.period_len(res),
+                };
+                (chosen, Mutex::new(p))
+            })
             .collect();
-        for e in &mut counts {
-            let r = (e.hi >> 56) as usize;
-            e.hi = (e.hi & ((1 << 56) - 1)) | (res_rank[r] << 56);
-        }
-        counts.sort_unstable_by_key(|e| (e.hi, e.lo));
-        let mut parts = Vec::new();
-        let mut at = 0;
-        while let Some(first) = counts.get(at) {
-            let part = first.hi >> 32;
-            let len = counts[at..]
-                .iter()
-                .take_while(|e| e.hi >> 32 == part)
-                .count();
-            let res = i64::from(sorted_res[(part >> 24) as usize]);
-            let period_len = policy.period_len(res);
-            let chosen = Chosen {
-                slot: 0,
-                res,
-                period: (part & ((1 << 24) - 1)) as i64 * period_len,
-                len: period_len,
-            };
-            parts.push((chosen, at..at + len));
-            at += len;
-        }
-        Sorted {
-            counts,
+        Parts {
             parts,
             keys: self.keys,
             keys_by_rank,
+            key_rank,
             subs: self.subs,
             subs_by_rank,
+            sub_rank,
         }
     }
 }
 
-/// One counter, packed so that sorting by (`hi`, `lo`) gives segments' order: resolution rank
-/// (8 bits), period number (24; period start / period length), key rank (32) | subtotal rank
-/// + 1, or 0 for the total (32), bucket index (32).
-#[derive(Debug, Clone, Copy)]
-struct Entry {
-    hi: u64,
-    lo: u64,
-    n: i64,
-}
-
-/// A [`Bulk`]'s counters sorted for writing (see [`Bulk::into_sorted`]).
-struct Sorted {
-    counts: Vec<Entry>,
-    parts: Vec<(Chosen, std::ops::Range<usize>)>,
+/// A [`Bulk`]'s parts ready for writing (see [`Bulk::into_parts`]).
+struct Parts {
+    parts: Vec<(Chosen, Mutex<Part>)>,
     keys: Vec<Box<str>>,
     keys_by_rank: Vec<u32>,
+    key_rank: Vec<u32>,
     subs: Vec<Box<str>>,
     subs_by_rank: Vec<u32>,
+    sub_rank: Vec<u32>,
 }
 
-impl Sorted {
-    /// Hands the records of the part `range` of `counts` to `sink`, keys in order.
-    fn feed(&self, range: std::ops::Range<usize>, sink: &mut Sink<'_>) -> Result<(), StoreError> {
-        let counts = &self.counts[range];
-        let mut at = 0;
-        while let Some(first) = counts.get(at) {
-            let run = counts[at..].iter().take_while(|e| e.hi == first.hi).count();
-            let key_rank = (first.hi & 0xffff_ffff) as usize;
-            let name = &self.keys[self.keys_by_rank[key_rank] as usize];
-            let (ns, key) = name.split_once('\0').unwrap_or((name, ""));
-            let mut rec = KeyRecord::default();
-            let mut last_sub = 0u64;
-            for e in &counts[at..at + run] {
-                let (sub, idx) = (e.lo >> 32, e.lo as u32);
-                if sub == 0 {
-                    rec.totals.push((idx, e.n));
-                    continue;
-                }
-                if sub != last_sub {
-                    last_sub = sub;
-                    let name = &self.subs[self.subs_by_rank[sub as usize - 1] as usize];
-                    let (dim, value) = name.split_once('\0').unwrap_or((name, ""));
-                    match rec.dims.last_mut() {
-                        Some(d) if d.dim == dim => d.values.push((value.to_owned(), Vec::new())),
-                        _ => rec.dims.push(DimRecord {
-                            dim: dim.to_owned(),
-                            values: vec![(value.to_owned(), Vec::new())],
-                        }),
-                    }
-                }
-                if let Some((_, buckets)) = rec.dims.last_mut().and_then(|d| d.values.last_mut()) {
-                    buckets.push((idx, e.n));
-                }
+impl Parts {
+    /// Sorts the part `i` (taking its updates: each part is fed once) and hands its records
+    /// to `sink`, keys in order.
+    fn feed(&self, i: usize, sink: &mut Sink<'_>) -> Result<(), StoreError> {
+        let Some((_, part)) = self.parts.get(i) else {
+            return Ok(());
+        };
+        let mut all = part
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        for u in &mut all {
+            u.key = self.key_rank[u.key as usize];
+            if u.sub != 0 {
+                u.sub = self.sub_rank[u.sub as usize - 1] + 1;
             }
-            sink(ns, key, rec)?;
+        }
+        sort_and_merge(&mut all);
+        let mut at = 0;
+        while let Some(first) = all.get(at) {
+            let run = all[at..].iter().take_while(|u| u.key == first.key).count();
+            let name = &self.keys[self.keys_by_rank[first.key as usize] as usize];
+            let (ns, key) = name.split_once('\0').unwrap_or((name, ""));
+            sink(ns, key, self.record(&all[at..at + run]))?;
             at += run;
         }
         Ok(())
+    }
+
+    /// One key's record from its merged updates (sorted: totals first, then by subtotal).
+    fn record(&self, updates: &[Update]) -> KeyRecord {
+        let totals = updates.iter().take_while(|u| u.sub == 0).count();
+        let mut rec = KeyRecord {
+            totals: updates[..totals].iter().map(|u| (u.idx, u.n)).collect(),
+            dims: Vec::new(),
+        };
+        let mut at = totals;
+        while let Some(first) = updates.get(at) {
+            let run = updates[at..]
+                .iter()
+                .take_while(|u| u.sub == first.sub)
+                .count();
+            let buckets = updates[at..at + run].iter().map(|u| (u.idx, u.n)).collect();
+            let name = &self.subs[self.subs_by_rank[first.sub as usize - 1] as usize];
+            let (dim, value) = name.split_once('\0').unwrap_or((name, ""));
+            match rec.dims.last_mut() {
+                Some(d) if d.dim == dim => d.values.push((value.to_owned(), buckets)),
+                _ => rec.dims.push(DimRecord {
+                    dim: dim.to_owned(),
+                    values: vec![(value.to_owned(), buckets)],
+                }),
+            }
+            at += run;
+        }
+        rec
     }
 }
 
@@ -558,16 +704,17 @@ impl Engine {
             }
         }
         let policy = self.core.flush;
-        let sorted = bulk.into_sorted(&policy);
-        let chosen: Vec<Chosen> = sorted.parts.iter().map(|(c, _)| *c).collect();
-        // An install has the machine to itself: a segment writer per core.
+        let parts = bulk.into_parts(&policy);
+        let chosen: Vec<Chosen> = parts.parts.iter().map(|(c, _)| *c).collect();
+        // An install has the machine to itself: a segment writer per core, each sorting the
+        // parts it writes.
         let workers = std::thread::available_parallelism().map_or(1, usize::from);
-        let feed = |c: &Chosen, sink: &mut Sink<'_>| match sorted
+        let feed = |c: &Chosen, sink: &mut Sink<'_>| match parts
             .parts
             .iter()
-            .find(|(p, _)| (p.res, p.period) == (c.res, c.period))
+            .position(|(p, _)| (p.res, p.period) == (c.res, c.period))
         {
-            Some((_, range)) => sorted.feed(range.clone(), sink),
+            Some(i) => parts.feed(i, sink),
             None => Ok(()),
         };
         let done = self.write_and_publish(&chosen, seq, now, &feed, workers);
@@ -589,23 +736,107 @@ impl Engine {
 mod tests {
     use super::*;
 
-    /// A budget stops the table before it doubles past it, counting both tables of the move.
+    /// Every record of every part, as (resolution, period, ns/key, record).
+    fn records(b: Bulk, policy: &FlushPolicy) -> Vec<(i64, i64, String, KeyRecord)> {
+        let parts = b.into_parts(policy);
+        let mut out = Vec::new();
+        for (i, (c, _)) in parts.parts.iter().enumerate() {
+            parts
+                .feed(i, &mut |ns, key, rec| {
+                    out.push((c.res, c.period, format!("{ns}/{key}"), rec));
+                    Ok(())
+                })
+                .unwrap();
+        }
+        out
+    }
+
+    /// Updates fill the budget, get merged in place (one per counter) and keep coming; once
+    /// merging leaves less than half the budget free, there is no more room — and what is
+    /// held still installs every count.
     #[test]
-    fn a_budget_stops_the_table_before_it_grows_past_it() {
+    fn a_budget_merges_updates_then_stops() {
         let mut b = Bulk::default();
         assert!(b.has_room(1_000_000), "no budget, no bound");
-        b.set_budget(1 << 20);
+        let budget = 4 << 20;
+        b.set_budget(budget);
+        let keys: Vec<KeyId> = (0..50).map(|i| b.key("ns", &format!("k{i}"))).collect();
+        // 50 keys × 40 hours: 2 000 counters, each added to many times.
+        let mut added = 0u64;
+        let mut merged = false;
+        loop {
+            let held = b.counters();
+            if !b.has_room(1) {
+                break;
+            }
+            merged |= b.counters() < held;
+            let i = added as usize;
+            b.add_to(keys[i % 50], None, 3600, 3600 * ((i / 50) % 40) as i64, 1);
+            added += 1;
+            if added > 5_000_000 {
+                break;
+            }
+        }
+        assert!(merged, "the updates were never merged");
+        assert!(added > 5_000_000, "repeats should keep fitting: {added}");
+        assert!(b.bytes() <= budget, "{}", b.bytes());
+        let got = records(b, &FlushPolicy::default());
+        assert_eq!(got.len(), 2 * 50, "50 keys in two days");
+        let total: u64 = got
+            .iter()
+            .flat_map(|(_, _, _, r)| r.totals.iter().map(|(_, n)| *n as u64))
+            .sum();
+        assert_eq!(total, added);
+
+        // Distinct counters do not merge away: the budget stops them.
+        let mut b = Bulk::default();
+        b.set_budget(budget);
         let k = b.key("ns", "k");
         let mut added = 0u32;
         while b.has_room(1) {
             b.add_to(k, None, 1, i64::from(added), 1);
             added += 1;
         }
-        assert!(b.counters() > 10_000, "{}", b.counters());
-        let per = std::mem::size_of::<(Slot, i64)>() + 1;
-        // Growing now would hold the table and one twice its size.
-        assert!(3 * b.bytes() > 1 << 20);
-        assert!(b.bytes() <= (1 << 20) * 2 / 3 + per, "{}", b.bytes());
+        assert!(added > 10_000, "{added}");
+        assert!(b.bytes() <= budget, "{}", b.bytes());
+        let total: i64 = records(b, &FlushPolicy::default())
+            .iter()
+            .flat_map(|(_, _, _, r)| r.totals.iter().map(|(_, n)| *n))
+            .sum();
+        assert_eq!(total, i64::from(added));
+    }
+
+    /// Parts cut by one policy are cut again by the install's, with the same records.
+    #[test]
+    fn another_policy_cuts_the_parts_again() {
+        let fill = |b: &mut Bulk| {
+            let k = b.key("ns", "k");
+            let s = b.sub("country", "US");
+            for h in 0..72 {
+                b.add_to(k, None, 3600, h * 3600, h + 1);
+                b.add_to(k, Some(s), 3600, h * 3600, 1);
+                b.add_to(k, None, 60, h * 3600 + 60, 2);
+            }
+        };
+        let day = FlushPolicy::default();
+        let week = FlushPolicy {
+            hourly_period: 7 * 86_400,
+            fine_period: 86_400,
+            ..day
+        };
+        let mut a = Bulk::default();
+        fill(&mut a);
+        let mut b = Bulk::default();
+        b.set_policy(week);
+        fill(&mut b);
+        let got_a = records(a, &week);
+        let got_b = records(b, &week);
+        assert_eq!(
+            got_a.len(),
+            4,
+            "one hourly part and three daily minute parts"
+        );
+        assert_eq!(format!("{got_a:?}"), format!("{got_b:?}"));
     }
 
     /// Taken counters keep their names; later additions by name find the same numbers.
@@ -641,12 +872,12 @@ mod tests {
             5,
         );
         let policy = FlushPolicy::default();
-        let sorted = taken.into_sorted(&policy);
+        let parts = taken.into_parts(&policy);
         // The zero is left out; one part, one key.
-        assert_eq!(sorted.parts.len(), 1);
+        assert_eq!(parts.parts.len(), 1);
         let mut got = Vec::new();
-        sorted
-            .feed(sorted.parts[0].1.clone(), &mut |ns, key, rec| {
+        parts
+            .feed(0, &mut |ns, key, rec| {
                 got.push((ns.to_owned(), key.to_owned(), rec));
                 Ok(())
             })
@@ -676,17 +907,13 @@ mod tests {
             b.add_to(k, None, 60, start, 1);
         }
         let policy = FlushPolicy::default();
-        let sorted = b.into_sorted(&policy);
-        let parts: Vec<(i64, i64)> = sorted
-            .parts
-            .iter()
-            .map(|(c, _)| (c.res, c.period))
-            .collect();
+        let parts = b.into_parts(&policy);
+        let cut: Vec<(i64, i64)> = parts.parts.iter().map(|(c, _)| (c.res, c.period)).collect();
         // (Minute buckets in periods of an hour, hourly ones of a day.)
-        assert_eq!(parts, vec![(60, 0), (60, 3600), (3600, 0)]);
+        assert_eq!(cut, vec![(60, 0), (60, 3600), (3600, 0)]);
         let mut got = Vec::new();
-        sorted
-            .feed(sorted.parts[2].1.clone(), &mut |_, key, rec| {
+        parts
+            .feed(2, &mut |_, key, rec| {
                 got.push((key.to_owned(), rec));
                 Ok(())
             })

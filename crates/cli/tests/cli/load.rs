@@ -242,7 +242,7 @@ fn offline_csv_loads_in_one_pass_or_two_alike() {
     let o = load(&[csv.to_str().unwrap(), "--data", &data(&one)]);
     let said = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success() && !said.contains("two passes"), "{said}");
-    // 16 MiB holds ~230 000 counters: these events make more.
+    // 16 MiB holds ~400 000 counter updates: these events make more, and more counters.
     let small = ["--memory-mb", "16", "--batch", "3000"];
     let o = load(&[&[csv.to_str().unwrap(), "--data", &data(&two)][..], &small].concat());
     let said = String::from_utf8_lossy(&o.stderr);

@@ -436,9 +436,11 @@ struct Aggregate {
 }
 
 impl Aggregate {
-    /// With a counters' table bounded to `budget` bytes (0: unbounded).
-    fn new(budget: usize) -> Aggregate {
+    /// With counters bounded to `budget` bytes (0: unbounded), cut in parts as `engine`
+    /// cuts periods.
+    fn new(budget: usize, engine: &Engine) -> Aggregate {
         let mut bulk = Bulk::default();
+        bulk.set_policy(engine.flush_policy());
         bulk.set_budget(budget);
         Aggregate {
             bulk,
@@ -596,12 +598,12 @@ pub(super) fn run(
 ) -> anyhow::Result<()> {
     let total: u64 = sources.iter().map(|s| s.bytes).sum();
     let memory = a.memory_mb as usize * 1024 * 1024;
-    // The aggregate's table gets two thirds, counting the moment it doubles (the old table
-    // and the new one held): so at rest it is at most 4/9 of the flag, and writing it takes
-    // up to ~0.85 as much again (its counters sorted); the reader's names get an eighth.
+    // The aggregate gets two thirds: its updates (24 bytes each, in blocks; merged in place,
+    // one per counter, when they fill it) and room to sort its largest part, which copies
+    // that part once; the reader's names get an eighth.
     let budget = memory / 3 * 2;
     let names = memory / 8;
-    let mut agg = Aggregate::new(budget);
+    let mut agg = Aggregate::new(budget, engine);
     let found = pass(
         a,
         engine,
@@ -643,7 +645,7 @@ pub(super) fn run(
         return Ok(());
     }
     if found.overflowed {
-        let mut agg = Aggregate::new(budget);
+        let mut agg = Aggregate::new(budget, engine);
         pass(
             a,
             engine,
@@ -744,7 +746,7 @@ fn pass(
                     used: std::mem::take(&mut agg.used),
                     schemas: std::mem::take(&mut agg.schemas),
                     segments: agg.segments,
-                    ..Aggregate::new(budget)
+                    ..Aggregate::new(budget, engine)
                 };
             }
             agg.names(&mut chunk, now);
@@ -754,7 +756,7 @@ fn pass(
                         // Too much to hold: this pass only checks from here on.
                         overflowed = true;
                         check_only.store(true, Ordering::Relaxed);
-                        *agg = Aggregate::new(0);
+                        *agg = Aggregate::new(0, engine);
                         continue;
                     }
                     Pass::Second => {
