@@ -87,6 +87,11 @@ pub struct Key(String);
 string_newtype!(Key);
 
 impl Key {
+    /// Whether `s` makes a key (as [`Key::new`] would take it), without making one.
+    pub fn is_valid(s: &str) -> bool {
+        Self::check(s).is_ok()
+    }
+
     fn check(s: &str) -> Result<(), ModelError> {
         if s.is_empty() {
             return Err(ModelError::InvalidKey { why: "it is empty" });

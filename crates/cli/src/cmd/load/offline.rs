@@ -1,15 +1,18 @@
 //! `tally load --data`: the offline loader, which meets its input once per pass.
 //!
 //! A reading thread decompresses the input, splits its records and checks each one by the
-//! API's rules. For CSV it remembers what it has checked: a namespace, a key, a dimension
-//! value and a combination of one line's values (what decides its subtotals, the schema's
-//! allow-list and compounds included) are each checked once, then known by a number. A line
+//! API's rules. For CSV it remembers what it has checked: a namespace, a dimension value and
+//! a combination of one line's values (what decides its subtotals, the schema's allow-list
+//! and compounds included) are each checked once, then known by a number; a key is checked
+//! on every line (cheaper than finding it among every key seen, which the aggregating thread
+//! does when it numbers keys for the [`Bulk`], so the two threads share the work). A line
 //! it cannot decide that way — quoted or not UTF-8, a timestamp or amount out of bounds,
 //! anything the rules refuse — and every NDJSON event go through the check every other path
 //! uses ([`Checker`], one event at a time), which also gives the reason. So the two ways
 //! accept exactly the same lines (`tests::the_fast_check_agrees_with_the_api_rules`).
 //!
-//! The main thread adds the numbered rows into a [`Bulk`] and installs it:
+//! The main thread adds the rows into a [`Bulk`] (appending counter updates: see its
+//! module) and installs it:
 //! - pass 1 checks every line and aggregates while the aggregate fits its share of
 //!   `--memory-mb` (see `run`); if every line was checked and the aggregate fit, it is
 //!   installed — one pass;
@@ -21,9 +24,9 @@
 //! (`tally-load-{digest}-{batch}-{first line}`) installed with their counts: a re-run skips
 //! what an earlier run installed.
 //!
-//! Memory: the aggregate is bounded as above; the reading thread's tables of names are bounded
-//! to an eighth of `--memory-mb` (past it, it forgets them and numbers afresh, and the
-//! aggregate, told so, installs what it holds first when it may).
+//! Memory: the aggregate (its keys' names included) is bounded as above; the reading thread's
+//! tables of names are bounded to an eighth of `--memory-mb` (past it, it forgets them and
+//! numbers afresh, and the aggregate, told so, installs what it holds first when it may).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -34,7 +37,7 @@ use anyhow::{Context, bail};
 use serde_json::json;
 use tally_core::model::{self as m, DimName, DimValue, Key, Namespace, RawEvent, Schema};
 use tally_core::store::{IdemRecord, Store};
-use tally_engine::{Bulk, Engine, KeyId, SubId};
+use tally_engine::{Bulk, Engine, SubId};
 
 use super::{Checker, LoadArgs, Rebuild, Source, progress};
 use crate::load::{Format, Input, csv_event};
@@ -49,11 +52,13 @@ const COMPACT_AFTER_SEGMENTS: usize = 512;
 /// Combinations of values remembered before the table starts again.
 const MAX_COMBOS: usize = 1 << 20;
 
-/// One checked event, its names by number.
+/// One checked event, its names by number (its key: `keys[key..key + key_len]` of the
+/// chunk).
 #[derive(Debug, Clone, Copy)]
 struct Row {
     ns: u32,
     key: u32,
+    key_len: u32,
     /// Its subtotals: `subs[from..from + len]` of the chunk.
     from: u32,
     len: u32,
@@ -68,9 +73,11 @@ struct Chunk {
     reset: bool,
     /// Names numbered in this chunk, in the order of their numbers.
     new_ns: Vec<(Namespace, Schema)>,
-    new_keys: Vec<(u32, String)>,
     new_subs: Vec<(String, String)>,
     rows: Vec<Row>,
+    /// The rows' keys, checked, back to back: the aggregating thread numbers them (a look-up
+    /// in a table of every key, which costs a miss to memory: there, not on this thread).
+    keys: String,
     subs: Vec<u32>,
     /// Its idempotency key; `None` when an earlier run installed it.
     answer: Option<String>,
@@ -87,9 +94,6 @@ struct Scanner<'a> {
     ns_ids: Map<Box<[u8]>, u32>,
     nss: Vec<(Namespace, Schema)>,
     sent_ns: usize,
-    /// Keys by namespace number: bytes → number.
-    keys: Vec<Map<Box<[u8]>, u32>>,
-    next_key: u32,
     /// Subtotals, `dim \0 value` → number.
     sub_ids: Map<Box<str>, u32>,
     /// The file's header: dimension names (None: not a valid name).
@@ -123,8 +127,6 @@ impl<'a> Scanner<'a> {
             ns_ids: Map::default(),
             nss: Vec::new(),
             sent_ns: 0,
-            keys: Vec::new(),
-            next_key: 0,
             sub_ids: Map::default(),
             dims: Vec::new(),
             dim_names: Vec::new(),
@@ -149,13 +151,8 @@ impl<'a> Scanner<'a> {
         self.combo_subs.clear();
     }
 
-    /// Forgets keys, values, subtotals and combinations (not namespaces): the next chunk
-    /// says so.
+    /// Forgets values, subtotals and combinations (not namespaces): the next chunk says so.
     fn forget(&mut self) {
-        for k in &mut self.keys {
-            *k = Map::default();
-        }
-        self.next_key = 0;
         self.sub_ids = Map::default();
         let dims = self.dims.clone();
         self.header(&dims);
@@ -191,24 +188,18 @@ impl<'a> Scanner<'a> {
         };
         let id = self.nss.len() as u32;
         self.nss.push((ns, schema));
-        self.keys.push(Map::default());
         self.ns_ids.insert(bytes.into(), id);
         Ok(Some(id))
     }
 
-    /// The key's number (a known one is checked already).
-    fn key(&mut self, ns: u32, bytes: &[u8], chunk: &mut Chunk) -> Option<u32> {
-        let keys = self.keys.get_mut(ns as usize)?;
-        if let Some(id) = keys.get(bytes) {
-            return Some(*id);
-        }
-        let key = Key::new(std::str::from_utf8(bytes).ok()?).ok()?;
-        let id = self.next_key;
-        self.next_key += 1;
-        keys.insert(bytes.into(), id);
-        self.bytes += bytes.len() + NAME_OVERHEAD;
-        chunk.new_keys.push((ns, key.into_string()));
-        Some(id)
+    /// Checks a key and adds it to the chunk's keys: where it starts there, and its length.
+    fn key(bytes: &[u8], chunk: &mut Chunk) -> Option<(u32, u32)> {
+        let key = std::str::from_utf8(bytes)
+            .ok()
+            .filter(|k| Key::is_valid(k))?;
+        let at = chunk.keys.len() as u32;
+        chunk.keys.push_str(key);
+        Some((at, key.len() as u32))
     }
 
     /// The subtotal's number.
@@ -301,7 +292,7 @@ impl<'a> Scanner<'a> {
         let Some((from, len)) = subs else {
             return Ok(false);
         };
-        let Some(key) = self.key(ns, field(1), chunk) else {
+        let Some((key, key_len)) = Self::key(field(1), chunk) else {
             return Ok(false);
         };
         let at = chunk.subs.len() as u32;
@@ -311,6 +302,7 @@ impl<'a> Scanner<'a> {
         chunk.rows.push(Row {
             ns,
             key,
+            key_len,
             from: at,
             len,
             ts,
@@ -379,7 +371,7 @@ impl<'a> Scanner<'a> {
         let Some(ns) = self.ns(inc.ns.as_str().as_bytes())? else {
             bail!("namespace {} passed the check but not the loader's", inc.ns);
         };
-        let Some(key) = self.key(ns, inc.key.as_str().as_bytes(), chunk) else {
+        let Some((key, key_len)) = Self::key(inc.key.as_str().as_bytes(), chunk) else {
             bail!("key {:?} passed the check but not the loader's", inc.key);
         };
         let from = chunk.subs.len() as u32;
@@ -390,6 +382,7 @@ impl<'a> Scanner<'a> {
         chunk.rows.push(Row {
             ns,
             key,
+            key_len,
             from,
             len: inc.subtotals.len() as u32,
             ts: inc.ts,
@@ -422,7 +415,6 @@ impl<'a> Scanner<'a> {
 /// The aggregating side: the reader's numbers mapped to the [`Bulk`]'s.
 struct Aggregate {
     bulk: Bulk,
-    keys: Vec<KeyId>,
     subs: Vec<SubId>,
     /// By namespace number: its tiers (resolution, the newest bucket start retention drops,
     /// whether subtotals are kept).
@@ -444,7 +436,6 @@ impl Aggregate {
         bulk.set_budget(budget);
         Aggregate {
             bulk,
-            keys: Vec::new(),
             subs: Vec::new(),
             tiers: Vec::new(),
             nss: Vec::new(),
@@ -458,7 +449,6 @@ impl Aggregate {
     /// Learns the chunk's names (after a reset, afresh).
     fn names(&mut self, chunk: &mut Chunk, now: i64) {
         if chunk.reset {
-            self.keys.clear();
             self.subs.clear();
         }
         for (ns, schema) in chunk.new_ns.drain(..) {
@@ -480,11 +470,6 @@ impl Aggregate {
             self.used.push(false);
             self.schemas.push(schema);
         }
-        for (ns, key) in chunk.new_keys.drain(..) {
-            let name = self.nss.get(ns as usize).map_or("", |n| n.as_str());
-            let id = self.bulk.key(name, &key);
-            self.keys.push(id);
-        }
         for (dim, value) in chunk.new_subs.drain(..) {
             let id = self.bulk.sub(&dim, &value);
             self.subs.push(id);
@@ -494,7 +479,8 @@ impl Aggregate {
     /// Adds the chunk's rows as the write path would count them.
     fn add(&mut self, chunk: &Chunk) {
         for row in &chunk.rows {
-            let key = self.keys[row.key as usize];
+            let name = &chunk.keys[row.key as usize..(row.key + row.key_len) as usize];
+            let key = self.bulk.key(self.nss[row.ns as usize].as_str(), name);
             let subs = &chunk.subs[row.from as usize..(row.from + row.len) as usize];
             self.used[row.ns as usize] = true;
             for &(res, drops_through, breakdown) in &self.tiers[row.ns as usize] {
@@ -889,7 +875,7 @@ impl Chunker<'_> {
             self.chunk.answer = (!self.skip).then_some(key);
         }
         self.lines += 1;
-        let rows = self.chunk.rows.len();
+        let (rows, keys) = (self.chunk.rows.len(), self.chunk.keys.len());
         match check(scanner, &mut self.chunk)? {
             Ok(()) if self.skip => self.found.already += 1,
             Ok(()) => {
@@ -910,6 +896,7 @@ impl Chunker<'_> {
         if self.skip || self.check_only.load(Ordering::Relaxed) {
             // Checked, not sent: the rows go (names stay, later rows may use them).
             self.chunk.rows.truncate(rows);
+            self.chunk.keys.truncate(keys);
             if self.chunk.rows.is_empty() {
                 self.chunk.subs.clear();
             }
@@ -976,14 +963,11 @@ mod tests {
     /// The names a scanner gave, by number (gathered from its chunks).
     #[derive(Default)]
     struct Names {
-        keys: Vec<String>,
         subs: Vec<(String, String)>,
     }
 
     impl Names {
         fn learn(&mut self, chunk: &Chunk) {
-            self.keys
-                .extend(chunk.new_keys.iter().map(|(_, k)| k.clone()));
             self.subs.extend(chunk.new_subs.iter().cloned());
         }
 
@@ -997,7 +981,7 @@ mod tests {
             s.sort();
             (
                 scanner.nss[row.ns as usize].0.to_string(),
-                self.keys[row.key as usize].clone(),
+                chunk.keys[row.key as usize..(row.key + row.key_len) as usize].to_owned(),
                 row.ts,
                 row.n,
                 s,
