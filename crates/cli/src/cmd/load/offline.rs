@@ -52,6 +52,55 @@ const COMPACT_AFTER_SEGMENTS: usize = 512;
 /// Combinations of values remembered before the table starts again.
 const MAX_COMBOS: usize = 1 << 20;
 
+/// Combinations of a line's values (see `Scanner::fast`) → their subtotals (`None`: the
+/// rules refuse it). Up to four numbers (a namespace and three columns) are packed into one
+/// `u128` key, found without following a pointer (the line's second costliest look-up when
+/// boxed); longer ones are boxed. (A file's combinations all have its width, so the zeros
+/// packing leaves after a short one name nothing else.)
+#[derive(Debug, Default)]
+struct Combos {
+    packed: Map<u128, Option<(u32, u32)>>,
+    boxed: Map<Box<[u32]>, Option<(u32, u32)>>,
+}
+
+impl Combos {
+    #[inline]
+    fn pack(c: &[u32]) -> Option<u128> {
+        if c.len() > 4 {
+            return None;
+        }
+        Some(
+            c.iter()
+                .enumerate()
+                .fold(0u128, |k, (i, x)| k | (u128::from(*x) << (32 * i))),
+        )
+    }
+
+    #[inline]
+    fn get(&self, c: &[u32]) -> Option<Option<(u32, u32)>> {
+        match Self::pack(c) {
+            Some(k) => self.packed.get(&k).copied(),
+            None => self.boxed.get(c).copied(),
+        }
+    }
+
+    fn insert(&mut self, c: &[u32], subs: Option<(u32, u32)>) {
+        match Self::pack(c) {
+            Some(k) => self.packed.insert(k, subs),
+            None => self.boxed.insert(c.into(), subs),
+        };
+    }
+
+    fn len(&self) -> usize {
+        self.packed.len() + self.boxed.len()
+    }
+
+    fn clear(&mut self) {
+        self.packed.clear();
+        self.boxed.clear();
+    }
+}
+
 /// One checked event, its names by number (its key: `keys[key..key + key_len]` of the
 /// chunk).
 #[derive(Debug, Clone, Copy)]
@@ -104,7 +153,7 @@ struct Scanner<'a> {
     value_names: Vec<Vec<DimValue>>,
     /// (namespace, value number + 1 or 0 per column) → its subtotals in `combo_subs`
     /// (`None`: the rules refuse it).
-    combos: Map<Box<[u32]>, Option<(u32, u32)>>,
+    combos: Combos,
     combo_subs: Vec<u32>,
     /// Bytes the tables above hold (estimated), and their bound.
     bytes: usize,
@@ -132,7 +181,7 @@ impl<'a> Scanner<'a> {
             dim_names: Vec::new(),
             values: Vec::new(),
             value_names: Vec::new(),
-            combos: Map::default(),
+            combos: Combos::default(),
             combo_subs: Vec::new(),
             bytes: 0,
             max_bytes,
@@ -156,7 +205,7 @@ impl<'a> Scanner<'a> {
         self.sub_ids = Map::default();
         let dims = self.dims.clone();
         self.header(&dims);
-        self.combos = Map::default();
+        self.combos = Combos::default();
         self.bytes = 0;
         self.forgot = true;
     }
@@ -275,8 +324,8 @@ impl<'a> Scanner<'a> {
             };
             combo.push(id + 1);
         }
-        let subs = match self.combos.get(combo.as_slice()) {
-            Some(s) => *s,
+        let subs = match self.combos.get(&combo) {
+            Some(s) => s,
             None => {
                 if self.combos.len() >= MAX_COMBOS {
                     self.combos.clear();
@@ -284,7 +333,7 @@ impl<'a> Scanner<'a> {
                 }
                 let s = self.combo(&combo, chunk);
                 self.bytes += combo.len() * 4 + NAME_OVERHEAD;
-                self.combos.insert(combo.as_slice().into(), s);
+                self.combos.insert(&combo, s);
                 s
             }
         };
@@ -987,6 +1036,31 @@ mod tests {
                 s,
             )
         }
+    }
+
+    /// Combinations of up to four numbers are packed, longer ones boxed; either way each is
+    /// found as it was put, and no other is.
+    #[test]
+    fn combinations_are_found_packed_or_boxed() {
+        let mut c = Combos::default();
+        let width: Vec<Vec<u32>> = (1..=6u32)
+            .map(|w| (0..w).map(|i| i * 7 + w).collect())
+            .collect();
+        for (i, combo) in width.iter().enumerate() {
+            c.insert(combo, Some((i as u32, combo.len() as u32)));
+        }
+        c.insert(&[u32::MAX, u32::MAX, u32::MAX, u32::MAX], None);
+        assert_eq!((c.packed.len(), c.boxed.len()), (5, 2));
+        for (i, combo) in width.iter().enumerate() {
+            assert_eq!(c.get(combo), Some(Some((i as u32, combo.len() as u32))));
+            let mut other = combo.clone();
+            other[0] += 1;
+            assert_eq!(c.get(&other), None, "{other:?}");
+        }
+        assert_eq!(c.get(&[u32::MAX; 4]), Some(None));
+        assert_eq!(c.get(&[u32::MAX, u32::MAX, u32::MAX, u32::MAX - 1]), None);
+        c.clear();
+        assert_eq!((c.len(), c.get(&width[0])), (0, None));
     }
 
     /// Every line either way: the quick check takes only lines the full check takes, and
