@@ -193,20 +193,21 @@ impl SegmentWriter {
                 path: self.path.clone(),
             });
         }
-        let path = self.path.clone();
-        let invalid = |why: String| SegmentError::Invalid {
-            path: path.clone(),
+        // (The path is copied only for an error: this runs once per record.)
+        let invalid = |path: &Path, why: String| SegmentError::Invalid {
+            path: path.to_path_buf(),
             ns: ns.to_owned(),
             key: key.to_owned(),
             why,
         };
         if ns.is_empty() || ns.as_bytes().contains(&0) {
             return Err(invalid(
+                &self.path,
                 "a namespace is non-empty and has no NUL byte".into(),
             ));
         }
         if let Some(why) = record_problem(&record, self.period.first, self.period.end) {
-            return Err(invalid(why));
+            return Err(invalid(&self.path, why));
         }
         let k = index_key(ns, key);
         if let Some(prev) = &self.last_key
@@ -220,9 +221,10 @@ impl SegmentWriter {
         }
         let size = estimate(&record, &self.period);
         if size > MAX_BLOCK_RAW_LEN / 2 {
-            return Err(invalid(format!(
-                "record of about {size} bytes is too large"
-            )));
+            return Err(invalid(
+                &self.path,
+                format!("record of about {size} bytes is too large"),
+            ));
         }
         if !self.pending.is_empty() && self.pending_bytes + size > self.opts.block_target {
             self.flush_block()?;
@@ -230,7 +232,7 @@ impl SegmentWriter {
         let value = ((self.blocks.len() as u64) << 32) | self.pending.len() as u64;
         if let Err(e) = self.index.insert(&k, value) {
             self.poisoned = true;
-            return Err(invalid(format!("key index: {e}")));
+            return Err(invalid(&self.path, format!("key index: {e}")));
         }
         self.add_span_sums(&record);
         let (first, per) = (self.period.first, self.span_buckets);
@@ -242,8 +244,14 @@ impl SegmentWriter {
         self.data_points += record.data_points();
         self.pending.push(record);
         self.pending_bytes += size;
-        self.block_keys.push(k.clone());
-        self.last_key = Some(k);
+        match &mut self.last_key {
+            Some(last) => {
+                last.clear();
+                last.extend_from_slice(&k);
+            }
+            None => self.last_key = Some(k.clone()),
+        }
+        self.block_keys.push(k);
         Ok(())
     }
 
