@@ -62,9 +62,12 @@ impl Update {
     }
 }
 
-/// Updates per block of a part (96 KiB): a part grows a block at a time, never copying or
-/// doubling what it holds.
+/// Updates per block of a part, at most (96 KiB): a part grows a block at a time, never
+/// copying what it holds. Its first blocks are smaller (each as large as the part so far, from
+/// [`FIRST_BLOCK`]), so that many small parts — a long backfill touches a part per day — do
+/// not each hold a mostly empty 96 KiB.
 const BLOCK: usize = 4096;
+const FIRST_BLOCK: usize = 64;
 
 /// Bytes of one update.
 const UPDATE: usize = std::mem::size_of::<Update>();
@@ -101,41 +104,48 @@ impl Part {
             b.push(u);
             return 0;
         }
-        let mut b = Vec::with_capacity(BLOCK);
+        let cap = self.len.clamp(FIRST_BLOCK, BLOCK);
+        let mut b = Vec::with_capacity(cap);
         b.push(u);
         self.blocks.push(b);
-        BLOCK * UPDATE
+        cap * UPDATE
     }
 
     fn bytes(&self) -> usize {
         self.blocks.iter().map(|b| b.capacity() * UPDATE).sum()
     }
 
-    /// Every update in one vector (blocks freed as they are copied).
-    fn take(&mut self) -> Vec<Update> {
-        let mut all = Vec::with_capacity(self.len);
+    /// Moves every update into `all` (emptied first; blocks freed as they are copied).
+    /// Sorting copies a part once: into a buffer reused from part to part, so that memory
+    /// freed by one part's blocks is what the next part's blocks reuse, rather than a fresh
+    /// vector per part beside it.
+    fn take_into(&mut self, all: &mut Vec<Update>) {
+        all.clear();
+        all.reserve(self.len);
         for b in self.blocks.drain(..) {
             all.extend_from_slice(&b);
         }
         self.len = 0;
         self.merged = 0;
-        all
     }
 
-    /// Merges its updates in place: one per counter, sorted, zeros left out.
-    fn merge(&mut self) {
+    /// Merges its updates (through `scratch`): one per counter, sorted, zeros left out.
+    fn merge(&mut self, scratch: &mut Vec<Update>) {
         if self.merged == self.len {
             return;
         }
-        let mut all = self.take();
-        sort_and_merge(&mut all);
-        all.shrink_to_fit();
-        self.len = all.len();
-        self.merged = all.len();
-        if !all.is_empty() {
-            self.blocks.push(all);
-        }
+        self.take_into(scratch);
+        sort_and_merge(scratch);
+        // (Full blocks: the next update starts a new one.)
+        self.blocks
+            .extend(scratch.chunks(BLOCK).map(<[Update]>::to_vec));
+        self.len = scratch.len();
+        self.merged = scratch.len();
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Sorts `all` by counter and sums each counter's updates into one, leaving out zero sums.
@@ -188,8 +198,9 @@ pub struct Bulk {
     block_bytes: usize,
     /// Bytes of the names above (each held twice).
     name_bytes: usize,
-    /// See [`Bulk::set_budget`].
+    /// See [`Bulk::set_budget`]: the bound, and how many parts may be sorted at once.
     budget: usize,
+    sorters: usize,
     /// Reused to build lookup names without allocating.
     scratch: String,
 }
@@ -229,7 +240,9 @@ impl Bulk {
         self.block_bytes = 0;
         for mut part in old {
             let res = part.res;
-            for u in part.take() {
+            let mut all = Vec::new();
+            part.take_into(&mut all);
+            for u in all {
                 self.push(res, u);
             }
         }
@@ -237,9 +250,11 @@ impl Bulk {
 
     /// Bounds what is held: [`Bulk::has_room`] answers `false` once adding would take the
     /// updates' blocks and the names past `bytes`, keeping room for sorting the largest part
-    /// (which copies it once). 0: no bound.
+    /// on each core at once (sorting copies a part once; an install sorts a part per core).
+    /// 0: no bound.
     pub fn set_budget(&mut self, bytes: usize) {
         self.budget = bytes;
+        self.sorters = std::thread::available_parallelism().map_or(1, usize::from);
     }
 
     /// Whether `more` updates fit within the budget (see [`Bulk::set_budget`]). When they do
@@ -255,9 +270,12 @@ impl Bulk {
         if self.fresh == 0 {
             return false;
         }
+        let largest = self.parts.iter().map(|p| p.len).max().unwrap_or(0);
+        let mut scratch = Vec::with_capacity(largest);
         for part in &mut self.parts {
-            part.merge();
+            part.merge(&mut scratch);
         }
+        drop(scratch);
         self.updates = self.parts.iter().map(|p| p.len).sum();
         self.block_bytes = self.parts.iter().map(Part::bytes).sum();
         self.fresh = 0;
@@ -265,11 +283,12 @@ impl Bulk {
     }
 
     /// Whether `more` updates (each possibly in a new block) fit beside what is held and a
-    /// copy of the largest part.
+    /// copy of the largest part per core.
     fn fits(&self, more: usize) -> bool {
         let largest = self.parts.iter().map(|p| p.len).max().unwrap_or(0);
         let grow = more.div_ceil(BLOCK) * BLOCK * UPDATE;
-        self.bytes() + grow + (largest + more) * UPDATE <= self.budget
+        let sort = self.sorters.max(1) * (largest + more) * UPDATE;
+        self.bytes() + grow + sort <= self.budget
     }
 
     /// Estimated heap bytes held (the updates' blocks, and the names).
@@ -401,6 +420,7 @@ impl Bulk {
             block_bytes: self.block_bytes,
             name_bytes: self.name_bytes,
             budget: 0,
+            sorters: 0,
             scratch: String::new(),
         };
         self.last = None;
@@ -449,6 +469,7 @@ impl Bulk {
             .collect();
         Parts {
             parts,
+            buffers: Mutex::new(Vec::new()),
             keys: self.keys,
             keys_by_rank,
             key_rank,
@@ -462,6 +483,8 @@ impl Bulk {
 /// A [`Bulk`]'s parts ready for writing (see [`Bulk::into_parts`]).
 struct Parts {
     parts: Vec<(Chosen, Mutex<Part>)>,
+    /// Sorting buffers, one per writer at work, reused from part to part.
+    buffers: Mutex<Vec<Vec<Update>>>,
     keys: Vec<Box<str>>,
     keys_by_rank: Vec<u32>,
     key_rank: Vec<u32>,
@@ -477,10 +500,8 @@ impl Parts {
         let Some((_, part)) = self.parts.get(i) else {
             return Ok(());
         };
-        let mut all = part
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take();
+        let mut all = lock(&self.buffers).pop().unwrap_or_default();
+        lock(part).take_into(&mut all);
         for u in &mut all {
             u.key = self.key_rank[u.key as usize];
             if u.sub != 0 {
@@ -496,6 +517,8 @@ impl Parts {
             sink(ns, key, self.record(&all[at..at + run]))?;
             at += run;
         }
+        all.clear();
+        lock(&self.buffers).push(all);
         Ok(())
     }
 
