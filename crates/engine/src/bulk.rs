@@ -43,9 +43,9 @@ pub struct KeyId(u32);
 pub struct SubId(u32);
 
 /// One counter update: `n` to a key's total (`sub` 0) or subtotal (`sub` = [`SubId`] + 1) in
-/// the bucket `idx` (start / resolution) of its part's tier. 24 bytes. For the install, `key`
-/// and `sub` become ranks (see [`Bulk::into_parts`]), so sorting by (`key`, `sub`, `idx`)
-/// gives a segment's order.
+/// the bucket `idx` (start / resolution) of its part's tier. 24 bytes; a part holds it in 16
+/// ([`Held`]). For the install, `key` and `sub` become ranks (see [`Bulk::into_parts`]), so
+/// sorting by (`key`, `sub`, `idx`) gives a segment's order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Update {
     key: u32,
@@ -62,24 +62,61 @@ impl Update {
     }
 }
 
-/// Updates per block of a part, at most (96 KiB): a part grows a block at a time, never
+/// An update as a part holds it: its amount in 32 bits. One whose amount does not fit (an
+/// amount or a merged sum past ±2^31: rare) is held aside whole ([`Part::wide`]).
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    key: u32,
+    sub: u32,
+    idx: u32,
+    n: i32,
+}
+
+impl Held {
+    #[inline]
+    fn of(u: &Update) -> Option<Held> {
+        Some(Held {
+            key: u.key,
+            sub: u.sub,
+            idx: u.idx,
+            n: i32::try_from(u.n).ok()?,
+        })
+    }
+
+    #[inline]
+    fn update(&self) -> Update {
+        Update {
+            key: self.key,
+            sub: self.sub,
+            idx: self.idx,
+            n: i64::from(self.n),
+        }
+    }
+}
+
+/// Updates per block of a part, at most (64 KiB): a part grows a block at a time, never
 /// copying what it holds. Its first blocks are smaller (each as large as the part so far, from
 /// [`FIRST_BLOCK`]), so that many small parts — a long backfill touches a part per day — do
-/// not each hold a mostly empty 96 KiB.
+/// not each hold a mostly empty 64 KiB.
 const BLOCK: usize = 4096;
 const FIRST_BLOCK: usize = 64;
 
-/// Bytes of one update.
+/// Bytes of one update, whole and as a part holds it.
 const UPDATE: usize = std::mem::size_of::<Update>();
+const HELD: usize = std::mem::size_of::<Held>();
 
 /// The updates of one (resolution, period), in blocks.
 #[derive(Debug)]
 struct Part {
     res: u32,
     period: i64,
-    blocks: Vec<Vec<Update>>,
+    blocks: Vec<Vec<Held>>,
+    /// Updates whose amount needs 64 bits.
+    wide: Vec<Update>,
+    /// Updates held (in blocks and aside).
     len: usize,
-    /// Updates at the front already merged (one per counter, none zero).
+    /// Updates already merged (one per counter, none zero): when all are, merging again
+    /// would change nothing.
     merged: usize,
 }
 
@@ -89,30 +126,37 @@ impl Part {
             res,
             period,
             blocks: Vec::new(),
+            wide: Vec::new(),
             len: 0,
             merged: 0,
         }
     }
 
-    /// Appends `u`; answers the bytes of a block it had to start (else 0).
+    /// Appends `u`; answers the bytes it had to allocate (a block, mostly 0).
     #[inline]
     fn push(&mut self, u: Update) -> usize {
         self.len += 1;
+        let Some(h) = Held::of(&u) else {
+            let before = self.wide.capacity();
+            self.wide.push(u);
+            return (self.wide.capacity() - before) * UPDATE;
+        };
         if let Some(b) = self.blocks.last_mut()
             && b.len() < b.capacity()
         {
-            b.push(u);
+            b.push(h);
             return 0;
         }
         let cap = self.len.clamp(FIRST_BLOCK, BLOCK);
         let mut b = Vec::with_capacity(cap);
-        b.push(u);
+        b.push(h);
         self.blocks.push(b);
-        cap * UPDATE
+        cap * HELD
     }
 
     fn bytes(&self) -> usize {
-        self.blocks.iter().map(|b| b.capacity() * UPDATE).sum()
+        let blocks: usize = self.blocks.iter().map(|b| b.capacity() * HELD).sum();
+        blocks + self.wide.capacity() * UPDATE
     }
 
     /// Moves every update into `all` (emptied first; blocks freed as they are copied).
@@ -123,8 +167,10 @@ impl Part {
         all.clear();
         all.reserve(self.len);
         for b in self.blocks.drain(..) {
-            all.extend_from_slice(&b);
+            all.extend(b.iter().map(Held::update));
         }
+        all.append(&mut self.wide);
+        self.wide = Vec::new();
         self.len = 0;
         self.merged = 0;
     }
@@ -136,9 +182,16 @@ impl Part {
         }
         self.take_into(scratch);
         sort_and_merge(scratch);
-        // (Full blocks: the next update starts a new one.)
-        self.blocks
-            .extend(scratch.chunks(BLOCK).map(<[Update]>::to_vec));
+        for c in scratch.chunks(BLOCK) {
+            let mut b = Vec::with_capacity(c.len());
+            for u in c {
+                match Held::of(u) {
+                    Some(h) => b.push(h),
+                    None => self.wide.push(*u),
+                }
+            }
+            self.blocks.push(b);
+        }
         self.len = scratch.len();
         self.merged = scratch.len();
     }
@@ -179,7 +232,7 @@ pub struct Counter<'a> {
 /// Counters to install: keys and subtotals numbered once (`namespace \0 key`, `dimension \0
 /// value`: neither part holds a NUL), and per (resolution, period) the updates to its
 /// counters — an event costs one append per counter it adds to, with no allocation once its
-/// key and values have been seen (beyond a block every 4 096 updates).
+/// key and values have been seen (beyond a block now and then).
 #[derive(Debug, Default)]
 pub struct Bulk {
     key_ids: Map<Box<str>, u32>,
@@ -286,7 +339,7 @@ impl Bulk {
     /// copy of the largest part per core.
     fn fits(&self, more: usize) -> bool {
         let largest = self.parts.iter().map(|p| p.len).max().unwrap_or(0);
-        let grow = more.div_ceil(BLOCK) * BLOCK * UPDATE;
+        let grow = more.div_ceil(BLOCK) * BLOCK * HELD;
         let sort = self.sorters.max(1) * (largest + more) * UPDATE;
         self.bytes() + grow + sort <= self.budget
     }
@@ -827,6 +880,40 @@ mod tests {
             .flat_map(|(_, _, _, r)| r.totals.iter().map(|(_, n)| *n))
             .sum();
         assert_eq!(total, i64::from(added));
+    }
+
+    /// Amounts past 32 bits are held whole, and so are merged sums that outgrow 32 bits;
+    /// sums that come back to zero are left out.
+    #[test]
+    fn amounts_past_32_bits_are_held_whole() {
+        let mut b = Bulk::default();
+        let k = b.key("ns", "k");
+        let s = b.sub("country", "US");
+        let big = 1i64 << 40;
+        for _ in 0..3 {
+            b.add_to(k, None, 3600, 0, i64::from(i32::MAX));
+        }
+        b.add_to(k, None, 3600, 3600, big);
+        b.add_to(k, None, 3600, 3600, 5);
+        b.add_to(k, Some(s), 3600, 0, big);
+        b.add_to(k, Some(s), 3600, 0, -big);
+        b.add_to(k, Some(s), 3600, 7200, i64::from(i32::MIN));
+        b.add_to(k, Some(s), 3600, 7200, -1);
+        assert_eq!(b.parts[0].wide.len(), 3);
+        // Merged: bucket 0's total outgrows 32 bits, the subtotal in bucket 0 cancels out: three
+        // counters, each held whole.
+        let mut scratch = Vec::new();
+        b.parts[0].merge(&mut scratch);
+        assert_eq!((b.parts[0].len, b.parts[0].wide.len()), (3, 3));
+        let got = records(b, &FlushPolicy::default());
+        assert_eq!(got.len(), 1);
+        let rec = &got[0].3;
+        assert_eq!(rec.totals, vec![(0, 3 * i64::from(i32::MAX)), (1, big + 5)]);
+        assert_eq!(rec.dims.len(), 1);
+        assert_eq!(
+            rec.dims[0].values,
+            vec![("US".to_owned(), vec![(2, i64::from(i32::MIN) - 1)])]
+        );
     }
 
     /// Parts cut by one policy are cut again by the install's, with the same records.

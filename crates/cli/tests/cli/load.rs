@@ -232,7 +232,11 @@ fn loads_online_and_offline_answer_like_the_api() {
 /// changes nothing.
 #[test]
 fn offline_csv_loads_in_one_pass_or_two_alike() {
-    let ev = events(120_000, 11);
+    // Spread over 13 days rather than 3, so that most counters are distinct.
+    let ev: Vec<_> = events(200_000, 11)
+        .into_iter()
+        .map(|(k, ts, n, c, r)| (k, DAY0 - 10 * 86_400 + (ts - DAY0) * 13 / 3, n, c, r))
+        .collect();
     let tmp = tempfile::tempdir().unwrap();
     let csv = tmp.path().join("clicks.csv");
     write_csv(&csv, &ev);
@@ -242,7 +246,7 @@ fn offline_csv_loads_in_one_pass_or_two_alike() {
     let o = load(&[csv.to_str().unwrap(), "--data", &data(&one)]);
     let said = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success() && !said.contains("two passes"), "{said}");
-    // 16 MiB holds ~400 000 counter updates: these events make more, and more counters.
+    // 16 MiB holds ~300 000 distinct counters (merged): these events make more.
     let small = ["--memory-mb", "16", "--batch", "3000"];
     let o = load(&[&[csv.to_str().unwrap(), "--data", &data(&two)][..], &small].concat());
     let said = String::from_utf8_lossy(&o.stderr);
@@ -250,7 +254,7 @@ fn offline_csv_loads_in_one_pass_or_two_alike() {
     // Again: every batch is there already.
     let o = load(&[&[csv.to_str().unwrap(), "--data", &data(&two)][..], &small].concat());
     let said = String::from_utf8_lossy(&o.stderr);
-    assert!(said.contains("120000 of them were loaded before"), "{said}");
+    assert!(said.contains("200000 of them were loaded before"), "{said}");
     // A bad line at the end refuses the load, naming it; nothing changes.
     let bad = tmp.path().join("bad.csv");
     let mut text = std::fs::read_to_string(&csv).unwrap();
@@ -260,7 +264,7 @@ fn offline_csv_loads_in_one_pass_or_two_alike() {
     let said = String::from_utf8_lossy(&o.stderr);
     assert!(
         !o.status.success()
-            && said.contains("bad.csv:120002")
+            && said.contains("bad.csv:200002")
             && said.contains("in the future")
             && said.contains("nothing was loaded"),
         "{said}"
@@ -329,8 +333,8 @@ fn an_offline_load_within_little_memory_forgets_names_and_counts_right() {
 fn a_long_backfill_in_pieces_is_compacted_on_the_way() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = stopped_dir(tmp.path(), "long");
-    // 160 days, every hour, 320 keys: 1 228 800 hourly counters, about five times what
-    // 16 MiB holds; all older than the minute tier's 30 days.
+    // 160 days, every hour, 320 keys: 1 228 800 hourly counters, four installs' worth in
+    // 16 MiB; all older than the minute tier's 30 days.
     let days = 160;
     let end = DAY0 - 30 * 86_400;
     let start = end - days * 86_400;
@@ -358,12 +362,16 @@ fn a_long_backfill_in_pieces_is_compacted_on_the_way() {
     ]);
     let said = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success() && said.contains("two passes"), "{said}");
-    // Five installs would leave ~800 segments of days; compacted once 512 are written (after
-    // the fourth), a few months and the days of the installs after it.
+    // Each install writes a segment per day (160); uncompacted, the files would be a multiple
+    // of 160, at least 640 (four installs or more). Compacted once 512 are written: a few
+    // months, and the days of the installs after it.
     let segments = std::fs::read_dir(dir.join("data").join("segments"))
         .unwrap()
         .count();
-    assert!(segments < 400, "{segments} segment files");
+    assert!(
+        segments < 512 && !segments.is_multiple_of(160),
+        "{segments} segment files"
+    );
     let s = serve_dir(&dir);
     let url = s.url.trim_end_matches('/').to_owned();
     let mut r = http_agent()

@@ -633,7 +633,7 @@ pub(super) fn run(
 ) -> anyhow::Result<()> {
     let total: u64 = sources.iter().map(|s| s.bytes).sum();
     let memory = a.memory_mb as usize * 1024 * 1024;
-    // The aggregate gets two thirds: its updates (24 bytes each, in blocks; merged in place,
+    // The aggregate gets two thirds: its updates (16 bytes each, in blocks; merged in place,
     // one per counter, when they fill it) and room to sort its largest part, which copies
     // that part once; the reader's names get an eighth.
     let budget = memory / 3 * 2;
