@@ -44,7 +44,7 @@ pub struct SubId(u32);
 
 /// One counter update: `n` to a key's total (`sub` 0) or subtotal (`sub` = [`SubId`] + 1) in
 /// the bucket `idx` (start / resolution) of its part's tier. 24 bytes; a part holds it in 16
-/// ([`Held`]). For the install, `key` and `sub` become ranks (see [`Bulk::into_parts`]), so
+/// ([`Held`]). For the install, `key` and `sub` become ranks (see [`Bulk::take_parts`]), so
 /// sorting by (`key`, `sub`, `idx`) gives a segment's order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Update {
@@ -159,13 +159,23 @@ impl Part {
         blocks + self.wide.capacity() * UPDATE
     }
 
+    /// Bytes of the block its next update would start (0 while its last block has room).
+    #[inline]
+    fn next_block(&self) -> usize {
+        match self.blocks.last() {
+            Some(b) if b.len() < b.capacity() => 0,
+            _ => (self.len + 1).clamp(FIRST_BLOCK, BLOCK) * HELD,
+        }
+    }
+
     /// Moves every update into `all` (emptied first; blocks freed as they are copied).
     /// Sorting copies a part once: into a buffer reused from part to part, so that memory
     /// freed by one part's blocks is what the next part's blocks reuse, rather than a fresh
     /// vector per part beside it.
     fn take_into(&mut self, all: &mut Vec<Update>) {
         all.clear();
-        all.reserve(self.len);
+        // (Exactly: a reused buffer grows to the largest part, not to twice it.)
+        all.reserve_exact(self.len);
         for b in self.blocks.drain(..) {
             all.extend(b.iter().map(Held::update));
         }
@@ -245,10 +255,12 @@ pub struct Bulk {
     part_ids: Map<(u32, i64), u32>,
     /// The part the last update went to: (resolution, period, index).
     last: Option<(u32, i64, u32)>,
-    /// Updates held, those not merged yet, and the bytes of the parts' blocks.
+    /// Updates held, those not merged yet, the bytes of the parts' blocks, and of the blocks
+    /// their next updates would start (see [`Bulk::fits`]).
     updates: usize,
     fresh: usize,
     block_bytes: usize,
+    next_bytes: usize,
     /// Bytes of the names above (each held twice).
     name_bytes: usize,
     /// See [`Bulk::set_budget`]: the bound, and how many parts may be sorted at once.
@@ -291,6 +303,7 @@ impl Bulk {
         self.updates = 0;
         self.fresh = 0;
         self.block_bytes = 0;
+        self.next_bytes = 0;
         for mut part in old {
             let res = part.res;
             let mut all = Vec::new();
@@ -331,16 +344,27 @@ impl Bulk {
         drop(scratch);
         self.updates = self.parts.iter().map(|p| p.len).sum();
         self.block_bytes = self.parts.iter().map(Part::bytes).sum();
+        self.next_bytes = self.parts.iter().map(Part::next_block).sum();
         self.fresh = 0;
         self.bytes() <= self.budget / 2 && self.fits(more)
     }
 
-    /// Whether `more` updates (each possibly in a new block) fit beside what is held and a
-    /// copy of the largest part per core.
+    /// Whether `more` updates fit beside what is held: their own bytes, a new block for every
+    /// part whose last block is full (all of them may get one), and room to sort — a copy of
+    /// each of the largest parts, one per core (an install's writers each reuse a buffer as
+    /// large as the largest part they sorted), and of `more`. (The first blocks of parts the
+    /// updates create, 1 KiB each, are not foreseen.)
     fn fits(&self, more: usize) -> bool {
-        let largest = self.parts.iter().map(|p| p.len).max().unwrap_or(0);
-        let grow = more.div_ceil(BLOCK) * BLOCK * HELD;
-        let sort = self.sorters.max(1) * (largest + more) * UPDATE;
+        let mut lens: Vec<usize> = self.parts.iter().map(|p| p.len).collect();
+        let k = self.sorters.clamp(1, lens.len().max(1));
+        let largest = if lens.len() > k {
+            lens.select_nth_unstable_by(k - 1, |a, b| b.cmp(a));
+            &lens[..k]
+        } else {
+            &lens[..]
+        };
+        let sort = (largest.iter().sum::<usize>() + more) * UPDATE;
+        let grow = more * HELD + self.next_bytes;
         self.bytes() + grow + sort <= self.budget
     }
 
@@ -409,7 +433,9 @@ impl Bulk {
                     Some(at) => *at,
                     None => {
                         let at = self.parts.len() as u32;
-                        self.parts.push(Part::new(res, period));
+                        let part = Part::new(res, period);
+                        self.next_bytes += part.next_block();
+                        self.parts.push(part);
                         self.part_ids.insert((res, period), at);
                         at
                     }
@@ -418,7 +444,10 @@ impl Bulk {
                 at
             }
         };
-        self.block_bytes += self.parts[at as usize].push(u);
+        let part = &mut self.parts[at as usize];
+        let next = part.next_block();
+        self.block_bytes += part.push(u);
+        self.next_bytes = self.next_bytes - next + part.next_block();
         self.updates += 1;
         self.fresh += 1;
     }
@@ -471,22 +500,34 @@ impl Bulk {
             updates: self.updates,
             fresh: self.fresh,
             block_bytes: self.block_bytes,
+            next_bytes: self.next_bytes,
             name_bytes: self.name_bytes,
             budget: 0,
             sorters: 0,
             scratch: String::new(),
         };
+        self.forget_parts();
+        taken
+    }
+
+    /// Drops the parts' bookkeeping (their updates were moved out).
+    fn forget_parts(&mut self) {
+        self.parts.clear();
+        self.part_ids.clear();
         self.last = None;
         self.updates = 0;
         self.fresh = 0;
         self.block_bytes = 0;
-        taken
+        self.next_bytes = 0;
     }
 
-    /// The parts to write, in (resolution, period) order, cut as `policy` cuts periods, with
-    /// the keys' and subtotals' ranks (their names' byte order) that their sorting uses.
-    fn into_parts(mut self, policy: &FlushPolicy) -> Parts {
+    /// The parts to write (moved out: this keeps its names, and the numbers it gave), in
+    /// (resolution, period) order, cut as `policy` cuts periods, with the keys' and
+    /// subtotals' ranks (their names' byte order) that their sorting uses.
+    fn take_parts(&mut self, policy: &FlushPolicy) -> Parts<'_> {
         self.set_policy(*policy);
+        let mut taken = std::mem::take(&mut self.parts);
+        self.forget_parts();
         // Keys and subtotals ranked by their names' bytes: `ns \0 key` sorts as segments
         // want keys, `dim \0 value` as records want dimensions and values.
         let rank = |names: &[Box<str>]| -> (Vec<u32>, Vec<u32>) {
@@ -504,9 +545,8 @@ impl Bulk {
         };
         let (keys_by_rank, key_rank) = rank(&self.keys);
         let (subs_by_rank, sub_rank) = rank(&self.subs);
-        self.parts.sort_unstable_by_key(|p| (p.res, p.period));
-        let parts = self
-            .parts
+        taken.sort_unstable_by_key(|p| (p.res, p.period));
+        let parts = taken
             .into_iter()
             .filter(|p| p.len > 0)
             .map(|p| {
@@ -523,30 +563,30 @@ impl Bulk {
         Parts {
             parts,
             buffers: Mutex::new(Vec::new()),
-            keys: self.keys,
+            keys: &self.keys,
             keys_by_rank,
             key_rank,
-            subs: self.subs,
+            subs: &self.subs,
             subs_by_rank,
             sub_rank,
         }
     }
 }
 
-/// A [`Bulk`]'s parts ready for writing (see [`Bulk::into_parts`]).
-struct Parts {
+/// A [`Bulk`]'s parts ready for writing (see [`Bulk::take_parts`]).
+struct Parts<'a> {
     parts: Vec<(Chosen, Mutex<Part>)>,
     /// Sorting buffers, one per writer at work, reused from part to part.
     buffers: Mutex<Vec<Vec<Update>>>,
-    keys: Vec<Box<str>>,
+    keys: &'a [Box<str>],
     keys_by_rank: Vec<u32>,
     key_rank: Vec<u32>,
-    subs: Vec<Box<str>>,
+    subs: &'a [Box<str>],
     subs_by_rank: Vec<u32>,
     sub_rank: Vec<u32>,
 }
 
-impl Parts {
+impl Parts<'_> {
     /// Sorts the part `i` (taking its updates: each part is fed once) and hands its records
     /// to `sink`, keys in order.
     fn feed(&self, i: usize, sink: &mut Sink<'_>) -> Result<(), StoreError> {
@@ -720,7 +760,21 @@ impl Engine {
 
     /// Installs `bulk` as archive segments, with `answers` (idempotency records) in the same
     /// manifest (see the module's note on concurrent writers).
-    pub fn install(&self, bulk: Bulk, answers: Vec<IdemRecord>) -> Result<FlushReport, StoreError> {
+    pub fn install(
+        &self,
+        mut bulk: Bulk,
+        answers: Vec<IdemRecord>,
+    ) -> Result<FlushReport, StoreError> {
+        self.install_from(&mut bulk, answers)
+    }
+
+    /// As [`Engine::install`], moving the counters out of `bulk`, which keeps its names (the
+    /// numbers it gave stay valid for what is added next): the names are not copied.
+    pub fn install_from(
+        &self,
+        bulk: &mut Bulk,
+        answers: Vec<IdemRecord>,
+    ) -> Result<FlushReport, StoreError> {
         let now = self.clock.now();
         // Memory to the archive first, so the install's segments can be marked flushed
         // through the last log record without hiding anything a replay would need.
@@ -780,7 +834,7 @@ impl Engine {
             }
         }
         let policy = self.core.flush;
-        let parts = bulk.into_parts(&policy);
+        let parts = bulk.take_parts(&policy);
         let chosen: Vec<Chosen> = parts.parts.iter().map(|(c, _)| *c).collect();
         // An install has the machine to itself: a segment writer per core, each sorting the
         // parts it writes.
@@ -813,8 +867,8 @@ mod tests {
     use super::*;
 
     /// Every record of every part, as (resolution, period, ns/key, record).
-    fn records(b: Bulk, policy: &FlushPolicy) -> Vec<(i64, i64, String, KeyRecord)> {
-        let parts = b.into_parts(policy);
+    fn records(mut b: Bulk, policy: &FlushPolicy) -> Vec<(i64, i64, String, KeyRecord)> {
+        let parts = b.take_parts(policy);
         let mut out = Vec::new();
         for (i, (c, _)) in parts.parts.iter().enumerate() {
             parts
@@ -880,6 +934,63 @@ mod tests {
             .flat_map(|(_, _, _, r)| r.totals.iter().map(|(_, n)| *n))
             .sum();
         assert_eq!(total, i64::from(added));
+    }
+
+    /// Parts that fill their blocks together (a backfill sorted by key) would all start a
+    /// new block on the next updates: the budget foresees it, so what is held stays within
+    /// it, however many parts there are.
+    #[test]
+    fn the_budget_foresees_every_part_starting_a_block() {
+        for days in [40i64, 400, 1300] {
+            let budget = 16 << 20;
+            let mut b = Bulk::default();
+            b.set_budget(budget);
+            let mut rounds = 0;
+            // (A key per round: no update merges away.)
+            while b.has_room(days as usize) {
+                let k = b.key("ns", &format!("k{rounds}"));
+                for d in 0..days {
+                    b.add_to(k, None, 3600, d * 86_400, 1);
+                }
+                rounds += 1;
+                assert!(
+                    b.bytes() <= budget,
+                    "{days} days, round {rounds}: {}",
+                    b.bytes()
+                );
+            }
+            assert!(rounds >= 24, "{days} days: only {rounds} rounds");
+        }
+    }
+
+    /// A sorting buffer reused from part to part grows to the largest part, not past it;
+    /// and with many cores, an empty aggregate still takes a batch.
+    #[test]
+    fn sorting_buffers_are_as_large_as_the_largest_part() {
+        let mut b = Bulk::default();
+        let k = b.key("ns", "k");
+        for (day, n) in [(0i64, 3000u32), (1, 3100)] {
+            for i in 0..n {
+                b.add_to(k, None, 60, day * 86_400 + i64::from(i) * 60, 1);
+            }
+        }
+        let day = FlushPolicy {
+            fine_period: 86_400,
+            ..FlushPolicy::default()
+        };
+        let parts = b.take_parts(&day);
+        for i in 0..parts.parts.len() {
+            parts.feed(i, &mut |_, _, _| Ok(())).unwrap();
+        }
+        let buffers = lock(&parts.buffers);
+        assert_eq!(buffers.len(), 1);
+        assert!(buffers[0].capacity() <= 3100, "{}", buffers[0].capacity());
+        drop(buffers);
+
+        let mut b = Bulk::default();
+        b.set_budget(10 << 20);
+        b.sorters = 32;
+        assert!(b.has_room(30_000), "an empty aggregate refuses a batch");
     }
 
     /// Amounts past 32 bits are held whole, and so are merged sums that outgrow 32 bits;
@@ -982,7 +1093,7 @@ mod tests {
             5,
         );
         let policy = FlushPolicy::default();
-        let parts = taken.into_parts(&policy);
+        let parts = taken.take_parts(&policy);
         // The zero is left out; one part, one key.
         assert_eq!(parts.parts.len(), 1);
         let mut got = Vec::new();
@@ -1017,7 +1128,7 @@ mod tests {
             b.add_to(k, None, 60, start, 1);
         }
         let policy = FlushPolicy::default();
-        let parts = b.into_parts(&policy);
+        let parts = b.take_parts(&policy);
         let cut: Vec<(i64, i64)> = parts.parts.iter().map(|(c, _)| (c.res, c.period)).collect();
         // (Minute buckets in periods of an hour, hourly ones of a day.)
         assert_eq!(cut, vec![(60, 0), (60, 3600), (3600, 0)]);

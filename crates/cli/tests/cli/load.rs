@@ -296,7 +296,7 @@ fn an_offline_load_within_little_memory_forgets_names_and_counts_right() {
             let r = if r.is_empty() {
                 r
             } else {
-                format!("r{}-{}", i % 3_000, pad.repeat(6))
+                format!("r{}-{}", i % 4_000, pad.repeat(6))
             };
             // (Within six hours: each install writes a few segments, which keeps reading
             // them back quick.)

@@ -576,7 +576,7 @@ impl Aggregate {
         }
         self.create(engine)?;
         let report = engine
-            .install(self.bulk.take(), std::mem::take(&mut self.answers))
+            .install_from(&mut self.bulk, std::mem::take(&mut self.answers))
             .map_err(|e| anyhow::anyhow!(e.detail()))
             .context("installing archive segments")?;
         self.segments += report.segments;
