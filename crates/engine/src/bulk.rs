@@ -298,12 +298,7 @@ impl Bulk {
     fn repartition(&mut self, policy: FlushPolicy) {
         let old = std::mem::take(&mut self.parts);
         self.policy = policy;
-        self.part_ids.clear();
-        self.last = None;
-        self.updates = 0;
-        self.fresh = 0;
-        self.block_bytes = 0;
-        self.next_bytes = 0;
+        self.forget_parts();
         for mut part in old {
             let res = part.res;
             let mut all = Vec::new();
