@@ -337,14 +337,16 @@ struct LineBound<R> {
 impl<R: Read> Read for LineBound<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.inner.read(buf)?;
-        let mut parts = buf.get(..n).unwrap_or_default().split(|&b| b == b'\n');
-        // The first part goes on with the current line; each later one starts a line.
-        let mut run = self.since_newline + parts.next().map_or(0, <[u8]>::len);
-        let mut longest = run;
-        for p in parts {
-            run = p.len();
-            longest = longest.max(run);
+        let read = buf.get(..n).unwrap_or_default();
+        // The bytes before the first newline go on with the current line; each newline
+        // starts one.
+        let (mut start, mut run, mut longest) = (0, self.since_newline, 0);
+        for nl in memchr::memchr_iter(b'\n', read) {
+            longest = longest.max(run + nl - start);
+            (start, run) = (nl + 1, 0);
         }
+        run += n - start;
+        longest = longest.max(run);
         self.since_newline = run;
         if longest > MAX_LINE_BYTES {
             return Err(io::Error::new(
@@ -465,6 +467,35 @@ mod tests {
             })
             .unwrap();
         assert_eq!(n, 1);
+    }
+
+    /// The bound holds however the reads cut the lines: a line may span reads, and a read
+    /// may end on a newline or hold several.
+    #[test]
+    fn the_line_bound_counts_lines_across_reads() {
+        struct Pieces<'a>(&'a [u8], usize);
+        impl Read for Pieces<'_> {
+            fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+                let n = self.1.min(buf.len()).min(self.0.len());
+                buf[..n].copy_from_slice(&self.0[..n]);
+                self.0 = &self.0[n..];
+                Ok(n)
+            }
+        }
+        let longest = |text: &[u8], piece: usize| -> io::Result<()> {
+            let mut r = LineBound {
+                inner: Pieces(text, piece),
+                since_newline: 0,
+            };
+            io::copy(&mut r, &mut io::sink()).map(|_| ())
+        };
+        let line = "x".repeat(MAX_LINE_BYTES);
+        let fits = format!("a\n{line}\nb\n\n{line}");
+        let over = format!("a\n{line}x\nb\n");
+        for piece in [1, 7, 4096, MAX_LINE_BYTES, 3 * MAX_LINE_BYTES] {
+            assert!(longest(fits.as_bytes(), piece).is_ok(), "{piece}");
+            assert!(longest(over.as_bytes(), piece).is_err(), "{piece}");
+        }
     }
 
     #[test]
