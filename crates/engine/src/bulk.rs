@@ -525,19 +525,6 @@ impl Bulk {
         self.forget_parts();
         // Keys and subtotals ranked by their names' bytes: `ns \0 key` sorts as segments
         // want keys, `dim \0 value` as records want dimensions and values.
-        let rank = |names: &[Box<str>]| -> (Vec<u32>, Vec<u32>) {
-            let mut by_rank: Vec<u32> = (0..names.len() as u32).collect();
-            by_rank.sort_unstable_by(|a, b| {
-                names[*a as usize]
-                    .as_bytes()
-                    .cmp(names[*b as usize].as_bytes())
-            });
-            let mut rank_of = vec![0u32; names.len()];
-            for (r, id) in by_rank.iter().enumerate() {
-                rank_of[*id as usize] = r as u32;
-            }
-            (by_rank, rank_of)
-        };
         let (keys_by_rank, key_rank) = rank(&self.keys);
         let (subs_by_rank, sub_rank) = rank(&self.subs);
         taken.sort_unstable_by_key(|p| (p.res, p.period));
@@ -558,14 +545,36 @@ impl Bulk {
         Parts {
             parts,
             buffers: Mutex::new(Vec::new()),
-            keys: &self.keys,
             keys_by_rank,
             key_rank,
-            subs: &self.subs,
             subs_by_rank,
             sub_rank,
         }
     }
+}
+
+/// Names ranked by their bytes (`ns \0 key` sorts as segments want keys, `dim \0 value` as
+/// records want dimensions and values): the names by rank, each split in two once here (not
+/// once per record), and each number's rank.
+fn rank(names: &[Box<str>]) -> (Vec<(&str, &str)>, Vec<u32>) {
+    let mut by_rank: Vec<u32> = (0..names.len() as u32).collect();
+    by_rank.sort_unstable_by(|a, b| {
+        names[*a as usize]
+            .as_bytes()
+            .cmp(names[*b as usize].as_bytes())
+    });
+    let mut rank_of = vec![0u32; names.len()];
+    for (r, id) in by_rank.iter().enumerate() {
+        rank_of[*id as usize] = r as u32;
+    }
+    let split = by_rank
+        .iter()
+        .map(|id| {
+            let name = &*names[*id as usize];
+            name.split_once('\0').unwrap_or((name, ""))
+        })
+        .collect();
+    (split, rank_of)
 }
 
 /// A [`Bulk`]'s parts ready for writing (see [`Bulk::take_parts`]).
@@ -573,11 +582,11 @@ struct Parts<'a> {
     parts: Vec<(Chosen, Mutex<Part>)>,
     /// Sorting buffers, one per writer at work, reused from part to part.
     buffers: Mutex<Vec<Vec<Update>>>,
-    keys: &'a [Box<str>],
-    keys_by_rank: Vec<u32>,
+    /// Keys by rank, as (namespace, key), and each key number's rank.
+    keys_by_rank: Vec<(&'a str, &'a str)>,
     key_rank: Vec<u32>,
-    subs: &'a [Box<str>],
-    subs_by_rank: Vec<u32>,
+    /// Subtotals by rank, as (dimension, value), and each subtotal number's rank.
+    subs_by_rank: Vec<(&'a str, &'a str)>,
     sub_rank: Vec<u32>,
 }
 
@@ -600,8 +609,7 @@ impl Parts<'_> {
         let mut at = 0;
         while let Some(first) = all.get(at) {
             let run = all[at..].iter().take_while(|u| u.key == first.key).count();
-            let name = &self.keys[self.keys_by_rank[first.key as usize] as usize];
-            let (ns, key) = name.split_once('\0').unwrap_or((name, ""));
+            let (ns, key) = self.keys_by_rank[first.key as usize];
             sink(ns, key, self.record(&all[at..at + run]))?;
             at += run;
         }
@@ -624,8 +632,7 @@ impl Parts<'_> {
                 .take_while(|u| u.sub == first.sub)
                 .count();
             let buckets = updates[at..at + run].iter().map(|u| (u.idx, u.n)).collect();
-            let name = &self.subs[self.subs_by_rank[first.sub as usize - 1] as usize];
-            let (dim, value) = name.split_once('\0').unwrap_or((name, ""));
+            let (dim, value) = self.subs_by_rank[first.sub as usize - 1];
             match rec.dims.last_mut() {
                 Some(d) if d.dim == dim => d.values.push((value.to_owned(), buckets)),
                 _ => rec.dims.push(DimRecord {
