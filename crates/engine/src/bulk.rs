@@ -311,7 +311,7 @@ impl Bulk {
 
     /// Bounds what is held: [`Bulk::has_room`] answers `false` once adding would take the
     /// updates' blocks and the names past `bytes`, keeping room for sorting (see
-    /// [`Bulk::fits`]: sorting copies a part once, and an install sorts a part per core).
+    /// `fits`: sorting copies a part once, and an install sorts a part per core).
     /// 0: no bound.
     pub fn set_budget(&mut self, bytes: usize) {
         self.budget = bytes;
