@@ -278,31 +278,26 @@ fn a_schema_change_during_a_flush_drops_the_right_lanes() {
             fs.go.wait();
             assert_eq!(flush.join().unwrap().is_err(), fail, "{what}");
         });
-        same(&e, &r, NOW, "clicks", &keys, &format!("{what}: changed"));
-        same(&e, &r, NOW, "other", &others, &format!("{what}: other"));
+        // Both namespaces, the changed one and the other, after each step.
+        let check = |e: &Engine, step: &str| {
+            same(e, &r, NOW, "clicks", &keys, &format!("{what}: {step}"));
+            same(
+                e,
+                &r,
+                NOW,
+                "other",
+                &others,
+                &format!("{what}: other {step}"),
+            );
+        };
+        check(&e, "changed");
         fs.fail.store(false, Ordering::SeqCst);
         both(&e, &r, NOW, &events("clicks", &keys, NOW, 1));
         e.flush().unwrap();
-        same(&e, &r, NOW, "clicks", &keys, &format!("{what}: flushed"));
-        same(
-            &e,
-            &r,
-            NOW,
-            "other",
-            &others,
-            &format!("{what}: other flushed"),
-        );
+        check(&e, "flushed");
         drop(e);
         let e = open(dir.path(), &clock, Arc::new(OsFs));
-        same(&e, &r, NOW, "clicks", &keys, &format!("{what}: reopened"));
-        same(
-            &e,
-            &r,
-            NOW,
-            "other",
-            &others,
-            &format!("{what}: other reopened"),
-        );
+        check(&e, "reopened");
     }
 }
 
