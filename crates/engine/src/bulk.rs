@@ -99,11 +99,13 @@ impl Held {
 /// [`FIRST_BLOCK`]), so that many small parts — a long backfill touches a part per day — do
 /// not each hold a mostly empty 64 KiB.
 const BLOCK: usize = 4096;
-const FIRST_BLOCK: usize = 64;
+const FIRST_BLOCK: usize = 16;
 
 /// Bytes of one update, whole and as a part holds it.
 const UPDATE: usize = std::mem::size_of::<Update>();
 const HELD: usize = std::mem::size_of::<Held>();
+/// Bytes a part takes beyond its updates (itself, and its entry in the map of parts).
+const PART: usize = std::mem::size_of::<Part>() + 32;
 
 /// The updates of one (resolution, period), in blocks.
 #[derive(Debug)]
@@ -318,14 +320,15 @@ impl Bulk {
         self.sorters = std::thread::available_parallelism().map_or(1, usize::from);
     }
 
-    /// Whether `more` updates fit within the budget (see [`Bulk::set_budget`]). When they do
-    /// not, the updates held are merged first (one per counter), and they fit if that left
-    /// the budget at least half free — so the same updates are not merged over and over.
-    pub fn has_room(&mut self, more: usize) -> bool {
+    /// Whether `more` updates, which may open up to `parts` new parts (see
+    /// [`Bulk::periods_within`]), fit within the budget (see [`Bulk::set_budget`]). When
+    /// they do not, the updates held are merged first (one per counter), and they fit if that
+    /// left the budget at least half free — so the same updates are not merged over and over.
+    pub fn has_room(&mut self, more: usize, parts: usize) -> bool {
         if self.budget == 0 {
             return true;
         }
-        if self.fits(more) {
+        if self.fits(more, parts) {
             return true;
         }
         if self.fresh == 0 {
@@ -341,15 +344,25 @@ impl Bulk {
         self.block_bytes = self.parts.iter().map(Part::bytes).sum();
         self.next_bytes = self.parts.iter().map(Part::next_block).sum();
         self.fresh = 0;
-        self.bytes() <= self.budget / 2 && self.fits(more)
+        self.bytes() <= self.budget / 2 && self.fits(more, parts)
+    }
+
+    /// How many periods of the tier of `res` seconds the times `from..=to` touch: a bound on
+    /// the parts updates between them can open there.
+    pub fn periods_within(&self, res: i64, from: i64, to: i64) -> usize {
+        let (a, b) = (
+            self.policy.period_of(res, from),
+            self.policy.period_of(res, to),
+        );
+        (b.saturating_sub(a) / self.policy.period_len(res)).unsigned_abs() as usize + 1
     }
 
     /// Whether `more` updates fit beside what is held: their own bytes, a new block for every
     /// part whose last block is full (all of them may get one), and room to sort — a copy of
     /// each of the largest parts, one per core (an install's writers each reuse a buffer as
-    /// large as the largest part they sorted), and of `more`. (The first blocks of parts the
-    /// updates create, 1 KiB each, are not foreseen.)
-    fn fits(&self, more: usize) -> bool {
+    /// large as the largest part they sorted), and of `more`; and each of `parts` new parts
+    /// with its first block.
+    fn fits(&self, more: usize, parts: usize) -> bool {
         let mut lens: Vec<usize> = self.parts.iter().map(|p| p.len).collect();
         let k = self.sorters.clamp(1, lens.len().max(1));
         let largest = if lens.len() > k {
@@ -359,13 +372,13 @@ impl Bulk {
             &lens[..]
         };
         let sort = (largest.iter().sum::<usize>() + more) * UPDATE;
-        let grow = more * HELD + self.next_bytes;
+        let grow = more * HELD + self.next_bytes + parts * (PART + FIRST_BLOCK * HELD);
         self.bytes() + grow + sort <= self.budget
     }
 
-    /// Estimated heap bytes held (the updates' blocks, and the names).
+    /// Estimated heap bytes held (the parts and their updates' blocks, and the names).
     pub fn bytes(&self) -> usize {
-        self.block_bytes + self.name_bytes
+        self.block_bytes + self.parts.len() * PART + self.name_bytes
     }
 
     /// Estimated heap bytes of the names (kept by [`Bulk::take`]).
@@ -889,7 +902,7 @@ mod tests {
     #[test]
     fn a_budget_merges_updates_then_stops() {
         let mut b = Bulk::default();
-        assert!(b.has_room(1_000_000), "no budget, no bound");
+        assert!(b.has_room(1_000_000, 1_000), "no budget, no bound");
         let budget = 4 << 20;
         b.set_budget(budget);
         let keys: Vec<KeyId> = (0..50).map(|i| b.key("ns", &format!("k{i}"))).collect();
@@ -898,7 +911,7 @@ mod tests {
         let mut merged = false;
         loop {
             let held = b.counters();
-            if !b.has_room(1) {
+            if !b.has_room(1, 1) {
                 break;
             }
             merged |= b.counters() < held;
@@ -925,7 +938,7 @@ mod tests {
         b.set_budget(budget);
         let k = b.key("ns", "k");
         let mut added = 0u32;
-        while b.has_room(1) {
+        while b.has_room(1, 1) {
             b.add_to(k, None, 1, i64::from(added), 1);
             added += 1;
         }
@@ -949,7 +962,7 @@ mod tests {
             b.set_budget(budget);
             let mut rounds = 0;
             // (A key per round: no update merges away.)
-            while b.has_room(days as usize) {
+            while b.has_room(days as usize, days as usize) {
                 let k = b.key("ns", &format!("k{rounds}"));
                 for d in 0..days {
                     b.add_to(k, None, 3600, d * 86_400, 1);
@@ -992,7 +1005,32 @@ mod tests {
         let mut b = Bulk::default();
         b.set_budget(10 << 20);
         b.sorters = 32;
-        assert!(b.has_room(30_000), "an empty aggregate refuses a batch");
+        assert!(b.has_room(30_000, 60), "an empty aggregate refuses a batch");
+    }
+
+    /// Updates that each open a new part (a day apart: a cheap way to make many small parts)
+    /// are bounded too: the parts' own bytes and first blocks are foreseen.
+    #[test]
+    fn the_budget_foresees_the_parts_a_batch_opens() {
+        let budget = 1 << 20;
+        let mut b = Bulk::default();
+        b.set_budget(budget);
+        let k = b.key("ns", "k");
+        let mut day = 0i64;
+        let batch = 500;
+        loop {
+            let parts = b.periods_within(3600, day * 86_400, (day + batch - 1) * 86_400);
+            assert_eq!(parts, batch as usize);
+            if !b.has_room(batch as usize, parts) {
+                break;
+            }
+            for _ in 0..batch {
+                b.add_to(k, None, 3600, day * 86_400, 1);
+                day += 1;
+            }
+            assert!(b.bytes() <= budget, "day {day}: {}", b.bytes());
+        }
+        assert!(day >= 1500, "only {day} days");
     }
 
     /// Amounts past 32 bits are held whole, and so are merged sums that outgrow 32 bits;

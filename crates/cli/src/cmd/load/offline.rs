@@ -590,16 +590,31 @@ impl Aggregate {
         Ok(())
     }
 
-    /// The most counters a chunk can add.
-    fn most(&self, chunk: &Chunk) -> usize {
-        chunk
-            .rows
+    /// The most counter updates a chunk can add, and the most parts they can open (per tier
+    /// resolution, the periods between the chunk's first and last times, at most one per
+    /// row).
+    fn most(&self, chunk: &Chunk) -> (usize, usize) {
+        let (mut updates, mut from, mut to) = (0, i64::MAX, i64::MIN);
+        let mut res: Vec<i64> = Vec::new();
+        for r in &chunk.rows {
+            let tiers = self.tiers.get(r.ns as usize).map_or(&[][..], Vec::as_slice);
+            updates += tiers.len() * (1 + r.len as usize);
+            (from, to) = (from.min(r.ts), to.max(r.ts));
+            for (t, _, _) in tiers {
+                if !res.contains(t) {
+                    res.push(*t);
+                }
+            }
+        }
+        let rows = chunk.rows.len();
+        if rows == 0 {
+            return (0, 0);
+        }
+        let parts = res
             .iter()
-            .map(|r| {
-                let tiers = self.tiers.get(r.ns as usize).map_or(0, Vec::len);
-                tiers * (1 + r.len as usize)
-            })
-            .sum()
+            .map(|r| self.bulk.periods_within(*r, from, to).min(rows))
+            .sum();
+        (updates, parts)
     }
 }
 
@@ -785,7 +800,8 @@ fn pass(
                 };
             }
             agg.names(&mut chunk, now);
-            if !agg.bulk.has_room(agg.most(&chunk)) {
+            let (more, parts) = agg.most(&chunk);
+            if !agg.bulk.has_room(more, parts) {
                 match which {
                     Pass::First => {
                         // Too much to hold: this pass only checks from here on.
