@@ -8,13 +8,14 @@ use tally_core::model::{Duration, Namespace, Retention, Schema, SchemaDoc, Tier}
 use tally_core::store::StoreError;
 
 /// The layout this build reads and writes, stored in [`LAYOUT_KEY`].
-pub const LAYOUT_VERSION: u32 = 4;
+pub const LAYOUT_VERSION: u32 = 5;
 /// Older layouts this build opens, marks as [`LAYOUT_VERSION`] and then rewrites the schema
 /// records of: every key of layouts 2 and 3 means the same in layout 4. Layout 3 added coded
 /// subtotal fields; layout 4 gives codes in two steps (`pending`, then `codes`) and writes
 /// records that builds of older layouts cannot decode (`fresh` for `next`), so that one of
-/// them still running fails loudly instead of dropping what it does not know.
-pub const UPGRADES_FROM: &[u32] = &[2, 3];
+/// them still running fails loudly instead of dropping what it does not know. Layout 5
+/// keeps the key index in pages (its keys move there on the upgrade; see `migrate_index`).
+pub const UPGRADES_FROM: &[u32] = &[2, 3, 4];
 /// A string: the layout version, decimal.
 pub const LAYOUT_KEY: &str = "tally:layout";
 /// A hash: namespace → schema record (JSON, [`SchemaRecord`]).
@@ -117,8 +118,21 @@ pub fn marker_key(tag: &str, batch: &str) -> String {
     format!("tally:batch:{tag}:{batch}")
 }
 
-/// A namespace's key index (a sorted set, every score 0, read by lex range).
-pub fn keys_key(ns: &Namespace) -> String {
+/// The directory of a namespace's paged key index: a sorted set of the fences of its pages
+/// but the first (every score 0, read by lex range).
+pub fn key_dir_key(ns: &Namespace) -> String {
+    format!("tally:kd:{{{}}}", ns.as_str())
+}
+
+/// The name of a key index page less its fence: the page of fence `f` is this followed by
+/// `f`, the first page (fence empty) this alone. In the namespace's slot, as its directory.
+pub fn key_page_prefix(ns: &Namespace) -> String {
+    format!("tally:kp:{{{}}}:", ns.as_str())
+}
+
+/// The key index of layouts 2 to 4 (a sorted set of every key, every score 0), moved into
+/// the paged index when a database is upgraded, and read until it is gone.
+pub fn old_keys_key(ns: &Namespace) -> String {
     format!("tally:keys:{{{}}}", ns.as_str())
 }
 
@@ -548,9 +562,9 @@ impl SchemaRecord {
                 record.layout
             )));
         }
-        if record.layout < LAYOUT_VERSION {
+        if record.layout < 4 {
             // Layout 3 gave codes in one step, with no wait for the replicas: they are
-            // pending until a write of this layout confirms them.
+            // pending until a write of layout 4 or later confirms them.
             for (r, codes) in std::mem::take(&mut record.codes) {
                 record.pending.entry(r).or_default().extend(codes);
             }
@@ -600,7 +614,9 @@ mod tests {
         assert_eq!(subtotal_field(7, 3, "country", "US"), "7:3:country:US");
         assert_eq!(coded_field(7, 5, "US"), "7.5:US");
         assert_eq!(series_tag(&ns, "a}b\\c"), "{clicks|a\\]b\\\\c}");
-        assert_eq!(keys_key(&ns), "tally:keys:{clicks}");
+        assert_eq!(key_dir_key(&ns), "tally:kd:{clicks}");
+        assert_eq!(key_page_prefix(&ns), "tally:kp:{clicks}:");
+        assert_eq!(old_keys_key(&ns), "tally:keys:{clicks}");
         assert_eq!(expiry_key(&ns), "tally:exp:{clicks}");
         assert_eq!(idem_key("k}"), "tally:idem:{k\\]}");
         assert_eq!(marker_key(&tag, "ab"), "tally:batch:{clicks|lnk_1}:ab");

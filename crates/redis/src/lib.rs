@@ -35,6 +35,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use futures_util::future::join_all;
 use redis::RedisError;
 use tally_core::model::{Key, Namespace, Schema};
 use tally_core::store::{
@@ -76,6 +77,25 @@ pub struct RedisStore {
     /// Limited increments of one key in this process queue here before they ask Redis for
     /// the key's lock, so they wait in turn instead of polling Redis.
     conditional: Vec<Mutex<()>>,
+    /// Keys a page of the key index holds at most: Redis' `zset-max-listpack-entries`, so
+    /// that pages stay listpacks (read at connect; see [`index_page_size`]).
+    index_page: usize,
+}
+
+/// A key index page's size when Redis does not say its `zset-max-listpack-entries` (its
+/// default), and the bounds of a size it does say: pages of a few keys make a deep
+/// directory, and a page far larger than a listpack is a skiplist anyway and costs a long
+/// copy at each split.
+const INDEX_PAGE_DEFAULT: usize = 128;
+const INDEX_PAGE_MIN: usize = 4;
+const INDEX_PAGE_MAX: usize = 1024;
+
+/// The key index's page size for a `zset-max-listpack-entries` of `configured` (`None`: not
+/// readable, e.g. `CONFIG` renamed away on a managed Redis).
+fn index_page_size(configured: Option<usize>) -> usize {
+    configured
+        .unwrap_or(INDEX_PAGE_DEFAULT)
+        .clamp(INDEX_PAGE_MIN, INDEX_PAGE_MAX)
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -147,7 +167,7 @@ impl RedisStore {
             .1
             .block_on(async { Ok((Conn::open(&target).await?, Conn::open(&target).await?)) })
             .map_err(|e| store_error(&label, e))?;
-        let store = RedisStore {
+        let mut store = RedisStore {
             runtime,
             conn,
             side,
@@ -157,7 +177,9 @@ impl RedisStore {
             batch_ids: BatchIds::new(),
             known: Mutex::new(BTreeMap::new()),
             conditional: (0..256).map(|_| Mutex::new(())).collect(),
+            index_page: INDEX_PAGE_DEFAULT,
         };
+        store.index_page = index_page_size(store.block_on(store.listpack_entries()));
         store.block_on(store.check_layout())?;
         if let Err(e) = store.block_on(store.resume_extends()) {
             tracing::warn!(
@@ -266,6 +288,73 @@ impl RedisStore {
         .await
     }
 
+    /// Redis' `zset-max-listpack-entries`, if it says.
+    async fn listpack_entries(&self) -> Option<usize> {
+        let reply: Result<Vec<String>, StoreError> = self
+            .retry(|mut c| async move {
+                redis::cmd("CONFIG")
+                    .arg("GET")
+                    .arg("zset-max-listpack-entries")
+                    .query_async(&mut c)
+                    .await
+            })
+            .await;
+        reply.ok()?.get(1)?.parse().ok()
+    }
+
+    /// Moves every namespace's key index of layout 4 (or older), if any is left, into the
+    /// paged index of this layout, a chunk per script call. Reads merge what is left of the
+    /// old index meanwhile, so a move interrupted (or one a server of an older layout still
+    /// running undoes by listing a key the old way) loses no key: the next connection goes on.
+    async fn migrate_index(&self) -> Result<(), StoreError> {
+        const CHUNK: usize = 1000;
+        let names: Vec<String> = self
+            .retry(|mut c| async move {
+                redis::cmd("HKEYS")
+                    .arg(layout::SCHEMAS_KEY)
+                    .query_async(&mut c)
+                    .await
+            })
+            .await?;
+        let moved = join_all(names.iter().filter_map(|n| Namespace::new(n).ok()).map(
+            |ns| async move {
+                let (dir, old, pfx) = (
+                    layout::key_dir_key(&ns),
+                    layout::old_keys_key(&ns),
+                    layout::key_page_prefix(&ns),
+                );
+                let mut total = 0;
+                loop {
+                    let n: usize = self
+                        .retry(|mut c| {
+                            let (dir, old, pfx) = (&dir, &old, &pfx);
+                            async move {
+                                scripts::MIGRATE_INDEX
+                                    .key(dir)
+                                    .key(old)
+                                    .arg(pfx)
+                                    .arg(self.index_page)
+                                    .arg(CHUNK)
+                                    .invoke_async(&mut c)
+                                    .await
+                            }
+                        })
+                        .await?;
+                    total += n;
+                    if n < CHUNK {
+                        return Ok::<_, StoreError>(total);
+                    }
+                }
+            },
+        ))
+        .await;
+        let moved = moved.into_iter().sum::<Result<usize, StoreError>>()?;
+        if moved > 0 {
+            tracing::info!(keys = moved, "moved the key index into pages (layout 5)");
+        }
+        Ok(())
+    }
+
     async fn check_layout(&self) -> Result<(), StoreError> {
         let stored: Option<String> = self
             .retry(|mut c| async move {
@@ -280,7 +369,10 @@ impl RedisStore {
             .await?;
         match stored.as_deref() {
             // A server of an older layout still running may have created records since.
-            Some(v) if v == LAYOUT_VERSION.to_string() => self.rewrite_records().await,
+            Some(v) if v == LAYOUT_VERSION.to_string() => {
+                self.rewrite_records().await?;
+                self.migrate_index().await
+            }
             Some(v) if UPGRADES_FROM.iter().any(|u| u.to_string() == v) => {
                 // Every key of the older layout means the same in this one: mark the
                 // database as this layout, so builds of the older one refuse it from now on.
@@ -294,6 +386,7 @@ impl RedisStore {
                 })
                 .await?;
                 self.rewrite_records().await?;
+                self.migrate_index().await?;
                 tracing::info!(
                     from = v,
                     to = LAYOUT_VERSION,

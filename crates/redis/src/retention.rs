@@ -180,12 +180,18 @@ impl RedisStore {
             if scores.is_empty() {
                 continue;
             }
-            let (lex, expiry) = (layout::keys_key(ns), layout::expiry_key(ns));
+            let (dir, expiry, old) = (
+                layout::key_dir_key(ns),
+                layout::expiry_key(ns),
+                layout::old_keys_key(ns),
+            );
+            let pfx = layout::key_page_prefix(ns);
             self.retry(|mut c| {
-                let (scores, lex, expiry) = (&scores, &lex, &expiry);
+                let (scores, dir, expiry, old, pfx) = (&scores, &dir, &expiry, &old, &pfx);
                 async move {
                     let mut inv = scripts::EXTEND_INDEX.prepare_invoke();
-                    inv.key(lex).key(expiry);
+                    inv.key(dir).key(expiry).key(old);
+                    inv.arg(pfx).arg(self.index_page);
                     for (key, score) in scores {
                         inv.arg(key.as_str()).arg(score.as_str());
                     }

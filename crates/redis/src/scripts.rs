@@ -17,13 +17,84 @@ use redis::Script;
 ///   (`0`: the hash is kept forever) if the hash is new or its expiry is earlier: an expiry
 ///   only grows, and a hash without one keeps none (a batch prepared under a shorter
 ///   retention than the tier's now cannot shorten what a longer one set).
-/// - `i <lex key> <expiry key> <count> (<member> <expireat|inf>)*`: add keys to a
-///   namespace's index (`ZADD NX`, score 0) and set their expiries: an expiry only ever
+/// - `i <directory key> <expiry key> <layout-4 index key> <page prefix> <page size>
+///   <count> (<member> <expireat|inf>)*`: add keys to a namespace's paged index
+///   ([`INDEX_LUA`]; pages past the size split) and set their expiries: an expiry only ever
 ///   grows (`ZADD GT`), and `inf` (a `forever` tier holds the key) takes the key out of the
-///   expiry set, since it never expires. A key listed but not in the expiry set never gets a
-///   finite expiry again. Variadic calls of at most 256 members.
+///   expiry set, since it never expires. A key listed (in a page, or in the index of layout
+///   4 not migrated yet) but not in the expiry set never gets a finite expiry again.
+///   Variadic calls of at most 256 members.
 /// - `r <key> <record> <expireat>`: `SET NX` an idempotency record until `expireat`.
-pub static APPLY: LazyLock<Script> = LazyLock::new(|| Script::new(APPLY_LUA));
+pub static APPLY: LazyLock<Script> = LazyLock::new(|| with_index(APPLY_LUA));
+
+/// A script with the key index's functions ([`INDEX_LUA`]) before it.
+fn with_index(body: &str) -> Script {
+    Script::new(&format!("{INDEX_LUA}{body}"))
+}
+
+/// The paged key index of a namespace (`docs/redis.md`, "Key index"): `dir` the sorted set
+/// of its page fences, `pfx` the name of a page less its fence. A page holds the keys from
+/// its fence (the first page's is empty) to the next fence; every score is 0, so pages and
+/// directory are read by lex range. A page holds at most `max` keys (Redis'
+/// `zset-max-listpack-entries`), so it stays in the compact listpack encoding. Lua compares
+/// strings with the locale's `strcoll`, not byte by byte, so these functions never compare
+/// keys themselves: Redis does (lex ranges).
+pub(crate) const INDEX_LUA: &str = r#"
+local function page_of(dir, m)
+  return redis.call('ZREVRANGEBYLEX', dir, '[' .. m, '-', 'LIMIT', 0, 1)[1] or ''
+end
+local function list(dir, pfx, m)
+  local f = page_of(dir, m)
+  return redis.call('ZADD', pfx .. f, 'NX', 0, m) == 1, f
+end
+local function listed(dir, pfx, m)
+  return redis.call('ZSCORE', pfx .. page_of(dir, m), m) ~= false
+end
+local function unlist(dir, pfx, m)
+  local f = page_of(dir, m)
+  local k = pfx .. f
+  if redis.call('ZREM', k, m) == 0 then
+    return false
+  end
+  if f ~= '' and redis.call('EXISTS', k) == 0 then
+    redis.call('ZREM', dir, f)
+  end
+  return true
+end
+local function split(dir, pfx, f, max)
+  local k = pfx .. f
+  local n = redis.call('ZCARD', k)
+  if n <= max then
+    return
+  end
+  local all = redis.call('ZRANGE', k, 0, -1)
+  redis.call('DEL', k)
+  -- Near-equal pages of at most 3/4 of the size each, so that they take new keys.
+  local size = math.max(1, math.floor(max * 3 / 4))
+  size = math.ceil(n / math.ceil(n / size))
+  local first = 1
+  while first <= n do
+    local last = math.min(n, first + size - 1)
+    local fence = f
+    if first > 1 then
+      fence = all[first]
+      redis.call('ZADD', dir, 0, fence)
+    end
+    local add = {}
+    for j = first, last do
+      add[#add + 1] = 0
+      add[#add + 1] = all[j]
+    end
+    redis.call('ZADD', pfx .. fence, unpack(add))
+    first = last + 1
+  end
+end
+local function split_all(dir, pfx, touched, max)
+  for _, f in ipairs(touched) do
+    split(dir, pfx, f, max)
+  end
+end
+"#;
 
 const APPLY_LUA: &str = r#"
 local a = ARGV
@@ -53,16 +124,16 @@ while i <= n do
       redis.call('EXPIREAT', k, exp)
     end
   elseif op == 'i' then
-    local lex = KEYS[tonumber(a[i + 1])]
+    local dir = KEYS[tonumber(a[i + 1])]
     local ex = KEYS[tonumber(a[i + 2])]
-    local c = tonumber(a[i + 3])
-    i = i + 4
-    local add, grow, gone = {}, {}, {}
+    local old = KEYS[tonumber(a[i + 3])]
+    local pfx = a[i + 4]
+    local max = tonumber(a[i + 5])
+    local c = tonumber(a[i + 6])
+    i = i + 7
+    local has_old = redis.call('EXISTS', old) == 1
+    local grow, gone, touched, seen = {}, {}, {}, {}
     local function flush(force)
-      if #add >= 512 or (force and #add > 0) then
-        redis.call('ZADD', lex, 'NX', unpack(add))
-        add = {}
-      end
       if #grow >= 512 or (force and #grow > 0) then
         redis.call('ZADD', ex, 'GT', unpack(grow))
         grow = {}
@@ -74,11 +145,18 @@ while i <= n do
     end
     for _ = 1, c do
       local m, e = a[i], a[i + 1]
-      add[#add + 1] = 0
-      add[#add + 1] = m
+      local new, f = list(dir, pfx, m)
+      if new then
+        if not seen[f] then
+          seen[f] = true
+          touched[#touched + 1] = f
+        end
+        -- Listed in the index of layout 4 that a migration has not moved yet.
+        new = not (has_old and redis.call('ZSCORE', old, m))
+      end
       if e == 'inf' then
         gone[#gone + 1] = m
-      elseif redis.call('ZSCORE', ex, m) or not redis.call('ZSCORE', lex, m) then
+      elseif new or redis.call('ZSCORE', ex, m) then
         -- Listed without an expiry: a `forever` tier held it, and data of that time may
         -- still show (the tier made finite, or removed with a finer tier still keeping
         -- older buckets); it stays unexpiring, as the `+inf` score of layout 1 did.
@@ -89,6 +167,7 @@ while i <= n do
       flush(false)
     end
     flush(true)
+    split_all(dir, pfx, touched, max)
   elseif op == 'r' then
     redis.call('SET', KEYS[tonumber(a[i + 1])], a[i + 2], 'NX', 'EXAT', a[i + 3])
     i = i + 4
@@ -99,30 +178,43 @@ end
 return 1
 "#;
 
-/// Extends key index expiries after a tier's retention grew: `KEYS[1]` the lex index,
-/// `KEYS[2]` the expiry index, `ARGV` pairs of member and its new expiry, or `inf` (a
-/// `forever` tier holds it now). A member no longer listed (pruned under the shorter
-/// retention while its data was still there) is listed again, with that expiry (none for
-/// `inf`); a listed member without an expiry is left alone (it is unexpiring already);
-/// otherwise an expiry only grows (`ZADD GT`) and `inf` takes the member out.
-pub static EXTEND_INDEX: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND_INDEX_LUA));
+/// Extends key index expiries after a tier's retention grew: `KEYS[1]` the index's
+/// directory, `KEYS[2]` the expiry index, `KEYS[3]` the index of layout 4 (migrated or not),
+/// `ARGV[1]` the page prefix, `ARGV[2]` the page size, then pairs of member and its new
+/// expiry, or `inf` (a `forever` tier holds it now). A member no longer listed (pruned under
+/// the shorter retention while its data was still there) is listed again, with that expiry
+/// (none for `inf`); a listed member without an expiry is left alone (it is unexpiring
+/// already); otherwise an expiry only grows (`ZADD GT`) and `inf` takes the member out.
+pub static EXTEND_INDEX: LazyLock<Script> = LazyLock::new(|| with_index(EXTEND_INDEX_LUA));
 
 const EXTEND_INDEX_LUA: &str = r#"
-for i = 1, #ARGV, 2 do
+local dir, ex, old = KEYS[1], KEYS[2], KEYS[3]
+local pfx, max = ARGV[1], tonumber(ARGV[2])
+local has_old = redis.call('EXISTS', old) == 1
+local touched, seen = {}, {}
+for i = 3, #ARGV, 2 do
   local m, e = ARGV[i], ARGV[i + 1]
-  if not redis.call('ZSCORE', KEYS[1], m) then
-    redis.call('ZADD', KEYS[1], 'NX', 0, m)
-    if e ~= 'inf' then
-      redis.call('ZADD', KEYS[2], e, m)
+  local new, f = list(dir, pfx, m)
+  if new then
+    if not seen[f] then
+      seen[f] = true
+      touched[#touched + 1] = f
     end
-  elseif redis.call('ZSCORE', KEYS[2], m) then
+    new = not (has_old and redis.call('ZSCORE', old, m))
+  end
+  if new then
+    if e ~= 'inf' then
+      redis.call('ZADD', ex, e, m)
+    end
+  elseif redis.call('ZSCORE', ex, m) then
     if e == 'inf' then
-      redis.call('ZREM', KEYS[2], m)
+      redis.call('ZREM', ex, m)
     else
-      redis.call('ZADD', KEYS[2], 'GT', e, m)
+      redis.call('ZADD', ex, 'GT', e, m)
     end
   end
 end
+split_all(dir, pfx, touched, max)
 return 1
 "#;
 
@@ -153,18 +245,81 @@ end
 return best
 "#;
 
-/// Removes keys whose every bucket has expired from a namespace's index: `KEYS[1]` the lex
-/// index, `KEYS[2]` the expiry index, `ARGV[1]` now, `ARGV[2]` at most how many. Answers how
-/// many it removed. Atomic, so a key written meanwhile (its expiry raised) is never lost.
-pub static PRUNE: LazyLock<Script> = LazyLock::new(|| Script::new(PRUNE_LUA));
+/// Removes keys whose every bucket has expired from a namespace's index: `KEYS[1]` the
+/// index's directory, `KEYS[2]` the expiry index, `KEYS[3]` the index of layout 4, `ARGV[1]`
+/// now, `ARGV[2]` at most how many, `ARGV[3]` the page prefix. Answers how many it removed.
+/// Atomic, so a key written meanwhile (its expiry raised) is never lost. A page left empty
+/// is gone (Redis deletes an empty key), and so is its fence.
+pub static PRUNE: LazyLock<Script> = LazyLock::new(|| with_index(PRUNE_LUA));
 
 const PRUNE_LUA: &str = r#"
-local gone = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[1], 'LIMIT', 0, ARGV[2])
+local dir, ex, old = KEYS[1], KEYS[2], KEYS[3]
+local gone = redis.call('ZRANGEBYSCORE', ex, '-inf', ARGV[1], 'LIMIT', 0, ARGV[2])
 for _, m in ipairs(gone) do
-  redis.call('ZREM', KEYS[1], m)
-  redis.call('ZREM', KEYS[2], m)
+  unlist(dir, ARGV[3], m)
+  redis.call('ZREM', old, m)
+  redis.call('ZREM', ex, m)
 end
 return #gone
+"#;
+
+/// One page of a namespace's keys in byte order: `KEYS[1]` the index's directory, `KEYS[2]`
+/// the index of layout 4, `ARGV[1]` the page prefix, `ARGV[2]` and `ARGV[3]` the
+/// `ZRANGEBYLEX` bounds, `ARGV[4]` at most how many. Answers two lists, each in byte order:
+/// the keys the pages hold, and those the index of layout 4 still holds (a migration not
+/// finished); the caller merges them.
+pub static KEY_PAGE: LazyLock<Script> = LazyLock::new(|| with_index(KEY_PAGE_LUA));
+
+const KEY_PAGE_LUA: &str = r#"
+local dir, old = KEYS[1], KEYS[2]
+local pfx, min, max, limit = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local f = ''
+if min ~= '-' then
+  f = page_of(dir, string.sub(min, 2))
+end
+local out = {}
+while true do
+  local got = redis.call('ZRANGEBYLEX', pfx .. f, min, max, 'LIMIT', 0, limit - #out)
+  for _, m in ipairs(got) do
+    out[#out + 1] = m
+  end
+  if #out >= limit then
+    break
+  end
+  local nf = redis.call('ZRANGEBYLEX', dir, '(' .. f, max, 'LIMIT', 0, 1)[1]
+  if not nf then
+    break
+  end
+  f = nf
+end
+local legacy = {}
+if redis.call('EXISTS', old) == 1 then
+  legacy = redis.call('ZRANGEBYLEX', old, min, max, 'LIMIT', 0, limit)
+end
+return {out, legacy}
+"#;
+
+/// Moves up to `ARGV[3]` keys from a namespace's index of layout 4 (`KEYS[2]`, a sorted set
+/// of every key) into its paged index (`KEYS[1]` the directory, `ARGV[1]` the page prefix,
+/// `ARGV[2]` the page size), removing them from the old one; answers how many it moved. The
+/// old set is gone (empty) once every key has moved.
+pub static MIGRATE_INDEX: LazyLock<Script> = LazyLock::new(|| with_index(MIGRATE_INDEX_LUA));
+
+const MIGRATE_INDEX_LUA: &str = r#"
+local dir, old = KEYS[1], KEYS[2]
+local pfx, max = ARGV[1], tonumber(ARGV[2])
+local ms = redis.call('ZRANGE', old, 0, tonumber(ARGV[3]) - 1)
+local touched, seen = {}, {}
+for _, m in ipairs(ms) do
+  local new, f = list(dir, pfx, m)
+  if new and not seen[f] then
+    seen[f] = true
+    touched[#touched + 1] = f
+  end
+  redis.call('ZREM', old, m)
+end
+split_all(dir, pfx, touched, max)
+return #ms
 "#;
 
 /// The counts of one or more series over a range, for `scan`: `ARGV[1]` the number `s` of

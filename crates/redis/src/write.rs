@@ -117,14 +117,22 @@ impl Call {
         self.args.len() <= 1
     }
 
-    fn index(&mut self, ns: &Namespace, members: &[(&Key, Until)]) {
+    fn index(&mut self, ns: &Namespace, members: &[(&Key, Until)], page: usize) {
         if members.is_empty() {
             return;
         }
-        let lex = self.key(&layout::keys_key(ns));
+        let dir = self.key(&layout::key_dir_key(ns));
         let exp = self.key(&layout::expiry_key(ns));
-        self.args
-            .extend(["i".into(), lex, exp, members.len().to_string()]);
+        let old = self.key(&layout::old_keys_key(ns));
+        self.args.extend([
+            "i".into(),
+            dir,
+            exp,
+            old,
+            layout::key_page_prefix(ns),
+            page.to_string(),
+            members.len().to_string(),
+        ]);
         for (k, until) in members {
             self.args.push(k.as_str().to_owned());
             self.args.push(match until {
@@ -268,7 +276,7 @@ impl RedisStore {
                 .map(|s| (layout::marker_key(&s.tag, &id), marker_secs));
             let mut call = new_call(marker);
             for (ns, members) in &index {
-                call.index(ns, members);
+                call.index(ns, members, self.index_page);
             }
             with_data().for_each(|s| call.series(s));
             if let Some(r) = &batch.idempotency {
@@ -281,7 +289,7 @@ impl RedisStore {
             .iter()
             .map(|(ns, members)| {
                 let mut c = new_call(None);
-                c.index(ns, members);
+                c.index(ns, members, self.index_page);
                 c
             })
             .collect();

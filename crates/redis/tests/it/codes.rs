@@ -386,7 +386,7 @@ fn a_stale_schema_record_serves_no_read_that_could_miss_codes() {
         .map(|i| format!("m{i}"))
         .find(|n| {
             let nsn = Namespace::new(n).unwrap();
-            cluster.node_of(&layout::keys_key(&nsn)) != schemas_node
+            cluster.node_of(&layout::key_dir_key(&nsn)) != schemas_node
                 && cluster.node_of(&layout::expiry_key(&nsn)) != schemas_node
         })
         .unwrap();

@@ -219,7 +219,7 @@ fn a_killed_cluster_master_fails_only_its_slots() {
     let nsn = Namespace::new(ns).unwrap();
     let keep = [
         cluster.node_of(layout::SCHEMAS_KEY),
-        cluster.node_of(&layout::keys_key(&nsn)),
+        cluster.node_of(&layout::key_dir_key(&nsn)),
     ];
     let Some(victim) = (0..3).find(|i| !keep.contains(i)) else {
         // Schemas and index on two different nodes leave the third; on one, two are left.
