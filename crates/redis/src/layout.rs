@@ -10,11 +10,12 @@ use tally_core::store::StoreError;
 /// The layout this build reads and writes, stored in [`LAYOUT_KEY`].
 pub const LAYOUT_VERSION: u32 = 5;
 /// Older layouts this build opens, marks as [`LAYOUT_VERSION`] and then rewrites the schema
-/// records of: every key of layouts 2 and 3 means the same in layout 4. Layout 3 added coded
-/// subtotal fields; layout 4 gives codes in two steps (`pending`, then `codes`) and writes
-/// records that builds of older layouts cannot decode (`fresh` for `next`), so that one of
-/// them still running fails loudly instead of dropping what it does not know. Layout 5
-/// keeps the key index in pages (its keys move there on the upgrade; see `migrate_index`).
+/// records of: every key of layouts 2 to 4 means the same in layout 5 but the key index,
+/// whose keys move into pages at connect (`RedisStore::migrate_index`). Layout 3 added
+/// coded subtotal fields; layout 4 gives codes in two steps (`pending`, then `codes`) and
+/// writes records that builds of older layouts cannot decode (`fresh` for `next`), so that
+/// one of them still running fails loudly instead of dropping what it does not know; layout
+/// 5 keeps the key index in pages, and builds of layout 4 refuse its records.
 pub const UPGRADES_FROM: &[u32] = &[2, 3, 4];
 /// A string: the layout version, decimal.
 pub const LAYOUT_KEY: &str = "tally:layout";
@@ -131,7 +132,7 @@ pub fn key_page_prefix(ns: &Namespace) -> String {
 }
 
 /// The key index of layouts 2 to 4 (a sorted set of every key, every score 0), moved into
-/// the paged index when a database is upgraded, and read until it is gone.
+/// the paged index when a store connects.
 pub fn old_keys_key(ns: &Namespace) -> String {
     format!("tally:keys:{{{}}}", ns.as_str())
 }

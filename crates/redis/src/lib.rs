@@ -80,8 +80,6 @@ pub struct RedisStore {
     /// Keys a page of the key index holds at most: Redis' `zset-max-listpack-entries`, so
     /// that pages stay listpacks (read at connect; see [`index_page_size`]).
     index_page: usize,
-    /// Keys this store listed in the key index (a batch leaves them out of its index update).
-    listed: write::Listed,
 }
 
 /// A key index page's size when Redis does not say its `zset-max-listpack-entries` (its
@@ -180,7 +178,6 @@ impl RedisStore {
             known: Mutex::new(BTreeMap::new()),
             conditional: (0..256).map(|_| Mutex::new(())).collect(),
             index_page: INDEX_PAGE_DEFAULT,
-            listed: write::Listed::default(),
         };
         store.index_page = index_page_size(store.block_on(store.listpack_entries()));
         store.block_on(store.check_layout())?;
@@ -306,9 +303,10 @@ impl RedisStore {
     }
 
     /// Moves every namespace's key index of layout 4 (or older), if any is left, into the
-    /// paged index of this layout, a chunk per script call. Reads merge what is left of the
-    /// old index meanwhile, so a move interrupted (or one a server of an older layout still
-    /// running undoes by listing a key the old way) loses no key: the next connection goes on.
+    /// paged index of this layout, a chunk per script call, before the store serves
+    /// anything: its scripts read and write pages only (naming the old set too would make
+    /// every one of them fail while a cluster migrates the namespace's slot, the old set
+    /// being gone). A move interrupted makes the connection fail; the next one goes on.
     async fn migrate_index(&self) -> Result<(), StoreError> {
         const CHUNK: usize = 1000;
         let names: Vec<String> = self

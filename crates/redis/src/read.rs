@@ -300,22 +300,17 @@ impl RedisStore {
 
     /// Drops keys whose every bucket has expired from a namespace's index.
     async fn prune(&self, ns: &Namespace) -> Result<(), StoreError> {
-        let (dir, exp, old) = (
-            layout::key_dir_key(ns),
-            layout::expiry_key(ns),
-            layout::old_keys_key(ns),
-        );
+        let (dir, exp) = (layout::key_dir_key(ns), layout::expiry_key(ns));
         let pfx = layout::key_page_prefix(ns);
         let now = self.now();
         for _ in 0..1000 {
             let removed: i64 = self
                 .retry(|mut c| {
-                    let (dir, exp, old, pfx) = (&dir, &exp, &old, &pfx);
+                    let (dir, exp, pfx) = (&dir, &exp, &pfx);
                     async move {
                         scripts::PRUNE
                             .key(dir)
                             .key(exp)
-                            .key(old)
                             .arg(now)
                             .arg(PAGE)
                             .arg(pfx)
@@ -332,8 +327,7 @@ impl RedisStore {
     }
 
     /// Keys of a namespace's index in byte order between two `ZRANGEBYLEX` bounds, at most
-    /// `limit`: the pages' keys merged with what the index of layout 4 still holds (a
-    /// migration not finished; both lists come sorted from one script call).
+    /// `limit` (one `KEY_PAGE` call: atomic, however many pages it reads).
     async fn key_page(
         &self,
         ns: &Namespace,
@@ -341,35 +335,21 @@ impl RedisStore {
         max: &[u8],
         limit: usize,
     ) -> Result<Vec<Vec<u8>>, StoreError> {
-        let (dir, old, pfx) = (
-            layout::key_dir_key(ns),
-            layout::old_keys_key(ns),
-            layout::key_page_prefix(ns),
-        );
-        let (paged, legacy): (Vec<Vec<u8>>, Vec<Vec<u8>>) = self
-            .retry(|mut c| {
-                let (dir, old, pfx) = (&dir, &old, &pfx);
-                async move {
-                    scripts::KEY_PAGE
-                        .key(dir)
-                        .key(old)
-                        .arg(pfx)
-                        .arg(min)
-                        .arg(max)
-                        .arg(limit)
-                        .invoke_async(&mut c)
-                        .await
-                }
-            })
-            .await?;
-        if legacy.is_empty() {
-            return Ok(paged);
-        }
-        let mut all: Vec<Vec<u8>> = paged.into_iter().chain(legacy).collect();
-        all.sort_unstable();
-        all.dedup();
-        all.truncate(limit);
-        Ok(all)
+        let (dir, pfx) = (layout::key_dir_key(ns), layout::key_page_prefix(ns));
+        self.retry(|mut c| {
+            let (dir, pfx) = (&dir, &pfx);
+            async move {
+                scripts::KEY_PAGE
+                    .key(dir)
+                    .arg(pfx)
+                    .arg(min)
+                    .arg(max)
+                    .arg(limit)
+                    .invoke_async(&mut c)
+                    .await
+            }
+        })
+        .await
     }
 
     pub(crate) async fn keys_async(&self, list: &KeyList<'_>) -> Result<Vec<Key>, StoreError> {

@@ -180,17 +180,13 @@ impl RedisStore {
             if scores.is_empty() {
                 continue;
             }
-            let (dir, expiry, old) = (
-                layout::key_dir_key(ns),
-                layout::expiry_key(ns),
-                layout::old_keys_key(ns),
-            );
+            let (dir, expiry) = (layout::key_dir_key(ns), layout::expiry_key(ns));
             let pfx = layout::key_page_prefix(ns);
             self.retry(|mut c| {
-                let (scores, dir, expiry, old, pfx) = (&scores, &dir, &expiry, &old, &pfx);
+                let (scores, dir, expiry, pfx) = (&scores, &dir, &expiry, &pfx);
                 async move {
                     let mut inv = scripts::EXTEND_INDEX.prepare_invoke();
-                    inv.key(dir).key(expiry).key(old);
+                    inv.key(dir).key(expiry);
                     inv.arg(pfx).arg(self.index_page);
                     for (key, score) in scores {
                         inv.arg(key.as_str()).arg(score.as_str());

@@ -17,12 +17,12 @@ use redis::Script;
 ///   (`0`: the hash is kept forever) if the hash is new or its expiry is earlier: an expiry
 ///   only grows, and a hash without one keeps none (a batch prepared under a shorter
 ///   retention than the tier's now cannot shorten what a longer one set).
-/// - `i <directory key> <expiry key> <layout-4 index key> <page prefix> <page size>
-///   <count> (<member> <expireat|inf>)*`: add keys to a namespace's paged index
-///   ([`INDEX_LUA`]; pages past the size split) and set their expiries: an expiry only ever
-///   grows (`ZADD GT`), and `inf` (a `forever` tier holds the key) takes the key out of the
-///   expiry set, since it never expires. A key listed (in a page, or in the index of layout
-///   4 not migrated yet) but not in the expiry set never gets a finite expiry again.
+/// - `i <directory key> <expiry key> <page prefix> <page size> <count>
+///   (<member> <expireat|inf>)*`: add keys to a namespace's paged index ([`INDEX_LUA`];
+///   pages past the size split) and set their expiries: an expiry only ever grows
+///   (`ZADD GT`), and `inf` (a `forever` tier holds the key) takes the key out of the
+///   expiry set, since it never expires. A key listed but not in the expiry set never gets
+///   a finite expiry again.
 ///   Variadic calls of at most 256 members.
 /// - `r <key> <record> <expireat>`: `SET NX` an idempotency record until `expireat`.
 pub static APPLY: LazyLock<Script> = LazyLock::new(|| with_index(APPLY_LUA));
@@ -34,8 +34,10 @@ fn with_index(body: &str) -> Script {
 
 /// The paged key index of a namespace (`docs/redis.md`, "Key index"): `dir` the sorted set
 /// of its page fences, `pfx` the name of a page less its fence. A page holds the keys from
-/// its fence (the first page's is empty) to the next fence; every score is 0, so pages and
-/// directory are read by lex range. A page holds at most `max` keys (Redis'
+/// its fence (the first page's is empty, and in the directory too while any key is listed,
+/// so that the directory exists whenever pages do: a script naming a key that does not
+/// exist fails while a cluster migrates its slot) to the next fence; every score is 0, so
+/// pages and directory are read by lex range. A page holds at most `max` keys (Redis'
 /// `zset-max-listpack-entries`), so it stays in the compact listpack encoding. Lua compares
 /// strings with the locale's `strcoll`, not byte by byte, so these functions never compare
 /// keys themselves: Redis does (lex ranges).
@@ -47,47 +49,71 @@ local function list(dir, pfx, m)
   local f = page_of(dir, m)
   return redis.call('ZADD', pfx .. f, 'NX', 0, m) == 1, f
 end
-local function listed(dir, pfx, m)
-  return redis.call('ZSCORE', pfx .. page_of(dir, m), m) ~= false
-end
 local function unlist(dir, pfx, m)
   local f = page_of(dir, m)
   local k = pfx .. f
   if redis.call('ZREM', k, m) == 0 then
     return false
   end
-  if f ~= '' and redis.call('EXISTS', k) == 0 then
-    redis.call('ZREM', dir, f)
+  if redis.call('EXISTS', k) == 0 then
+    if f ~= '' then
+      redis.call('ZREM', dir, f)
+    end
+    if redis.call('ZCARD', dir) <= 1 and redis.call('EXISTS', pfx) == 0 then
+      -- The index is empty: no directory either.
+      redis.call('DEL', dir)
+    end
   end
   return true
 end
+-- Before listing keys: the directory holds the first page's fence (empty) whenever a key
+-- is listed, so that it exists whenever pages do.
+local function open_dir(dir)
+  redis.call('ZADD', dir, 'NX', 0, '')
+end
+local function next_fence(dir, f, max)
+  return redis.call('ZRANGEBYLEX', dir, '(' .. f, max or '+', 'LIMIT', 0, 1)[1]
+end
 local function split(dir, pfx, f, max)
   local k = pfx .. f
-  local n = redis.call('ZCARD', k)
-  if n <= max then
+  if redis.call('ZCARD', k) <= max then
     return
   end
-  local all = redis.call('ZRANGE', k, 0, -1)
-  redis.call('DEL', k)
+  -- Only the page's own range: a split stopped part-way may have left keys past the next
+  -- fence here (they are in the next page too, and reads never look past it).
+  local nf = next_fence(dir, f)
+  local all = redis.call('ZRANGEBYLEX', k, '-', nf and ('(' .. nf) or '+')
+  local n = #all
+  if n <= max then
+    if nf then
+      redis.call('ZREMRANGEBYLEX', k, '[' .. nf, '+')
+    end
+    return
+  end
   -- Near-equal pages of at most 3/4 of the size each, so that they take new keys.
   local size = math.max(1, math.floor(max * 3 / 4))
   size = math.ceil(n / math.ceil(n / size))
-  local first = 1
-  while first <= n do
-    local last = math.min(n, first + size - 1)
-    local fence = f
-    if first > 1 then
-      fence = all[first]
-      redis.call('ZADD', dir, 0, fence)
-    end
+  local function fill(name, first)
+    redis.call('DEL', name)
     local add = {}
-    for j = first, last do
+    for j = first, math.min(n, first + size - 1) do
       add[#add + 1] = 0
       add[#add + 1] = all[j]
     end
-    redis.call('ZADD', pfx .. fence, unpack(add))
-    first = last + 1
+    redis.call('ZADD', name, unpack(add))
   end
+  -- Every step that can fail (a key of a slot being migrated) comes before any that
+  -- changes what reads see: the new pages and the first one's fresh copy (fresh keys, so
+  -- listpacks again), then the fences, then the copy replaces the page at once.
+  for first = size + 1, n, size do
+    fill(pfx .. all[first], first)
+  end
+  local copy = k .. '\0'
+  fill(copy, 1)
+  for first = size + 1, n, size do
+    redis.call('ZADD', dir, 0, all[first])
+  end
+  redis.call('RENAME', copy, k)
 end
 local function split_all(dir, pfx, touched, max)
   for _, f in ipairs(touched) do
@@ -126,12 +152,11 @@ while i <= n do
   elseif op == 'i' then
     local dir = KEYS[tonumber(a[i + 1])]
     local ex = KEYS[tonumber(a[i + 2])]
-    local old = KEYS[tonumber(a[i + 3])]
-    local pfx = a[i + 4]
-    local max = tonumber(a[i + 5])
-    local c = tonumber(a[i + 6])
-    i = i + 7
-    local has_old = redis.call('EXISTS', old) == 1
+    local pfx = a[i + 3]
+    local max = tonumber(a[i + 4])
+    local c = tonumber(a[i + 5])
+    i = i + 6
+    open_dir(dir)
     local grow, gone, touched, seen = {}, {}, {}, {}
     local function flush(force)
       if #grow >= 512 or (force and #grow > 0) then
@@ -146,13 +171,9 @@ while i <= n do
     for _ = 1, c do
       local m, e = a[i], a[i + 1]
       local new, f = list(dir, pfx, m)
-      if new then
-        if not seen[f] then
-          seen[f] = true
-          touched[#touched + 1] = f
-        end
-        -- Listed in the index of layout 4 that a migration has not moved yet.
-        new = not (has_old and redis.call('ZSCORE', old, m))
+      if new and not seen[f] then
+        seen[f] = true
+        touched[#touched + 1] = f
       end
       if e == 'inf' then
         gone[#gone + 1] = m
@@ -179,8 +200,7 @@ return 1
 "#;
 
 /// Extends key index expiries after a tier's retention grew: `KEYS[1]` the index's
-/// directory, `KEYS[2]` the expiry index, `KEYS[3]` the index of layout 4 (migrated or not),
-/// `ARGV[1]` the page prefix, `ARGV[2]` the page size, then pairs of member and its new
+/// directory, `KEYS[2]` the expiry index, `ARGV[1]` the page prefix, `ARGV[2]` the page size, then pairs of member and its new
 /// expiry, or `inf` (a `forever` tier holds it now). A member no longer listed (pruned under
 /// the shorter retention while its data was still there) is listed again, with that expiry
 /// (none for `inf`); a listed member without an expiry is left alone (it is unexpiring
@@ -188,19 +208,16 @@ return 1
 pub static EXTEND_INDEX: LazyLock<Script> = LazyLock::new(|| with_index(EXTEND_INDEX_LUA));
 
 const EXTEND_INDEX_LUA: &str = r#"
-local dir, ex, old = KEYS[1], KEYS[2], KEYS[3]
+local dir, ex = KEYS[1], KEYS[2]
 local pfx, max = ARGV[1], tonumber(ARGV[2])
-local has_old = redis.call('EXISTS', old) == 1
+open_dir(dir)
 local touched, seen = {}, {}
 for i = 3, #ARGV, 2 do
   local m, e = ARGV[i], ARGV[i + 1]
   local new, f = list(dir, pfx, m)
-  if new then
-    if not seen[f] then
-      seen[f] = true
-      touched[#touched + 1] = f
-    end
-    new = not (has_old and redis.call('ZSCORE', old, m))
+  if new and not seen[f] then
+    seen[f] = true
+    touched[#touched + 1] = f
   end
   if new then
     if e ~= 'inf' then
@@ -246,32 +263,29 @@ return best
 "#;
 
 /// Removes keys whose every bucket has expired from a namespace's index: `KEYS[1]` the
-/// index's directory, `KEYS[2]` the expiry index, `KEYS[3]` the index of layout 4, `ARGV[1]`
-/// now, `ARGV[2]` at most how many, `ARGV[3]` the page prefix. Answers how many it removed.
+/// index's directory, `KEYS[2]` the expiry index, `ARGV[1]` now, `ARGV[2]` at most how
+/// many, `ARGV[3]` the page prefix. Answers how many it removed.
 /// Atomic, so a key written meanwhile (its expiry raised) is never lost. A page left empty
 /// is gone (Redis deletes an empty key), and so is its fence.
 pub static PRUNE: LazyLock<Script> = LazyLock::new(|| with_index(PRUNE_LUA));
 
 const PRUNE_LUA: &str = r#"
-local dir, ex, old = KEYS[1], KEYS[2], KEYS[3]
+local dir, ex = KEYS[1], KEYS[2]
 local gone = redis.call('ZRANGEBYSCORE', ex, '-inf', ARGV[1], 'LIMIT', 0, ARGV[2])
 for _, m in ipairs(gone) do
   unlist(dir, ARGV[3], m)
-  redis.call('ZREM', old, m)
   redis.call('ZREM', ex, m)
 end
 return #gone
 "#;
 
-/// One page of a namespace's keys in byte order: `KEYS[1]` the index's directory, `KEYS[2]`
-/// the index of layout 4, `ARGV[1]` the page prefix, `ARGV[2]` and `ARGV[3]` the
-/// `ZRANGEBYLEX` bounds, `ARGV[4]` at most how many. Answers two lists, each in byte order:
-/// the keys the pages hold, and those the index of layout 4 still holds (a migration not
-/// finished); the caller merges them.
+/// One page of a namespace's keys in byte order: `KEYS[1]` the index's directory, `ARGV[1]`
+/// the page prefix, `ARGV[2]` and `ARGV[3]` the `ZRANGEBYLEX` bounds, `ARGV[4]` at most how
+/// many. Each page is read only up to the next fence.
 pub static KEY_PAGE: LazyLock<Script> = LazyLock::new(|| with_index(KEY_PAGE_LUA));
 
 const KEY_PAGE_LUA: &str = r#"
-local dir, old = KEYS[1], KEYS[2]
+local dir = KEYS[1]
 local pfx, min, max, limit = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local f = ''
 if min ~= '-' then
@@ -279,24 +293,18 @@ if min ~= '-' then
 end
 local out = {}
 while true do
-  local got = redis.call('ZRANGEBYLEX', pfx .. f, min, max, 'LIMIT', 0, limit - #out)
+  local nf = next_fence(dir, f, max)
+  local got = redis.call('ZRANGEBYLEX', pfx .. f, min, nf and ('(' .. nf) or max, 'LIMIT', 0,
+    limit - #out)
   for _, m in ipairs(got) do
     out[#out + 1] = m
   end
-  if #out >= limit then
-    break
-  end
-  local nf = redis.call('ZRANGEBYLEX', dir, '(' .. f, max, 'LIMIT', 0, 1)[1]
-  if not nf then
+  if #out >= limit or not nf then
     break
   end
   f = nf
 end
-local legacy = {}
-if redis.call('EXISTS', old) == 1 then
-  legacy = redis.call('ZRANGEBYLEX', old, min, max, 'LIMIT', 0, limit)
-end
-return {out, legacy}
+return out
 "#;
 
 /// Moves up to `ARGV[3]` keys from a namespace's index of layout 4 (`KEYS[2]`, a sorted set
@@ -309,6 +317,9 @@ const MIGRATE_INDEX_LUA: &str = r#"
 local dir, old = KEYS[1], KEYS[2]
 local pfx, max = ARGV[1], tonumber(ARGV[2])
 local ms = redis.call('ZRANGE', old, 0, tonumber(ARGV[3]) - 1)
+if #ms > 0 then
+  open_dir(dir)
+end
 local touched, seen = {}, {}
 for _, m in ipairs(ms) do
   local new, f = list(dir, pfx, m)
@@ -335,19 +346,24 @@ pub static COUNTS: LazyLock<Script> = LazyLock::new(|| Script::new(COUNTS_LUA));
 const COUNTS_LUA: &str = r#"
 local ns = tonumber(ARGV[1])
 local w = tonumber(ARGV[2 + ns])
+-- The fields of each window, the same for every series: named once per call.
+local fields = {}
+for j = 1, w do
+  local lo = tonumber(ARGV[1 + ns + 2 * j])
+  local hi = tonumber(ARGV[2 + ns + 2 * j])
+  local f = {}
+  for o = lo, hi do
+    for x = 2, 1 + ns do
+      f[#f + 1] = o .. ARGV[x]
+    end
+  end
+  fields[j] = f
+end
 local out = {}
 for s = 0, #KEYS / w - 1 do
   local got = {}
   for j = 1, w do
-    local lo = tonumber(ARGV[1 + ns + 2 * j])
-    local hi = tonumber(ARGV[2 + ns + 2 * j])
-    local fields = {}
-    for o = lo, hi do
-      for x = 2, 1 + ns do
-        fields[#fields + 1] = o .. ARGV[x]
-      end
-    end
-    local xs = redis.call('HMGET', KEYS[s * w + j], unpack(fields))
+    local xs = redis.call('HMGET', KEYS[s * w + j], unpack(fields[j]))
     for _, x in ipairs(xs) do
       if x then
         got[#got + 1] = x

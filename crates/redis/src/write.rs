@@ -10,8 +10,6 @@
 //! listed, and a remembered answer always means the whole batch is in.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Mutex, PoisonError};
-use std::time::Instant;
 
 use futures_util::future::join_all;
 use redis::cluster_routing::Slot;
@@ -59,7 +57,7 @@ impl IdemDoc {
 
 /// When something may go: an instant, or never. Orders `At(_) < Never`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) enum Until {
+enum Until {
     At(i64),
     Never,
 }
@@ -67,70 +65,6 @@ pub(crate) enum Until {
 impl Until {
     fn of(t: Option<i64>) -> Until {
         t.map_or(Until::Never, Until::At)
-    }
-}
-
-/// Keys this store listed in the key index, with the expiry it gave each: a batch leaves
-/// out of its index operation the keys the index is known to hold already with an expiry at
-/// least as late, so that a busy key costs the index nothing batch after batch (each costs
-/// two calls in the script: its page's look-up and `ZADD NX`). Sound because nothing takes a
-/// key out of the index but pruning, which takes only keys whose expiry has passed, and an
-/// expiry only grows: a key listed without expiry (a `forever` tier) stays, and one listed
-/// until `t` stays until `t` — trusted only while `t` is an hour or more away, for tally
-/// servers whose clocks differ. What this cannot see — the database emptied by hand
-/// (`FLUSHALL`) under a running server — it forgets after [`LISTED_TTL`]. Bounded by
-/// [`LISTED_MAX`] entries: when full, it starts again empty.
-#[derive(Debug, Default)]
-pub(crate) struct Listed(Mutex<ListedKeys>);
-
-#[derive(Debug, Default)]
-struct ListedKeys {
-    by_ns: HashMap<Namespace, HashMap<Key, (Until, Instant)>>,
-    len: usize,
-}
-
-/// How long an entry of [`Listed`] is trusted, and how many it holds at most.
-const LISTED_TTL: std::time::Duration = std::time::Duration::from_secs(600);
-const LISTED_MAX: usize = 100_000;
-/// How far ahead a finite expiry must be for [`Listed`] to trust it.
-const LISTED_MARGIN: i64 = 3600;
-
-impl Listed {
-    /// Whether the index surely holds `key` with an expiry of `until` or later.
-    fn covers(&self, ns: &Namespace, key: &Key, until: Until, now: i64) -> bool {
-        let keys = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        let Some(&(listed, at)) = keys
-            .by_ns
-            .get(ns.as_str())
-            .and_then(|m| m.get(key.as_str()))
-        else {
-            return false;
-        };
-        at.elapsed() < LISTED_TTL
-            && match listed {
-                Until::Never => true,
-                Until::At(t) => until <= listed && t > now + LISTED_MARGIN,
-            }
-    }
-
-    /// Notes keys the index now holds (their index operation succeeded).
-    fn note<'a>(&self, members: impl Iterator<Item = (&'a Namespace, &'a Key, Until)>) {
-        let mut keys = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        let at = Instant::now();
-        for (ns, key, until) in members {
-            if keys.len >= LISTED_MAX {
-                *keys = ListedKeys::default();
-            }
-            let ListedKeys { by_ns, len } = &mut *keys;
-            let of_ns = by_ns.entry(ns.clone()).or_default();
-            match of_ns.get_mut(key.as_str()) {
-                Some(e) => *e = (e.0.max(until), at),
-                None => {
-                    of_ns.insert(key.clone(), (until, at));
-                    *len += 1;
-                }
-            }
-        }
     }
 }
 
@@ -189,12 +123,10 @@ impl Call {
         }
         let dir = self.key(&layout::key_dir_key(ns));
         let exp = self.key(&layout::expiry_key(ns));
-        let old = self.key(&layout::old_keys_key(ns));
         self.args.extend([
             "i".into(),
             dir,
             exp,
-            old,
             layout::key_page_prefix(ns),
             page.to_string(),
             members.len().to_string(),
@@ -327,21 +259,13 @@ impl RedisStore {
             ..Call::new(marker)
         };
 
-        // The key index, per namespace: every key some tier kept an event of, but those it
-        // is known to hold already (`Listed`).
+        // The key index, per namespace: every key some tier kept an event of.
         let mut index: BTreeMap<&Namespace, Vec<(&Key, Until)>> = BTreeMap::new();
         for ((ns, key), s) in &series {
-            if let Some(until) = s.until
-                && !self.listed.covers(ns, key, until, now)
-            {
+            if let Some(until) = s.until {
                 index.entry(ns).or_default().push((key, until));
             }
         }
-        let listed = || {
-            index
-                .iter()
-                .flat_map(|(ns, m)| m.iter().map(move |&(k, u)| (*ns, k, u)))
-        };
         let with_data = || series.values().filter(|s| !s.hashes.is_empty());
 
         if !self.is_cluster() {
@@ -356,9 +280,7 @@ impl RedisStore {
             if let Some(r) = &batch.idempotency {
                 call.record(r)?;
             }
-            self.run(vec![call]).await?;
-            self.listed.note(listed());
-            return Ok(());
+            return self.run(vec![call]).await;
         }
 
         let indexes = index
@@ -370,7 +292,6 @@ impl RedisStore {
             })
             .collect();
         self.run(indexes).await?;
-        self.listed.note(listed());
         // Redis hashes only the tag, so the tag's slot is that of every key of the series.
         let mut slots: HashMap<Slot, Call> = HashMap::new();
         for s in with_data() {
@@ -486,58 +407,5 @@ impl RedisStore {
         }))
         .await;
         results.into_iter().try_for_each(|r| r.map(|_| ()))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn listed_keys_are_trusted_only_as_far_as_the_index_keeps_them() {
-        let listed = Listed::default();
-        let (ns, other) = (Namespace::new("m").unwrap(), Namespace::new("n").unwrap());
-        let (a, b) = (Key::new("a").unwrap(), Key::new("b").unwrap());
-        let now = 1_000_000;
-        let later = Until::At(now + 2 * LISTED_MARGIN);
-        assert!(!listed.covers(&ns, &a, later, now), "never listed");
-        listed.note([(&ns, &a, later), (&ns, &b, Until::Never)].into_iter());
-        assert!(listed.covers(&ns, &a, later, now));
-        assert!(
-            listed.covers(&ns, &a, Until::At(now), now),
-            "an earlier expiry"
-        );
-        assert!(
-            !listed.covers(&ns, &a, Until::At(now + 3 * LISTED_MARGIN), now),
-            "a later expiry is sent, to grow the index's"
-        );
-        assert!(!listed.covers(&ns, &a, Until::Never, now));
-        assert!(
-            !listed.covers(&ns, &a, later, now + LISTED_MARGIN),
-            "an expiry within the margin may be pruned by a server whose clock is ahead"
-        );
-        assert!(listed.covers(&ns, &b, later, now + 100 * LISTED_MARGIN));
-        assert!(listed.covers(&ns, &b, Until::Never, now));
-        assert!(!listed.covers(&other, &a, later, now), "per namespace");
-        // Noting an earlier expiry keeps the later one the index holds.
-        listed.note([(&ns, &a, Until::At(now))].into_iter());
-        assert!(listed.covers(&ns, &a, later, now));
-    }
-
-    #[test]
-    fn listed_keys_are_bounded() {
-        let listed = Listed::default();
-        let ns = Namespace::new("m").unwrap();
-        let keys: Vec<Key> = (0..LISTED_MAX + 10)
-            .map(|i| Key::new(&format!("k{i}")).unwrap())
-            .collect();
-        listed.note(keys.iter().map(|k| (&ns, k, Until::Never)));
-        let held = listed.0.lock().unwrap().len;
-        assert!(held <= LISTED_MAX, "{held}");
-        assert!(listed.covers(&ns, keys.last().unwrap(), Until::Never, 0));
-        assert!(
-            !listed.covers(&ns, &keys[0], Until::Never, 0),
-            "forgotten when full"
-        );
     }
 }
