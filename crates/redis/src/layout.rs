@@ -131,6 +131,12 @@ pub fn key_page_prefix(ns: &Namespace) -> String {
     format!("tally:kp:{{{}}}:", ns.as_str())
 }
 
+/// The token of a namespace's key index (a string): with the node's `run_id`, the index's
+/// epoch, which tally servers check before trusting what they remember having listed.
+pub fn key_token_key(ns: &Namespace) -> String {
+    format!("tally:ke:{{{}}}", ns.as_str())
+}
+
 /// The key index of layouts 2 to 4 (a sorted set of every key, every score 0), moved into
 /// the paged index when a store connects.
 pub fn old_keys_key(ns: &Namespace) -> String {
@@ -618,6 +624,7 @@ mod tests {
         assert_eq!(key_dir_key(&ns), "tally:kd:{clicks}");
         assert_eq!(key_page_prefix(&ns), "tally:kp:{clicks}:");
         assert_eq!(old_keys_key(&ns), "tally:keys:{clicks}");
+        assert_eq!(key_token_key(&ns), "tally:ke:{clicks}");
         assert_eq!(expiry_key(&ns), "tally:exp:{clicks}");
         assert_eq!(idem_key("k}"), "tally:idem:{k\\]}");
         assert_eq!(marker_key(&tag, "ab"), "tally:batch:{clicks|lnk_1}:ab");

@@ -80,6 +80,8 @@ pub struct RedisStore {
     /// Keys a page of the key index holds at most: Redis' `zset-max-listpack-entries`, so
     /// that pages stay listpacks (read at connect; see [`index_page_size`]).
     index_page: usize,
+    /// Keys this store listed in the key index (a batch leaves them out of its index update).
+    listed: write::Listed,
 }
 
 /// A key index page's size when Redis does not say its `zset-max-listpack-entries` (its
@@ -178,6 +180,7 @@ impl RedisStore {
             known: Mutex::new(BTreeMap::new()),
             conditional: (0..256).map(|_| Mutex::new(())).collect(),
             index_page: INDEX_PAGE_DEFAULT,
+            listed: write::Listed::default(),
         };
         store.index_page = index_page_size(store.block_on(store.listpack_entries()));
         store.block_on(store.check_layout())?;

@@ -9,8 +9,18 @@ use redis::Script;
 /// Applies one slot's share of a batch (or, on a single server, the whole batch), once.
 ///
 /// `ARGV[1]`: the marker's lifetime in seconds, or `0` for no marker. With a marker,
-/// `KEYS[1]` is the batch's marker key: if it exists the call changes nothing and answers 0
-/// (this batch was applied here already); otherwise it is set with the rest, atomically.
+/// `KEYS[1]` is the batch's marker key: if it exists the call changes nothing (this batch
+/// was applied here already); otherwise it is set with the rest, atomically.
+///
+/// `ARGV[2]`: how many key index epochs to check, then for each the index of its token key
+/// in `KEYS` (`tally:ke:{ns}`, set to the given fresh token if absent), the fresh token, and
+/// the epoch the caller expects or `-`. A namespace's epoch is the node's `run_id` and its
+/// token: it changes when Redis restarts (and may have lost writes), fails over, or loses
+/// the token (emptied). If one is not what the caller expects, the call changes nothing but
+/// the tokens and answers `stale` (the caller had left out of the index keys it believed
+/// listed). Answers `{status, epoch…}`: `applied`, `done` (the marker was there) or `stale`,
+/// then each epoch checked, in order.
+///
 /// Then a list of operations, each naming its keys by their index in `KEYS`:
 ///
 /// - `h <key> <expireat|0> <count> (<field> <n>)*`: `HINCRBY` each field, then `EXPIREAT`
@@ -124,10 +134,28 @@ end
 
 const APPLY_LUA: &str = r#"
 local a = ARGV
-local i = 2
+local e = tonumber(a[2])
+local i = 3 + 3 * e
+local eps = {}
+if e > 0 then
+  local id = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or ''
+  local stale = false
+  for j = 0, e - 1 do
+    local tk = KEYS[tonumber(a[3 + 3 * j])]
+    redis.call('SET', tk, a[4 + 3 * j], 'NX')
+    eps[#eps + 1] = id .. ':' .. redis.call('GET', tk)
+    local want = a[5 + 3 * j]
+    if want ~= '-' and want ~= eps[#eps] then
+      stale = true
+    end
+  end
+  if stale then
+    return {'stale', unpack(eps)}
+  end
+end
 if a[1] ~= '0' then
   if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', a[1]) then
-    return 0
+    return {'done', unpack(eps)}
   end
 end
 local n = #a
@@ -196,7 +224,7 @@ while i <= n do
     return redis.error_reply('tally apply: unknown operation ' .. tostring(op))
   end
 end
-return 1
+return {'applied', unpack(eps)}
 "#;
 
 /// Extends key index expiries after a tier's retention grew: `KEYS[1]` the index's

@@ -10,6 +10,8 @@
 //! listed, and a remembered answer always means the whole batch is in.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Mutex, PoisonError};
+use std::time::Instant;
 
 use futures_util::future::join_all;
 use redis::cluster_routing::Slot;
@@ -57,7 +59,7 @@ impl IdemDoc {
 
 /// When something may go: an instant, or never. Orders `At(_) < Never`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum Until {
+pub(crate) enum Until {
     At(i64),
     Never,
 }
@@ -65,6 +67,110 @@ enum Until {
 impl Until {
     fn of(t: Option<i64>) -> Until {
         t.map_or(Until::Never, Until::At)
+    }
+}
+
+/// Keys this store listed in the key index, per namespace, with the expiry it gave each
+/// and the index's epoch then (`docs/redis.md`, "Key index"): a batch leaves out of its index
+/// operation the keys the index is known to hold already with an expiry at least as late, so
+/// that a busy key costs the index nothing batch after batch (each key sent costs two calls
+/// in the script: its page's look-up and `ZADD NX`). Nothing takes a key out of the index
+/// but pruning, which takes only keys whose expiry has passed, and an expiry only grows: a
+/// key listed without expiry (a `forever` tier) stays, and one listed until `t` stays until
+/// `t` — trusted only while `t` is an hour or more away, for tally servers whose clocks
+/// differ. What could undo a listing otherwise — Redis losing acknowledged writes (a restart
+/// from an older snapshot, a failover to a replica behind) or emptied — changes the epoch,
+/// which `APPLY` checks before it changes anything: then the store forgets what it
+/// remembered and sends the batch again with every key. Entries are trusted for
+/// [`LISTED_TTL`] (what the epoch cannot see: index keys deleted by hand), at most
+/// [`LISTED_MAX`] of them (when full, it starts again empty).
+#[derive(Debug, Default)]
+pub(crate) struct Listed(Mutex<ListedKeys>);
+
+#[derive(Debug, Default)]
+struct ListedKeys {
+    by_ns: HashMap<Namespace, NsListed>,
+    len: usize,
+}
+
+#[derive(Debug, Default)]
+struct NsListed {
+    /// The index's epoch when these keys were listed.
+    epoch: String,
+    keys: HashMap<Key, (Until, Instant)>,
+}
+
+/// How long an entry of [`Listed`] is trusted, and how many it holds at most.
+const LISTED_TTL: std::time::Duration = std::time::Duration::from_secs(600);
+const LISTED_MAX: usize = 100_000;
+/// How far ahead a finite expiry must be for [`Listed`] to trust it.
+const LISTED_MARGIN: i64 = 3600;
+
+impl Listed {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ListedKeys> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether the index surely holds `key` with an expiry of `until` or later (if its epoch
+    /// is still [`Listed::epoch`]).
+    fn covers(&self, ns: &Namespace, key: &Key, until: Until, now: i64) -> bool {
+        let keys = self.lock();
+        let Some(&(listed, at)) = keys
+            .by_ns
+            .get(ns.as_str())
+            .and_then(|m| m.keys.get(key.as_str()))
+        else {
+            return false;
+        };
+        at.elapsed() < LISTED_TTL
+            && match listed {
+                Until::Never => true,
+                Until::At(t) => until <= listed && t > now + LISTED_MARGIN,
+            }
+    }
+
+    /// The epoch of the namespace's index when its remembered keys were listed.
+    fn epoch(&self, ns: &Namespace) -> Option<String> {
+        self.lock().by_ns.get(ns.as_str()).map(|m| m.epoch.clone())
+    }
+
+    /// Notes keys the index of `ns` now holds (their index operation succeeded) at `epoch`;
+    /// what was remembered at another epoch is forgotten.
+    fn note<'a>(
+        &self,
+        ns: &Namespace,
+        epoch: &str,
+        members: impl Iterator<Item = (&'a Key, Until)>,
+    ) {
+        let mut keys = self.lock();
+        let at = Instant::now();
+        let ListedKeys { by_ns, len } = &mut *keys;
+        let of_ns = by_ns.entry(ns.clone()).or_default();
+        if of_ns.epoch != epoch {
+            *len -= of_ns.keys.len();
+            *of_ns = NsListed {
+                epoch: epoch.to_owned(),
+                keys: HashMap::new(),
+            };
+        }
+        for (key, until) in members {
+            if *len >= LISTED_MAX {
+                *len -= of_ns.keys.len();
+                of_ns.keys.clear();
+            }
+            match of_ns.keys.get_mut(key.as_str()) {
+                Some(e) => *e = (e.0.max(until), at),
+                None => {
+                    of_ns.keys.insert(key.clone(), (until, at));
+                    *len += 1;
+                }
+            }
+        }
+    }
+
+    /// Forgets every key (an epoch was not the one expected).
+    fn forget(&self) {
+        *self.lock() = ListedKeys::default();
     }
 }
 
@@ -88,6 +194,13 @@ struct SeriesPlan {
 #[derive(Debug, Default)]
 struct Call {
     keys: Vec<String>,
+    /// The marker's lifetime (`ARGV[1]`).
+    head: String,
+    /// Key index epoch checks, three arguments each (`APPLY`'s doc), and their namespaces
+    /// with the keys sent to their index.
+    checks: Vec<String>,
+    sent: Vec<(Namespace, Vec<(Key, Until)>)>,
+    /// The operations.
     args: Vec<String>,
     /// Seconds from the store's clock to Redis' (`EXPIREAT` is in Redis' time): 0 in
     /// service, where both are the system clock; a test's manual clock sets it so keys do
@@ -101,9 +214,9 @@ impl Call {
         match marker {
             Some((key, secs)) => {
                 c.keys.push(key);
-                c.args.push(secs.to_string());
+                c.head = secs.to_string();
             }
-            None => c.args.push("0".into()),
+            None => c.head = "0".into(),
         }
         c
     }
@@ -114,10 +227,24 @@ impl Call {
     }
 
     fn is_empty(&self) -> bool {
-        self.args.len() <= 1
+        self.args.is_empty() && self.checks.is_empty()
     }
 
-    fn index(&mut self, ns: &Namespace, members: &[(&Key, Until)], page: usize) {
+    /// The namespace's index operation: its epoch checked against `expected` (`-`: no key
+    /// was left out, any epoch will do) and the keys `members` listed, if any.
+    fn index(
+        &mut self,
+        ns: &Namespace,
+        members: &[(&Key, Until)],
+        page: usize,
+        (fresh, expected): (String, String),
+    ) {
+        let token = self.key(&layout::key_token_key(ns));
+        self.checks.extend([token, fresh, expected]);
+        self.sent.push((
+            ns.clone(),
+            members.iter().map(|&(k, u)| (k.clone(), u)).collect(),
+        ));
         if members.is_empty() {
             return;
         }
@@ -259,55 +386,131 @@ impl RedisStore {
             ..Call::new(marker)
         };
 
-        // The key index, per namespace: every key some tier kept an event of.
-        let mut index: BTreeMap<&Namespace, Vec<(&Key, Until)>> = BTreeMap::new();
-        for ((ns, key), s) in &series {
-            if let Some(until) = s.until {
-                index.entry(ns).or_default().push((key, until));
+        // Keys the index surely holds are left out (`Listed`), unless an epoch check failed:
+        // then every key goes, once more.
+        let mut trust = true;
+        loop {
+            let calls =
+                self.index_and_series(&series, batch, &id, marker_secs, &new_call, trust, now)?;
+            match self.run_apply(calls).await? {
+                Outcome::Stale if trust => {
+                    self.listed.forget();
+                    trust = false;
+                }
+                Outcome::Stale => {
+                    return Err(StoreError::unavailable(format!(
+                        "{}: the key index's epoch changed twice during one write; try again",
+                        self.label
+                    )));
+                }
+                Outcome::Applied => return Ok(()),
             }
         }
+    }
+
+    /// The script calls of a batch, in the order they run: on a single server one call; in
+    /// a cluster the namespaces' key indexes (one call each), then the series (one call per
+    /// slot), then the idempotency record — so a key with data is always listed, and a
+    /// remembered answer means the whole batch is in.
+    #[allow(clippy::too_many_arguments)]
+    fn index_and_series(
+        &self,
+        series: &BTreeMap<(Namespace, Key), SeriesPlan>,
+        batch: &Batch,
+        id: &str,
+        marker_secs: i64,
+        new_call: &dyn Fn(Option<(String, i64)>) -> Call,
+        trust: bool,
+        now: i64,
+    ) -> Result<Vec<Vec<Call>>, StoreError> {
+        // The key index, per namespace: every key some tier kept an event of, but those it
+        // surely holds.
+        let mut index: BTreeMap<&Namespace, Vec<(&Key, Until)>> = BTreeMap::new();
+        let mut left_out: BTreeSet<&Namespace> = BTreeSet::new();
+        for ((ns, key), s) in series {
+            let Some(until) = s.until else { continue };
+            let members = index.entry(ns).or_default();
+            if trust && self.listed.covers(ns, key, until, now) {
+                left_out.insert(ns);
+            } else {
+                members.push((key, until));
+            }
+        }
+        let check = |ns: &Namespace| {
+            let expected = left_out
+                .contains(ns)
+                .then(|| self.listed.epoch(ns))
+                .flatten()
+                .unwrap_or_else(|| "-".into());
+            (self.batch_ids.fresh(), expected)
+        };
         let with_data = || series.values().filter(|s| !s.hashes.is_empty());
 
         if !self.is_cluster() {
             let marker = with_data()
                 .next()
-                .map(|s| (layout::marker_key(&s.tag, &id), marker_secs));
+                .map(|s| (layout::marker_key(&s.tag, id), marker_secs));
             let mut call = new_call(marker);
             for (ns, members) in &index {
-                call.index(ns, members, self.index_page);
+                call.index(ns, members, self.index_page, check(ns));
             }
             with_data().for_each(|s| call.series(s));
             if let Some(r) = &batch.idempotency {
                 call.record(r)?;
             }
-            return self.run(vec![call]).await;
+            return Ok(vec![vec![call]]);
         }
 
         let indexes = index
             .iter()
             .map(|(ns, members)| {
                 let mut c = new_call(None);
-                c.index(ns, members, self.index_page);
+                c.index(ns, members, self.index_page, check(ns));
                 c
             })
             .collect();
-        self.run(indexes).await?;
         // Redis hashes only the tag, so the tag's slot is that of every key of the series.
         let mut slots: HashMap<Slot, Call> = HashMap::new();
         for s in with_data() {
             let slot = Slot::for_key(&s.tag);
             slots
                 .entry(slot)
-                .or_insert_with(|| new_call(Some((layout::marker_key(&s.tag, &id), marker_secs))))
+                .or_insert_with(|| new_call(Some((layout::marker_key(&s.tag, id), marker_secs))))
                 .series(s);
         }
-        self.run(slots.into_values().collect()).await?;
+        let mut steps = vec![indexes, slots.into_values().collect()];
         if let Some(r) = &batch.idempotency {
             let mut c = new_call(None);
             c.record(r)?;
-            self.run(vec![c]).await?;
+            steps.push(vec![c]);
         }
-        Ok(())
+        Ok(steps)
+    }
+
+    /// Runs the calls of [`RedisStore::index_and_series`], a step at a time (each step's
+    /// calls all in flight at once), and notes the keys each index operation listed. Stops
+    /// at a step where an epoch check failed (that call changed nothing).
+    async fn run_apply(&self, steps: Vec<Vec<Call>>) -> Result<Outcome, StoreError> {
+        for calls in steps {
+            let calls: Vec<Call> = calls.into_iter().filter(|c| !c.is_empty()).collect();
+            let replies = self.run(&calls).await?;
+            let mut stale = false;
+            for (call, reply) in calls.iter().zip(replies) {
+                let (status, epochs) = reply;
+                stale |= status == "stale";
+                if status == "stale" {
+                    continue;
+                }
+                for ((ns, members), epoch) in call.sent.iter().zip(&epochs) {
+                    self.listed
+                        .note(ns, epoch, members.iter().map(|(k, u)| (k, *u)));
+                }
+            }
+            if stale {
+                return Ok(Outcome::Stale);
+            }
+        }
+        Ok(Outcome::Applied)
     }
 
     /// Creates the batch's namespaces (those not there yet) and reads the schemas of every
@@ -391,21 +594,98 @@ impl RedisStore {
     }
 
     /// Sends script calls, all at once, each retried on its own; the first failure wins.
-    async fn run(&self, calls: Vec<Call>) -> Result<(), StoreError> {
-        let calls: Vec<Call> = calls.into_iter().filter(|c| !c.is_empty()).collect();
+    /// Each answers its status and the key index epochs it checked (`APPLY`).
+    async fn run(&self, calls: &[Call]) -> Result<Vec<(String, Vec<String>)>, StoreError> {
         let results = join_all(calls.iter().map(|call| {
             self.retry(move |mut c| async move {
                 let mut inv = scripts::APPLY.prepare_invoke();
                 for k in &call.keys {
                     inv.key(k);
                 }
-                for a in &call.args {
+                inv.arg(&call.head).arg(call.checks.len() / 3);
+                for a in call.checks.iter().chain(&call.args) {
                     inv.arg(a);
                 }
-                inv.invoke_async::<i64>(&mut c).await
+                inv.invoke_async::<Vec<String>>(&mut c).await
             })
         }))
         .await;
-        results.into_iter().try_for_each(|r| r.map(|_| ()))
+        results
+            .into_iter()
+            .map(|r| {
+                let mut reply = r?.into_iter();
+                let status = reply.next().unwrap_or_default();
+                Ok((status, reply.collect()))
+            })
+            .collect()
+    }
+}
+
+/// How a batch's calls went.
+enum Outcome {
+    Applied,
+    /// A key index's epoch was not the one expected: nothing was applied.
+    Stale,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listed_keys_are_trusted_only_as_far_as_the_index_keeps_them() {
+        let listed = Listed::default();
+        let (ns, other) = (Namespace::new("m").unwrap(), Namespace::new("n").unwrap());
+        let (a, b) = (Key::new("a").unwrap(), Key::new("b").unwrap());
+        let now = 1_000_000;
+        let later = Until::At(now + 2 * LISTED_MARGIN);
+        assert!(!listed.covers(&ns, &a, later, now), "never listed");
+        assert_eq!(listed.epoch(&ns), None);
+        listed.note(&ns, "e1", [(&a, later), (&b, Until::Never)].into_iter());
+        assert_eq!(listed.epoch(&ns).as_deref(), Some("e1"));
+        assert!(listed.covers(&ns, &a, later, now));
+        assert!(
+            listed.covers(&ns, &a, Until::At(now), now),
+            "an earlier expiry"
+        );
+        assert!(
+            !listed.covers(&ns, &a, Until::At(now + 3 * LISTED_MARGIN), now),
+            "a later expiry is sent, to grow the index's"
+        );
+        assert!(!listed.covers(&ns, &a, Until::Never, now));
+        assert!(
+            !listed.covers(&ns, &a, later, now + LISTED_MARGIN),
+            "an expiry within the margin may be pruned by a server whose clock is ahead"
+        );
+        assert!(listed.covers(&ns, &b, later, now + 100 * LISTED_MARGIN));
+        assert!(listed.covers(&ns, &b, Until::Never, now));
+        assert!(!listed.covers(&other, &a, later, now), "per namespace");
+        // Noting an earlier expiry keeps the later one the index holds.
+        listed.note(&ns, "e1", [(&a, Until::At(now))].into_iter());
+        assert!(listed.covers(&ns, &a, later, now));
+        // Another epoch: what was listed before is forgotten.
+        listed.note(&ns, "e2", [(&a, later)].into_iter());
+        assert!(listed.covers(&ns, &a, later, now));
+        assert!(!listed.covers(&ns, &b, later, now));
+        listed.forget();
+        assert!(!listed.covers(&ns, &a, later, now));
+        assert_eq!(listed.epoch(&ns), None);
+    }
+
+    #[test]
+    fn listed_keys_are_bounded() {
+        let listed = Listed::default();
+        let ns = Namespace::new("m").unwrap();
+        let keys: Vec<Key> = (0..LISTED_MAX + 10)
+            .map(|i| Key::new(&format!("k{i}")).unwrap())
+            .collect();
+        listed.note(&ns, "e", keys.iter().map(|k| (k, Until::Never)));
+        let held = listed.lock().len;
+        assert!(held <= LISTED_MAX, "{held}");
+        assert!(listed.covers(&ns, keys.last().unwrap(), Until::Never, 0));
+        assert!(
+            !listed.covers(&ns, &keys[0], Until::Never, 0),
+            "forgotten when full"
+        );
     }
 }
