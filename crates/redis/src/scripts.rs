@@ -14,9 +14,10 @@ use redis::Script;
 ///
 /// `ARGV[2]`: how many key index epochs to check, then for each the index of its token key
 /// in `KEYS` (`tally:ke:{ns}`, set to the given fresh token if absent), the fresh token, and
-/// the epoch the caller expects or `-`. A namespace's epoch is the node's `run_id` and its
-/// token: it changes when Redis restarts (and may have lost writes), fails over, or loses
-/// the token (emptied). If one is not what the caller expects, the call changes nothing but
+/// the epoch the caller expects or `-`. A namespace's epoch is the node's `run_id` and
+/// `master_replid` and its token: it changes when Redis restarts (and may have lost
+/// writes), a replica is promoted (a failover, or a failback), or the token is lost
+/// (Redis emptied). If one is not what the caller expects, the call changes nothing but
 /// the tokens and answers `stale` (the caller had left out of the index keys it believed
 /// listed). Answers `{status, epoch…}`: `applied`, `done` (the marker was there) or `stale`,
 /// then each epoch checked, in order.
@@ -138,7 +139,10 @@ local e = tonumber(a[2])
 local i = 3 + 3 * e
 local eps = {}
 if e > 0 then
-  local id = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or ''
+  -- The process (a restart) and its replication history (a promotion, failback included).
+  local info = redis.call('INFO', 'server', 'replication')
+  local id = (string.match(info, 'run_id:(%x+)') or '') .. '.'
+    .. (string.match(info, 'master_replid:(%x+)') or '')
   local stale = false
   for j = 0, e - 1 do
     local tk = KEYS[tonumber(a[3 + 3 * j])]

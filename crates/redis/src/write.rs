@@ -111,13 +111,16 @@ impl Listed {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Whether the index surely holds `key` with an expiry of `until` or later (if its epoch
-    /// is still [`Listed::epoch`]).
-    fn covers(&self, ns: &Namespace, key: &Key, until: Until, now: i64) -> bool {
+    /// Whether the index surely holds `key` with an expiry of `until` or later, if its
+    /// epoch is still `epoch` (what [`Listed::epoch`] said when the batch was planned: the
+    /// memory may move to another epoch meanwhile, and must not be trusted under one the
+    /// call does not check).
+    fn covers(&self, ns: &Namespace, key: &Key, until: Until, now: i64, epoch: &str) -> bool {
         let keys = self.lock();
         let Some(&(listed, at)) = keys
             .by_ns
             .get(ns.as_str())
+            .filter(|m| m.epoch == epoch)
             .and_then(|m| m.keys.get(key.as_str()))
         else {
             return false;
@@ -155,9 +158,19 @@ impl Listed {
         }
         for (key, until) in members {
             if *len >= LISTED_MAX {
-                *len -= of_ns.keys.len();
-                of_ns.keys.clear();
+                // Full: what is too old to be trusted goes first, else everything.
+                for m in by_ns.values_mut() {
+                    m.keys.retain(|_, e| e.1.elapsed() < LISTED_TTL);
+                }
+                *len = by_ns.values().map(|m| m.keys.len()).sum();
+                if *len >= LISTED_MAX {
+                    by_ns.values_mut().for_each(|m| m.keys.clear());
+                    *len = 0;
+                }
             }
+            let Some(of_ns) = by_ns.get_mut(ns.as_str()) else {
+                continue;
+            };
             match of_ns.keys.get_mut(key.as_str()) {
                 Some(e) => *e = (e.0.max(until), at),
                 None => {
@@ -425,23 +438,30 @@ impl RedisStore {
     ) -> Result<Vec<Vec<Call>>, StoreError> {
         // The key index, per namespace: every key some tier kept an event of, but those it
         // surely holds.
+        // Each namespace's epoch is read once: keys are left out only if remembered under
+        // it, and the call checks that one.
         let mut index: BTreeMap<&Namespace, Vec<(&Key, Until)>> = BTreeMap::new();
+        let mut epochs: BTreeMap<&Namespace, Option<String>> = BTreeMap::new();
         let mut left_out: BTreeSet<&Namespace> = BTreeSet::new();
         for ((ns, key), s) in series {
             let Some(until) = s.until else { continue };
             let members = index.entry(ns).or_default();
-            if trust && self.listed.covers(ns, key, until, now) {
+            let epoch = epochs
+                .entry(ns)
+                .or_insert_with(|| trust.then(|| self.listed.epoch(ns)).flatten());
+            if let Some(epoch) = epoch
+                && self.listed.covers(ns, key, until, now, epoch)
+            {
                 left_out.insert(ns);
             } else {
                 members.push((key, until));
             }
         }
         let check = |ns: &Namespace| {
-            let expected = left_out
-                .contains(ns)
-                .then(|| self.listed.epoch(ns))
-                .flatten()
-                .unwrap_or_else(|| "-".into());
+            let expected = match epochs.get(ns) {
+                Some(Some(epoch)) if left_out.contains(ns) => epoch.clone(),
+                _ => "-".into(),
+            };
             (self.batch_ids.fresh(), expected)
         };
         let with_data = || series.values().filter(|s| !s.hashes.is_empty());
@@ -498,7 +518,9 @@ impl RedisStore {
             for (call, reply) in calls.iter().zip(replies) {
                 let (status, epochs) = reply;
                 stale |= status == "stale";
-                if status == "stale" {
+                // Only a call that ran its index operations listed keys: `done` (its marker
+                // was there) may be another batch under a reused id.
+                if status != "applied" {
                     continue;
                 }
                 for ((ns, members), epoch) in call.sent.iter().zip(&epochs) {
@@ -639,53 +661,71 @@ mod tests {
         let (a, b) = (Key::new("a").unwrap(), Key::new("b").unwrap());
         let now = 1_000_000;
         let later = Until::At(now + 2 * LISTED_MARGIN);
-        assert!(!listed.covers(&ns, &a, later, now), "never listed");
+        let covers =
+            |ns: &Namespace, k: &Key, u: Until, now: i64| listed.covers(ns, k, u, now, "e1");
+        assert!(!covers(&ns, &a, later, now), "never listed");
         assert_eq!(listed.epoch(&ns), None);
         listed.note(&ns, "e1", [(&a, later), (&b, Until::Never)].into_iter());
         assert_eq!(listed.epoch(&ns).as_deref(), Some("e1"));
-        assert!(listed.covers(&ns, &a, later, now));
+        assert!(covers(&ns, &a, later, now));
+        assert!(covers(&ns, &a, Until::At(now), now), "an earlier expiry");
         assert!(
-            listed.covers(&ns, &a, Until::At(now), now),
-            "an earlier expiry"
-        );
-        assert!(
-            !listed.covers(&ns, &a, Until::At(now + 3 * LISTED_MARGIN), now),
+            !covers(&ns, &a, Until::At(now + 3 * LISTED_MARGIN), now),
             "a later expiry is sent, to grow the index's"
         );
-        assert!(!listed.covers(&ns, &a, Until::Never, now));
+        assert!(!covers(&ns, &a, Until::Never, now));
         assert!(
-            !listed.covers(&ns, &a, later, now + LISTED_MARGIN),
+            !covers(&ns, &a, later, now + LISTED_MARGIN),
             "an expiry within the margin may be pruned by a server whose clock is ahead"
         );
-        assert!(listed.covers(&ns, &b, later, now + 100 * LISTED_MARGIN));
-        assert!(listed.covers(&ns, &b, Until::Never, now));
-        assert!(!listed.covers(&other, &a, later, now), "per namespace");
+        assert!(covers(&ns, &b, later, now + 100 * LISTED_MARGIN));
+        assert!(covers(&ns, &b, Until::Never, now));
+        assert!(!covers(&other, &a, later, now), "per namespace");
+        assert!(
+            !listed.covers(&ns, &a, later, now, "e0"),
+            "not trusted under an epoch the call would not check"
+        );
         // Noting an earlier expiry keeps the later one the index holds.
         listed.note(&ns, "e1", [(&a, Until::At(now))].into_iter());
-        assert!(listed.covers(&ns, &a, later, now));
+        assert!(covers(&ns, &a, later, now));
         // Another epoch: what was listed before is forgotten.
         listed.note(&ns, "e2", [(&a, later)].into_iter());
-        assert!(listed.covers(&ns, &a, later, now));
-        assert!(!listed.covers(&ns, &b, later, now));
+        assert!(listed.covers(&ns, &a, later, now, "e2"));
+        assert!(!listed.covers(&ns, &b, later, now, "e2"));
+        assert!(!covers(&ns, &a, later, now));
         listed.forget();
-        assert!(!listed.covers(&ns, &a, later, now));
+        assert!(!listed.covers(&ns, &a, later, now, "e2"));
         assert_eq!(listed.epoch(&ns), None);
     }
 
     #[test]
-    fn listed_keys_are_bounded() {
+    fn listed_keys_are_bounded_across_namespaces() {
         let listed = Listed::default();
-        let ns = Namespace::new("m").unwrap();
+        let (ns, other) = (Namespace::new("m").unwrap(), Namespace::new("n").unwrap());
         let keys: Vec<Key> = (0..LISTED_MAX + 10)
             .map(|i| Key::new(&format!("k{i}")).unwrap())
             .collect();
+        listed.note(&other, "e", keys[..10].iter().map(|k| (k, Until::Never)));
         listed.note(&ns, "e", keys.iter().map(|k| (k, Until::Never)));
         let held = listed.lock().len;
         assert!(held <= LISTED_MAX, "{held}");
-        assert!(listed.covers(&ns, keys.last().unwrap(), Until::Never, 0));
+        assert_eq!(
+            held,
+            listed
+                .lock()
+                .by_ns
+                .values()
+                .map(|m| m.keys.len())
+                .sum::<usize>()
+        );
+        assert!(listed.covers(&ns, keys.last().unwrap(), Until::Never, 0, "e"));
         assert!(
-            !listed.covers(&ns, &keys[0], Until::Never, 0),
+            !listed.covers(&ns, &keys[0], Until::Never, 0, "e"),
             "forgotten when full"
+        );
+        assert!(
+            !listed.covers(&other, &keys[0], Until::Never, 0, "e"),
+            "every namespace's, when none is too old"
         );
     }
 }
