@@ -126,10 +126,24 @@ local function split(dir, pfx, f, max)
   end
   redis.call('RENAME', copy, k)
 end
-local function split_all(dir, pfx, touched, max)
-  for _, f in ipairs(touched) do
-    split(dir, pfx, f, max)
+-- Lists keys one by one (`add(m)` answers whether `m` was not listed), then splits every
+-- page that took a key and grew past `max` (`done()`).
+local function adder(dir, pfx, max)
+  local touched, seen = {}, {}
+  local function add(m)
+    local new, f = list(dir, pfx, m)
+    if new and not seen[f] then
+      seen[f] = true
+      touched[#touched + 1] = f
+    end
+    return new
   end
+  local function done()
+    for _, f in ipairs(touched) do
+      split(dir, pfx, f, max)
+    end
+  end
+  return add, done
 end
 "#;
 
@@ -189,7 +203,8 @@ while i <= n do
     local c = tonumber(a[i + 5])
     i = i + 6
     open_dir(dir)
-    local grow, gone, touched, seen = {}, {}, {}, {}
+    local add, done = adder(dir, pfx, max)
+    local grow, gone = {}, {}
     local function flush(force)
       if #grow >= 512 or (force and #grow > 0) then
         redis.call('ZADD', ex, 'GT', unpack(grow))
@@ -202,11 +217,7 @@ while i <= n do
     end
     for _ = 1, c do
       local m, e = a[i], a[i + 1]
-      local new, f = list(dir, pfx, m)
-      if new and not seen[f] then
-        seen[f] = true
-        touched[#touched + 1] = f
-      end
+      local new = add(m)
       if e == 'inf' then
         gone[#gone + 1] = m
       elseif new or redis.call('ZSCORE', ex, m) then
@@ -220,7 +231,7 @@ while i <= n do
       flush(false)
     end
     flush(true)
-    split_all(dir, pfx, touched, max)
+    done()
   elseif op == 'r' then
     redis.call('SET', KEYS[tonumber(a[i + 1])], a[i + 2], 'NX', 'EXAT', a[i + 3])
     i = i + 4
@@ -243,15 +254,10 @@ const EXTEND_INDEX_LUA: &str = r#"
 local dir, ex = KEYS[1], KEYS[2]
 local pfx, max = ARGV[1], tonumber(ARGV[2])
 open_dir(dir)
-local touched, seen = {}, {}
+local add, done = adder(dir, pfx, max)
 for i = 3, #ARGV, 2 do
   local m, e = ARGV[i], ARGV[i + 1]
-  local new, f = list(dir, pfx, m)
-  if new and not seen[f] then
-    seen[f] = true
-    touched[#touched + 1] = f
-  end
-  if new then
+  if add(m) then
     if e ~= 'inf' then
       redis.call('ZADD', ex, e, m)
     end
@@ -263,7 +269,7 @@ for i = 3, #ARGV, 2 do
     end
   end
 end
-split_all(dir, pfx, touched, max)
+done()
 return 1
 "#;
 
@@ -352,16 +358,12 @@ local ms = redis.call('ZRANGE', old, 0, tonumber(ARGV[3]) - 1)
 if #ms > 0 then
   open_dir(dir)
 end
-local touched, seen = {}, {}
+local add, done = adder(dir, pfx, max)
 for _, m in ipairs(ms) do
-  local new, f = list(dir, pfx, m)
-  if new and not seen[f] then
-    seen[f] = true
-    touched[#touched + 1] = f
-  end
+  add(m)
   redis.call('ZREM', old, m)
 end
-split_all(dir, pfx, touched, max)
+done()
 return #ms
 "#;
 

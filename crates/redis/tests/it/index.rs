@@ -98,6 +98,16 @@ fn check_pages(server: &RedisServer, ns: &Namespace, size: usize, expected: &[St
     assert_eq!(all, expected, "the pages in order hold every key once");
 }
 
+/// A store on `server` (at the real time) and namespace `m` with one `forever` tier.
+fn forever(server: &RedisServer) -> (RedisStore, Namespace) {
+    let redis = RedisStore::connect(&server.url()).unwrap();
+    let ns = Namespace::new("m").unwrap();
+    redis
+        .put_schema(&ns, &schema(&["1h:forever"], None))
+        .unwrap();
+    (redis, ns)
+}
+
 /// A deterministic shuffle (a linear congruential generator; no rand in these tests).
 fn shuffled(mut v: Vec<String>, mut seed: u64) -> Vec<String> {
     for i in (1..v.len()).rev() {
@@ -193,11 +203,7 @@ fn keys_are_listed_across_pages_that_split() {
 fn pages_stay_listpacks_of_redis_default_size() {
     let server = RedisServer::start();
     let now = real_now();
-    let redis = RedisStore::connect(&server.url()).unwrap();
-    let ns = Namespace::new("m").unwrap();
-    redis
-        .put_schema(&ns, &schema(&["1h:forever"], None))
-        .unwrap();
+    let (redis, ns) = forever(&server);
     let mut keys: Vec<String> = (0..2000).map(|i| format!("lnk_{i}")).collect();
     write_keys(&[&redis], &shuffled(keys.clone(), 11), now);
     keys.sort();
@@ -305,11 +311,7 @@ fn a_layout_4_index_moves_into_pages() {
 fn keys_past_a_fence_are_read_once_and_dropped_by_the_next_split() {
     let server = RedisServer::start_with_args(&["--zset-max-listpack-entries", "4"]);
     let now = real_now();
-    let redis = RedisStore::connect(&server.url()).unwrap();
-    let ns = Namespace::new("m").unwrap();
-    redis
-        .put_schema(&ns, &schema(&["1h:forever"], None))
-        .unwrap();
+    let (redis, ns) = forever(&server);
     let mut keys: Vec<String> = (0..12).map(|i| format!("k{i:02}")).collect();
     write_keys(&[&redis], &keys, now);
     let before = pages(&server, &ns);
@@ -347,11 +349,7 @@ fn keys_past_a_fence_are_read_once_and_dropped_by_the_next_split() {
 fn a_key_written_after_redis_lost_its_listing_is_listed() {
     let mut server = RedisServer::start();
     let now = real_now();
-    let redis = RedisStore::connect(&server.url()).unwrap();
-    let ns = Namespace::new("m").unwrap();
-    redis
-        .put_schema(&ns, &schema(&["1h:forever"], None))
-        .unwrap();
+    let (redis, ns) = forever(&server);
     write_keys(&[&redis], &["a".to_owned()], now);
     server.cli(&["save"]);
     write_keys(&[&redis], &["b".to_owned()], now);
@@ -415,11 +413,7 @@ fn calls(server: &RedisServer, command: &str) -> u64 {
 fn keys_listed_already_are_not_sent_again_until_the_epoch_changes() {
     let server = RedisServer::start();
     let now = real_now();
-    let redis = RedisStore::connect(&server.url()).unwrap();
-    let ns = Namespace::new("m").unwrap();
-    redis
-        .put_schema(&ns, &schema(&["1h:forever"], None))
-        .unwrap();
+    let (redis, ns) = forever(&server);
     let keys: Vec<String> = (0..50).map(|i| format!("k{i:02}")).collect();
     write_keys(&[&redis], &keys, now);
     let before = calls(&server, "zadd");
