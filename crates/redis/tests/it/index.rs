@@ -318,7 +318,7 @@ fn keys_past_a_fence_are_read_once_and_dropped_by_the_next_split() {
     assert!(before.len() >= 3, "{before:?}");
     // The first page also holds every key of the second, as if its split had stopped
     // after writing the fences.
-    let first = format!("{}", layout::key_page_prefix(&ns));
+    let first = layout::key_page_prefix(&ns);
     for k in &before[1].1 {
         server.cli(&["zadd", &first, "0", k]);
     }
