@@ -83,7 +83,8 @@ impl Until {
 /// which `APPLY` checks before it changes anything: then the store forgets what it
 /// remembered and sends the batch again with every key. Entries are trusted for
 /// [`LISTED_TTL`] (what the epoch cannot see: index keys deleted by hand), at most
-/// [`LISTED_MAX`] of them (when full, it starts again empty).
+/// [`LISTED_MAX`] of them, all namespaces together (when full, entries past the TTL go,
+/// then, if that is not enough, all of them).
 #[derive(Debug, Default)]
 pub(crate) struct Listed(Mutex<ListedKeys>);
 
@@ -437,9 +438,8 @@ impl RedisStore {
         now: i64,
     ) -> Result<Vec<Vec<Call>>, StoreError> {
         // The key index, per namespace: every key some tier kept an event of, but those it
-        // surely holds.
-        // Each namespace's epoch is read once: keys are left out only if remembered under
-        // it, and the call checks that one.
+        // surely holds. Each namespace's epoch is read once: keys are left out only if
+        // remembered under it, and the call checks that one.
         let mut index: BTreeMap<&Namespace, Vec<(&Key, Until)>> = BTreeMap::new();
         let mut epochs: BTreeMap<&Namespace, Option<String>> = BTreeMap::new();
         let mut left_out: BTreeSet<&Namespace> = BTreeSet::new();
