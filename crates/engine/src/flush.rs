@@ -70,7 +70,7 @@ const FLUSH_CHUNK_KEYS: usize = 2048;
 /// Where a period's records go, in strictly increasing (namespace, key) order.
 pub(crate) type Sink<'a> = dyn FnMut(&str, &str, KeyRecord) -> Result<(), StoreError> + 'a;
 
-/// Hands a chosen period's records to the sink (none: no segment for it); called from
+/// Hands a chosen period's records to the sink (none: an empty segment); called from
 /// several threads at once when segments are written in parallel.
 pub(crate) type Feed<'a> = dyn Fn(&Chosen, &mut Sink<'_>) -> Result<(), StoreError> + Sync + 'a;
 
@@ -242,13 +242,13 @@ impl Engine {
     }
 
     /// Writes the segment of one chosen period as `entry` says (a temporary file renamed
-    /// into place, not yet synced), its records from `records`; `None` if it has none.
+    /// into place, not yet synced), its records from `records` — none is a segment too.
     fn write_segment(
         &self,
         c: &Chosen,
         entry: SegmentEntry,
         records: &Feed<'_>,
-    ) -> Result<Option<Written>, StoreError> {
+    ) -> Result<Written, StoreError> {
         let final_path = segment_path(&self.segments_dir, entry.id);
         let tmp = final_path.with_extension("tmp");
         let meta = SegmentMeta {
@@ -263,29 +263,24 @@ impl Engine {
             period_end: entry.period_end,
         };
         let seg_err = |e| StoreError::unavailable("writing an archive segment").because(e);
-        // Made on the first record: a period without records writes no file.
-        let mut writer: Option<SegmentWriter> = None;
+        // A period without records still gets a (recordless) segment: it records that the
+        // period is archived through the flush's log record, so recovery skips the period's
+        // records up to there. Without it, increments that netted to zero before a flush came
+        // back half-replayed after a restart (those before `wal_start` skipped, the rest
+        // applied).
+        self.fs
+            .remove(&tmp)
+            .map_err(io("removing a stale segment"))?;
+        let mut w = SegmentWriter::create(&tmp, meta.clone()).map_err(seg_err)?;
         records(c, &mut |ns, key, rec| {
-            let w = match &mut writer {
-                Some(w) => w,
-                None => {
-                    self.fs
-                        .remove(&tmp)
-                        .map_err(io("removing a stale segment"))?;
-                    writer.insert(SegmentWriter::create(&tmp, meta.clone()).map_err(seg_err)?)
-                }
-            };
             w.add_owned(ns, key, rec).map_err(seg_err)
         })?;
-        let Some(w) = writer else {
-            return Ok(None);
-        };
         let stats = w.finish().map_err(seg_err)?;
         self.fs
             .rename(&tmp, &final_path)
             .map_err(io("naming an archive segment"))?;
         let seg = Segment::open(&final_path).map_err(seg_err)?;
-        Ok(Some((entry, Arc::new(seg), stats)))
+        Ok((entry, Arc::new(seg), stats))
     }
 
     /// Writes a segment per chosen period, its records from `records`, and publishes them in
@@ -329,14 +324,13 @@ impl Engine {
                     || added
                         .iter()
                         .any(|(e, _)| e.resolution == c.res as u32 && e.period_start == c.period);
-                if let Some(w) = self.write_segment(c, entry(next_id, delta, c), records)? {
-                    next_id += 1;
-                    added.push((w.0, Arc::clone(&w.1)));
-                    written.push(w);
-                }
+                let w = self.write_segment(c, entry(next_id, delta, c), records)?;
+                next_id += 1;
+                added.push((w.0, Arc::clone(&w.1)));
+                written.push(w);
             }
         } else {
-            // Ids in the chosen order; a period without records leaves its id unused.
+            // Ids in the chosen order.
             let entries: Vec<SegmentEntry> = chosen
                 .iter()
                 .enumerate()
@@ -351,49 +345,47 @@ impl Engine {
             next_id += chosen.len() as u64;
             let next = std::sync::atomic::AtomicUsize::new(0);
             let failed = std::sync::atomic::AtomicBool::new(false);
-            let results: Vec<(usize, Result<Option<Written>, StoreError>)> =
-                std::thread::scope(|scope| {
-                    let handles: Vec<_> = (0..workers)
-                        .map(|_| {
-                            scope.spawn(|| {
-                                let mut out = Vec::new();
-                                loop {
-                                    if failed.load(Ordering::Relaxed) {
-                                        break;
-                                    }
-                                    let i = next.fetch_add(1, Ordering::Relaxed);
-                                    let (Some(c), Some(e)) = (chosen.get(i), entries.get(i)) else {
-                                        break;
-                                    };
-                                    let r = self.write_segment(c, *e, records);
-                                    if r.is_err() {
-                                        failed.store(true, Ordering::Relaxed);
-                                    }
-                                    out.push((i, r));
+            let results: Vec<(usize, Result<Written, StoreError>)> = std::thread::scope(|scope| {
+                let handles: Vec<_> = (0..workers)
+                    .map(|_| {
+                        scope.spawn(|| {
+                            let mut out = Vec::new();
+                            loop {
+                                if failed.load(Ordering::Relaxed) {
+                                    break;
                                 }
-                                out
-                            })
+                                let i = next.fetch_add(1, Ordering::Relaxed);
+                                let (Some(c), Some(e)) = (chosen.get(i), entries.get(i)) else {
+                                    break;
+                                };
+                                let r = self.write_segment(c, *e, records);
+                                if r.is_err() {
+                                    failed.store(true, Ordering::Relaxed);
+                                }
+                                out.push((i, r));
+                            }
+                            out
                         })
-                        .collect();
-                    handles
-                        .into_iter()
-                        .flat_map(|h| {
-                            h.join().unwrap_or_else(|_| {
-                                vec![(
-                                    usize::MAX,
-                                    Err(StoreError::internal("a segment writer panicked")),
-                                )]
-                            })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .flat_map(|h| {
+                        h.join().unwrap_or_else(|_| {
+                            vec![(
+                                usize::MAX,
+                                Err(StoreError::internal("a segment writer panicked")),
+                            )]
                         })
-                        .collect()
-                });
+                    })
+                    .collect()
+            });
             let mut results = results;
             results.sort_by_key(|(i, _)| *i);
             for (_, r) in results {
-                if let Some(w) = r? {
-                    added.push((w.0, Arc::clone(&w.1)));
-                    written.push(w);
-                }
+                let w = r?;
+                added.push((w.0, Arc::clone(&w.1)));
+                written.push(w);
             }
         }
         for (_, _, stats) in &written {

@@ -336,9 +336,12 @@ fn keys_of_a_tier_the_sweep_empties_are_forgotten_too() {
     e.sweep();
     assert_eq!(e.stats().live_counters, 0, "the sweep emptied memory");
     let report = e.flush().unwrap();
-    assert_eq!(report.segments, 0, "{report:?}");
+    // The hour's segment is written all the same, empty: it says the hour is archived.
+    assert_eq!((report.segments, report.data_points), (1, 0), "{report:?}");
     assert_eq!(report.forgotten_keys, 200, "{report:?}");
     assert_eq!(e.stats().keys, 0);
+    // Past the tier's retention, compaction drops it.
+    assert_eq!(e.compact().unwrap().dropped, 1);
 }
 
 #[test]
@@ -1184,4 +1187,37 @@ fn a_top_of_memory_keeps_to_its_namespace_among_others_at_the_same_resolution() 
         .collect();
     write_both(&e, &reference, NOW, &many);
     check("keys summed in a map");
+}
+
+#[test]
+fn increments_that_net_to_zero_before_a_flush_stay_zero_after_a_restart() {
+    // +2 to a bucket; a day and more later, -2 to it (late) with another key's event now.
+    // The flush finds the old periods' counters at zero and nothing to write for them; the
+    // log is truncated at the new event's record, so a restart skips the +2 — and must skip
+    // the -2 too, which the period's (empty) segment tells it.
+    let dir = tempfile::tempdir().unwrap();
+    let clock = crate::clock(NOW);
+    let e = open(dir.path(), &clock);
+    write(&e, NOW, &[raw("clicks", "k", NOW, 2, &[])]).unwrap();
+    clock.advance(32 * 3600);
+    let later = NOW + 32 * 3600;
+    let events = [
+        raw("clicks", "other", later, 1, &[]),
+        raw("clicks", "k", NOW, -2, &[]),
+    ];
+    write(&e, later, &events).unwrap();
+    e.flush().unwrap();
+    for res in [60, 3600] {
+        assert_eq!(crate::total(&e, "clicks", "k", res), 0, "at {res} s");
+    }
+    drop(e);
+    let e = open(dir.path(), &clock);
+    for res in [60, 3600] {
+        assert_eq!(
+            crate::total(&e, "clicks", "k", res),
+            0,
+            "at {res} s after a restart"
+        );
+        assert_eq!(crate::total(&e, "clicks", "other", res), 1, "at {res} s");
+    }
 }
