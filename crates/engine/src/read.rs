@@ -671,8 +671,10 @@ impl Core {
         let dense = cat.keys.len() <= counters.saturating_mul(4);
         let mut by_key = vec![0i64; if dense { cat.keys.len() } else { 0 }];
         let mut sparse: HashMap<KeyId, i64, foldhash::fast::FixedState> = HashMap::default();
-        // Retention keeps a suffix of the window: its first kept bucket.
+        // Retention keeps a suffix of the window: its first kept bucket. `[lo, hi)` as one
+        // unsigned comparison (`hi >= lo`).
         let lo = window.first_kept();
+        let width = window.hi.saturating_sub(lo);
         let mut seen = 0u32;
         for s in 0..self.mem.shards() {
             let shard = self.mem.lock(s);
@@ -685,18 +687,24 @@ impl Core {
                 // Frozen counters of subtotals come too: told apart by their id, without
                 // reading the catalog's entries; a total's id names its key, and the key's
                 // namespace comes from a small array.
-                if idx < lo || idx >= window.hi || !is_total(sid) {
-                    continue;
-                }
                 let key = sid & !TOTAL;
-                if cat.key_ns.get(key as usize) != Some(&ns) {
+                if !is_total(sid) || cat.key_ns.get(key as usize) != Some(&ns) {
                     continue;
                 }
-                let at = match by_key.get_mut(key as usize) {
-                    Some(at) => at,
-                    None => sparse.entry(key).or_default(),
-                };
-                *at = at.wrapping_add(n);
+                // Whether the bucket is in the window is not branched on: a window that
+                // cuts the memtable's hours (the last 24 hours, half of them in memory)
+                // takes about half the counters, in hash order, and a branch on it was
+                // mispredicted half the time (the walk took twice as long).
+                let inside = idx.wrapping_sub(lo) < width;
+                let n = n & 0i64.wrapping_sub(i64::from(inside));
+                match by_key.get_mut(key as usize) {
+                    Some(at) => *at = at.wrapping_add(n),
+                    None if inside => {
+                        let at = sparse.entry(key).or_default();
+                        *at = at.wrapping_add(n);
+                    }
+                    None => {}
+                }
             }
         }
         let found = by_key
