@@ -2,7 +2,7 @@
 //! bookkeeping that recovery needs (up to which log record a period is already archived).
 //! An `Archive` value never changes; publishing a flush swaps in a new one.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -78,9 +78,11 @@ pub struct Archive {
     pub manifest: Manifest,
     /// In manifest order, opened.
     pub segments: Vec<(SegmentEntry, Arc<Segment>)>,
-    /// `(resolution, period start)` → the last log record whose increments to that period are
-    /// archived.
-    flushed: HashMap<(u32, i64), u64>,
+    /// `(resolution, period start, period length)` → the last log record whose increments
+    /// to that period are archived.
+    flushed: HashMap<(u32, i64, i64), u64>,
+    /// `(resolution, period start)` of every segment: a new segment there is a delta.
+    starts: HashSet<(u32, i64)>,
     /// Per resolution, the period lengths its segments have (usually one or two), so that a
     /// bucket's segments are found whatever flush policy wrote them.
     lens: HashMap<u32, Vec<i64>>,
@@ -108,16 +110,20 @@ impl Archive {
 
     /// An archive of already opened segments.
     pub fn with(manifest: Manifest, segments: Vec<(SegmentEntry, Arc<Segment>)>) -> Archive {
-        let mut flushed: HashMap<(u32, i64), u64> = HashMap::new();
+        let mut flushed: HashMap<(u32, i64, i64), u64> = HashMap::new();
         let mut lens: HashMap<u32, Vec<i64>> = HashMap::new();
+        let mut starts = HashSet::new();
         for (e, _) in &segments {
-            let f = flushed.entry((e.resolution, e.period_start)).or_default();
+            starts.insert((e.resolution, e.period_start));
+            let len = e.period_end - e.period_start;
+            let f = flushed
+                .entry((e.resolution, e.period_start, len))
+                .or_default();
             *f = (*f).max(e.flushed_seq);
             // Only a segment flushed at or after wal_start can hold increments of a record
             // recovery replays; the others (merged months among them) need no lookup.
             if e.flushed_seq >= manifest.wal_start {
                 let l = lens.entry(e.resolution).or_default();
-                let len = e.period_end - e.period_start;
                 if len > 0 && !l.contains(&len) {
                     l.push(len);
                 }
@@ -127,14 +133,18 @@ impl Archive {
             manifest,
             segments,
             flushed,
+            starts,
             lens,
         }
     }
 
-    /// The last log record whose increments to this period are archived (0: none).
-    pub fn flushed_seq(&self, resolution: u32, period_start: i64) -> u64 {
+    /// The last log record whose increments to this period (`len` seconds from
+    /// `period_start`) are archived (0: none). Periods of several lengths can start at one
+    /// time (a day and its first hour, after the flush policy changed): each length is
+    /// looked up apart, since a segment vouches only for its own period.
+    pub fn flushed_seq(&self, resolution: u32, period_start: i64, len: i64) -> u64 {
         self.flushed
-            .get(&(resolution, period_start))
+            .get(&(resolution, period_start, len))
             .copied()
             .unwrap_or(0)
     }
@@ -147,14 +157,14 @@ impl Archive {
             return 0;
         };
         lens.iter()
-            .map(|len| self.flushed_seq(resolution, b.div_euclid(*len) * len))
+            .map(|&len| self.flushed_seq(resolution, b.div_euclid(len) * len, len))
             .max()
             .unwrap_or(0)
     }
 
     /// Whether a base segment exists for this period (a new one is then a delta).
     pub fn has_period(&self, resolution: u32, period_start: i64) -> bool {
-        self.flushed.contains_key(&(resolution, period_start))
+        self.starts.contains(&(resolution, period_start))
     }
 
     /// Segments of one resolution overlapping `[from, to)`, with what a namespace's cutoff

@@ -1221,3 +1221,43 @@ fn increments_that_net_to_zero_before_a_flush_stay_zero_after_a_restart() {
         assert_eq!(crate::total(&e, "clicks", "other", res), 1, "at {res} s");
     }
 }
+
+#[test]
+fn a_segment_of_another_period_length_starting_at_the_same_time_skips_nothing_else() {
+    // Hourly periods first: the 1h tier's hour [D, D+1h) is archived while the hour
+    // [D+5h, D+6h) stays in memory. Reopened with day periods, a flush archives the day
+    // before D; the next restart replays the log with both lengths in use, and the day
+    // starting at D must not borrow the hour segment's log position (it holds only its
+    // hour), or the increment to D+5h is skipped.
+    let dir = tempfile::tempdir().unwrap();
+    let clock = crate::clock(NOW);
+    let hourly = FlushPolicy {
+        hourly_period: 3600,
+        fine_period: 3600,
+        grace: 0,
+    };
+    clock.advance(5 * 3600 + 1800);
+    let now = NOW + 5 * 3600 + 1800;
+    let e = open_with(dir.path(), &clock, hourly);
+    write(&e, now, &[raw("clicks", "k", now, 1, &[])]).unwrap();
+    write(&e, now, &[raw("clicks", "k", NOW + 1800, 1, &[])]).unwrap();
+    e.flush().unwrap();
+    drop(e);
+    let e = open(dir.path(), &clock);
+    write(&e, now, &[raw("clicks", "k", NOW - DAY + 3 * 3600, 1, &[])]).unwrap();
+    e.flush().unwrap();
+    for res in [60, 3600] {
+        assert_eq!(crate::total(&e, "clicks", "k", res), 3, "at {res} s");
+    }
+    drop(e);
+    for policy in [FlushPolicy::default(), hourly] {
+        let e = open_with(dir.path(), &clock, policy);
+        for res in [60, 3600] {
+            assert_eq!(
+                crate::total(&e, "clicks", "k", res),
+                3,
+                "at {res} s, reopened"
+            );
+        }
+    }
+}
