@@ -404,6 +404,10 @@ impl Engine {
             cutoffs,
             ..old.manifest.clone()
         };
+        // The log first, as a flush does: the manifest's cutoffs, and the drops and merges
+        // decided on the catalog, come from schema changes that must not be lost in a crash
+        // the manifest survives (the archive would match no prefix of the log).
+        self.wal.sync()?;
         manifest::publish(&*self.fs, &self.dir, &m).map_err(unavailable)?;
         *self
             .core

@@ -1261,3 +1261,22 @@ fn a_segment_of_another_period_length_starting_at_the_same_time_skips_nothing_el
         }
     }
 }
+
+#[test]
+fn compaction_makes_the_log_durable_before_it_publishes() {
+    // With fsync=never, a schema change that removes the hourly tier sits unsynced in the
+    // log; compaction then drops that tier's segments and publishes the cutoff. Were the
+    // manifest durable and the schema change lost in a crash, the archive would match no
+    // prefix of the log: compaction syncs the log before publishing, as a flush does.
+    let dir = tempfile::tempdir().unwrap();
+    let clock = crate::clock(NOW);
+    let e = open(dir.path(), &clock);
+    write(&e, NOW, &[raw("clicks", "k", NOW - 2 * DAY, 5, &[])]).unwrap();
+    assert!(e.flush().unwrap().segments >= 1);
+    let ns = Namespace::new("clicks").unwrap();
+    e.put_schema(&ns, &crate::minute_only()).unwrap();
+    let before = e.stats().wal.fsyncs;
+    let report = e.compact().unwrap();
+    assert!(report.dropped >= 1, "{report:?}");
+    assert!(e.stats().wal.fsyncs > before, "the log was not synced");
+}
