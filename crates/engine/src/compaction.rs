@@ -291,7 +291,7 @@ impl Engine {
                 })
                 .collect()
         };
-        let id = old.manifest.next_segment_id.max(1);
+        let id = self.fresh.segment_after(&old.manifest);
         let entry = SegmentEntry {
             id,
             delta: false,
@@ -385,7 +385,7 @@ impl Engine {
             .filter(|(e, _)| !remove.contains(&e.id))
             .cloned()
             .collect();
-        let mut next = old.manifest.next_segment_id;
+        let mut next = self.fresh.segment_after(&old.manifest);
         if let Some((e, s)) = add {
             next = next.max(e.id + 1);
             segments.push((e, s));
@@ -398,7 +398,7 @@ impl Engine {
                 .collect()
         };
         let m = Manifest {
-            number: old.manifest.number + 1,
+            number: self.fresh.number_after(&old.manifest),
             next_segment_id: next,
             segments: segments.iter().map(|(e, _)| *e).collect(),
             cutoffs,
@@ -408,6 +408,7 @@ impl Engine {
         // decided on the catalog, come from schema changes that must not be lost in a crash
         // the manifest survives (the archive would match no prefix of the log).
         self.wal.sync()?;
+        self.fresh.use_up(&m);
         manifest::publish(&*self.fs, &self.dir, &m).map_err(unavailable)?;
         *self
             .core

@@ -3,7 +3,7 @@
 
 use std::fs::{File, TryLockError};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
 use std::time::{Duration as StdDuration, Instant};
 
@@ -16,7 +16,7 @@ use tally_core::store::{
 use crate::archive::{Archive, FlushPolicy};
 use crate::io::Faults;
 use crate::io::{Fs, OsFs};
-use crate::manifest::{self, ManifestError};
+use crate::manifest::{self, Manifest, ManifestError};
 use crate::recovery::{self, Recovery};
 use crate::segment::SegmentError;
 use crate::state::Core;
@@ -140,11 +140,44 @@ pub struct Engine {
     /// One flush (or compaction, or install) at a time. Holds what decides when the catalog
     /// next forgets what memory no longer holds.
     pub(crate) flush_lock: Mutex<crate::flush::ForgetDebt>,
+    /// Manifest numbers and segment ids no publish has used yet.
+    pub(crate) fresh: Fresh,
     /// One rebuild at a time: its read of what a range holds and its install are one step.
     pub(crate) rebuild_lock: Mutex<()>,
     /// Conditional writes (`apply_if`) of one key serialise on its stripe.
     conditional: Vec<Mutex<()>>,
     _lock: File,
+}
+
+/// The next manifest number and segment id no publish has used. A publish that failed may
+/// have made its manifest current all the same (its error came after `CURRENT` was renamed,
+/// from the directory's sync), while the engine goes on from the manifest before it: so what
+/// a publish used is never used again, and a later publish never overwrites the files a
+/// current manifest may name.
+#[derive(Debug, Default)]
+pub(crate) struct Fresh {
+    manifest: AtomicU64,
+    segment: AtomicU64,
+}
+
+impl Fresh {
+    /// The number of the manifest to publish after `old`.
+    pub(crate) fn number_after(&self, old: &Manifest) -> u64 {
+        (old.number + 1).max(self.manifest.load(Ordering::SeqCst))
+    }
+
+    /// The first segment id to use after `old`.
+    pub(crate) fn segment_after(&self, old: &Manifest) -> u64 {
+        old.next_segment_id
+            .max(1)
+            .max(self.segment.load(Ordering::SeqCst))
+    }
+
+    /// Marks `m`'s number and segment ids as used: called before it is published.
+    pub(crate) fn use_up(&self, m: &Manifest) {
+        self.manifest.fetch_max(m.number + 1, Ordering::SeqCst);
+        self.segment.fetch_max(m.next_segment_id, Ordering::SeqCst);
+    }
 }
 
 impl std::fmt::Debug for Engine {
@@ -259,6 +292,7 @@ impl Engine {
             segments_dir,
             fs: config.fs,
             flush_lock: Mutex::new(Default::default()),
+            fresh: Fresh::default(),
             rebuild_lock: Mutex::new(()),
             conditional: (0..CONDITIONAL_STRIPES).map(|_| Mutex::new(())).collect(),
             _lock: lock,

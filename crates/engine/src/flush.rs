@@ -294,7 +294,7 @@ impl Engine {
         workers: usize,
     ) -> Result<FlushReport, StoreError> {
         let old = Arc::clone(&self.core.archive());
-        let mut next_id = old.manifest.next_segment_id.max(1);
+        let mut next_id = self.fresh.segment_after(&old.manifest);
         let mut report = FlushReport::default();
         let mut added: Vec<(SegmentEntry, Arc<Segment>)> = Vec::new();
         let entry = |id: u64, delta: bool, c: &Chosen| SegmentEntry {
@@ -436,7 +436,7 @@ impl Engine {
             };
             Manifest {
                 cutoffs,
-                number: old.manifest.number + 1,
+                number: self.fresh.number_after(&old.manifest),
                 next_segment_id: next_id,
                 wal_start: wal_start.max(old.manifest.wal_start),
                 segments: old.manifest.segments.clone(),
@@ -448,6 +448,7 @@ impl Engine {
         // The log first: a manifest says the log held records up to `seq`, and recovery
         // refuses a log that ends before (its newest file lost), so they must be durable.
         self.wal.sync()?;
+        self.fresh.use_up(&m);
         manifest::publish(&*self.fs, &self.dir, &m).map_err(io("publishing the manifest"))?;
         report.wal_start = m.wal_start;
         // 5. Swap.

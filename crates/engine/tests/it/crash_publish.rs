@@ -47,6 +47,8 @@ struct CrashFs {
     ops: AtomicUsize,
     crash_at: AtomicUsize,
     crashed: AtomicBool,
+    /// An operation that fails alone (a transient error: the ones after it succeed).
+    fail_once: AtomicUsize,
     unsynced: Mutex<Vec<Undo>>,
 }
 
@@ -56,6 +58,7 @@ impl CrashFs {
             ops: AtomicUsize::new(0),
             crash_at: AtomicUsize::new(crash_at),
             crashed: AtomicBool::new(false),
+            fail_once: AtomicUsize::new(usize::MAX),
             unsynced: Mutex::new(Vec::new()),
         }
     }
@@ -67,7 +70,7 @@ impl CrashFs {
     }
 
     /// Counts an operation; fails it (and every later one) once the crash point is reached.
-    fn step(&self) -> io::Result<()> {
+    fn step(&self) -> io::Result<usize> {
         let n = self.ops.fetch_add(1, Ordering::SeqCst);
         if n == self.crash_at.load(Ordering::SeqCst) {
             self.crashed.store(true, Ordering::SeqCst);
@@ -75,6 +78,17 @@ impl CrashFs {
         if self.crashed.load(Ordering::SeqCst) {
             return Err(io::Error::other(format!(
                 "simulated crash at operation {n}"
+            )));
+        }
+        Ok(n)
+    }
+
+    /// Whether operation `n` (as `step` numbered it) is the one to report a failure after
+    /// it happened: as a failed fsync whose effect reached the disk all the same.
+    fn fails_after(&self, n: usize) -> io::Result<()> {
+        if n == self.fail_once.load(Ordering::SeqCst) {
+            return Err(io::Error::other(format!(
+                "simulated failure reported by operation {n}, which took effect"
             )));
         }
         Ok(())
@@ -102,17 +116,17 @@ impl CrashFs {
 
 impl Fs for CrashFs {
     fn write_new(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
-        self.step()?;
+        let n = self.step()?;
         OsFs.write_new(path, bytes)?;
         self.unsynced
             .lock()
             .unwrap()
             .push(Undo::Created(path.to_owned()));
-        Ok(())
+        self.fails_after(n)
     }
 
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        self.step()?;
+        let n = self.step()?;
         let old_to = std::fs::read(to).ok();
         OsFs.rename(from, to)?;
         self.unsynced.lock().unwrap().push(Undo::Renamed {
@@ -120,30 +134,30 @@ impl Fs for CrashFs {
             to: to.to_owned(),
             old_to,
         });
-        Ok(())
+        self.fails_after(n)
     }
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
-        self.step()?;
+        let n = self.step()?;
         OsFs.sync_dir(dir)?;
         self.unsynced
             .lock()
             .unwrap()
             .retain(|u| u.dir() != Some(dir));
-        Ok(())
+        self.fails_after(n)
     }
 
     fn remove(&self, path: &Path) -> io::Result<()> {
-        self.step()?;
+        let n = self.step()?;
         let Ok(bytes) = std::fs::read(path) else {
-            return Ok(());
+            return self.fails_after(n);
         };
         OsFs.remove(path)?;
         self.unsynced.lock().unwrap().push(Undo::Removed {
             path: path.to_owned(),
             bytes,
         });
-        Ok(())
+        self.fails_after(n)
     }
 }
 
@@ -321,4 +335,76 @@ fn a_crash_at_any_step_of_an_install_leaves_all_of_it_or_none() {
     // Segments (written in parallel), their directory, the manifest, CURRENT.
     assert!(crash_at >= 10, "only {crash_at} steps were tried");
     eprintln!("crash points tried: {crash_at}");
+}
+
+/// A flush whose operation `fail` (counted from the flush's start) fails alone — the last
+/// steps of a publish among them, after `CURRENT` may already name the new manifest — then
+/// late events to an archived day, and a second flush that crashes at its operation
+/// `crash_at`. Returns whether the second flush crashed. Whatever failed, the reopened
+/// directory counts exactly what was acknowledged: a failed publish must not let a later
+/// one reuse the segment ids or the manifest number the failed one may have published.
+fn run_after_a_failed_publish(fail: usize, crash_at: usize) -> bool {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = crate::clock(NOW);
+    let reference = MemStore::new(clock.clone());
+    let fs = Arc::new(CrashFs::new(usize::MAX));
+    let e = open(dir.path(), &clock, fs.clone());
+    let events = a_few_hours();
+    write(&e, NOW, &events).unwrap();
+    write(&reference, NOW, &events).unwrap();
+    fs.fail_once
+        .store(fs.ops.load(Ordering::SeqCst) + fail, Ordering::SeqCst);
+    let _ = e.flush();
+    let late = [raw(
+        "clicks",
+        "lnk_2",
+        NOW - 3 * 86_400 + 5,
+        7,
+        &[("country", "FR")],
+    )];
+    write(&e, NOW, &late).unwrap();
+    write(&reference, NOW, &late).unwrap();
+    fs.arm(crash_at);
+    let crashed = e.flush().is_err();
+    drop(e);
+    fs.lose_unsynced();
+    let e = open(dir.path(), &clock, Arc::new(OsFs));
+    same(&e, &reference, NOW);
+    e.flush().unwrap();
+    e.compact().unwrap();
+    same(&e, &reference, NOW);
+    crashed
+}
+
+/// Events in two hours of two archived days, and one in the open hour (which keeps the
+/// log from being truncated past them).
+fn a_few_hours() -> Vec<tally_core::model::RawEvent> {
+    let mut events: Vec<_> = [NOW - 2 * 86_400 + 60, NOW - 86_400 + 3600]
+        .into_iter()
+        .map(|t| raw("clicks", "lnk_1", t, 3, &[("country", "US")]))
+        .collect();
+    events.push(raw("clicks", "lnk_3", NOW - 60, 1, &[]));
+    events
+}
+
+#[test]
+fn a_publish_that_failed_part_way_is_never_overwritten_by_the_next() {
+    // How many operations the first flush takes, from a run where nothing fails.
+    let ops = {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = crate::clock(NOW);
+        let fs = Arc::new(CrashFs::new(usize::MAX));
+        let e = open(dir.path(), &clock, fs.clone());
+        write(&e, NOW, &a_few_hours()).unwrap();
+        let before = fs.ops.load(Ordering::SeqCst);
+        e.flush().unwrap();
+        fs.ops.load(Ordering::SeqCst) - before
+    };
+    for fail in 0..ops {
+        let mut crash_at = 0;
+        while run_after_a_failed_publish(fail, crash_at) {
+            crash_at += 1;
+            assert!(crash_at < 200, "the second flush never finished");
+        }
+    }
 }
