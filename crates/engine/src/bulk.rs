@@ -836,18 +836,19 @@ impl Engine {
             seq
         };
         // The answers go in the manifest the install publishes; if it fails, they come out
-        // again (a later flush must not publish answers for counts that are not there).
-        let keys: Vec<String> = answers.iter().map(|r| r.key.clone()).collect();
-        {
+        // again (a later flush must not publish answers for counts that are not there), and
+        // any answer they replaced comes back.
+        let replaced: Vec<(String, Option<IdemRecord>)> = {
             let mut idem = self
                 .core
                 .idem
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            for r in answers {
-                idem.insert(r.key.clone(), r);
-            }
-        }
+            answers
+                .into_iter()
+                .map(|r| (r.key.clone(), idem.insert(r.key.clone(), r)))
+                .collect()
+        };
         let policy = self.core.flush;
         let parts = bulk.take_parts(&policy);
         let chosen: Vec<Chosen> = parts.parts.iter().map(|(c, _)| *c).collect();
@@ -869,8 +870,11 @@ impl Engine {
                 .idem
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            for k in &keys {
-                idem.remove(k);
+            for (k, before) in replaced {
+                match before {
+                    Some(r) => idem.insert(k, r),
+                    None => idem.remove(&k),
+                };
             }
         }
         done

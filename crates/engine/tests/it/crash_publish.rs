@@ -408,3 +408,63 @@ fn a_publish_that_failed_part_way_is_never_overwritten_by_the_next() {
         }
     }
 }
+
+/// An install carrying an answer under a key memory already holds, failing at its
+/// operation `fail_at`: whether it failed. A failed install must give back the answer it
+/// replaced, not leave the key without one.
+fn install_over_an_answer(fail_at: usize) -> bool {
+    use tally_core::ingest::{self, Defaults, Limits};
+    use tally_core::store::{IdemRecord, Store};
+    use tally_engine::Bulk;
+
+    let dir = tempfile::tempdir().unwrap();
+    let clock = crate::clock(NOW);
+    let fs = Arc::new(CrashFs::new(usize::MAX));
+    let e = open(dir.path(), &clock, fs.clone());
+    let answer = |body: &str| IdemRecord {
+        key: "k".into(),
+        fingerprint: "f".into(),
+        expires: NOW + 86_400,
+        status: 200,
+        body: body.into(),
+    };
+    let events = three_days();
+    let mut batch = ingest::prepare(
+        &e,
+        &events[..1],
+        NOW,
+        &Limits::default(),
+        &Defaults::default(),
+    )
+    .unwrap();
+    batch.idempotency = Some(answer("first"));
+    e.apply(&batch).unwrap();
+    let schema = e
+        .schema(&tally_core::model::Namespace::new("clicks").unwrap())
+        .unwrap()
+        .unwrap();
+    let history =
+        ingest::prepare(&e, &events, NOW, &Limits::default(), &Defaults::default()).unwrap();
+    let mut bulk = Bulk::default();
+    for inc in &history.increments {
+        bulk.add(&schema, inc, NOW);
+    }
+    fs.arm(fail_at);
+    let failed = e.install(bulk, vec![answer("second")]).is_err();
+    let want = if failed { "first" } else { "second" };
+    assert_eq!(
+        e.idempotency("k").unwrap(),
+        Some(answer(want)),
+        "failing at {fail_at}"
+    );
+    failed
+}
+
+#[test]
+fn a_failed_install_gives_back_the_answer_it_replaced() {
+    let mut fail_at = 0;
+    while install_over_an_answer(fail_at) {
+        fail_at += 1;
+        assert!(fail_at < 400, "the install never finished");
+    }
+}
