@@ -24,6 +24,9 @@ enum Op {
     /// (key, seconds before now, n, country) events.
     Batch(Vec<(usize, i64, i64, Option<u8>)>),
     Restart,
+    /// Restart with the other flush policy (hourly periods, or the default day periods):
+    /// segments of several period lengths then share a resolution.
+    Reopen,
     Advance(i64),
     Sweep,
     Schema(usize, bool),
@@ -44,6 +47,7 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         6 => prop::collection::vec((0..KEYS.len(), ago(), -3i64..10, prop::option::of(0u8..3)), 1..12).prop_map(Op::Batch),
         2 => Just(Op::Restart),
+        1 => Just(Op::Reopen),
         2 => prop_oneof![0i64..7200, 0i64..2 * 86_400].prop_map(Op::Advance),
         1 => Just(Op::Sweep),
         3 => Just(Op::Flush),
@@ -234,6 +238,15 @@ fn open_model(dir: &std::path::Path, clock: &Arc<ManualClock>) -> Engine {
     crate::archive::open_with(dir, clock, AGGRESSIVE)
 }
 
+/// The policy `Op::Reopen` switches to from `p`.
+fn other(p: FlushPolicy) -> FlushPolicy {
+    if p == AGGRESSIVE {
+        FlushPolicy::default()
+    } else {
+        AGGRESSIVE
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
@@ -244,6 +257,7 @@ proptest! {
         let reference = MemStore::new(clock.clone());
         let ns = Namespace::new("m").unwrap();
         let mut engine = Some(open_model(dir.path(), &clock));
+        let mut policy = AGGRESSIVE;
         for op in ops {
             let e = engine.as_ref().unwrap();
             let now = tally_core::store::Clock::now(&*clock);
@@ -262,7 +276,12 @@ proptest! {
                 }
                 Op::Restart => {
                     drop(engine.take());
-                    engine = Some(open_model(dir.path(), &clock));
+                    engine = Some(crate::archive::open_with(dir.path(), &clock, policy));
+                }
+                Op::Reopen => {
+                    drop(engine.take());
+                    policy = other(policy);
+                    engine = Some(crate::archive::open_with(dir.path(), &clock, policy));
                 }
                 Op::Advance(secs) => clock.advance(secs),
                 Op::Sweep => {
@@ -283,7 +302,7 @@ proptest! {
         }
         // And once more from the log alone.
         drop(engine.take());
-        let e = open_model(dir.path(), &clock);
+        let e = crate::archive::open_with(dir.path(), &clock, policy);
         compare(&e, &reference)?;
     }
 }
