@@ -192,7 +192,20 @@ impl Engine {
     /// Refuses, before anything is logged, a batch whose increments name a namespace that
     /// neither exists nor is created by the batch: logged, such a record could not be applied
     /// at the next start either, and recovery would stop on it.
-    fn check_namespaces(&self, batch: &Batch) -> Result<(), StoreError> {
+    /// What a batch must satisfy before it is logged: whatever is logged is replayed, and a
+    /// record replay cannot apply stops recovery. The API checks both long before; a
+    /// `Batch` made by hand is checked here.
+    fn check_before_logging(&self, batch: &Batch) -> Result<(), StoreError> {
+        if let Some(inc) = batch
+            .increments
+            .iter()
+            .find(|inc| !(0..tally_core::model::MAX_TS).contains(&inc.ts))
+        {
+            return Err(StoreError::internal(format!(
+                "timestamp {} of key {} is out of range (0 to 2^32 - 1 s)",
+                inc.ts, inc.key
+            )));
+        }
         let mut last: Option<&Namespace> = None;
         for inc in &batch.increments {
             if last == Some(&inc.ns) {
@@ -399,7 +412,7 @@ impl Store for Engine {
 
     fn apply(&self, batch: &Batch) -> Result<(), StoreError> {
         let _gate = self.gate_shared();
-        self.check_namespaces(batch)?;
+        self.check_before_logging(batch)?;
         let view = BatchView::from_batch(batch);
         let mut bytes = Vec::with_capacity(64 + 16 * batch.increments.len());
         view.encode(&mut bytes);

@@ -597,3 +597,32 @@ fn a_manifest_whose_log_starts_past_the_last_number_is_refused() {
     let e = reopen(dir.path()).expect_err("refused");
     assert!(e.to_string().contains("outside the numbers"), "{e}");
 }
+
+#[test]
+fn a_batch_replay_could_not_apply_is_refused_before_it_is_logged() {
+    use tally_core::ingest::{self, Defaults, Limits};
+    // The API refuses such timestamps long before; a `Batch` made by hand reaches the
+    // engine, which must not log what replay would then refuse to apply.
+    let dir = tempfile::tempdir().unwrap();
+    let c = clock(NOW);
+    let e = open(dir.path(), &c, FsyncPolicy::Always);
+    write(&e, NOW, &[raw("clicks", "k", NOW, 1, &[])]).unwrap();
+    let records = e.stats().wal.records;
+    for ts in [-1, 1 << 32] {
+        let mut batch = ingest::prepare(
+            &e,
+            &[raw("clicks", "k", NOW, 5, &[])],
+            NOW,
+            &Limits::default(),
+            &Defaults::default(),
+        )
+        .unwrap();
+        batch.increments[0].ts = ts;
+        let err = e.apply(&batch).unwrap_err();
+        assert!(err.detail().contains("out of range"), "{err:?}");
+    }
+    assert_eq!(e.stats().wal.records, records, "nothing was logged");
+    drop(e);
+    let e = open(dir.path(), &c, FsyncPolicy::Always);
+    assert_eq!(total(&e, "clicks", "k", 60), 1);
+}
