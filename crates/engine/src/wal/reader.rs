@@ -134,8 +134,12 @@ pub fn scan_with(
     let mut records = 0;
     while pos < bytes.len() {
         let rest = &bytes[pos..];
-        // A tail of zeros is space the file system extended but never wrote.
-        let zero_tail = || rest.iter().all(|&b| b == 0);
+        // Zeros to the end from `at` (relative to this record) are space the file system
+        // extended but never wrote: a power loss after a write that was not yet synced can
+        // keep the file's new length with only its first pages written, so they can start
+        // anywhere in a record's header or payload. Nothing whole follows, and the
+        // record's own bytes cannot be recovered: in the last file it is a torn tail.
+        let zeros_from = |at: usize| rest.get(at..).is_none_or(|r| r.iter().all(|&b| b == 0));
         if rest.len() < FRAME_HEADER_LEN {
             if is_last {
                 return Ok(torn_at(pos, records, seq, &missing));
@@ -145,7 +149,7 @@ pub fn scan_with(
         let expected_h = read_u32(rest, FRAME_HEADER_CRC_OFFSET);
         let got_h = crc32c::crc32c(&rest[..FRAME_HEADER_CRC_OFFSET]);
         if got_h != expected_h {
-            if is_last && zero_tail() {
+            if is_last && zeros_from(FRAME_HEADER_LEN) {
                 return Ok(torn_at(pos, records, seq, &missing));
             }
             return Err(corrupt(
@@ -203,8 +207,9 @@ pub fn scan_with(
         let expected_p = read_u32(rest, FRAME_PAYLOAD_CRC_OFFSET);
         let got_p = crc32c::crc32c(payload);
         if got_p != expected_p {
-            // Only the very last record of the log can be a torn write.
-            if is_last && rest.len() == end {
+            // Only the very last record of the log can be a torn write (what follows it,
+            // if anything, was never written).
+            if is_last && zeros_from(end) {
                 return Ok(torn_at(pos, records, seq, &missing));
             }
             return Err(corrupt(

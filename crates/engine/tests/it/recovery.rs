@@ -117,6 +117,40 @@ fn torn_tail_at_every_byte_of_the_last_record() {
     }
 }
 
+#[test]
+fn pages_never_written_at_the_end_of_the_log_are_a_torn_tail() {
+    // A power loss after a group commit's write but before its fsync (fsync=interval or
+    // never) can leave the file its new length with only its first pages written: the
+    // rest reads as zeros, from the middle of a record's header or payload to the end.
+    let src = tempfile::tempdir().unwrap();
+    let bounds = fill(src.path(), 5);
+    let file_end = bounds[4].1;
+    for z in bounds[2].0..file_end {
+        let dir = tempfile::tempdir().unwrap();
+        copy_dir(src.path(), dir.path());
+        let file = only_file(dir.path());
+        let mut bytes = std::fs::read(&file).unwrap();
+        // A record is whole if the zeros left its bytes as they were (it ends before them,
+        // or its last bytes were zeros already).
+        let whole = bounds
+            .iter()
+            .take_while(|(_, end)| {
+                *end <= z || bytes[z as usize..*end as usize].iter().all(|&b| b == 0)
+            })
+            .count();
+        bytes[z as usize..].fill(0);
+        std::fs::write(&file, bytes).unwrap();
+        let e = reopen(dir.path()).unwrap_or_else(|err| panic!("zeros from {z}: {err}"));
+        assert_batches(&e, whole, 5);
+        assert_eq!(e.recovery().records as usize, whole, "zeros from {z}");
+        assert_eq!(
+            e.recovery().torn.as_ref().map(|t| t.offset),
+            bounds.get(whole).map(|b| b.0),
+            "zeros from {z}"
+        );
+    }
+}
+
 fn flip(path: &Path, offset: u64) {
     let mut bytes = std::fs::read(path).unwrap();
     bytes[offset as usize] ^= 0x10;
