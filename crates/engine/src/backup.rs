@@ -78,7 +78,20 @@ fn try_once(src: &Path, dest: &Path) -> Result<Option<BackupReport>, BackupError
     for d in [dest, &dest_wal, &dest_segs] {
         std::fs::create_dir_all(d).map_err(io(d))?;
     }
-    let m: Option<Manifest> = manifest::load(src)?;
+    let current = |src: &Path| std::fs::read(src.join(CURRENT)).ok();
+    let named = current(src);
+    let m: Option<Manifest> = match manifest::load(src) {
+        Ok(m) => m,
+        // A flush or a compaction published a new manifest between the reads of `CURRENT`
+        // and of the manifest it named, and removed that one: start over. (A `CURRENT`
+        // that still names a missing manifest is damage, reported.)
+        Err(ManifestError::Io { source, .. })
+            if source.kind() == std::io::ErrorKind::NotFound && current(src) != named =>
+        {
+            return Ok(None);
+        }
+        Err(e) => return Err(e.into()),
+    };
     let mut report = BackupReport {
         manifest: m.as_ref().map(|m| m.number),
         ..BackupReport::default()

@@ -1282,3 +1282,22 @@ fn compaction_makes_the_log_durable_before_it_publishes() {
     assert!(report.dropped >= 1, "{report:?}");
     assert!(e.stats().wal.fsyncs > before, "the log was not synced");
 }
+
+#[test]
+fn a_backup_of_a_directory_whose_current_manifest_is_missing_reports_it() {
+    // A manifest removed under the copy by a newer publish starts the copy over; one that
+    // CURRENT still names and that is not there is damage, reported at once.
+    let dir = tempfile::tempdir().unwrap();
+    let (_clock, _reference, e) = seeded(dir.path());
+    e.flush().unwrap();
+    drop(e);
+    let m = manifest::load(dir.path()).unwrap().unwrap();
+    std::fs::remove_file(manifest::file_name(dir.path(), m.number)).unwrap();
+    let copy = dir.path().join("copy");
+    match tally_engine::backup::backup(dir.path(), &copy) {
+        Err(tally_engine::backup::BackupError::Manifest(e)) => {
+            assert!(e.to_string().contains("MANIFEST-"), "{e}");
+        }
+        other => panic!("expected the missing manifest reported, got {other:?}"),
+    }
+}
