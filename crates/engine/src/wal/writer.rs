@@ -101,8 +101,17 @@ impl Writer {
             .map_err(|_| StoreError::unavailable("the log writer has stopped"))?
     }
 
-    /// Appends one record payload; returns its sequence number once the policy is met.
+    /// Appends one record payload; returns its sequence number once the policy is met. A
+    /// payload longer than a record holds (`MAX_PAYLOAD_LEN`, which recovery refuses) is
+    /// refused before anything is written.
     pub fn append(&self, payload: Vec<u8>) -> Result<u64, StoreError> {
+        if payload.len() > super::MAX_PAYLOAD_LEN {
+            return Err(StoreError::internal(format!(
+                "a log record of {} bytes is longer than a record holds ({} bytes)",
+                payload.len(),
+                super::MAX_PAYLOAD_LEN
+            )));
+        }
         self.send(|reply| Req::Append(payload, reply))
     }
 

@@ -370,3 +370,32 @@ fn accepting_a_lost_tail_appends_in_a_file_named_for_the_next_number() {
     }
     assert_eq!(files(dir.path())[0].0, 11);
 }
+
+#[test]
+fn a_record_longer_than_recovery_reads_is_refused_before_it_is_written() {
+    use tally_engine::wal::MAX_PAYLOAD_LEN;
+    use tally_engine::wal::writer::{Start, Writer, create_first};
+    let dir = tempfile::tempdir().unwrap();
+    let file = create_first(dir.path(), 1, None).unwrap();
+    let w = Writer::start(Start {
+        dir: dir.path().to_owned(),
+        file,
+        next_seq: 1,
+        policy: FsyncPolicy::Always,
+        max_file_bytes: 64 << 20,
+        faults: None,
+    })
+    .unwrap();
+    // Zeroed pages the allocator maps lazily: the refusal reads none of them.
+    let err = w.append(vec![0u8; MAX_PAYLOAD_LEN + 1]).unwrap_err();
+    assert!(
+        err.detail().contains("longer than a record holds"),
+        "{err:?}"
+    );
+    assert_eq!(
+        w.append(b"fits".to_vec()).unwrap(),
+        1,
+        "nothing was numbered"
+    );
+    assert_eq!(w.stats().records, 1);
+}
