@@ -94,6 +94,9 @@ pub async fn post_events(
     let n = raws.len() as u64;
     let body = app
         .blocking(move |app| {
+            // The key stays claimed until the store is done, even if the client hangs up
+            // and this handler is dropped: a retry meanwhile gets 409, not a second apply.
+            let _held = held;
             apply(app, raws, idem, |_, _| {
                 Ok(Accepted {
                     accepted: n,
@@ -102,7 +105,6 @@ pub async fn post_events(
             })
         })
         .await?;
-    drop(held);
     Ok(Json(body).into_response())
 }
 
@@ -291,15 +293,18 @@ pub async fn incr(
         Idem::Proceed(held) => held,
     };
     let idem = held.as_ref().map(Held::ticket);
+    // The key stays claimed until the store is done (see `post_events`).
     if let Some((last, max)) = limited {
-        let answer = app
-            .blocking(move |app| apply_limited(app, raw, idem, last, max))
+        return app
+            .blocking(move |app| {
+                let _held = held;
+                apply_limited(app, raw, idem, last, max)
+            })
             .await;
-        drop(held);
-        return answer;
     }
     let body = app
         .blocking(move |app| {
+            let _held = held;
             apply(app, vec![raw], idem, |app, batch| {
                 let window = match window {
                     Some(last) => Some(query::window_after(
@@ -317,7 +322,6 @@ pub async fn incr(
             })
         })
         .await?;
-    drop(held);
     Ok(Json(body).into_response())
 }
 

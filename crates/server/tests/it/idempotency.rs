@@ -242,3 +242,70 @@ scopes = ["write:clicks", "read:clicks"]
     );
     assert_eq!(v["total"], 13);
 }
+
+/// A client that gives up on its request (a timeout: the connection closed) and retries
+/// with the same key while the first is still being applied gets 409, not a second apply:
+/// the key stays claimed until the store is done with the first, wherever its client went.
+#[test]
+fn a_retry_after_the_client_hung_up_waits_for_the_first_request() {
+    use std::io::Write;
+    let s = std::sync::Arc::new(Server::start(Settings::default()));
+    let body = json!([{"ns": "clicks", "key": "k", "ts": NOW - 60}]).to_string();
+    assert_eq!(s.post("/v1/events", &body).0, 200);
+    s.store.close();
+    let mut c = std::net::TcpStream::connect(s.addr).unwrap();
+    write!(
+        c,
+        "POST /v1/events HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n\
+         Idempotency-Key: gone\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    while *s.store.waiting.lock().unwrap() == 0 {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    drop(c);
+    // Time for the server to see the connection closed and drop the request's handler.
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let retry = {
+        let (s, body) = (s.clone(), body.clone());
+        std::thread::spawn(move || {
+            s.req(
+                "POST",
+                "/v1/events",
+                Some(&body),
+                &[("Idempotency-Key", "gone")],
+            )
+        })
+    };
+    // Answered at once; had the key been let go, the retry would wait at the store's gate
+    // to be applied a second time.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !retry.is_finished() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let answered = retry.is_finished();
+    s.store.open();
+    assert!(
+        answered,
+        "the retry went on to the store while the first was applied"
+    );
+    err(retry.join().unwrap(), 409, "idempotency_in_progress");
+    // Once the first is applied, the retry replays its answer.
+    let mut tries = 0;
+    loop {
+        let (status, _) = s.req(
+            "POST",
+            "/v1/events",
+            Some(&body),
+            &[("Idempotency-Key", "gone")],
+        );
+        if status == 200 {
+            break;
+        }
+        tries += 1;
+        assert!(tries < 200, "still {status}");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(total(&s, "k"), 2, "the events were counted once");
+}
