@@ -697,3 +697,63 @@ fn a_rebuild_replaces_one_range_and_nothing_else() {
     sigterm_and_wait(sb);
     sigterm_and_wait(sc);
 }
+
+/// A rebuild through a server sends its events aggregated: by a bucket every tier's buckets
+/// are made of, not by the finest tier's (20-minute buckets do not make 30-minute ones).
+#[test]
+fn a_rebuild_through_a_server_keeps_each_tier_s_buckets() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("odd");
+    std::fs::create_dir(&dir).unwrap();
+    let cfg = dir.join("tally.toml");
+    std::fs::write(
+        &cfg,
+        "[namespaces.odd]\ntiers = [\"20m:3650d\", \"30m:3650d\", \"1h:forever\"]\n",
+    )
+    .unwrap();
+    let s = serve_cmd(
+        tally().env("TALLY_DATA", dir.join("data")),
+        &["--config", cfg.to_str().unwrap()],
+    );
+    let url = s.url.trim_end_matches('/').to_owned();
+    // 00:35: the 20-minute bucket 00:20, the 30-minute bucket 00:30.
+    let at = DAY0 + 35 * 60;
+    let csv = tmp.path().join("odd.csv");
+    std::fs::write(&csv, format!("ns,key,ts,n\nodd,k,{at},3\n")).unwrap();
+    let (from, to) = (DAY0.to_string(), (DAY0 + 86_400).to_string());
+    let o = load(&[
+        csv.to_str().unwrap(),
+        "--server",
+        &url,
+        "--replace",
+        "--ns",
+        "odd",
+        "--from",
+        &from,
+        "--to",
+        &to,
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let series = |res: &str| {
+        let mut r = http_agent()
+            .get(format!(
+                "{url}/v1/ns/odd/export?from={from}&to={to}&resolution={res}"
+            ))
+            .call()
+            .unwrap();
+        r.body_mut().read_to_string().unwrap()
+    };
+    for (res, bucket) in [
+        ("20m", DAY0 + 20 * 60),
+        ("30m", DAY0 + 30 * 60),
+        ("1h", DAY0),
+    ] {
+        let rows = series(res);
+        assert!(
+            rows.lines()
+                .any(|l| l.contains(&format!(",{bucket},")) && l.ends_with(",3")),
+            "{res}: {rows}"
+        );
+    }
+    sigterm_and_wait(s);
+}

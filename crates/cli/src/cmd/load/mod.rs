@@ -325,20 +325,28 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
                 let n = chunk.len() as u64;
                 if let Some(r) = &rebuild {
                     // Sent in one request at the end, aggregated: events of one key, dimensions
-                    // and bucket of the namespace's finest tier count as one.
-                    let finest = checker
+                    // and bucket count as one — a bucket every tier's buckets are made of (the
+                    // greatest common divisor of the resolutions: 20-minute buckets do not
+                    // make 30-minute ones, 10-minute ones make both).
+                    let unit = checker
                         .schemas
                         .schema(&r.ns)
                         .ok()
                         .flatten()
-                        .and_then(|s| s.tiers().iter().map(|t| t.resolution.secs_i64()).min())
+                        .map(|s| {
+                            s.tiers()
+                                .iter()
+                                .map(|t| t.resolution.secs_i64())
+                                .fold(0, gcd)
+                        })
+                        .filter(|&u| u > 0)
                         .unwrap_or(1);
                     for (_, e) in &chunk {
                         let ts = e.ts.unwrap_or(now);
                         let mut dims = e.dims.clone();
                         dims.sort();
                         *rebuilt
-                            .entry((e.key.clone(), ts.div_euclid(finest) * finest, dims))
+                            .entry((e.key.clone(), ts.div_euclid(unit) * unit, dims))
                             .or_insert(0) += e.n.unwrap_or(1);
                     }
                     loaded += n;
@@ -645,4 +653,9 @@ fn progress(quiet: bool, total: u64, what: &str) -> indicatif::ProgressBar {
     );
     bar.set_message(what.to_owned());
     bar
+}
+
+/// The greatest common divisor (`gcd(0, b) = b`).
+fn gcd(a: i64, b: i64) -> i64 {
+    if b == 0 { a } else { gcd(b, a % b) }
 }
