@@ -351,7 +351,8 @@ pub trait Store: Send + Sync {
 
     /// Replaces what namespace `ns` holds in `[from, to)` (whole hours, closed) with what
     /// `batch`'s increments (all inside the range) count, atomically for readers: a read sees
-    /// the old counts or the new, never a mix. Writes to the range meanwhile are kept on top.
+    /// the old counts or the new, never a mix. A write to the range meanwhile is replaced if
+    /// it came before the rebuild read its key, else kept on top, the same in every tier.
     /// Answers how many counters the range held before. Backends without it refuse.
     fn rebuild(
         &self,

@@ -687,7 +687,8 @@ impl Engine {
     /// Replaces what `ns` holds in `[from, to)` with `bulk` (its new counts): the range's
     /// current counters, every tier, totals and subtotals, are subtracted and the difference
     /// installed in one manifest. One rebuild at a time. Answers how many counters the range
-    /// held.
+    /// held. Writes to the range meanwhile are replaced or kept on top, key by key, the same
+    /// in every tier (see the comment in the loop).
     pub fn rebuild_bulk(
         &self,
         ns: &tally_core::model::Namespace,
@@ -716,6 +717,14 @@ impl Engine {
                 break;
             };
             after = Some(last.to_string());
+            // A page's tiers are read at one point of the log (no batch applies meanwhile):
+            // a write to the range during the rebuild is replaced if it came before its
+            // key's page was read, kept on top if after — in every tier alike, so minutes
+            // and hours still agree. Writers wait for one page's reads at most.
+            let _cut = self
+                .gate
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             for tier in schema.tiers() {
                 let want = if schema.is_breakdown(tier.resolution) {
                     Want::All
