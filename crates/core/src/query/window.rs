@@ -206,6 +206,18 @@ pub fn incr_limited(
         None => schema_of(store, ns)?,
     };
     let planned = window_plan(ns, &schema, last, now())?;
+    // The limit is on the window: an increment outside it would be counted unchecked (and
+    // a future one would overfill its window when that comes).
+    if let Some(i) = batch.increments.iter().find(|i| !planned.covers(i.ts)) {
+        return Err(QueryError::InvalidParameter {
+            field: "ts",
+            why: format!(
+                "ts {} is outside the window the limit checks (the last {last}): a limited \
+                 increment counts now, give no ts or one inside the window",
+                i.ts
+            ),
+        });
+    }
     let mut read = planned.read(ns, key);
     read.to = planned.to.saturating_add(LOCK_WAIT_MARGIN);
     let mut outcome = None;

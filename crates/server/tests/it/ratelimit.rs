@@ -147,5 +147,24 @@ fn bad_limits_are_refused() {
         400,
         "invalid_parameter",
     );
+    // An increment outside the window the limit checks would be counted unchecked (a
+    // future one then overfills its window): refused, naming ts.
+    for ts in [crate::NOW + 1800, crate::NOW - 7200] {
+        let e = err(
+            s.post(
+                &format!("/v1/ns/api/keys/k/incr?window=1m&max=5&ts={ts}"),
+                "",
+            ),
+            400,
+            "invalid_parameter",
+        );
+        assert_eq!(e["error"]["field"], "ts", "{ts}");
+    }
     assert_eq!(s.state(), before);
+    // Inside the window it counts as any other.
+    let (st, v) = s.post(
+        &format!("/v1/ns/api/keys/k/incr?window=1m&max=5&ts={}", crate::NOW),
+        "",
+    );
+    assert_eq!(st, 200, "{v}");
 }
