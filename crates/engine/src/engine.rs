@@ -47,6 +47,9 @@ pub struct Config {
     /// numbering): the missing range is logged as an error and lost for good. Without it
     /// (the default) such a log stops recovery with an error naming the range.
     pub accept_data_loss: bool,
+    /// Idempotency answers remembered at once (each for 24 h, in memory and in every
+    /// manifest): a batch with a new key past it is refused, nothing logged.
+    pub max_idempotency_answers: usize,
 }
 
 impl std::fmt::Debug for Config {
@@ -58,6 +61,7 @@ impl std::fmt::Debug for Config {
             .field("shards", &self.shards)
             .field("flush", &self.flush)
             .field("accept_data_loss", &self.accept_data_loss)
+            .field("max_idempotency_answers", &self.max_idempotency_answers)
             .finish_non_exhaustive()
     }
 }
@@ -76,6 +80,7 @@ impl Config {
             flush: FlushPolicy::default(),
             fs: Arc::new(OsFs),
             accept_data_loss: false,
+            max_idempotency_answers: 1_000_000,
         }
     }
 }
@@ -142,6 +147,7 @@ pub struct Engine {
     pub(crate) flush_lock: Mutex<crate::flush::ForgetDebt>,
     /// Manifest numbers and segment ids no publish has used yet.
     pub(crate) fresh: Fresh,
+    max_idempotency_answers: usize,
     /// One rebuild at a time: its read of what a range holds and its install are one step.
     pub(crate) rebuild_lock: Mutex<()>,
     /// Conditional writes (`apply_if`) of one key serialise on its stripe.
@@ -205,6 +211,21 @@ impl Engine {
                 "timestamp {} of key {} is out of range (0 to 2^32 - 1 s)",
                 inc.ts, inc.key
             )));
+        }
+        if let Some(r) = &batch.idempotency {
+            let idem = self
+                .core
+                .idem
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if idem.len() >= self.max_idempotency_answers && !idem.contains_key(&r.key) {
+                return Err(StoreError::unavailable(format!(
+                    "{} idempotency answers are remembered, the most [limits] \
+                     max_idempotency_keys allows; each is kept 24 h: retry later, or send \
+                     without an Idempotency-Key",
+                    idem.len()
+                )));
+            }
         }
         let mut last: Option<&Namespace> = None;
         for inc in &batch.increments {
@@ -306,6 +327,7 @@ impl Engine {
             fs: config.fs,
             flush_lock: Mutex::new(Default::default()),
             fresh: Fresh::default(),
+            max_idempotency_answers: config.max_idempotency_answers,
             rebuild_lock: Mutex::new(()),
             conditional: (0..CONDITIONAL_STRIPES).map(|_| Mutex::new(())).collect(),
             _lock: lock,

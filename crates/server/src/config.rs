@@ -123,6 +123,7 @@ struct LimitsDoc {
     max_concurrent_writes: Option<usize>,
     max_concurrent_queries: Option<usize>,
     max_body_bytes_in_flight: Option<usize>,
+    max_idempotency_keys: Option<usize>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -228,6 +229,9 @@ pub struct ServerLimits {
     pub max_concurrent_queries: usize,
     /// Request-body bytes held in memory across all requests at once.
     pub max_body_bytes_in_flight: usize,
+    /// Idempotency answers the embedded engine remembers at once (each 24 h, in memory and
+    /// in every manifest); a request with a new key past it is `503`.
+    pub max_idempotency_keys: usize,
 }
 
 impl Default for ServerLimits {
@@ -241,6 +245,7 @@ impl Default for ServerLimits {
             max_concurrent_writes: 256,
             max_concurrent_queries: 16,
             max_body_bytes_in_flight: 512 * 1024 * 1024,
+            max_idempotency_keys: 1_000_000,
         }
     }
 }
@@ -367,6 +372,11 @@ impl Settings {
                     l.max_body_bytes_in_flight,
                     d.max_body_bytes_in_flight,
                 )?,
+                max_idempotency_keys: positive(
+                    "max_idempotency_keys",
+                    l.max_idempotency_keys,
+                    d.max_idempotency_keys,
+                )?,
             };
         }
         for (i, t) in file.tokens.iter().enumerate() {
@@ -487,6 +497,7 @@ max_connections = 4096
 max_concurrent_writes = 256
 max_concurrent_queries = 16
 max_body_bytes_in_flight = 536870912
+max_idempotency_keys = 1000000
 
 [[tokens]]
 token = "s3cret"

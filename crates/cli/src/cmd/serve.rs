@@ -91,6 +91,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let mut cfg = Config::new(&args.data);
     cfg.fsync = fsync;
     cfg.accept_data_loss = args.accept_data_loss;
+    cfg.max_idempotency_answers = limits.max_idempotency_keys;
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -660,3 +660,46 @@ fn a_batch_replay_could_not_apply_is_refused_before_it_is_logged() {
     let e = open(dir.path(), &c, FsyncPolicy::Always);
     assert_eq!(total(&e, "clicks", "k", 60), 1);
 }
+
+#[test]
+fn idempotency_answers_past_their_bound_are_refused_and_nothing_is_logged() {
+    use tally_core::ingest::{self, Defaults, Limits};
+    use tally_core::store::IdemRecord;
+    let dir = tempfile::tempdir().unwrap();
+    let c = clock(NOW);
+    let mut cfg = Config::new(dir.path());
+    cfg.clock = c.clone();
+    cfg.fsync = FsyncPolicy::Never;
+    cfg.max_idempotency_answers = 2;
+    let e = Engine::open(cfg).unwrap();
+    let batch = |key: &str| {
+        let mut b = ingest::prepare(
+            &e,
+            &[raw("clicks", "k", NOW, 1, &[])],
+            NOW,
+            &Limits::default(),
+            &Defaults::default(),
+        )
+        .unwrap();
+        b.idempotency = Some(IdemRecord {
+            key: key.into(),
+            fingerprint: "f".into(),
+            expires: NOW + 86_400,
+            status: 200,
+            body: "{}".into(),
+        });
+        b
+    };
+    e.apply(&batch("a")).unwrap();
+    e.apply(&batch("b")).unwrap();
+    let records = e.stats().wal.records;
+    let err = e.apply(&batch("c")).unwrap_err();
+    assert!(matches!(err, StoreError::Unavailable { .. }), "{err:?}");
+    assert!(err.detail().contains("max_idempotency_keys"), "{err:?}");
+    assert_eq!(e.stats().wal.records, records, "nothing was logged");
+    assert_eq!(total(&e, "clicks", "k", 60), 2);
+    // Once answers expire, new keys are taken again.
+    c.advance(86_400 + 1);
+    e.sweep();
+    e.apply(&batch("c")).unwrap();
+}
