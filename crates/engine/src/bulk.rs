@@ -769,6 +769,16 @@ impl Engine {
                     }
                 }
             }
+            // What the range holds is held in memory until the install: within the
+            // budget `bulk` was given (none: no bound), or the rebuild stops, changing
+            // nothing.
+            if !bulk.has_room(0, 0) {
+                return Err(StoreError::unavailable(format!(
+                    "the range holds more than the rebuild's memory budget ({} MiB) after \
+                     {held} counters: rebuild a shorter range",
+                    bulk.budget >> 20
+                )));
+            }
             if page.len() < 1000 {
                 break;
             }

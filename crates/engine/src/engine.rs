@@ -580,12 +580,17 @@ impl Store for Engine {
             .ok_or_else(|| StoreError::internal(format!("namespace {ns} is unknown")))?;
         let now = self.clock.now();
         let mut bulk = crate::bulk::Bulk::default();
+        bulk.set_budget(REBUILD_BUDGET);
         for inc in &batch.increments {
             bulk.add(&schema, inc, now);
         }
         self.rebuild_bulk(ns, from, to, bulk)
     }
 }
+
+/// Memory a rebuild through the API may hold (the new counts, bounded by the request's
+/// size, and what the range held, subtracted): past it the rebuild stops, changing nothing.
+const REBUILD_BUDGET: usize = 1 << 30;
 
 impl Drop for Engine {
     fn drop(&mut self) {

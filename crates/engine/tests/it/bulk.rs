@@ -336,3 +336,28 @@ fn a_rebuild_under_concurrent_writes_leaves_every_tier_agreeing() {
         );
     }
 }
+
+#[test]
+fn a_rebuild_past_its_memory_budget_stops_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = crate::clock(NOW);
+    let e = crate::open(dir.path(), &clock, tally_engine::FsyncPolicy::Never);
+    let day = NOW - 86_400;
+    let events: Vec<_> = (0..3000)
+        .map(|i| crate::raw("clicks", &format!("k{i:04}"), day + 60 + i, 1, &[]))
+        .collect();
+    crate::write(&e, NOW, &events).unwrap();
+    let ns = tally_core::model::Namespace::new("clicks").unwrap();
+    let mut bulk = tally_engine::Bulk::default();
+    bulk.set_budget(64 << 10);
+    let err = e.rebuild_bulk(&ns, day, day + 3600, bulk).unwrap_err();
+    assert!(err.detail().contains("memory budget"), "{err:?}");
+    for k in ["k0000", "k2999"] {
+        assert_eq!(crate::total(&e, "clicks", k, 3600), 1, "{k}");
+    }
+    // With room, the same rebuild (to nothing) goes through.
+    let mut bulk = tally_engine::Bulk::default();
+    bulk.set_budget(256 << 20);
+    assert_eq!(e.rebuild_bulk(&ns, day, day + 3600, bulk).unwrap(), 6000);
+    assert_eq!(crate::total(&e, "clicks", "k0000", 3600), 0);
+}
