@@ -20,7 +20,9 @@ pub struct NoTier {
     pub message: String,
 }
 
-fn gcd(a: i64, b: i64) -> i64 {
+/// The greatest common divisor (`gcd(0, b) = b`): of resolutions, the bucket every one of
+/// them is made of.
+pub fn gcd(a: i64, b: i64) -> i64 {
     if b == 0 { a } else { gcd(b, a % b) }
 }
 

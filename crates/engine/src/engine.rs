@@ -195,12 +195,12 @@ impl std::fmt::Debug for Engine {
 }
 
 impl Engine {
-    /// Refuses, before anything is logged, a batch whose increments name a namespace that
-    /// neither exists nor is created by the batch: logged, such a record could not be applied
-    /// at the next start either, and recovery would stop on it.
-    /// What a batch must satisfy before it is logged: whatever is logged is replayed, and a
-    /// record replay cannot apply stops recovery. The API checks both long before; a
-    /// `Batch` made by hand is checked here.
+    /// Refuses, before anything is logged, a batch that replay could not apply — an
+    /// increment with a timestamp outside 0..2^32, or naming a namespace that neither exists
+    /// nor is created by the batch (the API checks both long before; a `Batch` made by hand
+    /// is checked here): whatever is logged is replayed, and such a record would stop
+    /// recovery. Also a batch with a new idempotency key once `max_idempotency_answers` are
+    /// remembered.
     fn check_before_logging(&self, batch: &Batch) -> Result<(), StoreError> {
         if let Some(inc) = batch
             .increments

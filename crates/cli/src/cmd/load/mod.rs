@@ -337,7 +337,7 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
                             s.tiers()
                                 .iter()
                                 .map(|t| t.resolution.secs_i64())
-                                .fold(0, gcd)
+                                .fold(0, tally_core::tier::gcd)
                         })
                         .filter(|&u| u > 0)
                         .unwrap_or(1);
@@ -653,9 +653,4 @@ fn progress(quiet: bool, total: u64, what: &str) -> indicatif::ProgressBar {
     );
     bar.set_message(what.to_owned());
     bar
-}
-
-/// The greatest common divisor (`gcd(0, b) = b`).
-fn gcd(a: i64, b: i64) -> i64 {
-    if b == 0 { a } else { gcd(b, a % b) }
 }
