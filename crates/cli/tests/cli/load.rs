@@ -122,8 +122,13 @@ fn total(base: &str) -> i64 {
 }
 
 fn serve_dir(dir: &Path) -> super::Serving {
+    serve_dir_with(dir, CONFIG)
+}
+
+/// A server on `dir/data` with `config` as its configuration file.
+fn serve_dir_with(dir: &Path, config: &str) -> super::Serving {
     let cfg = dir.join("tally.toml");
-    std::fs::write(&cfg, CONFIG).unwrap();
+    std::fs::write(&cfg, config).unwrap();
     serve_cmd(
         tally().env("TALLY_DATA", dir.join("data")),
         &["--config", cfg.to_str().unwrap()],
@@ -705,15 +710,9 @@ fn a_rebuild_through_a_server_keeps_each_tier_s_buckets() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("odd");
     std::fs::create_dir(&dir).unwrap();
-    let cfg = dir.join("tally.toml");
-    std::fs::write(
-        &cfg,
+    let s = serve_dir_with(
+        &dir,
         "[namespaces.odd]\ntiers = [\"20m:3650d\", \"30m:3650d\", \"1h:forever\"]\n",
-    )
-    .unwrap();
-    let s = serve_cmd(
-        tally().env("TALLY_DATA", dir.join("data")),
-        &["--config", cfg.to_str().unwrap()],
     );
     let url = s.url.trim_end_matches('/').to_owned();
     // 00:35: the 20-minute bucket 00:20, the 30-minute bucket 00:30.

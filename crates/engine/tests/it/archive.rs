@@ -16,6 +16,14 @@ use crate::{NOW, raw, read_all, write};
 
 const DAY: i64 = 86_400;
 
+/// Every period an hour, flushed as soon as it closes: the archive gets exercised at every
+/// step.
+pub const HOURLY: FlushPolicy = FlushPolicy {
+    hourly_period: 3600,
+    fine_period: 3600,
+    grace: 0,
+};
+
 pub fn open_with(dir: &Path, clock: &Arc<ManualClock>, flush: FlushPolicy) -> Engine {
     let mut c = Config::new(dir);
     c.clock = clock.clone();
@@ -670,11 +678,7 @@ fn reopening_with_another_flush_policy_counts_the_same() {
     let dir = tempfile::tempdir().unwrap();
     let clock = crate::clock(NOW);
     let reference = MemStore::new(clock.clone());
-    let hourly = FlushPolicy {
-        hourly_period: 3600,
-        fine_period: 3600,
-        grace: 0,
-    };
+    let hourly = HOURLY;
     clock.advance(2 * 3600);
     let now = clock_now(&clock);
     let e = open_with(dir.path(), &clock, hourly);
@@ -755,15 +759,7 @@ fn the_days_of_a_closed_month_are_compacted_into_one_segment() {
 fn check_beside_a_flushing_engine_reports_no_false_damage() {
     let dir = tempfile::tempdir().unwrap();
     let clock = crate::clock(NOW);
-    let e = Arc::new(open_with(
-        dir.path(),
-        &clock,
-        FlushPolicy {
-            hourly_period: 3600,
-            fine_period: 3600,
-            grace: 0,
-        },
-    ));
+    let e = Arc::new(open_with(dir.path(), &clock, HOURLY));
     write(&*e, NOW, &three_days(NOW)).unwrap();
     let worker = {
         let e = e.clone();
@@ -1233,11 +1229,7 @@ fn a_segment_of_another_period_length_starting_at_the_same_time_skips_nothing_el
     // hour), or the increment to D+5h is skipped.
     let dir = tempfile::tempdir().unwrap();
     let clock = crate::clock(NOW);
-    let hourly = FlushPolicy {
-        hourly_period: 3600,
-        fine_period: 3600,
-        grace: 0,
-    };
+    let hourly = HOURLY;
     clock.advance(5 * 3600 + 1800);
     let now = NOW + 5 * 3600 + 1800;
     let e = open_with(dir.path(), &clock, hourly);

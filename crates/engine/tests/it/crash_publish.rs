@@ -259,13 +259,26 @@ fn a_crash_at_any_step_of_a_flush_or_compaction_loses_nothing_and_doubles_nothin
     eprintln!("crash points tried: {crash_at}");
 }
 
+/// `events` (of the namespace `clicks`, which `e` has) checked as the API does and held in
+/// a `Bulk`, ready to install.
+fn bulk_of(e: &Engine, events: &[tally_core::model::RawEvent]) -> tally_engine::Bulk {
+    let batch = crate::prepared(e, NOW, events);
+    let schema =
+        tally_core::store::Store::schema(e, &tally_core::model::Namespace::new("clicks").unwrap())
+            .unwrap()
+            .unwrap();
+    let mut bulk = tally_engine::Bulk::default();
+    for inc in &batch.increments {
+        bulk.add(&schema, inc, NOW);
+    }
+    bulk
+}
+
 /// A bulk install (several segments, written by several threads, bases and deltas) with a
 /// crash at operation `crash_at` of it; returns whether it crashed. After the power loss the
 /// directory holds all of the install — its counts and its idempotency answer — or none.
 fn run_install(crash_at: usize) -> bool {
-    use tally_core::ingest::{self, Defaults, Limits};
     use tally_core::store::IdemRecord;
-    use tally_engine::Bulk;
 
     let dir = tempfile::tempdir().unwrap();
     let clock = crate::clock(NOW);
@@ -291,16 +304,7 @@ fn run_install(crash_at: usize) -> bool {
     e.flush().unwrap();
     let history = three_days();
     write(&after, NOW, &history).unwrap();
-    let batch =
-        ingest::prepare(&e, &history, NOW, &Limits::default(), &Defaults::default()).unwrap();
-    let schema =
-        tally_core::store::Store::schema(&e, &tally_core::model::Namespace::new("clicks").unwrap())
-            .unwrap()
-            .unwrap();
-    let mut bulk = Bulk::default();
-    for inc in &batch.increments {
-        bulk.add(&schema, inc, NOW);
-    }
+    let bulk = bulk_of(&e, &history);
     let answer = IdemRecord {
         key: "load-1".into(),
         fingerprint: "load-1".into(),
@@ -413,9 +417,7 @@ fn a_publish_that_failed_part_way_is_never_overwritten_by_the_next() {
 /// operation `fail_at`: whether it failed. A failed install must give back the answer it
 /// replaced, not leave the key without one.
 fn install_over_an_answer(fail_at: usize) -> bool {
-    use tally_core::ingest::{self, Defaults, Limits};
     use tally_core::store::{IdemRecord, Store};
-    use tally_engine::Bulk;
 
     let dir = tempfile::tempdir().unwrap();
     let clock = crate::clock(NOW);
@@ -429,26 +431,10 @@ fn install_over_an_answer(fail_at: usize) -> bool {
         body: body.into(),
     };
     let events = three_days();
-    let mut batch = ingest::prepare(
-        &e,
-        &events[..1],
-        NOW,
-        &Limits::default(),
-        &Defaults::default(),
-    )
-    .unwrap();
+    let mut batch = crate::prepared(&e, NOW, &events[..1]);
     batch.idempotency = Some(answer("first"));
     e.apply(&batch).unwrap();
-    let schema = e
-        .schema(&tally_core::model::Namespace::new("clicks").unwrap())
-        .unwrap()
-        .unwrap();
-    let history =
-        ingest::prepare(&e, &events, NOW, &Limits::default(), &Defaults::default()).unwrap();
-    let mut bulk = Bulk::default();
-    for inc in &history.increments {
-        bulk.add(&schema, inc, NOW);
-    }
+    let bulk = bulk_of(&e, &events);
     fs.arm(fail_at);
     let failed = e.install(bulk, vec![answer("second")]).is_err();
     let want = if failed { "first" } else { "second" };

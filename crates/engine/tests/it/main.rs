@@ -51,14 +51,17 @@ pub fn raw(ns: &str, key: &str, ts: i64, n: i64, dims: &[(&str, &str)]) -> RawEv
     }
 }
 
+/// `raws` checked as the API does, at `now`, into a batch (not applied).
+pub fn prepared(store: &dyn Store, now: i64, raws: &[RawEvent]) -> tally_core::store::Batch {
+    ingest::prepare(store, raws, now, &Limits::default(), &Defaults::default()).unwrap()
+}
+
 pub fn write(
     store: &dyn Store,
     now: i64,
     raws: &[RawEvent],
 ) -> Result<(), tally_core::store::StoreError> {
-    let batch =
-        ingest::prepare(store, raws, now, &Limits::default(), &Defaults::default()).unwrap();
-    store.apply(&batch)
+    store.apply(&prepared(store, now, raws))
 }
 
 /// Every bucket of a key at one resolution, totals and all subtotals.

@@ -228,11 +228,7 @@ fn compare(engine: &Engine, reference: &MemStore) -> Result<(), TestCaseError> {
 }
 
 /// Flush every hour as soon as it closes: the archive gets exercised at every step.
-const AGGRESSIVE: FlushPolicy = FlushPolicy {
-    hourly_period: 3600,
-    fine_period: 3600,
-    grace: 0,
-};
+const AGGRESSIVE: FlushPolicy = crate::archive::HOURLY;
 
 fn open_model(dir: &std::path::Path, clock: &Arc<ManualClock>) -> Engine {
     crate::archive::open_with(dir, clock, AGGRESSIVE)

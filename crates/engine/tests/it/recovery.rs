@@ -634,7 +634,6 @@ fn a_manifest_whose_log_starts_past_the_last_number_is_refused() {
 
 #[test]
 fn a_batch_replay_could_not_apply_is_refused_before_it_is_logged() {
-    use tally_core::ingest::{self, Defaults, Limits};
     // The API refuses such timestamps long before; a `Batch` made by hand reaches the
     // engine, which must not log what replay would then refuse to apply.
     let dir = tempfile::tempdir().unwrap();
@@ -643,14 +642,7 @@ fn a_batch_replay_could_not_apply_is_refused_before_it_is_logged() {
     write(&e, NOW, &[raw("clicks", "k", NOW, 1, &[])]).unwrap();
     let records = e.stats().wal.records;
     for ts in [-1, 1 << 32] {
-        let mut batch = ingest::prepare(
-            &e,
-            &[raw("clicks", "k", NOW, 5, &[])],
-            NOW,
-            &Limits::default(),
-            &Defaults::default(),
-        )
-        .unwrap();
+        let mut batch = crate::prepared(&e, NOW, &[raw("clicks", "k", NOW, 5, &[])]);
         batch.increments[0].ts = ts;
         let err = e.apply(&batch).unwrap_err();
         assert!(err.detail().contains("out of range"), "{err:?}");
@@ -663,7 +655,6 @@ fn a_batch_replay_could_not_apply_is_refused_before_it_is_logged() {
 
 #[test]
 fn idempotency_answers_past_their_bound_are_refused_and_nothing_is_logged() {
-    use tally_core::ingest::{self, Defaults, Limits};
     use tally_core::store::IdemRecord;
     let dir = tempfile::tempdir().unwrap();
     let c = clock(NOW);
@@ -673,14 +664,7 @@ fn idempotency_answers_past_their_bound_are_refused_and_nothing_is_logged() {
     cfg.max_idempotency_answers = 2;
     let e = Engine::open(cfg).unwrap();
     let batch = |key: &str| {
-        let mut b = ingest::prepare(
-            &e,
-            &[raw("clicks", "k", NOW, 1, &[])],
-            NOW,
-            &Limits::default(),
-            &Defaults::default(),
-        )
-        .unwrap();
+        let mut b = crate::prepared(&e, NOW, &[raw("clicks", "k", NOW, 1, &[])]);
         b.idempotency = Some(IdemRecord {
             key: key.into(),
             fingerprint: "f".into(),

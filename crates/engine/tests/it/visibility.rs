@@ -87,11 +87,7 @@ fn flushes_under_readers_and_writers_neither_hide_nor_double_a_count() {
     let engine = Arc::new(crate::archive::open_with(
         dir.path(),
         &c,
-        tally_engine::FlushPolicy {
-            hourly_period: 3600,
-            fine_period: 3600,
-            grace: 0,
-        },
+        crate::archive::HOURLY,
     ));
     let stop = Arc::new(AtomicBool::new(false));
     let flushed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -209,11 +205,7 @@ fn flushes_of_many_keys_beside_writers_readers_and_schema_changes_count_exactly(
     let engine = Arc::new(crate::archive::open_with(
         dir.path(),
         &c,
-        tally_engine::FlushPolicy {
-            hourly_period: 3600,
-            fine_period: 3600,
-            grace: 0,
-        },
+        crate::archive::HOURLY,
     ));
     // Another namespace whose schema flips, so apply_schema drops frozen counters.
     write(

@@ -135,6 +135,30 @@ fn a_reused_key_with_another_request_is_422() {
     );
 }
 
+/// `POST /v1/events` of `body` under idempotency key `key`, on a thread of its own.
+fn post_in_background(
+    s: &std::sync::Arc<Server>,
+    body: &str,
+    key: &str,
+) -> std::thread::JoinHandle<(u16, serde_json::Value)> {
+    let (s, body, key) = (s.clone(), body.to_owned(), key.to_owned());
+    std::thread::spawn(move || {
+        s.req(
+            "POST",
+            "/v1/events",
+            Some(&body),
+            &[("Idempotency-Key", &key)],
+        )
+    })
+}
+
+/// Waits until a write is held at the store's closed gate.
+fn wait_until_held(s: &Server) {
+    while *s.store.waiting.lock().unwrap() == 0 {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 #[test]
 fn a_concurrent_request_with_the_same_key_is_409() {
     let s = std::sync::Arc::new(Server::start(Settings::default()));
@@ -142,20 +166,8 @@ fn a_concurrent_request_with_the_same_key_is_409() {
     // Create the namespace first, then hold the next write at the store's gate.
     assert_eq!(s.post("/v1/events", &body).0, 200);
     s.store.close();
-    let first = {
-        let (s, body) = (s.clone(), body.clone());
-        std::thread::spawn(move || {
-            s.req(
-                "POST",
-                "/v1/events",
-                Some(&body),
-                &[("Idempotency-Key", "slow")],
-            )
-        })
-    };
-    while *s.store.waiting.lock().unwrap() == 0 {
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
+    let first = post_in_background(&s, &body, "slow");
+    wait_until_held(&s);
     err(
         s.req(
             "POST",
@@ -261,23 +273,11 @@ fn a_retry_after_the_client_hung_up_waits_for_the_first_request() {
         body.len()
     )
     .unwrap();
-    while *s.store.waiting.lock().unwrap() == 0 {
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
+    wait_until_held(&s);
     drop(c);
     // Time for the server to see the connection closed and drop the request's handler.
     std::thread::sleep(std::time::Duration::from_millis(200));
-    let retry = {
-        let (s, body) = (s.clone(), body.clone());
-        std::thread::spawn(move || {
-            s.req(
-                "POST",
-                "/v1/events",
-                Some(&body),
-                &[("Idempotency-Key", "gone")],
-            )
-        })
-    };
+    let retry = post_in_background(&s, &body, "gone");
     // Answered at once; had the key been let go, the retry would wait at the store's gate
     // to be applied a second time.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
