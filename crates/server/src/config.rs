@@ -559,6 +559,7 @@ dimensions = ["status"]
             ("[limits]\nmax_points = 0", "max_points"),
             ("[limits]\nquery_timeout_ms = 0", "query_timeout_ms"),
             ("[limits]\nmax_connections = 0", "max_connections"),
+            ("[limits]\nmax_idempotency_keys = 0", "max_idempotency_keys"),
             ("[[tokens]]\ntoken = \"t\"\nscopes = [\"peek:*\"]", "scope"),
             ("[defaults]\ntiers = []", "[defaults]"),
             (

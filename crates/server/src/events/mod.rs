@@ -207,11 +207,11 @@ pub(crate) fn is_ndjson(headers: &HeaderMap) -> bool {
 
 /// Increment one key from query parameters.
 #[utoipa::path(post, path = "/v1/ns/{ns}/keys/{key}/incr", tag = "events",
-    description = "One event from query parameters `n` (default 1), `ts` (default now), `dim.<name>=<value>`. `window=<duration>` adds the rolling count after the increment; with `max=<n>` too, the increment happens only if that count stays at most `max`, atomically, else `429 limit_exceeded` (count, max, retry_after and a Retry-After header) and nothing is counted.",
+    description = "One event from query parameters `n` (default 1), `ts` (default now), `dim.<name>=<value>`. `window=<duration>` adds the rolling count after the increment; with `max=<n>` too, the increment happens only if that count stays at most `max`, atomically, else `429 limit_exceeded` (count, max, retry_after and a Retry-After header) and nothing is counted; a limited increment's `ts` must fall inside the window (else `400 invalid_parameter`).",
     params(
         ("ns" = String, Path), ("key" = String, Path, description = "percent-encoded"),
         ("n" = Option<i64>, Query), ("ts" = Option<String>, Query), ("window" = Option<String>, Query),
-        ("max" = Option<i64>, Query, description = "with window: count only if the window stays at most max, else 429 limit_exceeded"),
+        ("max" = Option<i64>, Query, description = "with window: count only if the window stays at most max, else 429 limit_exceeded; ts, if given, must fall inside the window"),
         ("Idempotency-Key" = Option<String>, Header),
     ),
     responses((status = 200, description = "`{\"accepted\": 1}` or `{\"accepted\": 1, \"window\": {...}}`"), (status = 400, description = "invalid input")))]
