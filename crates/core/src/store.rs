@@ -228,6 +228,10 @@ pub enum StoreError {
     /// The backend does not offer this operation (a rebuild on Redis).
     #[error("{what}")]
     Unsupported { what: String },
+    /// A different request used the batch's idempotency key (seen by a backend several
+    /// tally servers share, when the server's own look-up did not): nothing was applied.
+    #[error("{what}")]
+    Claimed { what: String },
 }
 
 impl StoreError {
@@ -266,6 +270,7 @@ impl StoreError {
             StoreError::Timeout { what } => StoreError::Timeout { what },
             StoreError::Internal { what } => StoreError::Internal { what },
             StoreError::Unsupported { what } => StoreError::Unsupported { what },
+            StoreError::Claimed { what } => StoreError::Claimed { what },
         }
     }
 
@@ -278,6 +283,7 @@ impl StoreError {
             StoreError::Timeout { .. } => ErrorCode::QueryTimeout,
             StoreError::Internal { .. } => ErrorCode::Internal,
             StoreError::Unsupported { .. } => ErrorCode::NotFound,
+            StoreError::Claimed { .. } => ErrorCode::IdempotencyKeyReused,
         }
     }
 
@@ -407,6 +413,20 @@ pub fn apply_if_locked(
     let _held = lock
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
+    decide_and_apply(store, batch, window, decide, &mut |b| store.apply(b))
+}
+
+/// The body of a conditional write, for a caller that holds the key's lock: reads the
+/// window, decides, and applies through `apply` the batch (with the decision's idempotency
+/// answer) or, when refused, the answer alone. A backend whose lock can be lost while held
+/// (a lease) passes an `apply` that refuses once it is.
+pub fn decide_and_apply(
+    store: &dyn Store,
+    batch: &Batch,
+    window: &KeyRead<'_>,
+    decide: &mut dyn FnMut(&Buckets) -> Result<Decision, StoreError>,
+    apply: &mut dyn FnMut(&Batch) -> Result<(), StoreError>,
+) -> Result<bool, StoreError> {
     let data = store
         .read(std::slice::from_ref(window))?
         .pop()
@@ -415,10 +435,10 @@ pub fn apply_if_locked(
     if decision.apply {
         let mut batch = batch.clone();
         batch.idempotency = decision.idempotency;
-        store.apply(&batch)?;
+        apply(&batch)?;
     } else if let Some(record) = decision.idempotency {
         // Nothing counted; the refusal alone is remembered.
-        store.apply(&Batch {
+        apply(&Batch {
             create: Vec::new(),
             increments: Vec::new(),
             idempotency: Some(record),

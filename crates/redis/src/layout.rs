@@ -154,6 +154,12 @@ pub fn idem_key(key: &str) -> String {
     format!("tally:idem:{{{}}}", escape_tag(key))
 }
 
+/// A cluster apply's claim of an idempotency key for its request (`APPLY`'s marker, set to
+/// the request's fingerprint): `tally:claim:{<key>}`, in the record's slot.
+pub fn claim_key(key: &str) -> String {
+    format!("tally:claim:{{{}}}", escape_tag(key))
+}
+
 /// The window a bucket falls in: windows are `WINDOW_BUCKETS` buckets, epoch-aligned.
 pub fn window_of(bucket: i64, res: i64) -> i64 {
     bucket.div_euclid(res * WINDOW_BUCKETS) * res * WINDOW_BUCKETS

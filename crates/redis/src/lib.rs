@@ -198,7 +198,7 @@ impl RedisStore {
     /// (a retry after a lost answer) changes nothing where the first one arrived. `apply`
     /// uses the batch's idempotency key, else a fresh random id.
     pub fn apply_with_batch_id(&self, batch: &Batch, id: &str) -> Result<(), StoreError> {
-        self.block_on(self.apply_async(batch, Some(id)))
+        self.block_on(self.apply_async(batch, Some(id), None))
     }
 
     /// Whether this store talks to a cluster.
@@ -248,7 +248,9 @@ impl RedisStore {
         let start = std::time::Instant::now();
         let mut pause = Duration::from_millis(1);
         loop {
-            let got: Option<String> = self
+            // `GET`: the holder before, if any. A try whose answer was lost and that took the
+            // lock makes its retry find this token: taken all the same.
+            let before: Option<String> = self
                 .retry(|mut c| async move {
                     redis::cmd("SET")
                         .arg(name)
@@ -256,11 +258,12 @@ impl RedisStore {
                         .arg("NX")
                         .arg("PX")
                         .arg(LOCK_MS)
+                        .arg("GET")
                         .query_async(&mut c)
                         .await
                 })
                 .await?;
-            if got.is_some() {
+            if before.as_deref().is_none_or(|b| b == token) {
                 return Ok(());
             }
             if start.elapsed() > LOCK_WAIT {
@@ -462,7 +465,8 @@ fn collect_text(v: &redis::Value, out: &mut Vec<String>) {
 impl Store for RedisStore {
     /// Serialised per key across every tally server on this Redis by a lock in the
     /// series' slot (`tally:lock:{ns|key}`, `SET NX PX`): read, decide and apply happen while
-    /// it is held. Within one server, callers first queue on a local stripe.
+    /// it is held, and the apply checks, atomically with it, that it still is (a lease of
+    /// `LOCK_MS`). Within one server, callers first queue on a local stripe.
     fn apply_if(
         &self,
         batch: &Batch,
@@ -474,12 +478,22 @@ impl Store for RedisStore {
         let name = layout::lock_key(&layout::series_tag(window.ns, window.key.as_str()));
         let token = self.batch_ids.fresh();
         self.block_on(self.lock(&name, &token))?;
-        let unused = Mutex::new(());
-        let outcome = tally_core::store::apply_if_locked(self, &unused, batch, window, decide);
-        let released = self.block_on(self.unlock(&name, &token));
-        let applied = outcome?;
-        released?;
-        Ok(applied)
+        // The lock is a lease: if this server or Redis stalls past it, another server may
+        // take it and decide on the same count. The apply is fenced by the token, so it
+        // then changes nothing.
+        let fence = write::Fence {
+            lock: name.clone(),
+            token: token.clone(),
+        };
+        let outcome = tally_core::store::decide_and_apply(self, batch, window, decide, &mut |b| {
+            self.block_on(self.apply_async(b, None, Some(&fence)))
+        });
+        // A lock not released frees itself after `LOCK_MS`: an answer already decided (and
+        // applied) stands, rather than a 503 that a client would retry into a second count.
+        if let Err(e) = self.block_on(self.unlock(&name, &token)) {
+            tracing::warn!(error = %e.detail(), lock = %name, "a limited increment's lock was not released");
+        }
+        outcome
     }
 
     fn namespaces(&self) -> Result<Vec<(Namespace, Schema)>, StoreError> {
@@ -496,7 +510,7 @@ impl Store for RedisStore {
     }
 
     fn apply(&self, batch: &Batch) -> Result<(), StoreError> {
-        self.block_on(self.apply_async(batch, None))
+        self.block_on(self.apply_async(batch, None, None))
     }
 
     fn read(&self, reads: &[KeyRead<'_>]) -> Result<Vec<KeyData>, StoreError> {
@@ -530,5 +544,27 @@ impl Store for RedisStore {
             }],
             Err(_) => Vec::new(),
         }
+    }
+}
+
+#[cfg(all(test, feature = "test-support"))]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// A `SET NX` whose answer was lost after it took the lock is sent again: the retry
+    /// must find the lock its own, not wait on itself until `LOCK_WAIT`.
+    #[test]
+    fn a_retried_take_of_a_lock_it_took_holds_it() {
+        let server = testing::RedisServer::start();
+        let store = RedisStore::connect(&server.url()).unwrap();
+        let name = layout::lock_key("{t|k}");
+        let started = std::time::Instant::now();
+        store.block_on(store.lock(&name, "mine")).unwrap();
+        store.block_on(store.lock(&name, "mine")).unwrap();
+        assert!(started.elapsed() < LOCK_WAIT / 2);
+        assert_eq!(server.cli(&["GET", &name]).trim(), "mine");
+        store.block_on(store.unlock(&name, "mine")).unwrap();
+        assert_eq!(server.cli(&["EXISTS", &name]).trim(), "0");
     }
 }

@@ -9,17 +9,27 @@ use redis::Script;
 /// Applies one slot's share of a batch (or, on a single server, the whole batch), once.
 ///
 /// `ARGV[1]`: the marker's lifetime in seconds, or `0` for no marker. With a marker,
-/// `KEYS[1]` is the batch's marker key: if it exists the call changes nothing (this batch
-/// was applied here already); otherwise it is set with the rest, atomically.
+/// `KEYS[1]` is the batch's marker key, `ARGV[2]` the request's token (`-`: any), `ARGV[3]`
+/// when the marker ends and `ARGV[4]` now, both by the store's clock. A marker holds
+/// `<token>@<end>`, and one whose end has passed by the store's clock is taken as absent
+/// (as an idempotency record is hidden then, even if Redis' clock differs). If the marker
+/// exists the call changes nothing and answers `done` (this batch was applied here already:
+/// by this request, or by anyone when the token is `-`) or `claimed` (another request set
+/// it: a different request under the same idempotency key); otherwise it is set with the
+/// rest, atomically.
 ///
-/// `ARGV[2]`: how many key index epochs to check, then for each the index of its token key
+/// `ARGV[5]`, `ARGV[6]`: a fence, or `0` and anything for none: the index in `KEYS` of a
+/// lock and the token it must hold. If it holds another (or none), the call changes nothing
+/// and answers `fenced` — or what the marker says, if it is there.
+///
+/// `ARGV[7]`: how many key index epochs to check, then for each the index of its token key
 /// in `KEYS` (`tally:ke:{ns}`, set to the given fresh token if absent), the fresh token, and
 /// the epoch the caller expects or `-`. A namespace's epoch is the node's `run_id` and
 /// `master_replid` and its token: it changes when Redis restarts (and may have lost
 /// writes), a replica is promoted (a failover, or a failback), or the token is lost
 /// (Redis emptied). If one is not what the caller expects, the call changes nothing but
 /// the tokens and answers `stale` (the caller had left out of the index keys it believed
-/// listed). Answers `{status, epoch…}`: `applied`, `done` (the marker was there) or `stale`,
+/// listed). Answers `{status, epoch…}`: `applied`, `done`, `claimed`, `fenced` or `stale`,
 /// then each epoch checked, in order.
 ///
 /// Then a list of operations, each naming its keys by their index in `KEYS`:
@@ -149,8 +159,8 @@ end
 
 const APPLY_LUA: &str = r#"
 local a = ARGV
-local e = tonumber(a[2])
-local i = 3 + 3 * e
+local e = tonumber(a[7])
+local i = 8 + 3 * e
 local eps = {}
 if e > 0 then
   -- The process (a restart) and its replication history (a promotion, failback included).
@@ -159,10 +169,10 @@ if e > 0 then
     .. (string.match(info, 'master_replid:(%x+)') or '')
   local stale = false
   for j = 0, e - 1 do
-    local tk = KEYS[tonumber(a[3 + 3 * j])]
-    redis.call('SET', tk, a[4 + 3 * j], 'NX')
+    local tk = KEYS[tonumber(a[8 + 3 * j])]
+    redis.call('SET', tk, a[9 + 3 * j], 'NX')
     eps[#eps + 1] = id .. ':' .. redis.call('GET', tk)
-    local want = a[5 + 3 * j]
+    local want = a[10 + 3 * j]
     if want ~= '-' and want ~= eps[#eps] then
       stale = true
     end
@@ -171,10 +181,32 @@ if e > 0 then
     return {'stale', unpack(eps)}
   end
 end
-if a[1] ~= '0' then
-  if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', a[1]) then
-    return {'done', unpack(eps)}
+-- What an existing marker says: nil if there is none (or it ended by the store's clock).
+local function marked()
+  if a[1] == '0' then
+    return nil
   end
+  local v = redis.call('GET', KEYS[1])
+  if not v then
+    return nil
+  end
+  local token, ends = string.match(v, '^(.*)@(%d+)$')
+  if ends and tonumber(ends) <= tonumber(a[4]) then
+    return nil
+  elseif a[2] == '-' or (token or v) == a[2] then
+    return 'done'
+  end
+  return 'claimed'
+end
+if a[5] ~= '0' and redis.call('GET', KEYS[tonumber(a[5])]) ~= a[6] then
+  return {marked() or 'fenced', unpack(eps)}
+end
+if a[1] ~= '0' then
+  local m = marked()
+  if m then
+    return {m, unpack(eps)}
+  end
+  redis.call('SET', KEYS[1], a[2] .. '@' .. a[3], 'EX', a[1])
 end
 local n = #a
 while i <= n do

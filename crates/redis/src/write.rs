@@ -25,6 +25,10 @@ use crate::{RedisStore, scripts};
 /// How long a random batch id's markers live: longer than any retry of one `apply`.
 const MARKER_SECS: i64 = 600;
 
+/// How long a cluster's markers of a batch under an idempotency key are kept once its
+/// record is written ([`RedisStore::tidy_markers`]).
+const MARKER_AFTER_SECS: i64 = 120;
+
 /// An idempotency record as stored (JSON).
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct IdemDoc {
@@ -208,8 +212,15 @@ struct SeriesPlan {
 #[derive(Debug, Default)]
 struct Call {
     keys: Vec<String>,
-    /// The marker's lifetime (`ARGV[1]`).
+    /// The marker's lifetime (`ARGV[1]`), the request's token (`ARGV[2]`), and the
+    /// marker's end and now by the store's clock (`ARGV[3]`, `ARGV[4]`).
     head: String,
+    token: String,
+    ends: String,
+    now: String,
+    /// The fence (`ARGV[2]`, `ARGV[3]`): the index in `keys` of a lock that must still hold
+    /// the token, or `0` for none, and the token.
+    fence: (String, String),
     /// Key index epoch checks, three arguments each (`APPLY`'s doc), and their namespaces
     /// with the keys sent to their index.
     checks: Vec<String>,
@@ -223,16 +234,31 @@ struct Call {
 }
 
 impl Call {
-    fn new(marker: Option<(String, i64)>) -> Call {
-        let mut c = Call::default();
+    fn new(marker: Option<Marker>) -> Call {
+        let mut c = Call {
+            fence: ("0".into(), String::new()),
+            token: "-".into(),
+            ends: "0".into(),
+            now: "0".into(),
+            ..Call::default()
+        };
         match marker {
-            Some((key, secs)) => {
-                c.keys.push(key);
-                c.head = secs.to_string();
+            Some(m) => {
+                c.keys.push(m.key);
+                c.head = m.secs.to_string();
+                c.token = m.token;
+                c.ends = (m.now + m.secs).to_string();
+                c.now = m.now.to_string();
             }
             None => c.head = "0".into(),
         }
         c
+    }
+
+    /// Makes the call change nothing unless `fence`'s lock still holds its token.
+    fn fenced(&mut self, fence: &Fence) {
+        let at = self.key(&fence.lock);
+        self.fence = (at, fence.token.clone());
     }
 
     fn key(&mut self, k: &str) -> String {
@@ -241,7 +267,7 @@ impl Call {
     }
 
     fn is_empty(&self) -> bool {
-        self.args.is_empty() && self.checks.is_empty()
+        self.args.is_empty() && self.checks.is_empty() && self.head == "0"
     }
 
     /// The namespace's index operation: its epoch checked against `expected` (`-`: no key
@@ -372,16 +398,27 @@ fn plan(
 
 impl RedisStore {
     /// `id`: the batch's id; `None` for its idempotency key, else a fresh random one.
+    /// `fence`: a lock the batch's series must still be held under when they are applied
+    /// (their slot's); else nothing is applied and the answer is `unavailable`.
     pub(crate) async fn apply_async(
         &self,
         batch: &Batch,
         id: Option<&str>,
+        fence: Option<&Fence>,
     ) -> Result<(), StoreError> {
         let now = self.now();
-        let id = match (id, &batch.idempotency) {
-            (Some(id), _) => format!("id:{id}"),
-            (None, Some(r)) => format!("idem:{}", r.key),
-            (None, None) => self.batch_ids.fresh(),
+        // Under its idempotency key, a batch's marker says which request applied it: the
+        // request's fingerprint, so a different request under the key is told apart (and
+        // the same one, retried on any server, finishes what is left). Under a caller's or
+        // a random id, any marker is this batch's.
+        let (id, claim, after) = match (id, &batch.idempotency) {
+            (Some(id), _) => (format!("id:{id}"), None, Tidy::Keep),
+            (None, Some(r)) => (
+                format!("idem:{}", r.key),
+                Some(r.fingerprint.as_str()),
+                Tidy::Shorten,
+            ),
+            (None, None) => (self.batch_ids.fresh(), None, Tidy::Delete),
         };
         let marker_secs = match &batch.idempotency {
             Some(r) => (r.expires - now).max(MARKER_SECS),
@@ -404,8 +441,26 @@ impl RedisStore {
         // then every key goes, once more.
         let mut trust = true;
         loop {
-            let calls =
-                self.index_and_series(&series, batch, &id, marker_secs, &new_call, trust, now)?;
+            let calls = self.index_and_series(
+                &series,
+                batch,
+                &id,
+                (marker_secs, claim),
+                &new_call,
+                trust,
+                now,
+                fence,
+            )?;
+            // A cluster's batch markers, one per slot: see `tidy_markers`.
+            let markers: Vec<String> = match self.is_cluster() {
+                true => calls
+                    .iter()
+                    .flatten()
+                    .filter(|c| c.head != "0" && c.token == "-")
+                    .filter_map(|c| c.keys.first().cloned())
+                    .collect(),
+                false => Vec::new(),
+            };
             match self.run_apply(calls).await? {
                 Outcome::Stale if trust => {
                     self.listed.forget();
@@ -417,7 +472,22 @@ impl RedisStore {
                         self.label
                     )));
                 }
-                Outcome::Applied => return Ok(()),
+                Outcome::Applied => {
+                    self.tidy_markers(markers, after).await;
+                    return Ok(());
+                }
+                Outcome::Claimed => {
+                    return Err(StoreError::Claimed {
+                        what: "this Idempotency-Key was used for a different request".into(),
+                    });
+                }
+                Outcome::Fenced => {
+                    return Err(StoreError::unavailable(format!(
+                        "{}: the lock of a limited increment expired before it was \
+                         applied (Redis or this server stalled); nothing was applied, try again",
+                        self.label
+                    )));
+                }
             }
         }
     }
@@ -432,10 +502,11 @@ impl RedisStore {
         series: &BTreeMap<(Namespace, Key), SeriesPlan>,
         batch: &Batch,
         id: &str,
-        marker_secs: i64,
-        new_call: &dyn Fn(Option<(String, i64)>) -> Call,
+        (marker_secs, claim): (i64, Option<&str>),
+        new_call: &dyn Fn(Option<Marker>) -> Call,
         trust: bool,
         now: i64,
+        fence: Option<&Fence>,
     ) -> Result<Vec<Vec<Call>>, StoreError> {
         // The key index, per namespace: every key some tier kept an event of, but those it
         // surely holds. Each namespace's epoch is read once: keys are left out only if
@@ -465,12 +536,27 @@ impl RedisStore {
             (self.batch_ids.fresh(), expected)
         };
         let with_data = || series.values().filter(|s| !s.hashes.is_empty());
+        // A marker is named after the first series of the batch (of its slot, in a
+        // cluster) whether or not a tier keeps its events now: a retry later, when one
+        // fewer series has data, must find the marker the first try set.
 
         if !self.is_cluster() {
-            let marker = with_data()
+            // One call, all or nothing: a marker another apply set means it applied this
+            // batch's idempotency key (`claimed`).
+            let first = series
+                .values()
                 .next()
-                .map(|s| (layout::marker_key(&s.tag, id), marker_secs));
+                .filter(|_| with_data().next().is_some());
+            let marker = first.map(|s| Marker {
+                key: layout::marker_key(&s.tag, id),
+                secs: marker_secs,
+                token: claim.unwrap_or("-").to_owned(),
+                now,
+            });
             let mut call = new_call(marker);
+            if let Some(f) = fence {
+                call.fenced(f);
+            }
             for (ns, members) in &index {
                 call.index(ns, members, self.index_page, check(ns));
             }
@@ -490,21 +576,79 @@ impl RedisStore {
             })
             .collect();
         // Redis hashes only the tag, so the tag's slot is that of every key of the series.
+        let mut first: HashMap<Slot, &str> = HashMap::new();
+        for s in series.values() {
+            first.entry(Slot::for_key(&s.tag)).or_insert(&s.tag);
+        }
         let mut slots: HashMap<Slot, Call> = HashMap::new();
         for s in with_data() {
             let slot = Slot::for_key(&s.tag);
             slots
                 .entry(slot)
-                .or_insert_with(|| new_call(Some((layout::marker_key(&s.tag, id), marker_secs))))
+                .or_insert_with(|| {
+                    // Any apply's marker means done here: the claim (below) decided whose
+                    // the batch is, and a holder that died may have applied some slots.
+                    let mut c = new_call(Some(Marker {
+                        key: layout::marker_key(first.get(&slot).copied().unwrap_or(&s.tag), id),
+                        secs: marker_secs,
+                        token: "-".into(),
+                        now,
+                    }));
+                    // The lock is in the slot of the series it guards (`layout::lock_key`).
+                    if let Some(f) = fence.filter(|f| Slot::for_key(&f.lock) == slot) {
+                        c.fenced(f);
+                    }
+                    c
+                })
                 .series(s);
         }
         let mut steps = vec![indexes, slots.into_values().collect()];
+        // First of all, a batch under an idempotency key claims it for its request, as long
+        // as the answer is kept: a different request under the key (on any tally server,
+        // now or after a failure part-way) is `claimed` before it changes anything.
+        if let (Some(r), Some(fingerprint)) = (&batch.idempotency, claim) {
+            steps.insert(
+                0,
+                vec![new_call(Some(Marker {
+                    key: layout::claim_key(&r.key),
+                    secs: marker_secs,
+                    token: fingerprint.to_owned(),
+                    now,
+                }))],
+            );
+        }
         if let Some(r) = &batch.idempotency {
             let mut c = new_call(None);
             c.record(r)?;
             steps.push(vec![c]);
         }
         Ok(steps)
+    }
+
+    /// In a cluster a batch leaves a marker in every slot it wrote (thousands for a large
+    /// batch), kept for its retries: once it is applied whole they are let go ([`Tidy`]), or
+    /// Redis would hold millions of them at a steady ingest. Best effort: a marker left
+    /// still expires.
+    async fn tidy_markers(&self, markers: Vec<String>, after: Tidy) {
+        let done = join_all(markers.iter().map(|m| {
+            let mut conn = self.conn.clone();
+            async move {
+                let mut cmd = match after {
+                    Tidy::Keep => return Ok(()),
+                    Tidy::Delete => redis::cmd("UNLINK"),
+                    Tidy::Shorten => redis::cmd("EXPIRE"),
+                };
+                cmd.arg(m);
+                if after == Tidy::Shorten {
+                    cmd.arg(MARKER_AFTER_SECS).arg("LT");
+                }
+                cmd.exec_async(&mut conn).await
+            }
+        }))
+        .await;
+        if let Some(Err(e)) = done.into_iter().find(Result::is_err) {
+            tracing::debug!(error = %e, "batch markers not let go; they expire on their own");
+        }
     }
 
     /// Runs the calls of [`RedisStore::index_and_series`], a step at a time (each step's
@@ -514,10 +658,12 @@ impl RedisStore {
         for calls in steps {
             let calls: Vec<Call> = calls.into_iter().filter(|c| !c.is_empty()).collect();
             let replies = self.run(&calls).await?;
-            let mut stale = false;
+            let (mut stale, mut fenced, mut claimed) = (false, false, false);
             for (call, reply) in calls.iter().zip(replies) {
                 let (status, epochs) = reply;
                 stale |= status == "stale";
+                fenced |= status == "fenced";
+                claimed |= status == "claimed";
                 // Only a call that ran its index operations listed keys: `done` (its marker
                 // was there) may be another batch under a reused id.
                 if status != "applied" {
@@ -527,6 +673,12 @@ impl RedisStore {
                     self.listed
                         .note(ns, epoch, members.iter().map(|(k, u)| (k, *u)));
                 }
+            }
+            if claimed {
+                return Ok(Outcome::Claimed);
+            }
+            if fenced {
+                return Ok(Outcome::Fenced);
             }
             if stale {
                 return Ok(Outcome::Stale);
@@ -624,7 +776,13 @@ impl RedisStore {
                 for k in &call.keys {
                     inv.key(k);
                 }
-                inv.arg(&call.head).arg(call.checks.len() / 3);
+                inv.arg(&call.head)
+                    .arg(&call.token)
+                    .arg(&call.ends)
+                    .arg(&call.now)
+                    .arg(&call.fence.0)
+                    .arg(&call.fence.1)
+                    .arg(call.checks.len() / 3);
                 for a in call.checks.iter().chain(&call.args) {
                     inv.arg(a);
                 }
@@ -643,11 +801,50 @@ impl RedisStore {
     }
 }
 
+/// What becomes of a cluster batch's markers once it is applied whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tidy {
+    /// A random id: no retry of it can come any more. Deleted.
+    Delete,
+    /// An idempotency key: its record now answers a retry, but the same request may be
+    /// being applied by another tally server right now (its look-up raced the record):
+    /// kept `MARKER_AFTER_SECS` more.
+    Shorten,
+    /// A caller's id ([`RedisStore::apply_with_batch_id`]): the caller may send it again,
+    /// having lost the answer. Kept their whole life.
+    Keep,
+}
+
 /// How a batch's calls went.
 enum Outcome {
     Applied,
     /// A key index's epoch was not the one expected: nothing was applied.
     Stale,
+    /// A different request used the batch's idempotency key: nothing was applied.
+    Claimed,
+    /// The batch's lock had changed hands: its series were not applied (only key index
+    /// entries, harmless, may have been).
+    Fenced,
+}
+
+/// A batch marker (`layout::marker_key`) or idempotency claim (`layout::claim_key`): the key,
+/// its lifetime in seconds, and the token it is set to: the request's fingerprint, or `-`
+/// (any marker is this batch's).
+#[derive(Debug)]
+struct Marker {
+    key: String,
+    secs: i64,
+    token: String,
+    /// Now by the store's clock: the marker ends `secs` later by it.
+    now: i64,
+}
+
+/// A lock (`layout::lock_key`) and the token its holder set: a write under it is applied
+/// only if the lock still holds the token (a lease that expired may have been taken).
+#[derive(Debug)]
+pub(crate) struct Fence {
+    pub lock: String,
+    pub token: String,
 }
 
 #[cfg(test)]

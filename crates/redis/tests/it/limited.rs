@@ -86,3 +86,88 @@ fn two_stores_on_a_cluster_never_pass_the_limit_together() {
     let cluster = RedisCluster::start();
     hammer(&cluster.url());
 }
+
+/// The lock is a lease: if it expired while its holder stalled and another server took it,
+/// the first holder's apply must change nothing (it decided on a count the other may change).
+fn a_lost_lease_applies_nothing(url: &str, take: &dyn Fn(&str, &str)) {
+    let store = RedisStore::connect(url).unwrap();
+    let ns = Namespace::new("api").unwrap();
+    store
+        .put_schema(&ns, &schema(&["1m:48h", "1h:forever"], None))
+        .unwrap();
+    let now = real_now();
+    let b = batch(
+        &store,
+        now,
+        &[raw("api", "k", now, 1, &[])],
+        &Defaults::default(),
+    );
+    let key = tally_core::model::Key::new("k").unwrap();
+    let window = tally_core::store::KeyRead {
+        ns: &ns,
+        key: &key,
+        resolution: Duration::from_secs(60).unwrap(),
+        from: now - 3600,
+        to: now + 60,
+        want: tally_core::store::Want::Totals,
+        sum_subtotals: false,
+    };
+    let lock = tally_redis::layout::lock_key(&tally_redis::layout::series_tag(&ns, "k"));
+    let decision = tally_core::store::Decision {
+        apply: true,
+        idempotency: None,
+    };
+    // Held throughout: applied.
+    assert!(
+        store
+            .apply_if(&b, &window, &mut |_| Ok(decision.clone()))
+            .unwrap()
+    );
+    // Taken by another holder between the decision and the apply.
+    let err = store
+        .apply_if(&b, &window, &mut |_| {
+            take(&lock, "another-server");
+            Ok(decision.clone())
+        })
+        .unwrap_err();
+    assert!(
+        matches!(err, tally_core::store::StoreError::Unavailable { .. }),
+        "{err:?}"
+    );
+    assert_eq!(crate::total(&store, "api", "k", 60), 1);
+    assert_eq!(crate::total(&store, "api", "k", 3600), 1);
+    // The other holder's lock is left alone, and once it is gone writes go on.
+    take(&lock, "");
+    assert!(
+        store
+            .apply_if(&b, &window, &mut |_| Ok(decision.clone()))
+            .unwrap()
+    );
+    assert_eq!(crate::total(&store, "api", "k", 60), 2);
+}
+
+#[test]
+fn a_lost_lease_applies_nothing_on_one_redis() {
+    let server = RedisServer::start();
+    a_lost_lease_applies_nothing(&server.url(), &|lock, token| {
+        let out = if token.is_empty() {
+            server.cli(&["DEL", lock])
+        } else {
+            server.cli(&["SET", lock, token])
+        };
+        assert!(!out.contains("ERR"), "{out}");
+    });
+}
+
+#[test]
+fn a_lost_lease_applies_nothing_on_a_cluster() {
+    let cluster = RedisCluster::start();
+    a_lost_lease_applies_nothing(&cluster.url(), &|lock, token| {
+        let out = if token.is_empty() {
+            cluster.nodes[cluster.node_of(lock)].cli(&["DEL", lock])
+        } else {
+            cluster.nodes[cluster.node_of(lock)].cli(&["SET", lock, token])
+        };
+        assert!(!out.contains("ERR"), "{out}");
+    });
+}

@@ -7,6 +7,7 @@ mod codes;
 mod contexts;
 mod equivalence;
 mod faults;
+mod idempotency;
 mod index;
 mod limited;
 mod retention;

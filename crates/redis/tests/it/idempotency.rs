@@ -1,0 +1,206 @@
+//! One idempotency key on two tally servers (two stores) sharing one Redis or cluster: a
+//! different request under the key applies nothing and is told so (`Claimed`, the server's
+//! `422 idempotency_key_reused`), not answered as if its own batch were applied; the same
+//! request again applies nothing twice.
+
+use tally_core::ingest::Defaults;
+use tally_core::model::Namespace;
+use tally_core::store::{Batch, IdemRecord, Store, StoreError};
+use tally_redis::RedisStore;
+use tally_redis::testing::{RedisCluster, RedisServer};
+
+use crate::{batch, raw, real_now, schema, total};
+
+/// A batch of `n` events to `a` and `n` to `b` (two slots in a cluster), under `key`.
+fn under_key(store: &RedisStore, now: i64, key: &str, n: i64, body: &str) -> Batch {
+    let mut b = batch(
+        store,
+        now,
+        &[raw("api", "a", now, n, &[]), raw("api", "b", now, n, &[])],
+        &Defaults::default(),
+    );
+    b.idempotency = Some(IdemRecord {
+        key: key.into(),
+        fingerprint: body.into(),
+        expires: now + 86_400,
+        status: 200,
+        body: body.into(),
+    });
+    b
+}
+
+fn second_request_is_refused(url: &str) {
+    let (one, two) = (
+        RedisStore::connect(url).unwrap(),
+        RedisStore::connect(url).unwrap(),
+    );
+    one.put_schema(
+        &Namespace::new("api").unwrap(),
+        &schema(&["1m:48h", "1h:forever"], None),
+    )
+    .unwrap();
+    let now = real_now();
+    one.apply(&under_key(&one, now, "k1", 1, "first")).unwrap();
+    // Another request under the same key, with another body, on another server.
+    let err = two
+        .apply(&under_key(&two, now, "k1", 5, "second"))
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Claimed { .. }), "{err:?}");
+    assert_eq!(err.code().as_str(), "idempotency_key_reused");
+    for key in ["a", "b"] {
+        assert_eq!(total(&one, "api", key, 60), 1, "{key}");
+        assert_eq!(total(&one, "api", key, 3600), 1, "{key}");
+    }
+    assert_eq!(two.idempotency("k1").unwrap().unwrap().body, "first");
+    // The same request, sent again to the other server (its look-up raced the first):
+    // nothing applied twice.
+    two.apply(&under_key(&two, now, "k1", 1, "first")).unwrap();
+    assert_eq!(total(&one, "api", "a", 60), 1);
+    // Other keys, and batches without one, go on.
+    two.apply(&under_key(&two, now, "k2", 5, "other")).unwrap();
+    assert_eq!(total(&one, "api", "a", 60), 6);
+}
+
+#[test]
+fn a_second_request_under_a_key_applies_nothing_on_one_redis() {
+    let server = RedisServer::start();
+    second_request_is_refused(&server.url());
+}
+
+#[test]
+fn a_second_request_under_a_key_applies_nothing_on_a_cluster() {
+    let cluster = RedisCluster::start();
+    second_request_is_refused(&cluster.url());
+}
+
+/// A cluster apply whose server failed part-way (here: after its series, before its
+/// record): the same request sent again, to another server, finishes the batch without
+/// applying again the slots that were; a different one under the key is refused.
+#[test]
+fn a_retry_after_a_failure_part_way_applies_each_slot_once() {
+    let cluster = RedisCluster::start();
+    let (one, two) = (
+        RedisStore::connect(&cluster.url()).unwrap(),
+        RedisStore::connect(&cluster.url()).unwrap(),
+    );
+    one.put_schema(
+        &Namespace::new("api").unwrap(),
+        &schema(&["1m:48h", "1h:forever"], None),
+    )
+    .unwrap();
+    let now = real_now();
+    one.apply(&under_key(&one, now, "k", 2, "body")).unwrap();
+    // The record never written.
+    let name = tally_redis::layout::idem_key("k");
+    let node = &cluster.nodes[cluster.node_of(&name)];
+    assert_eq!(node.cli(&["DEL", &name]).trim(), "1");
+    let err = two
+        .apply(&under_key(&two, now, "k", 7, "other"))
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Claimed { .. }), "{err:?}");
+    two.apply(&under_key(&two, now, "k", 2, "body")).unwrap();
+    for key in ["a", "b"] {
+        assert_eq!(total(&two, "api", key, 60), 2, "{key}");
+    }
+    assert_eq!(one.idempotency("k").unwrap().unwrap().body, "body");
+}
+
+/// A batch's marker in a slot is named after the slot's first series of the batch, kept or
+/// not: a retry after one series' buckets left retention finds the first try's marker.
+#[test]
+fn a_retry_finds_its_marker_when_a_series_left_retention() {
+    use std::sync::Arc;
+    use tally_core::store::ManualClock;
+    let cluster = RedisCluster::start();
+    let t0 = 1_790_645_400;
+    let clock = Arc::new(ManualClock::new(t0));
+    let store = RedisStore::connect_with_clock(&cluster.url(), clock.clone()).unwrap();
+    store
+        .put_schema(&Namespace::new("h").unwrap(), &schema(&["1h:2h"], None))
+        .unwrap();
+    // `a`, two and a half hours old (its bucket kept until t0 + 1800), and a key of the same slot, now.
+    let ns = Namespace::new("h").unwrap();
+    let slot = |key: &str| {
+        redis::cluster_routing::Slot::for_key(tally_redis::layout::series_tag(&ns, key))
+    };
+    let b = (0..100_000)
+        .map(|i| format!("b{i}"))
+        .find(|k| slot(k) == slot("a"))
+        .unwrap();
+    let mk = |store: &RedisStore, now| {
+        let mut b = batch(
+            store,
+            now,
+            &[raw("h", "a", t0 - 9000, 1, &[]), raw("h", &b, t0, 1, &[])],
+            &Defaults::default(),
+        );
+        b.idempotency = Some(IdemRecord {
+            key: "r".into(),
+            fingerprint: "fp".into(),
+            expires: now + 86_400,
+            status: 200,
+            body: "{}".into(),
+        });
+        b
+    };
+    store.apply(&mk(&store, t0)).unwrap();
+    let name = tally_redis::layout::idem_key("r");
+    let node = &cluster.nodes[cluster.node_of(&name)];
+    assert_eq!(node.cli(&["DEL", &name]).trim(), "1");
+    clock.set(t0 + 1801);
+    store.apply(&mk(&store, t0 + 1801)).unwrap();
+    assert_eq!(total(&store, "h", &b, 3600), 1);
+}
+
+/// A batch leaves a marker in every slot it writes: once it is applied whole they go (under
+/// a random id) or are kept only a short while (under an idempotency key), else a steady
+/// ingest would keep millions of them in Redis.
+#[test]
+fn a_cluster_lets_go_of_a_batch_markers_once_it_is_applied() {
+    let cluster = RedisCluster::start();
+    let store = RedisStore::connect(&cluster.url()).unwrap();
+    store
+        .put_schema(
+            &Namespace::new("api").unwrap(),
+            &schema(&["1m:48h", "1h:forever"], None),
+        )
+        .unwrap();
+    let now = real_now();
+    let raws: Vec<_> = (0..300)
+        .map(|i| raw("api", &format!("k{i}"), now, 1, &[]))
+        .collect();
+    let markers = || -> Vec<(String, i64)> {
+        let mut all = Vec::new();
+        for node in &cluster.nodes {
+            for m in node
+                .cli(&["--scan", "--pattern", "tally:batch:*"])
+                .lines()
+                .filter(|l| !l.is_empty())
+            {
+                let ttl: i64 = node.cli(&["TTL", m]).trim().parse().unwrap();
+                all.push((m.to_owned(), ttl));
+            }
+        }
+        all
+    };
+    store
+        .apply(&batch(&store, now, &raws, &Defaults::default()))
+        .unwrap();
+    assert_eq!(markers(), vec![]);
+    let mut b = batch(&store, now, &raws, &Defaults::default());
+    b.idempotency = Some(IdemRecord {
+        key: "load-1".into(),
+        fingerprint: "fp".into(),
+        expires: now + 86_400,
+        status: 200,
+        body: "{}".into(),
+    });
+    store.apply(&b).unwrap();
+    let left = markers();
+    assert!(left.len() > 100, "{}", left.len());
+    assert!(
+        left.iter().all(|(_, ttl)| (1..=120).contains(ttl)),
+        "{left:?}"
+    );
+    assert_eq!(total(&store, "api", "k7", 60), 2);
+}
