@@ -156,7 +156,20 @@ fn run(
         }
     };
     app.metrics().query(kind.name(), t.elapsed());
-    answer
+    // A series is refused before it is read; a breakdown, dashboard or top is known only
+    // once answered (its values are the data's): refused here, the same alone or in a batch.
+    let max_points = app.settings().limits.max_points;
+    match answer {
+        Ok(a) if a.points > max_points => Err(ApiError::new(
+            ErrorCode::TooManyPoints,
+            format!(
+                "the answer holds {} points, more than {max_points} ([limits] max_points); \
+                 narrow it (a smaller limit, range or unit)",
+                a.points
+            ),
+        )),
+        answer => answer,
+    }
 }
 
 async fn get(

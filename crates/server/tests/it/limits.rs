@@ -51,6 +51,35 @@ fn a_query_batch_whose_answers_hold_too_many_points_is_refused_whole() {
     assert_eq!(a["results"][1]["error"]["code"], "invalid_parameter");
 }
 
+/// A breakdown or dashboard is as long as the data's values: past `max_points` it is
+/// refused alone (GET) as in a batch, rather than built whatever its size.
+#[test]
+fn an_answer_with_more_values_than_max_points_is_refused_alone_too() {
+    let s = Server::start(settings("[limits]\nmax_points = 10"));
+    let events: Vec<_> = (0..20)
+        .map(|i| json!({"ns": "c", "key": "k", "ts": NOW - 60, "dims": {"country": format!("c{i:02}")}}))
+        .collect();
+    assert_eq!(s.post("/v1/events", &json!(events).to_string()).0, 200);
+    let hour = (NOW - 60) - (NOW - 60).rem_euclid(3600);
+    let range = format!("from={}&to={}", hour, hour + 3600);
+    for path in [
+        format!("/v1/ns/c/keys/k/breakdown?dim=country&{range}&limit=100"),
+        format!("/v1/ns/c/keys/k/dashboard?{range}&unit=hour&limit=100"),
+    ] {
+        let e = err(s.get(&path), 422, "too_many_points");
+        assert!(
+            e["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("max_points"),
+            "{e}"
+        );
+    }
+    // Within it, answered.
+    let path = format!("/v1/ns/c/keys/k/breakdown?dim=country&{range}&limit=5");
+    assert_eq!(s.get(&path).0, 200);
+}
+
 #[test]
 fn a_query_past_its_deadline_is_503_query_timeout_and_writes_carry_on() {
     let s = Server::start(settings("[limits]\nquery_timeout_ms = 200"));
