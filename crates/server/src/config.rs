@@ -343,8 +343,29 @@ impl Settings {
                 }
                 s.limits.max_future_secs = f;
             }
+            // Counts of things held at once become semaphores (tokio's hold at most
+            // `usize::MAX >> 3` permits) and timeouts become deadlines: bounded far past any
+            // use, so a typo is a clear error rather than a panic at start.
+            let at_most =
+                |key: &'static str, v: Option<usize>, default: usize, max, rule| match positive(
+                    key, v, default,
+                )? {
+                    v if v > max => Err(ConfigError::Limit { key, rule }),
+                    v => Ok(v),
+                };
+            let count = |key: &'static str, v: Option<usize>, default: usize| {
+                at_most(key, v, default, 1_000_000, "from 1 to 1000000")
+            };
             let ms = |key: &'static str, v: Option<u64>, default: u64| {
-                positive(key, v.map(|v| v as usize), default as usize).map(|v| v as u64)
+                let v = v.map(|v| usize::try_from(v).unwrap_or(usize::MAX));
+                at_most(
+                    key,
+                    v,
+                    default as usize,
+                    86_400_000,
+                    "from 1 to 86400000 (a day)",
+                )
+                .map(|v| v as u64)
             };
             let d = ServerLimits::default();
             s.server = ServerLimits {
@@ -356,13 +377,13 @@ impl Settings {
                 )?,
                 body_timeout_ms: ms("body_timeout_ms", l.body_timeout_ms, d.body_timeout_ms)?,
                 idle_timeout_ms: ms("idle_timeout_ms", l.idle_timeout_ms, d.idle_timeout_ms)?,
-                max_connections: positive("max_connections", l.max_connections, d.max_connections)?,
-                max_concurrent_writes: positive(
+                max_connections: count("max_connections", l.max_connections, d.max_connections)?,
+                max_concurrent_writes: count(
                     "max_concurrent_writes",
                     l.max_concurrent_writes,
                     d.max_concurrent_writes,
                 )?,
-                max_concurrent_queries: positive(
+                max_concurrent_queries: count(
                     "max_concurrent_queries",
                     l.max_concurrent_queries,
                     d.max_concurrent_queries,
@@ -560,6 +581,23 @@ dimensions = ["status"]
             ("[limits]\nquery_timeout_ms = 0", "query_timeout_ms"),
             ("[limits]\nmax_connections = 0", "max_connections"),
             ("[limits]\nmax_idempotency_keys = 0", "max_idempotency_keys"),
+            // Past what a semaphore or a deadline takes: refused, not a panic at start.
+            (
+                "[limits]\nmax_connections = 4000000000000000000",
+                "max_connections must be from 1 to 1000000",
+            ),
+            (
+                "[limits]\nmax_concurrent_writes = 4000000000000000000",
+                "max_concurrent_writes must be from 1 to 1000000",
+            ),
+            (
+                "[limits]\nmax_concurrent_queries = 1000001",
+                "max_concurrent_queries must be from 1 to 1000000",
+            ),
+            (
+                "[limits]\nidle_timeout_ms = 18446744073709551615",
+                "idle_timeout_ms must be from 1 to 86400000",
+            ),
             ("[[tokens]]\ntoken = \"t\"\nscopes = [\"peek:*\"]", "scope"),
             ("[defaults]\ntiers = []", "[defaults]"),
             (
