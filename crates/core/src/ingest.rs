@@ -105,48 +105,230 @@ pub fn prepare_owned(
             max: limits.max_batch_events,
         });
     }
-    let mut schemas: BTreeMap<Namespace, Schema> = BTreeMap::new();
-    let mut batch = Batch::default();
-    batch.increments.reserve(raws.len());
+    let mut p = Preparer::new(store, now, limits, defaults, raws.len());
     for (index, raw) in raws.into_iter().enumerate() {
-        let at = |source| IngestError::Event { index, source };
-        let event = Event::validate_owned(raw, now, limits.max_future_secs).map_err(at)?;
-        if !schemas.contains_key(&event.ns) {
-            let schema = match store.schema(&event.ns)? {
-                Some(s) => s,
-                None if defaults.auto_create => {
-                    batch
-                        .create
-                        .push((event.ns.clone(), defaults.schema.clone()));
-                    defaults.schema.clone()
-                }
-                None => {
-                    return Err(IngestError::UnknownNamespace {
-                        index,
-                        ns: event.ns.to_string(),
-                    });
-                }
-            };
-            schemas.insert(event.ns.clone(), schema);
+        p.one(index, raw)?;
+    }
+    Ok(p.batch)
+}
+
+/// As [`prepare_owned`], but each event on its own: one that breaks a rule is handed to
+/// `bad` and left out, and the batch holds the others (StatsD's lines). Each namespace's
+/// schema is read once for the whole list. Only a store failure fails it all.
+pub fn prepare_each(
+    store: &dyn Store,
+    raws: Vec<RawEvent>,
+    now: i64,
+    limits: &Limits,
+    defaults: &Defaults,
+    bad: &mut dyn FnMut(usize, IngestError),
+) -> Result<Batch, StoreError> {
+    let mut p = Preparer::new(store, now, limits, defaults, raws.len());
+    for (index, raw) in raws.into_iter().enumerate() {
+        match p.one(index, raw) {
+            Ok(()) => {}
+            Err(IngestError::Store(e)) => return Err(e),
+            Err(e) => bad(index, e),
         }
-        let subtotals = match schemas.get(&event.ns) {
-            Some(schema) => schema.subtotals_owned(event.dims).map_err(at)?,
-            None => Vec::new(),
+    }
+    Ok(p.batch)
+}
+
+/// A batch being validated: the schemas read so far (`None`: the namespace does not exist
+/// and is not created), and the namespaces it creates.
+struct Preparer<'a> {
+    store: &'a dyn Store,
+    now: i64,
+    limits: &'a Limits,
+    defaults: &'a Defaults,
+    schemas: BTreeMap<Namespace, Option<Schema>>,
+    batch: Batch,
+}
+
+impl<'a> Preparer<'a> {
+    fn new(
+        store: &'a dyn Store,
+        now: i64,
+        limits: &'a Limits,
+        defaults: &'a Defaults,
+        events: usize,
+    ) -> Self {
+        let mut batch = Batch::default();
+        batch.increments.reserve(events);
+        Preparer {
+            store,
+            now,
+            limits,
+            defaults,
+            schemas: BTreeMap::new(),
+            batch,
+        }
+    }
+
+    /// Validates one event and adds it to the batch (else changes nothing).
+    fn one(&mut self, index: usize, raw: RawEvent) -> Result<(), IngestError> {
+        let at = |source| IngestError::Event { index, source };
+        let event =
+            Event::validate_owned(raw, self.now, self.limits.max_future_secs).map_err(at)?;
+        if !self.schemas.contains_key(&event.ns) {
+            let schema = match self.store.schema(&event.ns)? {
+                Some(s) => Some(s),
+                None if self.defaults.auto_create => {
+                    self.batch
+                        .create
+                        .push((event.ns.clone(), self.defaults.schema.clone()));
+                    Some(self.defaults.schema.clone())
+                }
+                None => None,
+            };
+            self.schemas.insert(event.ns.clone(), schema);
+        }
+        let subtotals = match self.schemas.get(&event.ns) {
+            Some(Some(schema)) => schema.subtotals_owned(event.dims).map_err(at)?,
+            _ => {
+                return Err(IngestError::UnknownNamespace {
+                    index,
+                    ns: event.ns.to_string(),
+                });
+            }
         };
-        batch.increments.push(Increment {
+        self.batch.increments.push(Increment {
             ns: event.ns,
             key: event.key,
             ts: event.ts,
             n: event.n,
             subtotals,
         });
+        Ok(())
     }
-    Ok(batch)
 }
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
     use super::*;
+    use crate::reference::MemStore;
+    use crate::store::{IdemRecord, KeyData, KeyList, KeyRead, Scan};
+
+    /// A store that counts schema reads, and fails them for namespace `down`.
+    struct Counting {
+        inner: MemStore,
+        reads: AtomicUsize,
+    }
+
+    impl Store for Counting {
+        fn namespaces(&self) -> Result<Vec<(Namespace, Schema)>, StoreError> {
+            self.inner.namespaces()
+        }
+        fn schema(&self, ns: &Namespace) -> Result<Option<Schema>, StoreError> {
+            self.reads.fetch_add(1, Ordering::SeqCst);
+            if ns.as_str() == "down" {
+                return Err(StoreError::unavailable("down"));
+            }
+            self.inner.schema(ns)
+        }
+        fn put_schema(&self, ns: &Namespace, schema: &Schema) -> Result<(), StoreError> {
+            self.inner.put_schema(ns, schema)
+        }
+        fn apply(&self, batch: &Batch) -> Result<(), StoreError> {
+            self.inner.apply(batch)
+        }
+        fn apply_if(
+            &self,
+            batch: &Batch,
+            window: &KeyRead<'_>,
+            decide: &mut dyn FnMut(
+                &crate::store::Buckets,
+            ) -> Result<crate::store::Decision, StoreError>,
+        ) -> Result<bool, StoreError> {
+            self.inner.apply_if(batch, window, decide)
+        }
+        fn read(&self, reads: &[KeyRead<'_>]) -> Result<Vec<KeyData>, StoreError> {
+            self.inner.read(reads)
+        }
+        fn keys(&self, list: &KeyList<'_>) -> Result<Vec<crate::model::Key>, StoreError> {
+            self.inner.keys(list)
+        }
+        fn scan(
+            &self,
+            scan: &Scan<'_>,
+            visit: &mut dyn FnMut(&crate::model::Key, i64),
+        ) -> Result<(), StoreError> {
+            self.inner.scan(scan, visit)
+        }
+        fn idempotency(&self, key: &str) -> Result<Option<IdemRecord>, StoreError> {
+            self.inner.idempotency(key)
+        }
+    }
+
+    fn raw(ns: &str, key: &str) -> RawEvent {
+        RawEvent {
+            ns: ns.into(),
+            key: key.into(),
+            ts: Some(1000),
+            n: Some(1),
+            dims: Default::default(),
+        }
+    }
+
+    /// StatsD validates each line alone: a namespace's schema is still read once per batch
+    /// (on Redis each read is a round trip), a missing one included.
+    #[test]
+    fn each_event_alone_reads_each_schema_once() {
+        let store = Counting {
+            inner: MemStore::new(std::sync::Arc::new(crate::store::SystemClock)),
+            reads: AtomicUsize::new(0),
+        };
+        let mut raws: Vec<RawEvent> = (0..2000).map(|i| raw("s", &format!("k{i}"))).collect();
+        raws.push(raw("Bad Name", "k"));
+        raws.extend((0..100).map(|_| raw("t", "k")));
+        let off = Defaults {
+            auto_create: false,
+            ..Defaults::default()
+        };
+        let mut bad = Vec::new();
+        let b = prepare_each(
+            &store,
+            raws.clone(),
+            1000,
+            &Limits::default(),
+            &off,
+            &mut |i, e| bad.push((i, e.code())),
+        )
+        .unwrap();
+        assert_eq!(store.reads.load(Ordering::SeqCst), 2);
+        assert!(b.increments.is_empty());
+        assert_eq!(bad.len(), 2101);
+        assert_eq!(bad[2000], (2000, ErrorCode::InvalidName));
+        assert_eq!(bad[2001].1, ErrorCode::UnknownNamespace);
+        // Created by the batch: read once, created once, every good event kept.
+        store.reads.store(0, Ordering::SeqCst);
+        let b = prepare_each(
+            &store,
+            raws,
+            1000,
+            &Limits::default(),
+            &Defaults::default(),
+            &mut |_, _| {},
+        )
+        .unwrap();
+        assert_eq!(store.reads.load(Ordering::SeqCst), 2);
+        assert_eq!(b.create.len(), 2);
+        assert_eq!(b.increments.len(), 2100);
+        // A store failure fails the whole list.
+        let e = prepare_each(
+            &store,
+            vec![raw("down", "k")],
+            1000,
+            &Limits::default(),
+            &Defaults::default(),
+            &mut |_, _| {},
+        );
+        assert!(matches!(e, Err(StoreError::Unavailable { .. })));
+    }
 
     #[test]
     fn default_schema_is_the_spec_default() {

@@ -344,21 +344,25 @@ fn apply_lines(app: &App, lines: Vec<RawEvent>, log: &DropLog) {
     let counts = &app.metrics().statsd;
     let n = lines.len() as u64;
     let settings = app.settings();
+    let mut noted = 0;
     let mut note = |d: Dropped| {
+        noted += 1;
         counts.add(d.outcome, 1);
         log.note(&d);
     };
-    let batch = match prepare_lines(
+    let prepared = prepare_lines(
         &**app.store(),
         lines,
         app.now(),
         &settings.limits,
         &settings.defaults,
         &mut note,
-    ) {
+    );
+    let batch = match prepared {
         Ok(b) => b,
         Err(e) => {
-            counts.add(Outcome::StoreError, n);
+            // Every line ends in one outcome: those dropped already keep theirs.
+            counts.add(Outcome::StoreError, n - noted);
             log.note(&Dropped {
                 outcome: Outcome::StoreError,
                 reason: e.detail(),

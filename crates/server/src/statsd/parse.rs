@@ -232,9 +232,10 @@ fn clip(s: &str) -> String {
     out
 }
 
-/// Validates each line alone with the HTTP API's rules ([`ingest::prepare_owned`]), so a bad
-/// line is dropped without its neighbours, and returns one batch of the good ones. A store
-/// error (reading a schema) fails the whole batch.
+/// Validates each line alone with the HTTP API's rules ([`ingest::prepare_each`]: each
+/// namespace's schema read once), so a bad line is dropped without its neighbours, and
+/// returns one batch of the good ones. A store error (reading a schema) fails the whole
+/// batch: then the lines noted already were dropped, the rest are the caller's to count.
 pub fn prepare_lines(
     store: &dyn Store,
     lines: Vec<RawEvent>,
@@ -243,27 +244,15 @@ pub fn prepare_lines(
     defaults: &Defaults,
     dropped: &mut dyn FnMut(Dropped),
 ) -> Result<Batch, StoreError> {
-    let mut batch = Batch::default();
-    batch.increments.reserve(lines.len());
-    for raw in lines {
-        match ingest::prepare_owned(store, vec![raw], now, limits, defaults) {
-            Ok(b) => {
-                for (ns, schema) in b.create {
-                    if !batch.create.iter().any(|(n, _)| *n == ns) {
-                        batch.create.push((ns, schema));
-                    }
-                }
-                batch.increments.extend(b.increments);
+    ingest::prepare_each(store, lines, now, limits, defaults, &mut |_, e| {
+        dropped(Dropped::invalid(match e {
+            IngestError::Event { source, .. } => source.to_string(),
+            IngestError::UnknownNamespace { ns, .. } => {
+                format!("namespace {ns} does not exist (auto_create is off)")
             }
-            Err(IngestError::Store(e)) => return Err(e),
-            Err(IngestError::Event { source, .. }) => dropped(Dropped::invalid(source.to_string())),
-            Err(IngestError::UnknownNamespace { ns, .. }) => dropped(Dropped::invalid(format!(
-                "namespace {ns} does not exist (auto_create is off)"
-            ))),
-            Err(e) => dropped(Dropped::invalid(e.to_string())),
-        }
-    }
-    Ok(batch)
+            e => e.to_string(),
+        }))
+    })
 }
 
 #[cfg(test)]
