@@ -83,7 +83,12 @@ pub async fn export(
         .query(move |app, deadline| {
             deadline.check()?;
             let q = ExportQuery::parse(&ns, &p)?;
-            Ok(query::export_plan(&**app.store(), &q, max_points)?)
+            Ok(query::export_plan(
+                &**app.store(),
+                &q,
+                max_points,
+                app.now(),
+            )?)
         })
         .await?;
     let (tx, rx) = mpsc::channel(QUEUED_CHUNKS);
@@ -96,6 +101,17 @@ pub async fn export(
     // permit and a blocking thread meanwhile.
     let stalled = Duration::from_millis(app.settings().server.body_timeout_ms);
     let handle = tokio::runtime::Handle::current();
+    // Set as soon as the client goes away (the body, and so the receiver, dropped): every
+    // page's deadline shares it, so the scan stops at once even if it has found no row to
+    // send (an export of a sparse range learns of it at no chunk).
+    let cancelled = Arc::new(AtomicBool::new(false));
+    let watch = {
+        let (tx, cancelled) = (tx.clone(), cancelled.clone());
+        tokio::spawn(async move {
+            tx.closed().await;
+            cancelled.store(true, std::sync::atomic::Ordering::SeqCst);
+        })
+    };
     tokio::task::spawn_blocking(move || {
         let _permit = permit;
         let send = |chunk: Result<Bytes, std::io::Error>| {
@@ -106,7 +122,7 @@ pub async fn export(
         let mut buf = String::with_capacity(CHUNK_BYTES + 4096);
         buf.push_str(HEADER);
         let (ns, res) = (plan.ns.to_string(), plan.resolution.to_string());
-        let deadline = || Deadline::new(timeout, Arc::new(AtomicBool::new(false)));
+        let deadline = || Deadline::new(timeout, cancelled.clone());
         let mut cut = false;
         let done = query::export(&**app.store(), &plan, &deadline, &mut |row| {
             write_row(&mut buf, &ns, &res, row);
@@ -130,6 +146,7 @@ pub async fn export(
                 send(Err(std::io::Error::other(e.to_string())));
             }
         }
+        watch.abort();
     });
     Ok((
         [(axum::http::header::CONTENT_TYPE, "text/csv; charset=utf-8")],

@@ -202,8 +202,9 @@ fn from_data(a: &ExportArgs, parts: &mut Parts, progress: &Progress) -> anyhow::
         let params: [(&str, &str); 3] = [("from", &wf), ("to", &wt), ("resolution", &a.resolution)];
         let q = ExportQuery::parse(&a.ns, &params[..]).map_err(|e| anyhow::anyhow!("{e}"))?;
         // No per-query point cap offline: the rows stream to disk, memory stays bounded.
+        let now = tally_core::store::Clock::now(&tally_core::store::SystemClock);
         let plan =
-            query::export_plan(&engine, &q, usize::MAX).map_err(|e| anyhow::anyhow!("{e}"))?;
+            query::export_plan(&engine, &q, usize::MAX, now).map_err(|e| anyhow::anyhow!("{e}"))?;
         let res = plan.resolution.to_string();
         query::export(&engine, &plan, &Deadline::none, &mut |r| {
             let row = Row {

@@ -97,7 +97,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the runtime")?;
-    rt.block_on(async move {
+    let served = rt.block_on(async move {
         // Handlers first: a SIGTERM from here on is a clean shutdown, never the default
         // action (which killed a server signalled right after its ready line).
         let stop = shutdown_signal()?;
@@ -219,7 +219,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .context("making the log durable")?;
         tracing::info!("log synced; bye");
         Ok(())
-    })
+    });
+    // Dropping the runtime would wait for every blocking task; one still reading (an
+    // export whose client left, a query past the grace period) must not hold up the exit.
+    rt.shutdown_timeout(Duration::from_secs(1));
+    served
 }
 
 /// The StatsD listener (`--statsd`), once the app serves.

@@ -61,12 +61,15 @@ pub struct Row<'a> {
     pub n: i64,
 }
 
-/// Checks an export against the namespace: it exists, `resolution` is one of its tiers, and
-/// the range holds at most `max_points` buckets of it (a key's read is bounded like a query's).
+/// Checks an export against the namespace: it exists, `resolution` is one of its tiers, the
+/// tier still keeps the range's first bucket at `now` (else the rows would silently start
+/// later: `no_tier_for_range`, as a series over the range in that unit answers), and the
+/// range holds at most `max_points` buckets of it (a key's read is bounded like a query's).
 pub fn export_plan(
     store: &dyn Store,
     q: &ExportQuery,
     max_points: usize,
+    now: i64,
 ) -> Result<ExportPlan, QueryError> {
     let schema = super::exec::schema_of(store, &q.ns)?;
     let res = q.resolution;
@@ -103,6 +106,18 @@ pub fn export_plan(
             field: "to",
             source: TimeError::TooManyPoints { max: max_points },
         });
+    }
+    if let Some(tier) = schema.tiers().iter().find(|t| t.resolution == res)
+        && from < to
+        && !tier.retention.keeps_bucket(from, res, now)
+    {
+        return Err(QueryError::NoTier(crate::tier::NoTier {
+            message: format!(
+                "{res} data of namespace {} is kept for {}, and the range starts before it; \
+                 export a later range, or a coarser tier",
+                q.ns, tier.retention
+            ),
+        }));
     }
     Ok(ExportPlan {
         ns: q.ns.clone(),

@@ -1,5 +1,7 @@
 //! `GET /v1/ns/{ns}/export`: streaming CSV of one tier, checked against the query answers.
 
+use std::time::Duration;
+
 use serde_json::json;
 use tally_server::Settings;
 
@@ -144,6 +146,21 @@ fn bad_exports_are_refused_before_the_answer_starts() {
         422,
         "too_many_points",
     );
+    // Minutes are kept 2 days: three days of them would silently start a day late.
+    let e = err(
+        q(&format!("from={}&to={to}&resolution=1m", to - 3 * 86_400)),
+        422,
+        "no_tier_for_range",
+    );
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("kept for 2d"),
+        "{e}"
+    );
+    let (st, _) = q(&format!("from={}&to={to}&resolution=1m", to - 86_400));
+    assert_eq!(st, 200);
 }
 
 #[test]
@@ -244,4 +261,50 @@ fn a_stalled_export_is_cut_off_and_frees_its_permit() {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
     drop(stalled);
+}
+
+/// An export whose range holds no rows sends nothing until it ends: a client that leaves
+/// meanwhile must stop its scan at once (it holds an export permit and a blocking thread,
+/// and would hold up a shutdown), not at a chunk it never reaches.
+#[test]
+fn an_export_with_no_rows_stops_when_its_client_leaves() {
+    use std::io::Write;
+    use std::sync::atomic::Ordering;
+    let s = Server::with_config("[limits]\nmax_concurrent_queries = 1");
+    let body: String = (0..2560)
+        .map(|i| {
+            format!(
+                "{{\"ns\":\"big\",\"key\":\"k{i:05}\",\"ts\":{}}}\n",
+                NOW - 100
+            )
+        })
+        .collect();
+    let ndjson = [("Content-Type", "application/x-ndjson")];
+    assert_eq!(s.req("POST", "/v1/events", Some(&body), &ndjson).0, 200);
+    // Ten pages of keys, each listed in 200 ms; the range before the data holds no rows.
+    *s.store.slow_keys.lock().unwrap() = Duration::from_millis(200);
+    let path = format!(
+        "/v1/ns/big/export?from={}&to={}&resolution=1h",
+        NOW - 10 * 3600,
+        NOW - 5 * 3600
+    );
+    let addr = s.url("").trim_start_matches("http://").to_owned();
+    let mut client = std::net::TcpStream::connect(&addr).unwrap();
+    write!(client, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    drop(client);
+    std::thread::sleep(Duration::from_millis(500));
+    let listed = s.store.keys_calls.load(Ordering::SeqCst);
+    std::thread::sleep(Duration::from_millis(1000));
+    assert_eq!(
+        s.store.keys_calls.load(Ordering::SeqCst),
+        listed,
+        "the export went on listing keys after its client left"
+    );
+    assert!(listed < 10, "{listed}");
+    // Its permit is free: the next export is answered.
+    *s.store.slow_keys.lock().unwrap() = Duration::ZERO;
+    let (st, csv) = s.raw("GET", &path, None, &[]);
+    assert_eq!(st, 200, "{csv}");
+    assert_eq!(csv, "ns,key,ts,resolution,dim,value,n\n");
 }

@@ -97,6 +97,9 @@ pub struct Gated {
     pub scans_held: Mutex<usize>,
     /// How each held scan ended, when its deadline stopped it.
     pub scans_stopped: Mutex<Vec<String>>,
+    /// Pages of keys listed (an export lists a page at a time), and a pause before each.
+    pub keys_calls: std::sync::atomic::AtomicUsize,
+    pub slow_keys: Mutex<std::time::Duration>,
 }
 
 impl std::fmt::Debug for Gated {
@@ -154,6 +157,9 @@ impl Store for Gated {
         self.inner.read(reads)
     }
     fn keys(&self, list: &KeyList<'_>) -> Result<Vec<Key>, StoreError> {
+        self.keys_calls
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        std::thread::sleep(*self.slow_keys.lock().unwrap());
         self.inner.keys(list)
     }
     fn scan(&self, scan: &Scan<'_>, visit: &mut dyn FnMut(&Key, i64)) -> Result<(), StoreError> {
@@ -285,6 +291,8 @@ impl Server {
             hold_scans: Mutex::new(false),
             scans_held: Mutex::new(0),
             scans_stopped: Mutex::new(Vec::new()),
+            keys_calls: Default::default(),
+            slow_keys: Mutex::new(std::time::Duration::ZERO),
         });
         let app = App::new(store.clone(), settings.clone(), clock.clone());
         app.apply_config_namespaces().unwrap();
