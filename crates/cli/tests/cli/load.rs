@@ -703,6 +703,47 @@ fn a_rebuild_replaces_one_range_and_nothing_else() {
     sigterm_and_wait(sc);
 }
 
+/// A rebuild from the very file an earlier load loaded: the range holds the file's events
+/// afterwards (the first cut found the load's idempotency answers, dropped every batch as
+/// loaded before, and so emptied the range).
+#[test]
+fn a_rebuild_from_a_file_loaded_before_keeps_its_events() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (day2, day3) = (DAY0 + 86_400, DAY0 + 2 * 86_400);
+    let day: Vec<_> = events(1200, 21)
+        .into_iter()
+        .map(|(k, ts, n, c, r)| (k, day2 + (ts - DAY0) % 86_400, n, c, r))
+        .collect();
+    let expected: i64 = day.iter().map(|e| e.2).sum();
+    let f = tmp.path().join("day.csv");
+    write_csv(&f, &day);
+    let dir = stopped_dir(tmp.path(), "d");
+    let data = dir.join("data").to_str().unwrap().to_owned();
+    let o = load(&[f.to_str().unwrap(), "--data", &data, "--batch", "500"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (from, to) = (day2.to_string(), day3.to_string());
+    let o = load(&[
+        f.to_str().unwrap(),
+        "--data",
+        &data,
+        "--batch",
+        "500",
+        "--replace",
+        "--ns",
+        "clicks",
+        "--from",
+        &from,
+        "--to",
+        &to,
+    ]);
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{said}");
+    assert!(said.contains("with 1200 events"), "{said}");
+    let s = serve_dir(&dir);
+    assert_eq!(total(s.url.trim_end_matches('/')), expected);
+    sigterm_and_wait(s);
+}
+
 /// A rebuild through a server sends its events aggregated: by a bucket every tier's buckets
 /// are made of, not by the finest tier's (20-minute buckets do not make 30-minute ones).
 #[test]
