@@ -9,7 +9,12 @@
 //!
 //! Every line is bounded ([`MAX_LINE_BYTES`]): a longer NDJSON line is a bad line, a longer
 //! CSV line stops the load (a CSV record may not span lines), never a reason to grow memory.
+//!
+//! A CSV line ends at `\n`, `\r\n` or a lone `\r`, as the csv crate splits records; a record's
+//! line number is the line its first byte is on (counted here: the csv crate counts only
+//! `\n`s, and its record position stands before any blank lines that precede the record).
 
+use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -240,10 +245,7 @@ impl CsvRecords {
         let mut rd = csv::ReaderBuilder::new()
             .has_headers(true)
             .flexible(true)
-            .from_reader(LineBound {
-                inner: r,
-                since_newline: 0,
-            });
+            .from_reader(LineBound::new(r));
         let header = rd
             .headers()
             .with_context(|| format!("{name}: reading the CSV header"))?
@@ -271,9 +273,13 @@ impl CsvRecords {
     ) -> anyhow::Result<Option<Result<u64, (u64, String)>>> {
         match self.rd.read_byte_record(rec) {
             Ok(false) => Ok(None),
-            Ok(true) => Ok(Some(Ok(rec.position().map_or(0, |p| p.line())))),
+            Ok(true) => {
+                let at = rec.position().map_or(0, csv::Position::byte);
+                Ok(Some(Ok(self.rd.get_mut().line_at(at))))
+            }
             Err(e) => {
-                let line = e.position().map_or(0, |p| p.line());
+                let at = e.position().map_or(0, csv::Position::byte);
+                let line = self.rd.get_mut().line_at(at);
                 match e.kind() {
                     csv::ErrorKind::Io(_) => {
                         Err(anyhow::anyhow!("{e}")).context(format!("reading {}", self.name))
@@ -328,26 +334,77 @@ pub fn csv_event(rec: &csv::ByteRecord, dims: &[String]) -> Result<RawEvent, Str
     })
 }
 
-/// Fails the read once a line passes [`MAX_LINE_BYTES`].
+/// Fails the read once a line passes [`MAX_LINE_BYTES`], and notes where the lines that are
+/// not blank start, so that a record's line can be told from its byte offset
+/// ([`LineBound::line_at`]). A line ends at `\n`, `\r\n` or a lone `\r`.
 struct LineBound<R> {
     inner: R,
-    since_newline: usize,
+    /// Bytes read so far.
+    pos: u64,
+    /// The line being read (the first is 1).
+    line: u64,
+    /// Its bytes read so far, without its end.
+    run: usize,
+    /// The last byte read was a `\r` (a `\n` next ends the same line).
+    after_cr: bool,
+    /// (offset, number) of each line that is not blank, from the one the csv reader is in
+    /// on: at most one buffer of the csv reader's ahead of it (a record spanning lines adds
+    /// its lines).
+    starts: VecDeque<(u64, u64)>,
+}
+
+impl<R> LineBound<R> {
+    fn new(inner: R) -> LineBound<R> {
+        LineBound {
+            inner,
+            pos: 0,
+            line: 1,
+            run: 0,
+            after_cr: false,
+            starts: VecDeque::new(),
+        }
+    }
+
+    /// The line of a record that the csv reader found from byte `at` on: the first line
+    /// that is not blank starting there or later (blank lines before a record belong to its
+    /// position). Lines before `at` are forgotten: records come in order.
+    fn line_at(&mut self, at: u64) -> u64 {
+        while let Some(&(start, _)) = self.starts.front()
+            && start < at
+        {
+            self.starts.pop_front();
+        }
+        self.starts.front().map_or(self.line, |&(_, line)| line)
+    }
 }
 
 impl<R: Read> Read for LineBound<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.inner.read(buf)?;
         let read = buf.get(..n).unwrap_or_default();
-        // The bytes before the first newline go on with the current line; each newline
-        // starts one.
-        let (mut start, mut run, mut longest) = (0, self.since_newline, 0);
-        for nl in memchr::memchr_iter(b'\n', read) {
-            longest = longest.max(run + nl - start);
-            (start, run) = (nl + 1, 0);
+        // The bytes before the first line end go on with the current line; each end (a
+        // `\r\n` counting once) starts one.
+        let (mut from, mut longest) = (0, 0);
+        for end in memchr::memchr2_iter(b'\n', b'\r', read).chain(std::iter::once(n)) {
+            if end > from {
+                if self.run == 0 {
+                    self.starts.push_back((self.pos + from as u64, self.line));
+                }
+                self.run += end - from;
+                self.after_cr = false;
+                longest = longest.max(self.run);
+            }
+            let Some(&b) = read.get(end) else {
+                break;
+            };
+            if b == b'\r' || !self.after_cr {
+                self.line += 1;
+            }
+            self.run = 0;
+            self.after_cr = b == b'\r';
+            from = end + 1;
         }
-        run += n - start;
-        longest = longest.max(run);
-        self.since_newline = run;
+        self.pos += n as u64;
         if longest > MAX_LINE_BYTES {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -442,6 +499,52 @@ mod tests {
         assert!(got[4].1.as_ref().unwrap_err().contains("2 fields"));
     }
 
+    /// A record's line is the line its first byte is on, whatever ends the lines (`\n`,
+    /// `\r\n` or a lone `\r`, as the csv crate splits records), blank lines and records
+    /// spanning lines counted (the csv crate's own count missed the `\n` of a header's `\r\n`
+    /// and saw no line in a file of lone `\r`s).
+    #[test]
+    fn csv_line_numbers_count_every_kind_of_line_end() {
+        let lines =
+            |text: &str| -> Vec<u64> { read(Format::Csv, text).iter().map(|(l, _)| *l).collect() };
+        assert_eq!(
+            lines("ns,key,ts,n\r\nclicks,k,1,1\r\nclicks,k,soon,1\r\n"),
+            vec![2, 3]
+        );
+        assert_eq!(
+            lines("ns,key,ts,n\rclicks,k,1,1\rclicks,k,soon,1\r"),
+            vec![2, 3]
+        );
+        assert_eq!(
+            lines("ns,key,ts,n\nclicks,k,1,1\nclicks,k,soon,1"),
+            vec![2, 3]
+        );
+        assert_eq!(
+            lines("ns,key,ts,n\n\nclicks,k,1,1\n\r\n\nclicks,\"a\nb\",1,1\nclicks,k,2,1"),
+            vec![3, 6, 8]
+        );
+        assert_eq!(
+            lines("ns,key,ts,n\r\rclicks,k,1,1\n\rclicks,k,1,1\r\r\n"),
+            vec![3, 5]
+        );
+        let bad = read(
+            Format::Csv,
+            "ns,key,ts,n\r\nclicks,k,1,1\r\nclicks,k,soon,1\r\n",
+        );
+        assert!(bad[1].1.as_ref().unwrap_err().contains("ts:"), "{bad:?}");
+    }
+
+    /// A file of lone `\r` line ends longer than one line's bound reads line by line.
+    #[test]
+    fn a_csv_of_lone_carriage_returns_is_read_line_by_line() {
+        let rows = MAX_LINE_BYTES / 10;
+        let text = format!("ns,key,ts,n\r{}", "clicks,k,1,1\r".repeat(rows));
+        let got = read(Format::Csv, &text);
+        assert_eq!(got.len(), rows);
+        assert!(got.iter().all(|(_, e)| e.is_ok()));
+        assert_eq!(got.last().map(|(l, _)| *l), Some(rows as u64 + 1));
+    }
+
     #[test]
     fn a_csv_line_past_the_bound_stops_the_read() {
         let dir = tempfile::tempdir().unwrap();
@@ -483,18 +586,17 @@ mod tests {
             }
         }
         let longest = |text: &[u8], piece: usize| -> io::Result<()> {
-            let mut r = LineBound {
-                inner: Pieces(text, piece),
-                since_newline: 0,
-            };
+            let mut r = LineBound::new(Pieces(text, piece));
             io::copy(&mut r, &mut io::sink()).map(|_| ())
         };
         let line = "x".repeat(MAX_LINE_BYTES);
-        let fits = format!("a\n{line}\nb\n\n{line}");
-        let over = format!("a\n{line}x\nb\n");
-        for piece in [1, 7, 4096, MAX_LINE_BYTES, 3 * MAX_LINE_BYTES] {
-            assert!(longest(fits.as_bytes(), piece).is_ok(), "{piece}");
-            assert!(longest(over.as_bytes(), piece).is_err(), "{piece}");
+        for end in ["\n", "\r\n", "\r"] {
+            let fits = format!("a{end}{line}{end}b{end}{end}{line}");
+            let over = format!("a{end}{line}x{end}b{end}");
+            for piece in [1, 7, 4096, MAX_LINE_BYTES, 3 * MAX_LINE_BYTES] {
+                assert!(longest(fits.as_bytes(), piece).is_ok(), "{end:?} {piece}");
+                assert!(longest(over.as_bytes(), piece).is_err(), "{end:?} {piece}");
+            }
         }
     }
 
