@@ -723,6 +723,49 @@ fn a_csv_of_lone_carriage_returns_loads_in_batches() {
     sigterm_and_wait(s);
 }
 
+/// A load's keys come from the file's bytes and name, not from its path as typed: the same
+/// file loaded by a relative path, then by `./`, then by its absolute path counts once (the
+/// first cut put the typed path in the key, so each counted it again). Offline, a file given
+/// twice in one run counts once too, as online.
+#[test]
+fn a_file_loaded_again_by_another_path_counts_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ev = events(300, 4);
+    let expected: i64 = ev.iter().map(|e| e.2).sum();
+    let f = tmp.path().join("history.csv");
+    write_csv(&f, &ev);
+    let s = serve_dir(tmp.path());
+    let url = s.url.trim_end_matches('/').to_owned();
+    for (i, path) in ["history.csv", "./history.csv", f.to_str().unwrap()]
+        .into_iter()
+        .enumerate()
+    {
+        let o = tally()
+            .current_dir(tmp.path())
+            .args(["load", path, "--server", &url, "--batch", "100", "--quiet"])
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{said}");
+        assert_eq!(
+            said.contains("300 of them were loaded before"),
+            i > 0,
+            "{path}: {said}"
+        );
+        assert_eq!(total(&url), expected, "{path}");
+    }
+    sigterm_and_wait(s);
+    let dir = stopped_dir(tmp.path(), "offline");
+    let data = dir.join("data").to_str().unwrap().to_owned();
+    let o = load(&[f.to_str().unwrap(), f.to_str().unwrap(), "--data", &data]);
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{said}");
+    assert!(said.contains("300 of them were loaded before"), "{said}");
+    let s = serve_dir(&dir);
+    assert_eq!(total(s.url.trim_end_matches('/')), expected);
+    sigterm_and_wait(s);
+}
+
 /// A rebuild from the very file an earlier load loaded: the range holds the file's events
 /// afterwards (the first cut found the load's idempotency answers, dropped every batch as
 /// loaded before, and so emptied the range).

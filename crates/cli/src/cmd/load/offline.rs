@@ -933,14 +933,17 @@ impl Chunker<'_> {
             scanner.start_chunk(&mut self.chunk);
             // A rebuild neither consults nor records answers: it replaces the range with
             // every line of its files, so a batch an earlier load installed is not "loaded
-            // before" here (skipping it would leave the range without it).
+            // before" here (skipping it would leave the range without it). Otherwise a batch
+            // is skipped when an earlier run installed it, or when it is the second copy of a
+            // file given twice in this run (same keys: counted once, as a server replays).
             if scanner.rebuild.is_none() {
                 let key = format!("tally-load-{:016x}-{}-{line}", self.s.digest, self.a.batch);
-                self.skip = scanner
-                    .engine
-                    .idempotency(&key)
-                    .map_err(|e| anyhow::anyhow!(e.detail()))?
-                    .is_some();
+                self.skip = self.s.repeat
+                    || scanner
+                        .engine
+                        .idempotency(&key)
+                        .map_err(|e| anyhow::anyhow!(e.detail()))?
+                        .is_some();
                 self.chunk.answer = (!self.skip).then_some(key);
             }
         }
