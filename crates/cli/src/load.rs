@@ -1,5 +1,8 @@
 //! Reading `tally load`'s input: files (or stdin) of events as CSV or NDJSON, plain, `.gz` or
 //! `.zst`, one event at a time with its line number, each checked by the rules the API uses.
+//! The compression is told by the name, else (stdin, or a name without `.gz` or `.zst`) by
+//! the first bytes: gzip's `1f 8b`, zstd's `28 b5 2f fd` (no CSV or NDJSON text starts so:
+//! a control byte; not UTF-8). A UTF-8 byte order mark before the first line is skipped.
 //!
 //! - **CSV**: a header `ns,key,ts,n,<dimension>…`, then one event per record. `ts` is unix
 //!   seconds or RFC 3339 (empty: now), `n` an integer (empty: 1); a dimension column's empty
@@ -16,7 +19,7 @@
 
 use std::collections::VecDeque;
 use std::fs::File;
-use std::io::{self, BufRead, BufReader, Read};
+use std::io::{self, BufRead, BufReader, Read, Seek};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
@@ -103,14 +106,18 @@ impl Input {
         format: Option<Format>,
         progress: &indicatif::ProgressBar,
     ) -> anyhow::Result<Input> {
-        let (by_name, compression) = detect(Path::new(name));
+        let (by_name, named) = detect(Path::new(name));
         let Some(format) = format.or(by_name) else {
             bail!(
                 "{name}: cannot tell the format from the name (.csv, .ndjson or .jsonl, optionally \
                  .gz or .zst): give --format"
             );
         };
-        let file = File::open(path).with_context(|| format!("opening {name}"))?;
+        let mut file = File::open(path).with_context(|| format!("opening {name}"))?;
+        let compression = match named {
+            Compression::None => sniff(&mut file).with_context(|| format!("reading {name}"))?,
+            told => told,
+        };
         let raw = Counted {
             inner: file,
             progress: progress.clone(),
@@ -151,6 +158,18 @@ impl Input {
             Format::Csv => csv(self.reader, &name, each),
         }
     }
+}
+
+/// The compression `file`'s first bytes say, the file left at its start.
+fn sniff(file: &mut File) -> io::Result<Compression> {
+    let mut head = Vec::with_capacity(4);
+    (&mut *file).take(4).read_to_end(&mut head)?;
+    file.rewind()?;
+    Ok(match head.as_slice() {
+        [0x1f, 0x8b, ..] => Compression::Gzip,
+        [0x28, 0xb5, 0x2f, 0xfd] => Compression::Zstd,
+        _ => Compression::None,
+    })
 }
 
 /// One line into `buf` (without its newline), at most [`MAX_LINE_BYTES`]; `Ok(None)` at the
@@ -200,7 +219,10 @@ fn ndjson(
             )?;
             continue;
         }
-        let text = buf.strip_suffix(b"\r").unwrap_or(&buf);
+        let mut text = buf.strip_suffix(b"\r").unwrap_or(&buf);
+        if line == 1 {
+            text = text.strip_prefix(b"\xef\xbb\xbf").unwrap_or(text);
+        }
         if text.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
@@ -647,6 +669,59 @@ mod tests {
             (Some(Format::Ndjson), Compression::Zstd)
         );
         assert_eq!(detect(Path::new("e.txt")), (None, Compression::None));
+    }
+
+    /// Compression is told by the first bytes when the name does not tell: stdin (spooled to a
+    /// file named `stdin`) and a file named without `.gz` or `.zst` (the first cut read their
+    /// compressed bytes as text and refused the header).
+    #[test]
+    fn compressed_inputs_without_a_telling_name_are_told_by_their_bytes() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().unwrap();
+        let text = "ns,key,ts,n\nclicks,k,5,1\nclicks,k,6,2\n";
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), Default::default());
+        gz.write_all(text.as_bytes()).unwrap();
+        let gz = gz.finish().unwrap();
+        let zst = zstd::encode_all(text.as_bytes(), 3).unwrap();
+        for (bytes, what) in [
+            (gz, "gzip"),
+            (zst, "zstd"),
+            (text.as_bytes().to_vec(), "plain"),
+        ] {
+            for name in ["stdin", "a.csv"] {
+                let p = dir.path().join(name);
+                std::fs::write(&p, &bytes).unwrap();
+                let input = Input::open(
+                    &p,
+                    name,
+                    Some(Format::Csv),
+                    &indicatif::ProgressBar::hidden(),
+                )
+                .unwrap();
+                let mut n = 0;
+                input
+                    .events(&mut |_, e| {
+                        n += e.unwrap().n.unwrap();
+                        Ok(())
+                    })
+                    .unwrap_or_else(|e| panic!("{what} {name}: {e:#}"));
+                assert_eq!(n, 3, "{what} {name}");
+            }
+        }
+    }
+
+    /// A UTF-8 byte order mark before the first line is skipped, in NDJSON as in CSV.
+    #[test]
+    fn a_byte_order_mark_is_skipped() {
+        let got = read(
+            Format::Ndjson,
+            "\u{feff}{\"ns\":\"clicks\",\"key\":\"k\",\"ts\":5}\n{\"ns\":\"clicks\",\"key\":\"j\"}\n",
+        );
+        assert_eq!(got.len(), 2);
+        assert!(got.iter().all(|(_, e)| e.is_ok()), "{got:?}");
+        let got = read(Format::Csv, "\u{feff}ns,key,ts,n\nclicks,k,5,1\n");
+        assert_eq!(got.len(), 1);
+        assert!(got[0].1.is_ok(), "{got:?}");
     }
 
     #[test]

@@ -766,6 +766,31 @@ fn a_file_loaded_again_by_another_path_counts_once() {
     sigterm_and_wait(s);
 }
 
+/// Compressed stdin is decompressed: told by its first bytes, as it has no name to tell.
+#[test]
+fn compressed_stdin_loads() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = stopped_dir(tmp.path(), "d");
+    let data = dir.join("data").to_str().unwrap().to_owned();
+    let text = format!("ns,key,ts,n\nclicks,k,{DAY0},1\nclicks,k,{DAY0},2\n");
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(text.as_bytes()).unwrap();
+    let gz = gz.finish().unwrap();
+    let mut child = tally()
+        .args(["load", "-", "--format", "csv", "--data", &data, "--quiet"])
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(&gz).unwrap();
+    let o = child.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.success() && said.contains("loaded 2 events"),
+        "{said}"
+    );
+}
+
 /// A rebuild from the very file an earlier load loaded: the range holds the file's events
 /// afterwards (the first cut found the load's idempotency answers, dropped every batch as
 /// loaded before, and so emptied the range).
