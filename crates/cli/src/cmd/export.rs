@@ -6,11 +6,13 @@
 //! process). Memory stays bounded either way: the rows stream from the source into the
 //! partition writers, which bound what they hold.
 //!
-//! The files are written under `<out>/ns=<ns>.partial-<pid>` and renamed to `<out>/ns=<ns>`
-//! once every file is complete and synced, so a reader never sees half an export; an existing
-//! `<out>/ns=<ns>` is refused rather than mixed with. An export that fails removes its partial
-//! directory.
+//! The files are written under a staging directory ([`Stage`]) beside `<out>` and renamed to
+//! `<out>/ns=<ns>` once every file is complete and synced, so a reader of `<out>` never sees
+//! half an export, nor one a killed run left; an existing `<out>/ns=<ns>` is refused rather
+//! than mixed with. An export that fails removes its staging directory, and the next export
+//! into the same place removes those of runs that were killed.
 
+use std::fs::{File, TryLockError};
 use std::io::BufReader;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -66,9 +68,10 @@ pub fn run(a: ExportArgs) -> anyhow::Result<()> {
             done.display()
         );
     }
-    let partial = a
-        .out
-        .join(format!("ns={}.partial-{}", a.ns, std::process::id()));
+    // (Removed when it goes out of scope, whatever happens; by then the tree is in place, or
+    // the export failed.)
+    let stage = Stage::new(&a.out)?;
+    let partial = stage.dir.join(format!("ns={}", a.ns));
     std::fs::create_dir_all(&partial).with_context(|| format!("creating {}", partial.display()))?;
     let progress = Progress::new(a.quiet);
     let mut parts = Parts::new(&partial, a.format);
@@ -77,18 +80,10 @@ pub fn run(a: ExportArgs) -> anyhow::Result<()> {
         None => from_data(&a, &mut parts, &progress),
     }
     .and_then(|()| parts.finish());
-    let (rows, files) = match written {
-        Ok(counts) => counts,
-        Err(e) => {
-            let _ = std::fs::remove_dir_all(&partial);
-            return Err(e);
-        }
-    };
-    if let Err(e) = std::fs::rename(&partial, &done) {
-        let _ = std::fs::remove_dir_all(&partial);
-        return Err(e)
-            .with_context(|| format!("renaming {} to {}", partial.display(), done.display()));
-    }
+    let (rows, files) = written?;
+    std::fs::rename(&partial, &done)
+        .with_context(|| format!("renaming {} to {}", partial.display(), done.display()))?;
+    drop(stage);
     if let Ok(dir) = std::fs::File::open(&a.out) {
         let _ = dir.sync_all();
     }
@@ -99,6 +94,127 @@ pub fn run(a: ExportArgs) -> anyhow::Result<()> {
         progress.start.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// Where an export is written before it is complete: `<parent>/.<name>.tally-partial-<pid>/`
+/// beside `<out>` (`<parent>/<name>`), not inside it. Inside, no name hides a tree from
+/// every reader: Hive, Spark and Athena skip names starting with `_` or `.`, but DuckDB's
+/// `**` glob descends every directory (its local file system lists all but `.` and `..`),
+/// so `read_parquet('<out>/**/*.parquet', hive_partitioning = true)` would count a partial
+/// tree's rows, while it is written or after the run was killed, a second time. Beside
+/// `<out>` it shares its file system, so one rename moves it in; when it cannot (`<out>` is a
+/// mount point, or its parent is not writable) it goes inside `<out>` as `.tally-partial-<pid>`,
+/// hidden from Hive-style readers only.
+///
+/// The run holds a lock on `lock` in it; a staging directory whose lock is free belongs to a
+/// run that is over (a killed process's locks go with it), and is removed by the next export
+/// into the same place. Dropping the `Stage` removes its directory.
+#[derive(Debug)]
+struct Stage {
+    dir: PathBuf,
+    lock: Option<File>,
+}
+
+impl Stage {
+    fn new(out: &Path) -> anyhow::Result<Stage> {
+        std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+        let out =
+            std::fs::canonicalize(out).with_context(|| format!("opening {}", out.display()))?;
+        let beside = out
+            .parent()
+            .zip(out.file_name())
+            .filter(|(parent, _)| same_file_system(parent, &out))
+            .map(|(parent, name)| {
+                let prefix = format!(".{}.tally-partial-", name.to_string_lossy());
+                (parent.to_owned(), prefix)
+            });
+        let inside = (out.clone(), ".tally-partial-".to_owned());
+        let mut failed = None;
+        for (parent, prefix) in beside.into_iter().chain([inside]) {
+            remove_stale(&parent, &prefix);
+            let dir = parent.join(format!("{prefix}{}", std::process::id()));
+            match std::fs::create_dir(&dir) {
+                Ok(()) => {
+                    let mut stage = Stage { dir, lock: None };
+                    stage.lock = Some(stage.lock()?);
+                    return Ok(stage);
+                }
+                Err(e) => failed = Some((dir, e)),
+            }
+        }
+        match failed {
+            Some((dir, e)) => Err(e).with_context(|| format!("creating {}", dir.display())),
+            None => bail!(
+                "no place to write the export's files beside or in {}",
+                out.display()
+            ),
+        }
+    }
+
+    /// Makes `lock` and locks it: locked under another name first, then renamed, so that no
+    /// other run ever finds it unlocked while this one lives.
+    fn lock(&self) -> anyhow::Result<File> {
+        let new = self.dir.join("lock.new");
+        let lock = File::options()
+            .create_new(true)
+            .write(true)
+            .open(&new)
+            .with_context(|| format!("creating {}", new.display()))?;
+        lock.try_lock()
+            .map_err(|e| match e {
+                TryLockError::Error(e) => e,
+                TryLockError::WouldBlock => std::io::Error::other("locked by another process"),
+            })
+            .with_context(|| format!("locking {}", new.display()))?;
+        let path = self.dir.join("lock");
+        std::fs::rename(&new, &path).with_context(|| format!("creating {}", path.display()))?;
+        Ok(lock)
+    }
+}
+
+impl Drop for Stage {
+    fn drop(&mut self) {
+        drop(self.lock.take());
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Removes the staging directories in `parent` named `prefix…` whose runs are over (their
+/// lock free).
+fn remove_stale(parent: &Path, prefix: &str) {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if !entry.file_name().to_string_lossy().starts_with(prefix) {
+            continue;
+        }
+        let dir = entry.path();
+        // No lock yet: a run that is starting (or died starting); left alone.
+        let Ok(lock) = File::options().write(true).open(dir.join("lock")) else {
+            continue;
+        };
+        if lock.try_lock().is_ok() {
+            drop(lock);
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+}
+
+/// Whether `a` and `b` are on one file system (so a rename moves from one to the other).
+#[cfg(unix)]
+fn same_file_system(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev(),
+        _ => false,
+    }
+}
+
+/// (Elsewhere, assumed: a rename that crosses file systems fails the export, saying so.)
+#[cfg(not(unix))]
+fn same_file_system(_: &Path, _: &Path) -> bool {
+    true
 }
 
 /// Days one request (or in-process pass) covers: rows come key by key, each key's days in
@@ -279,6 +395,56 @@ impl Progress {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The staging tree lies beside `<out>`, never in it: nothing under `<out>` but finished
+    /// exports, whatever happens to the run.
+    #[test]
+    fn the_partial_tree_is_written_beside_out_not_in_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("out");
+        let stage = Stage::new(&out).unwrap();
+        let out = std::fs::canonicalize(&out).unwrap();
+        assert!(!stage.dir.starts_with(&out), "{}", stage.dir.display());
+        assert_eq!(stage.dir.parent(), out.parent());
+        let name = stage
+            .dir
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        assert!(name.starts_with(".out.tally-partial-"), "{name}");
+        assert_eq!(std::fs::read_dir(&out).unwrap().count(), 0);
+        let dir = stage.dir.clone();
+        drop(stage);
+        assert!(!dir.exists());
+    }
+
+    /// A staging directory whose run is over (its lock free) is removed by the next export
+    /// into the same place; a live run's is kept.
+    #[test]
+    fn staging_directories_of_runs_that_are_over_are_removed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("out");
+        let stale = tmp.path().join(".out.tally-partial-4000000001");
+        let live = tmp.path().join(".out.tally-partial-4000000002");
+        let other = tmp.path().join(".elsewhere.tally-partial-4000000003");
+        for d in [&stale, &live, &other] {
+            std::fs::create_dir_all(d.join("ns=clicks/date=2026-11-19")).unwrap();
+            std::fs::write(d.join("lock"), "").unwrap();
+        }
+        let held = File::options().write(true).open(live.join("lock")).unwrap();
+        held.try_lock().unwrap();
+        let stage = Stage::new(&out).unwrap();
+        assert!(!stale.exists());
+        assert!(live.exists());
+        assert!(
+            other.exists(),
+            "another --out's staging directory is not ours to judge"
+        );
+        // Ours is locked from the moment it has a lock: another run's scan leaves it alone.
+        remove_stale(tmp.path(), ".out.tally-partial-");
+        assert!(stage.dir.join("lock").exists());
+    }
 
     #[test]
     fn ranges_are_cut_at_midnights_into_windows_of_sixty_days() {

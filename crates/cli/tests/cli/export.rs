@@ -176,6 +176,13 @@ fn exports_read_back_by_duckdb_match_the_series_answers() {
         0,
         "partial left behind"
     );
+    // Nor beside them: the staging directories (`.<out>.tally-partial-<pid>`) went.
+    let staged: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("tally-partial"))
+        .collect();
+    assert!(staged.is_empty(), "{staged:?}");
 
     // The server's own answers: per key, per UTC day.
     let (_, keys) = {
