@@ -217,25 +217,45 @@ fn same_file_system(_: &Path, _: &Path) -> bool {
     true
 }
 
-/// Days one request (or in-process pass) covers: rows come key by key, each key's days in
-/// turn, so a window of fewer days than `parts::MAX_OPEN` keeps every date's file open and
-/// writes one file per date, never one per key and date.
+/// Days one request (or in-process pass) covers at most: rows come key by key, each key's
+/// days in turn, so a window of fewer days than `parts::MAX_OPEN` keeps every date's file
+/// open and writes one file per date, never one per key and date.
 const WINDOW_DAYS: i64 = 60;
 
-/// `[from, to)` cut at UTC midnights into windows of at most [`WINDOW_DAYS`] days.
-fn windows(from: i64, to: i64) -> Vec<(i64, i64)> {
+/// Where the window that starts at `a` ends (at most `to`): one request's worth of buckets of
+/// `res` seconds, at most `max_points` of them (a server refuses more: `[limits]
+/// max_points`). Cut at a UTC midnight (a tier's resolution divides an hour, so a midnight
+/// starts a bucket), at most [`WINDOW_DAYS`] days on, when a day of buckets fits; else at a multiple of `max_points` buckets (a multiple of `res`: a bucket
+/// is never in two windows, as each request widens its range to whole buckets). Either way
+/// the window's buckets, widened, lie between two cuts, so they number at most `max_points`.
+fn window_end(a: i64, to: i64, res: i64, max_points: usize) -> i64 {
+    const DAY: i64 = 86_400;
+    let res = res.max(1);
+    let points = i64::try_from(max_points).unwrap_or(i64::MAX).max(1);
+    let span = points.saturating_mul(res);
+    let b = if span >= DAY {
+        let days = (span / DAY).min(WINDOW_DAYS);
+        (a.div_euclid(DAY) + days) * DAY
+    } else {
+        (a.div_euclid(span) + 1) * span
+    };
+    b.min(to)
+}
+
+/// `[from, to)` cut into windows (see [`window_end`]).
+fn windows(from: i64, to: i64, res: i64, max_points: usize) -> Vec<(i64, i64)> {
     let mut out = Vec::new();
     let mut a = from;
     while a < to {
-        let b = ((a.div_euclid(86_400) + WINDOW_DAYS) * 86_400).min(to);
+        let b = window_end(a, to, res, max_points);
         out.push((a, b));
         a = b;
     }
     out
 }
 
-/// The export's range as unix seconds.
-fn range(a: &ExportArgs) -> anyhow::Result<(i64, i64)> {
+/// The export's range as unix seconds, and its resolution in seconds.
+fn range(a: &ExportArgs) -> anyhow::Result<(i64, i64, i64)> {
     let at = |what: &str, t: &str| {
         tally_core::model::parse_timestamp(t).map_err(|e| anyhow::anyhow!("--{what}: {e}"))
     };
@@ -243,7 +263,9 @@ fn range(a: &ExportArgs) -> anyhow::Result<(i64, i64)> {
     if from > to {
         bail!("--from ({from}) is after --to ({to})");
     }
-    Ok((from, to))
+    let res = tally_core::model::Duration::new(&a.resolution)
+        .map_err(|e| anyhow::anyhow!("--resolution: {e}"))?;
+    Ok((from, to, res.secs_i64()))
 }
 
 /// Streams `GET /v1/ns/{ns}/export` and reads it as CSV.
@@ -254,8 +276,13 @@ fn from_server(
     progress: &Progress,
 ) -> anyhow::Result<()> {
     let client = Client::new(server, a.token.as_deref());
-    let (from, to) = range(a)?;
-    for (wf, wt) in windows(from, to) {
+    let (from, to, res) = range(a)?;
+    // The server's cap is its own ([limits] max_points): the default first, halved while the
+    // server says a window holds too many points (nothing of that window was written).
+    let mut max_points = query::DEFAULT_MAX_POINTS;
+    let mut wf = from;
+    while wf < to {
+        let wt = window_end(wf, to, res, max_points);
         let route = Route::namespace(&a.ns, "export")
             .param("from", wf)
             .param("to", wt)
@@ -265,7 +292,12 @@ fn from_server(
         if status >= 400 {
             let text = resp.body_mut().read_to_string().unwrap_or_default();
             let json = serde_json::from_str(&text).unwrap_or_default();
-            return Err(ServerError::new(status, json).into());
+            let e = ServerError::new(status, json);
+            if e.code == "too_many_points" && max_points > 1 {
+                max_points /= 2;
+                continue;
+            }
+            return Err(e.into());
         }
         let body = BufReader::with_capacity(256 * 1024, resp.into_body().into_reader());
         let mut csv = csv::ReaderBuilder::new()
@@ -302,6 +334,7 @@ fn from_server(
             progress.tick(parts.rows);
         }
         parts.close_all()?;
+        wf = wt;
     }
     Ok(())
 }
@@ -311,9 +344,10 @@ fn from_data(a: &ExportArgs, parts: &mut Parts, progress: &Progress) -> anyhow::
     let dir = a.data.as_deref().unwrap_or(Path::new("tally-data"));
     let engine = Engine::open(Config::new(dir))
         .with_context(|| format!("opening data directory {}", dir.display()))?;
-    let (from, to) = range(a)?;
+    let (from, to, res) = range(a)?;
     let mut failed = None;
-    for (wf, wt) in windows(from, to) {
+    // No point cap offline (below): windows of whole days, for the files' sake.
+    for (wf, wt) in windows(from, to, res, usize::MAX) {
         let (wf, wt) = (wf.to_string(), wt.to_string());
         let params: [(&str, &str); 3] = [("from", &wf), ("to", &wt), ("resolution", &a.resolution)];
         let q = ExportQuery::parse(&a.ns, &params[..]).map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -451,7 +485,7 @@ mod tests {
         let day = 86_400;
         let from = 100 * day + 3600;
         let to = 250 * day + 7200;
-        let w = windows(from, to);
+        let w = windows(from, to, 3600, query::DEFAULT_MAX_POINTS);
         assert_eq!(w.first().map(|x| x.0), Some(from));
         assert_eq!(w.last().map(|x| x.1), Some(to));
         for pair in w.windows(2) {
@@ -460,6 +494,48 @@ mod tests {
         }
         assert!(w.iter().all(|(a, b)| b - a <= WINDOW_DAYS * day && a < b));
         assert_eq!(w.len(), 3);
-        assert!(windows(5, 5).is_empty());
+        assert!(windows(5, 5, 3600, 100).is_empty());
+    }
+
+    /// Each window holds at most `max_points` buckets, widened to whole buckets as the server
+    /// widens them, and no bucket is in two windows: 10 s over 30 days is cut into 11-day
+    /// windows (the first cut asked for all 30 days, 259 200 points, and got 422
+    /// too_many_points), 1 s under a cap of 10 000 into pieces of a day.
+    #[test]
+    fn windows_hold_at_most_the_point_cap() {
+        let day = 86_400;
+        let w = windows(day * 20_000, day * 20_030, 10, query::DEFAULT_MAX_POINTS);
+        assert_eq!(w.len(), 3);
+        assert_eq!(w[0], (day * 20_000, day * 20_011));
+        for (res, max) in [
+            (10, 100_000),
+            (1, 100_000),
+            (1, 10_000),
+            (60, 1000),
+            (3600, 20),
+            (3600, 1),
+            (1, usize::MAX),
+        ] {
+            for (from, to) in [
+                (day * 20_000, day * 20_030),
+                (day * 20_000 + 7, day * 20_003 + 5),
+                (-day - 13, day + 1),
+            ] {
+                let w = windows(from, to, res, max);
+                let what = format!("{res} s, cap {max}, [{from}, {to})");
+                assert_eq!(w.first().map(|x| x.0), Some(from), "{what}");
+                assert_eq!(w.last().map(|x| x.1), Some(to), "{what}");
+                for pair in w.windows(2) {
+                    assert_eq!(pair[0].1, pair[1].0, "{what}");
+                    assert_eq!(pair[0].1 % res, 0, "{what}: a cut inside a bucket");
+                }
+                for (a, b) in &w {
+                    let (wa, wb) = (a.div_euclid(res) * res, (b + res - 1).div_euclid(res) * res);
+                    let buckets = usize::try_from((wb - wa) / res).unwrap();
+                    assert!(a < b && buckets <= max, "{what}: [{a}, {b}) {buckets}");
+                    assert!(b - a <= WINDOW_DAYS * day, "{what}");
+                }
+            }
+        }
     }
 }
