@@ -1,5 +1,8 @@
 //! Reading `tally load`'s input: files (or stdin) of events as CSV or NDJSON, plain, `.gz` or
 //! `.zst`, one event at a time with its line number, each checked by the rules the API uses.
+//! The compression is told by the name, else (stdin, or a name without `.gz` or `.zst`) by
+//! the first bytes: gzip's `1f 8b`, zstd's `28 b5 2f fd` (no CSV or NDJSON text starts so:
+//! a control byte; not UTF-8). A UTF-8 byte order mark before the first line is skipped.
 //!
 //! - **CSV**: a header `ns,key,ts,n,<dimension>…`, then one event per record. `ts` is unix
 //!   seconds or RFC 3339 (empty: now), `n` an integer (empty: 1); a dimension column's empty
@@ -9,9 +12,14 @@
 //!
 //! Every line is bounded ([`MAX_LINE_BYTES`]): a longer NDJSON line is a bad line, a longer
 //! CSV line stops the load (a CSV record may not span lines), never a reason to grow memory.
+//!
+//! A CSV line ends at `\n`, `\r\n` or a lone `\r`, as the csv crate splits records; a record's
+//! line number is the line its first byte is on (counted here: the csv crate counts only
+//! `\n`s, and its record position stands before any blank lines that precede the record).
 
+use std::collections::VecDeque;
 use std::fs::File;
-use std::io::{self, BufRead, BufReader, Read};
+use std::io::{self, BufRead, BufReader, Read, Seek};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
@@ -98,14 +106,18 @@ impl Input {
         format: Option<Format>,
         progress: &indicatif::ProgressBar,
     ) -> anyhow::Result<Input> {
-        let (by_name, compression) = detect(Path::new(name));
+        let (by_name, named) = detect(Path::new(name));
         let Some(format) = format.or(by_name) else {
             bail!(
                 "{name}: cannot tell the format from the name (.csv, .ndjson or .jsonl, optionally \
                  .gz or .zst): give --format"
             );
         };
-        let file = File::open(path).with_context(|| format!("opening {name}"))?;
+        let mut file = File::open(path).with_context(|| format!("opening {name}"))?;
+        let compression = match named {
+            Compression::None => sniff(&mut file).with_context(|| format!("reading {name}"))?,
+            told => told,
+        };
         let raw = Counted {
             inner: file,
             progress: progress.clone(),
@@ -146,6 +158,18 @@ impl Input {
             Format::Csv => csv(self.reader, &name, each),
         }
     }
+}
+
+/// The compression `file`'s first bytes say, the file left at its start.
+fn sniff(file: &mut File) -> io::Result<Compression> {
+    let mut head = Vec::with_capacity(4);
+    (&mut *file).take(4).read_to_end(&mut head)?;
+    file.rewind()?;
+    Ok(match head.as_slice() {
+        [0x1f, 0x8b, ..] => Compression::Gzip,
+        [0x28, 0xb5, 0x2f, 0xfd] => Compression::Zstd,
+        _ => Compression::None,
+    })
 }
 
 /// One line into `buf` (without its newline), at most [`MAX_LINE_BYTES`]; `Ok(None)` at the
@@ -195,7 +219,10 @@ fn ndjson(
             )?;
             continue;
         }
-        let text = buf.strip_suffix(b"\r").unwrap_or(&buf);
+        let mut text = buf.strip_suffix(b"\r").unwrap_or(&buf);
+        if line == 1 {
+            text = text.strip_prefix(b"\xef\xbb\xbf").unwrap_or(text);
+        }
         if text.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
@@ -240,10 +267,7 @@ impl CsvRecords {
         let mut rd = csv::ReaderBuilder::new()
             .has_headers(true)
             .flexible(true)
-            .from_reader(LineBound {
-                inner: r,
-                since_newline: 0,
-            });
+            .from_reader(LineBound::new(r));
         let header = rd
             .headers()
             .with_context(|| format!("{name}: reading the CSV header"))?
@@ -271,9 +295,13 @@ impl CsvRecords {
     ) -> anyhow::Result<Option<Result<u64, (u64, String)>>> {
         match self.rd.read_byte_record(rec) {
             Ok(false) => Ok(None),
-            Ok(true) => Ok(Some(Ok(rec.position().map_or(0, |p| p.line())))),
+            Ok(true) => {
+                let at = rec.position().map_or(0, csv::Position::byte);
+                Ok(Some(Ok(self.rd.get_mut().line_at(at))))
+            }
             Err(e) => {
-                let line = e.position().map_or(0, |p| p.line());
+                let at = e.position().map_or(0, csv::Position::byte);
+                let line = self.rd.get_mut().line_at(at);
                 match e.kind() {
                     csv::ErrorKind::Io(_) => {
                         Err(anyhow::anyhow!("{e}")).context(format!("reading {}", self.name))
@@ -328,26 +356,77 @@ pub fn csv_event(rec: &csv::ByteRecord, dims: &[String]) -> Result<RawEvent, Str
     })
 }
 
-/// Fails the read once a line passes [`MAX_LINE_BYTES`].
+/// Fails the read once a line passes [`MAX_LINE_BYTES`], and notes where the lines that are
+/// not blank start, so that a record's line can be told from its byte offset
+/// ([`LineBound::line_at`]). A line ends at `\n`, `\r\n` or a lone `\r`.
 struct LineBound<R> {
     inner: R,
-    since_newline: usize,
+    /// Bytes read so far.
+    pos: u64,
+    /// The line being read (the first is 1).
+    line: u64,
+    /// Its bytes read so far, without its end.
+    run: usize,
+    /// The last byte read was a `\r` (a `\n` next ends the same line).
+    after_cr: bool,
+    /// (offset, number) of each line that is not blank, from the one the csv reader is in
+    /// on: at most one buffer of the csv reader's ahead of it (a record spanning lines adds
+    /// its lines).
+    starts: VecDeque<(u64, u64)>,
+}
+
+impl<R> LineBound<R> {
+    fn new(inner: R) -> LineBound<R> {
+        LineBound {
+            inner,
+            pos: 0,
+            line: 1,
+            run: 0,
+            after_cr: false,
+            starts: VecDeque::new(),
+        }
+    }
+
+    /// The line of a record that the csv reader found from byte `at` on: the first line
+    /// that is not blank starting there or later (blank lines before a record belong to its
+    /// position). Lines before `at` are forgotten: records come in order.
+    fn line_at(&mut self, at: u64) -> u64 {
+        while let Some(&(start, _)) = self.starts.front()
+            && start < at
+        {
+            self.starts.pop_front();
+        }
+        self.starts.front().map_or(self.line, |&(_, line)| line)
+    }
 }
 
 impl<R: Read> Read for LineBound<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.inner.read(buf)?;
         let read = buf.get(..n).unwrap_or_default();
-        // The bytes before the first newline go on with the current line; each newline
-        // starts one.
-        let (mut start, mut run, mut longest) = (0, self.since_newline, 0);
-        for nl in memchr::memchr_iter(b'\n', read) {
-            longest = longest.max(run + nl - start);
-            (start, run) = (nl + 1, 0);
+        // The bytes before the first line end go on with the current line; each end (a
+        // `\r\n` counting once) starts one.
+        let (mut from, mut longest) = (0, 0);
+        for end in memchr::memchr2_iter(b'\n', b'\r', read).chain(std::iter::once(n)) {
+            if end > from {
+                if self.run == 0 {
+                    self.starts.push_back((self.pos + from as u64, self.line));
+                }
+                self.run += end - from;
+                self.after_cr = false;
+                longest = longest.max(self.run);
+            }
+            let Some(&b) = read.get(end) else {
+                break;
+            };
+            if b == b'\r' || !self.after_cr {
+                self.line += 1;
+            }
+            self.run = 0;
+            self.after_cr = b == b'\r';
+            from = end + 1;
         }
-        run += n - start;
-        longest = longest.max(run);
-        self.since_newline = run;
+        self.pos += n as u64;
         if longest > MAX_LINE_BYTES {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -442,6 +521,52 @@ mod tests {
         assert!(got[4].1.as_ref().unwrap_err().contains("2 fields"));
     }
 
+    /// A record's line is the line its first byte is on, whatever ends the lines (`\n`,
+    /// `\r\n` or a lone `\r`, as the csv crate splits records), blank lines and records
+    /// spanning lines counted (the csv crate's own count missed the `\n` of a header's `\r\n`
+    /// and saw no line in a file of lone `\r`s).
+    #[test]
+    fn csv_line_numbers_count_every_kind_of_line_end() {
+        let lines =
+            |text: &str| -> Vec<u64> { read(Format::Csv, text).iter().map(|(l, _)| *l).collect() };
+        assert_eq!(
+            lines("ns,key,ts,n\r\nclicks,k,1,1\r\nclicks,k,soon,1\r\n"),
+            vec![2, 3]
+        );
+        assert_eq!(
+            lines("ns,key,ts,n\rclicks,k,1,1\rclicks,k,soon,1\r"),
+            vec![2, 3]
+        );
+        assert_eq!(
+            lines("ns,key,ts,n\nclicks,k,1,1\nclicks,k,soon,1"),
+            vec![2, 3]
+        );
+        assert_eq!(
+            lines("ns,key,ts,n\n\nclicks,k,1,1\n\r\n\nclicks,\"a\nb\",1,1\nclicks,k,2,1"),
+            vec![3, 6, 8]
+        );
+        assert_eq!(
+            lines("ns,key,ts,n\r\rclicks,k,1,1\n\rclicks,k,1,1\r\r\n"),
+            vec![3, 5]
+        );
+        let bad = read(
+            Format::Csv,
+            "ns,key,ts,n\r\nclicks,k,1,1\r\nclicks,k,soon,1\r\n",
+        );
+        assert!(bad[1].1.as_ref().unwrap_err().contains("ts:"), "{bad:?}");
+    }
+
+    /// A file of lone `\r` line ends longer than one line's bound reads line by line.
+    #[test]
+    fn a_csv_of_lone_carriage_returns_is_read_line_by_line() {
+        let rows = MAX_LINE_BYTES / 10;
+        let text = format!("ns,key,ts,n\r{}", "clicks,k,1,1\r".repeat(rows));
+        let got = read(Format::Csv, &text);
+        assert_eq!(got.len(), rows);
+        assert!(got.iter().all(|(_, e)| e.is_ok()));
+        assert_eq!(got.last().map(|(l, _)| *l), Some(rows as u64 + 1));
+    }
+
     #[test]
     fn a_csv_line_past_the_bound_stops_the_read() {
         let dir = tempfile::tempdir().unwrap();
@@ -483,18 +608,17 @@ mod tests {
             }
         }
         let longest = |text: &[u8], piece: usize| -> io::Result<()> {
-            let mut r = LineBound {
-                inner: Pieces(text, piece),
-                since_newline: 0,
-            };
+            let mut r = LineBound::new(Pieces(text, piece));
             io::copy(&mut r, &mut io::sink()).map(|_| ())
         };
         let line = "x".repeat(MAX_LINE_BYTES);
-        let fits = format!("a\n{line}\nb\n\n{line}");
-        let over = format!("a\n{line}x\nb\n");
-        for piece in [1, 7, 4096, MAX_LINE_BYTES, 3 * MAX_LINE_BYTES] {
-            assert!(longest(fits.as_bytes(), piece).is_ok(), "{piece}");
-            assert!(longest(over.as_bytes(), piece).is_err(), "{piece}");
+        for end in ["\n", "\r\n", "\r"] {
+            let fits = format!("a{end}{line}{end}b{end}{end}{line}");
+            let over = format!("a{end}{line}x{end}b{end}");
+            for piece in [1, 7, 4096, MAX_LINE_BYTES, 3 * MAX_LINE_BYTES] {
+                assert!(longest(fits.as_bytes(), piece).is_ok(), "{end:?} {piece}");
+                assert!(longest(over.as_bytes(), piece).is_err(), "{end:?} {piece}");
+            }
         }
     }
 
@@ -545,6 +669,59 @@ mod tests {
             (Some(Format::Ndjson), Compression::Zstd)
         );
         assert_eq!(detect(Path::new("e.txt")), (None, Compression::None));
+    }
+
+    /// Compression is told by the first bytes when the name does not tell: stdin (spooled to a
+    /// file named `stdin`) and a file named without `.gz` or `.zst` (the first cut read their
+    /// compressed bytes as text and refused the header).
+    #[test]
+    fn compressed_inputs_without_a_telling_name_are_told_by_their_bytes() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().unwrap();
+        let text = "ns,key,ts,n\nclicks,k,5,1\nclicks,k,6,2\n";
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), Default::default());
+        gz.write_all(text.as_bytes()).unwrap();
+        let gz = gz.finish().unwrap();
+        let zst = zstd::encode_all(text.as_bytes(), 3).unwrap();
+        for (bytes, what) in [
+            (gz, "gzip"),
+            (zst, "zstd"),
+            (text.as_bytes().to_vec(), "plain"),
+        ] {
+            for name in ["stdin", "a.csv"] {
+                let p = dir.path().join(name);
+                std::fs::write(&p, &bytes).unwrap();
+                let input = Input::open(
+                    &p,
+                    name,
+                    Some(Format::Csv),
+                    &indicatif::ProgressBar::hidden(),
+                )
+                .unwrap();
+                let mut n = 0;
+                input
+                    .events(&mut |_, e| {
+                        n += e.unwrap().n.unwrap();
+                        Ok(())
+                    })
+                    .unwrap_or_else(|e| panic!("{what} {name}: {e:#}"));
+                assert_eq!(n, 3, "{what} {name}");
+            }
+        }
+    }
+
+    /// A UTF-8 byte order mark before the first line is skipped, in NDJSON as in CSV.
+    #[test]
+    fn a_byte_order_mark_is_skipped() {
+        let got = read(
+            Format::Ndjson,
+            "\u{feff}{\"ns\":\"clicks\",\"key\":\"k\",\"ts\":5}\n{\"ns\":\"clicks\",\"key\":\"j\"}\n",
+        );
+        assert_eq!(got.len(), 2);
+        assert!(got.iter().all(|(_, e)| e.is_ok()), "{got:?}");
+        let got = read(Format::Csv, "\u{feff}ns,key,ts,n\nclicks,k,5,1\n");
+        assert_eq!(got.len(), 1);
+        assert!(got[0].1.is_ok(), "{got:?}");
     }
 
     #[test]

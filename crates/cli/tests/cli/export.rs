@@ -176,6 +176,13 @@ fn exports_read_back_by_duckdb_match_the_series_answers() {
         0,
         "partial left behind"
     );
+    // Nor beside them: the staging directories (`.<out>.tally-partial-<pid>`) went.
+    let staged: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("tally-partial"))
+        .collect();
+    assert!(staged.is_empty(), "{staged:?}");
 
     // The server's own answers: per key, per UTC day.
     let (_, keys) = {
@@ -314,4 +321,88 @@ fn exports_read_back_by_duckdb_match_the_series_answers() {
         "the ruined file is read when the query needs it"
     );
     let _ = run;
+}
+
+/// Every data row of the CSV files under `dir`, with its partition, sorted.
+fn csv_rows(dir: &Path) -> Vec<String> {
+    let mut rows = Vec::new();
+    let mut todo = vec![dir.to_owned()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                todo.push(p);
+                continue;
+            }
+            let part = p.parent().unwrap().strip_prefix(dir).unwrap().to_owned();
+            let text = std::fs::read_to_string(&p).unwrap();
+            for line in text.lines().skip(1) {
+                rows.push(format!("{}: {line}", part.display()));
+            }
+        }
+    }
+    rows.sort();
+    rows
+}
+
+/// A server whose `[limits] max_points` holds less than a day of the tier: the export cuts
+/// its requests to fit (the first cut asked for 60 days whatever the resolution, and got
+/// 422 too_many_points), and writes the rows an export without the cap writes.
+#[test]
+fn an_export_cuts_its_requests_to_the_server_s_point_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("tally.toml");
+    std::fs::write(&cfg, format!("{CONFIG}\n[limits]\nmax_points = 20\n")).unwrap();
+    let data = dir.path().join("data");
+    let s = serve_cmd(
+        tally().env("TALLY_DATA", &data),
+        &["--config", cfg.to_str().unwrap()],
+    );
+    let base = s.url.trim_end_matches('/').to_owned();
+    let resp = super::http_agent()
+        .post(format!("{base}/v1/events"))
+        .header("Content-Type", "application/json")
+        .send(events().to_string())
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let (from, to) = (DAY0.to_string(), (DAY0 + 3 * 86_400).to_string());
+    let range = [
+        "--ns",
+        "clicks",
+        "--from",
+        &from,
+        "--to",
+        &to,
+        "--resolution",
+        "1h",
+        "--format",
+        "csv",
+    ];
+    let online = dir.path().join("online");
+    let o = export(
+        &[
+            &range[..],
+            &["--server", &base, "--out", online.to_str().unwrap()],
+        ]
+        .concat(),
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    sigterm_and_wait(s);
+    let offline = dir.path().join("offline");
+    let o = export(
+        &[
+            &range[..],
+            &[
+                "--data",
+                data.to_str().unwrap(),
+                "--out",
+                offline.to_str().unwrap(),
+            ],
+        ]
+        .concat(),
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let want = csv_rows(&offline);
+    assert!(want.len() > 1000, "{}", want.len());
+    assert_eq!(csv_rows(&online), want);
 }

@@ -15,8 +15,11 @@
 //!   atomically with the idempotency answers of its batches, so a re-run within 24 h (how
 //!   long answers are kept) skips what was installed.
 //!
-//! The keys are made of the file's bytes and name, `--batch` and the batch's first line: a
-//! re-run counts once only with the same files and the same `--batch`.
+//! The keys are made of the file's bytes and name (its path's last part, not the path as
+//! typed: `a.csv`, `./a.csv` and `/data/a.csv` are one file; stdin: its bytes alone),
+//! `--batch` and the batch's first line: a re-run counts once only with the same files and
+//! the same `--batch`. A file given twice in one run counts once (online the server replays
+//! the second copy's batches; offline they are skipped).
 //!
 //! stdin (`-`) is copied to a temporary file first, as it may be read twice.
 
@@ -88,9 +91,13 @@ pub struct LoadArgs {
 struct Source {
     path: PathBuf,
     name: String,
-    /// Of the bytes and the name: two files with the same bytes under different names are
-    /// two loads.
+    /// The last part of its path (`None` for stdin): what its digest names it by.
+    file_name: Option<String>,
+    /// Of the bytes and the file name: two files with the same bytes under different names
+    /// are two loads; one file reached by different paths is one.
     digest: u64,
+    /// An earlier input of this run has the same digest, so the same batches and keys.
+    repeat: bool,
     bytes: u64,
 }
 
@@ -200,13 +207,14 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
     let spool = tempfile::tempdir().context("creating a temporary directory")?;
     let mut sources = Vec::new();
     for f in &a.files {
-        let (path, name) = if f.as_os_str() == "-" {
+        let (path, name, file_name) = if f.as_os_str() == "-" {
             if a.format.is_none() {
                 bail!("stdin (-) needs --format csv or --format ndjson");
             }
-            (spool_stdin(spool.path())?, "stdin".to_owned())
+            (spool_stdin(spool.path())?, "stdin".to_owned(), None)
         } else {
-            (f.clone(), f.display().to_string())
+            let file_name = f.file_name().map(|n| n.to_string_lossy().into_owned());
+            (f.clone(), f.display().to_string(), file_name)
         };
         let bytes = std::fs::metadata(&path)
             .with_context(|| format!("opening {name}"))?
@@ -214,7 +222,9 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
         sources.push(Source {
             path,
             name,
+            file_name,
             digest: 0,
+            repeat: false,
             bytes,
         });
     }
@@ -234,12 +244,18 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
     };
     let checker = Checker::of(&target, a.batch as usize, now)?;
     let start = Instant::now();
+    let mut digests = HashSet::new();
     for s in &mut sources {
         let mut d = digest(&s.path).with_context(|| format!("reading {}", s.name))?;
-        // Two files with the same bytes under different names are two loads.
-        d.update(b"\0");
-        d.update(s.name.as_bytes());
+        // Two files with the same bytes under different names are two loads; the path as
+        // typed (`a.csv`, `./a.csv`, its absolute path, another working directory) is not
+        // part of it, so one file is one load however it is reached.
+        if let Some(file_name) = &s.file_name {
+            d.update(b"\0");
+            d.update(file_name.as_bytes());
+        }
         s.digest = d.value();
+        s.repeat = !digests.insert(s.digest);
     }
     let client = match &target {
         Target::Engine(engine) => {

@@ -22,7 +22,8 @@
 //! Nothing is installed before every line is checked, so a bad line refuses the load with
 //! nothing applied. Batches of `--batch` records carry idempotency answers
 //! (`tally-load-{digest}-{batch}-{first line}`) installed with their counts: a re-run skips
-//! what an earlier run installed.
+//! what an earlier run installed. A rebuild (`--replace`) neither looks answers up nor
+//! records them: it replaces its range with every line of its files, loaded before or not.
 //!
 //! Memory: the aggregate (its keys' names included) is bounded as above; the reading thread's
 //! tables of names are bounded to an eighth of `--memory-mb` (past it, it forgets them and
@@ -823,7 +824,6 @@ fn pass(
             agg.add(&chunk);
             if let Some(key) = chunk.answer.take()
                 && chunk.events > 0
-                && rebuild.is_none()
             {
                 agg.answers.push(IdemRecord {
                     key: key.clone(),
@@ -931,13 +931,21 @@ impl Chunker<'_> {
                 scanner.forget();
             }
             scanner.start_chunk(&mut self.chunk);
-            let key = format!("tally-load-{:016x}-{}-{line}", self.s.digest, self.a.batch);
-            self.skip = scanner
-                .engine
-                .idempotency(&key)
-                .map_err(|e| anyhow::anyhow!(e.detail()))?
-                .is_some();
-            self.chunk.answer = (!self.skip).then_some(key);
+            // A rebuild neither consults nor records answers: it replaces the range with
+            // every line of its files, so a batch an earlier load installed is not "loaded
+            // before" here (skipping it would leave the range without it). Otherwise a batch
+            // is skipped when an earlier run installed it, or when it is the second copy of a
+            // file given twice in this run (same keys: counted once, as a server replays).
+            if scanner.rebuild.is_none() {
+                let key = format!("tally-load-{:016x}-{}-{line}", self.s.digest, self.a.batch);
+                self.skip = self.s.repeat
+                    || scanner
+                        .engine
+                        .idempotency(&key)
+                        .map_err(|e| anyhow::anyhow!(e.detail()))?
+                        .is_some();
+                self.chunk.answer = (!self.skip).then_some(key);
+            }
         }
         self.lines += 1;
         let (rows, keys) = (self.chunk.rows.len(), self.chunk.keys.len());
