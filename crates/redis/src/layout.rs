@@ -8,15 +8,18 @@ use tally_core::model::{Duration, Namespace, Retention, Schema, SchemaDoc, Tier}
 use tally_core::store::StoreError;
 
 /// The layout this build reads and writes, stored in [`LAYOUT_KEY`].
-pub const LAYOUT_VERSION: u32 = 5;
+pub const LAYOUT_VERSION: u32 = 6;
 /// Older layouts this build opens, marks as [`LAYOUT_VERSION`] and then rewrites the schema
 /// records of: every key of layouts 2 to 4 means the same in layout 5 but the key index,
 /// whose keys move into pages at connect (`RedisStore::migrate_index`). Layout 3 added
 /// coded subtotal fields; layout 4 gives codes in two steps (`pending`, then `codes`) and
 /// writes records that builds of older layouts cannot decode (`fresh` for `next`), so that
 /// one of them still running fails loudly instead of dropping what it does not know; layout
-/// 5 keeps the key index in pages, and builds of layout 4 refuse its records.
-pub const UPGRADES_FROM: &[u32] = &[2, 3, 4];
+/// 5 keeps the key index in pages, and builds of layout 4 refuse its records. Layout 6
+/// keeps each namespace's extent ([`extent_key`]) with every write and clips long reads to
+/// it in namespaces it kept it for from the start ([`SchemaRecord::extents`]); builds of
+/// layout 5, which write without it, refuse its records.
+pub const UPGRADES_FROM: &[u32] = &[2, 3, 4, 5];
 /// A string: the layout version, decimal.
 pub const LAYOUT_KEY: &str = "tally:layout";
 /// A hash: namespace → schema record (JSON, [`SchemaRecord`]).
@@ -147,6 +150,13 @@ pub fn old_keys_key(ns: &Namespace) -> String {
 /// key some `forever` tier holds is not in it: it never expires.
 pub fn expiry_key(ns: &Namespace) -> String {
     format!("tally:exp:{{{}}}", ns.as_str())
+}
+
+/// A namespace's extent: a hash, resolution (seconds) → `<lo>:<hi>`, the first and last
+/// bucket start any write put data in at that resolution (never narrowed: retention hides
+/// what it no longer keeps). In the namespace's slot, as its key index.
+pub fn extent_key(ns: &Namespace) -> String {
+    format!("tally:ext:{{{}}}", ns.as_str())
 }
 
 /// An idempotency record: `tally:idem:{<key>}`.
@@ -332,6 +342,11 @@ pub struct SchemaRecord {
     /// of a newer layout than its own rather than rewrite it without what it does not know.
     #[serde(default)]
     pub layout: u32,
+    /// Whether every write since the namespace was made kept its extent ([`extent_key`]):
+    /// records made by layout 6 and later. Only then may a read clip its range to the
+    /// extent (an older namespace has data the extent never saw).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub extents: bool,
 }
 
 /// Dimension codes one breakdown tier holds at most: the schema record is read by every
@@ -479,6 +494,7 @@ impl SchemaRecord {
             next,
             extend,
             layout: LAYOUT_VERSION,
+            extents: previous.is_none_or(|p| p.extents),
         };
         // Declared dimensions get their codes now (pending, like any: the first write
         // confirms them).

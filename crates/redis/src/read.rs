@@ -41,6 +41,43 @@ fn group_size(cluster: bool, windows: &[(i64, i64, i64)], suffixes: usize) -> us
     (GROUP_WORK / per_series.max(1)).clamp(1, GROUP)
 }
 
+/// Windows a read names before it asks where its namespace has data: a short read is one
+/// script call of a few keys anyway; a long one (all time, `last=100y`) names a key per
+/// window of its whole range, nearly all of them absent, unless clipped to the extent.
+const CLIP_AFTER_WINDOWS: i64 = 8;
+
+/// Seconds past now a clipped range still reads, whatever the extent says: a write racing
+/// the read (it widens the extent as it writes newer buckets) is read whole or not at all.
+const CLIP_MARGIN_SECS: i64 = 7200;
+
+/// What a read knows of where its namespace has data at its resolution.
+#[derive(Debug, Clone, Copy)]
+enum Extent {
+    /// Not kept from the start (a namespace older than layout 6): the whole range is read.
+    Unknown,
+    /// No write ever put data here.
+    Empty,
+    /// The first and last bucket start written.
+    Known(i64, i64),
+}
+
+/// Whether a range at `res` is long enough to be worth clipping to the extent.
+fn long(from: i64, to: i64, res: i64) -> bool {
+    (to - from) / res > CLIP_AFTER_WINDOWS * WINDOW_BUCKETS
+}
+
+/// `[from, to)` clipped to an extent (`None`: nothing to read).
+fn clip(from: i64, to: i64, res: i64, extent: Extent, now: i64) -> Option<(i64, i64)> {
+    match extent {
+        Extent::Unknown => Some((from, to)),
+        Extent::Empty => None,
+        Extent::Known(lo, hi) => {
+            let (from, to) = (from.max(lo), to.min((hi + res).max(now + CLIP_MARGIN_SECS)));
+            (from < to).then_some((from, to))
+        }
+    }
+}
+
 /// The windows a range touches at one resolution: `(window start, first offset, last offset)`.
 fn windows(from: i64, to: i64, res: i64) -> Vec<(i64, i64, i64)> {
     let mut out = Vec::new();
@@ -75,6 +112,7 @@ struct Plan {
     windows: Vec<(i64, i64, i64)>,
 }
 
+#[allow(clippy::too_many_arguments)]
 fn plan_for(
     st: &Stored,
     ns: &Namespace,
@@ -83,11 +121,16 @@ fn plan_for(
     from: i64,
     to: i64,
     now: i64,
+    extent: Extent,
 ) -> Option<Plan> {
     let tier = st.tier(resolution)?;
     let gen_ = st.generation(resolution)?;
     let res = resolution.secs_i64();
     let from = layout::first_kept(from, tier, now);
+    let (from, to) = match long(from, to, res) {
+        true => clip(from, to, res, extent, now)?,
+        false => (from, to),
+    };
     let windows = windows(from, to, res);
     if windows.is_empty() {
         return None;
@@ -122,6 +165,31 @@ fn text(v: &Value) -> Option<String> {
     }
 }
 
+/// An `HGETALL` reply of text values as pairs (RESP2 arrays or RESP3 maps).
+fn text_pairs(v: &Value) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    match v {
+        Value::Array(items) => {
+            for kv in items.chunks(2) {
+                if let [k, v] = kv
+                    && let (Some(k), Some(v)) = (text(k), text(v))
+                {
+                    out.push((k, v));
+                }
+            }
+        }
+        Value::Map(items) => {
+            for (k, v) in items {
+                if let (Some(k), Some(v)) = (text(k), text(v)) {
+                    out.push((k, v));
+                }
+            }
+        }
+        _ => {}
+    }
+    out
+}
+
 /// An `HGETALL` reply as pairs (RESP2 arrays or RESP3 maps).
 fn pairs(v: &Value) -> Vec<(String, i64)> {
     let mut out = Vec::new();
@@ -147,7 +215,74 @@ fn pairs(v: &Value) -> Vec<(String, i64)> {
     out
 }
 
+/// Extents as [`RedisStore::extents`] reads them: per namespace kept from the start, each
+/// resolution's; a namespace not in it is [`Extent::Unknown`].
+type Extents = BTreeMap<Namespace, BTreeMap<i64, (i64, i64)>>;
+
+fn extent_of(extents: &Extents, ns: &Namespace, resolution: Duration) -> Extent {
+    match extents.get(ns) {
+        None => Extent::Unknown,
+        Some(m) => match m.get(&resolution.secs_i64()) {
+            Some(&(lo, hi)) => Extent::Known(lo, hi),
+            None => Extent::Empty,
+        },
+    }
+}
+
 impl RedisStore {
+    /// The extents (`layout::extent_key`) of the namespaces among `nss` whose records say
+    /// they were kept from the start: one `HGETALL` each, all in flight at once.
+    async fn extents(
+        &self,
+        nss: &[&Namespace],
+        schemas: &BTreeMap<Namespace, Stored>,
+    ) -> Result<Extents, StoreError> {
+        let kept: Vec<&Namespace> = nss
+            .iter()
+            .copied()
+            .filter(|ns| schemas.get(*ns).is_some_and(|s| s.record.extents))
+            .collect();
+        let replies = join_all(kept.iter().map(|ns| {
+            let name = layout::extent_key(ns);
+            self.retry(move |mut c| {
+                let name = name.clone();
+                async move {
+                    redis::cmd("HGETALL")
+                        .arg(name)
+                        .query_async::<Value>(&mut c)
+                        .await
+                }
+            })
+        }))
+        .await;
+        let mut out = Extents::new();
+        for (ns, reply) in kept.into_iter().zip(replies) {
+            let mut m = BTreeMap::new();
+            for (field, range) in text_pairs(&reply?) {
+                let parsed = field.parse::<i64>().ok().zip(
+                    range
+                        .split_once(':')
+                        .and_then(|(l, h)| l.parse::<i64>().ok().zip(h.parse::<i64>().ok())),
+                );
+                match parsed {
+                    Some((res, span)) => {
+                        m.insert(res, span);
+                    }
+                    // Not written by tally: refuse rather than clip by a guess.
+                    None => {
+                        return Err(StoreError::corrupt(format!(
+                            "{}: {} holds {field:?} = {range:?}, not a resolution and a range",
+                            self.label,
+                            layout::extent_key(ns)
+                        )));
+                    }
+                }
+            }
+            out.insert(ns.clone(), m);
+        }
+        Ok(out)
+    }
+
     pub(crate) async fn read_async(
         &self,
         reads: &[KeyRead<'_>],
@@ -156,12 +291,30 @@ impl RedisStore {
         nss.sort();
         nss.dedup();
         let mut schemas = self.load_schemas(&nss).await?;
+        let mut long_reads: Vec<&Namespace> = reads
+            .iter()
+            .filter(|r| long(r.from, r.to, r.resolution.secs_i64()))
+            .map(|r| r.ns)
+            .collect();
+        long_reads.sort();
+        long_reads.dedup();
+        let extents = self.extents(&long_reads, &schemas).await?;
         for _ in 0..4 {
             let now = self.now();
             let futures = reads.iter().map(|r| {
                 let st = schemas.get(r.ns);
+                let extent = extent_of(&extents, r.ns, r.resolution);
                 let plan = st.and_then(|st| {
-                    plan_for(st, r.ns, r.key.as_str(), r.resolution, r.from, r.to, now)
+                    plan_for(
+                        st,
+                        r.ns,
+                        r.key.as_str(),
+                        r.resolution,
+                        r.from,
+                        r.to,
+                        now,
+                        extent,
+                    )
                 });
                 async move {
                     match (plan, st) {
@@ -411,7 +564,23 @@ impl RedisStore {
             return Ok(());
         };
         let res = scan.resolution.secs_i64();
-        let windows = windows(layout::first_kept(scan.from, tier, now), scan.to, res);
+        let from = layout::first_kept(scan.from, tier, now);
+        let (from, to) = if long(from, scan.to, res) {
+            let extents = self.extents(&[scan.ns], &schemas).await?;
+            match clip(
+                from,
+                scan.to,
+                res,
+                extent_of(&extents, scan.ns, scan.resolution),
+                now,
+            ) {
+                Some(r) => r,
+                None => return Ok(()),
+            }
+        } else {
+            (from, scan.to)
+        };
+        let windows = windows(from, to, res);
         if windows.is_empty() {
             return Ok(());
         }

@@ -38,14 +38,17 @@ use redis::Script;
 ///   (`0`: the hash is kept forever) if the hash is new or its expiry is earlier: an expiry
 ///   only grows, and a hash without one keeps none (a batch prepared under a shorter
 ///   retention than the tier's now cannot shorten what a longer one set).
-/// - `i <directory key> <expiry key> <page prefix> <page size> <count>
+/// - `i <directory key> <expiry key> <page prefix> <page size> <now> <prune> <count>
 ///   (<member> <expireat|inf>)*`: add keys to a namespace's paged index ([`INDEX_LUA`];
-///   pages past the size split) and set their expiries: an expiry only ever grows
+///   pages past the size split), then take out of it at most `prune` keys whose expiry is
+///   at or before `now` (as [`PRUNE`] does), and set their expiries: an expiry only ever grows
 ///   (`ZADD GT`), and `inf` (a `forever` tier holds the key) takes the key out of the
 ///   expiry set, since it never expires. A key listed but not in the expiry set never gets
 ///   a finite expiry again.
 ///   Variadic calls of at most 256 members.
 /// - `r <key> <record> <expireat>`: `SET NX` an idempotency record until `expireat`.
+/// - `x <key> <count> (<resolution> <lo> <hi>)*`: widens a namespace's extent
+///   (`layout::extent_key`) to take the bucket starts `lo` to `hi` at each resolution.
 pub static APPLY: LazyLock<Script> = LazyLock::new(|| with_index(APPLY_LUA));
 
 /// A script with the key index's functions ([`INDEX_LUA`]) before it.
@@ -232,8 +235,9 @@ while i <= n do
     local ex = KEYS[tonumber(a[i + 2])]
     local pfx = a[i + 3]
     local max = tonumber(a[i + 4])
-    local c = tonumber(a[i + 5])
-    i = i + 6
+    local now, prune = a[i + 5], a[i + 6]
+    local c = tonumber(a[i + 7])
+    i = i + 8
     open_dir(dir)
     local add, done = adder(dir, pfx, max)
     local grow, gone = {}, {}
@@ -264,6 +268,31 @@ while i <= n do
     end
     flush(true)
     done()
+    for _, m in ipairs(redis.call('ZRANGEBYSCORE', ex, '-inf', now, 'LIMIT', 0, prune)) do
+      unlist(dir, pfx, m)
+      redis.call('ZREM', ex, m)
+    end
+  elseif op == 'x' then
+    local k = KEYS[tonumber(a[i + 1])]
+    local c = tonumber(a[i + 2])
+    i = i + 3
+    for _ = 1, c do
+      local f, lo, hi = a[i], tonumber(a[i + 1]), tonumber(a[i + 2])
+      local cur = redis.call('HGET', k, f)
+      local l, h = nil, nil
+      if cur then
+        l, h = string.match(cur, '^(%-?%d+):(%-?%d+)$')
+      end
+      if l then
+        l, h = tonumber(l), tonumber(h)
+        if lo < l or hi > h then
+          redis.call('HSET', k, f, string.format('%d:%d', math.min(lo, l), math.max(hi, h)))
+        end
+      else
+        redis.call('HSET', k, f, string.format('%d:%d', lo, hi))
+      end
+      i = i + 3
+    end
   elseif op == 'r' then
     redis.call('SET', KEYS[tonumber(a[i + 1])], a[i + 2], 'NX', 'EXAT', a[i + 3])
     i = i + 4

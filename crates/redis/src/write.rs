@@ -276,7 +276,7 @@ impl Call {
         &mut self,
         ns: &Namespace,
         members: &[(&Key, Until)],
-        page: usize,
+        (page, now): (usize, i64),
         (fresh, expected): (String, String),
     ) {
         let token = self.key(&layout::key_token_key(ns));
@@ -290,12 +290,18 @@ impl Call {
         }
         let dir = self.key(&layout::key_dir_key(ns));
         let exp = self.key(&layout::expiry_key(ns));
+        // Keys whose data all expired leave the index as new ones come in (at least as
+        // many as come, when there are), so the index follows the live keys even if nobody
+        // lists them (listing and `top` prune too).
+        let prune = (members.len() + 8).min(256);
         self.args.extend([
             "i".into(),
             dir,
             exp,
             layout::key_page_prefix(ns),
             page.to_string(),
+            now.to_string(),
+            prune.to_string(),
             members.len().to_string(),
         ]);
         for (k, until) in members {
@@ -304,6 +310,19 @@ impl Call {
                 Until::At(t) => t.to_string(),
                 Until::Never => "inf".into(),
             });
+        }
+    }
+
+    /// Widens the namespace's extent to the batch's (`layout::extent_key`).
+    fn extent(&mut self, ns: &Namespace, ranges: Option<&BTreeMap<i64, (i64, i64)>>) {
+        let Some(ranges) = ranges.filter(|r| !r.is_empty()) else {
+            return;
+        };
+        let k = self.key(&layout::extent_key(ns));
+        self.args.extend(["x".into(), k, ranges.len().to_string()]);
+        for (res, (lo, hi)) in ranges {
+            self.args
+                .extend([res.to_string(), lo.to_string(), hi.to_string()]);
         }
     }
 
@@ -334,13 +353,22 @@ impl Call {
     }
 }
 
-/// Aggregates a batch's increments per series, hash and field.
+/// Per namespace, per resolution (seconds): the first and last bucket start a batch puts
+/// data in (`layout::extent_key`).
+type Extents = BTreeMap<Namespace, BTreeMap<i64, (i64, i64)>>;
+
+/// A batch's series by namespace and key.
+type Series = BTreeMap<(Namespace, Key), SeriesPlan>;
+
+/// Aggregates a batch's increments per series, hash and field, and notes the buckets'
+/// extents.
 fn plan(
     batch: &Batch,
     schemas: &BTreeMap<Namespace, Stored>,
     now: i64,
-) -> Result<BTreeMap<(Namespace, Key), SeriesPlan>, StoreError> {
-    let mut series: BTreeMap<(Namespace, Key), SeriesPlan> = BTreeMap::new();
+) -> Result<(Series, Extents), StoreError> {
+    let mut series = Series::new();
+    let mut extents = Extents::new();
     for inc in &batch.increments {
         let Some(st) = schemas.get(&inc.ns) else {
             return Err(StoreError::internal(format!(
@@ -364,6 +392,12 @@ fn plan(
             let Some(gen_) = st.generation(tier.resolution) else {
                 continue;
             };
+            let e = extents
+                .entry(inc.ns.clone())
+                .or_default()
+                .entry(r)
+                .or_insert((b, b));
+            *e = (e.0.min(b), e.1.max(b));
             let w = layout::window_of(b, r);
             let off = layout::offset_of(b, w, r);
             let expire_at = layout::window_expiry(w, r, tier.retention);
@@ -393,7 +427,7 @@ fn plan(
         }
         s.hashes.retain(|_, h| !h.fields.is_empty());
     }
-    Ok(series)
+    Ok((series, extents))
 }
 
 impl RedisStore {
@@ -426,7 +460,7 @@ impl RedisStore {
         };
         let mut schemas = self.create_and_load(batch).await?;
         self.give_codes(batch, &mut schemas, now).await?;
-        let series = plan(batch, &schemas, now)?;
+        let (series, extents) = plan(batch, &schemas, now)?;
         let skew = match SystemClock.now() - now {
             // The same clock read twice: the same time.
             s if s.abs() <= 2 => 0,
@@ -442,7 +476,7 @@ impl RedisStore {
         let mut trust = true;
         loop {
             let calls = self.index_and_series(
-                &series,
+                (&series, &extents),
                 batch,
                 &id,
                 (marker_secs, claim),
@@ -499,7 +533,7 @@ impl RedisStore {
     #[allow(clippy::too_many_arguments)]
     fn index_and_series(
         &self,
-        series: &BTreeMap<(Namespace, Key), SeriesPlan>,
+        (series, extents): (&Series, &Extents),
         batch: &Batch,
         id: &str,
         (marker_secs, claim): (i64, Option<&str>),
@@ -558,7 +592,8 @@ impl RedisStore {
                 call.fenced(f);
             }
             for (ns, members) in &index {
-                call.index(ns, members, self.index_page, check(ns));
+                call.index(ns, members, (self.index_page, now), check(ns));
+                call.extent(ns, extents.get(*ns));
             }
             with_data().for_each(|s| call.series(s));
             if let Some(r) = &batch.idempotency {
@@ -571,7 +606,8 @@ impl RedisStore {
             .iter()
             .map(|(ns, members)| {
                 let mut c = new_call(None);
-                c.index(ns, members, self.index_page, check(ns));
+                c.index(ns, members, (self.index_page, now), check(ns));
+                c.extent(ns, extents.get(*ns));
                 c
             })
             .collect();

@@ -242,6 +242,41 @@ fn expired_keys_leave_their_pages() {
     assert_eq!(listed(&redis, &ns, "", None, 100), &keys[..10]);
 }
 
+/// Keys whose data all expired leave the index as new keys are written, even if nobody
+/// lists keys (a rate-limit namespace keyed by client address would otherwise grow without
+/// bound).
+#[test]
+fn writes_of_new_keys_take_expired_ones_out_of_the_index() {
+    let server = RedisServer::start();
+    let t = real_now();
+    let clock = Arc::new(ManualClock::new(t));
+    let redis = RedisStore::connect_with_clock(&server.url(), clock.clone()).unwrap();
+    let ns = Namespace::new("m").unwrap();
+    redis.put_schema(&ns, &schema(&["1m:10m"], None)).unwrap();
+    let old: Vec<String> = (0..50).map(|i| format!("old{i:02}")).collect();
+    write_keys(&[&redis], &old, t);
+    let expiring = || -> usize {
+        server
+            .cli(&["zcard", &layout::expiry_key(&ns)])
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(expiring(), 50);
+    clock.set(t + 3600);
+    for i in 0..5 {
+        write_keys(&[&redis], &[format!("new{i}")], t + 3600);
+    }
+    // Each write of one new key takes out up to nine expired ones.
+    assert_eq!(expiring(), 5 + 50 - 5 * 9);
+    for i in 5..10 {
+        write_keys(&[&redis], &[format!("new{i}")], t + 3600);
+    }
+    assert_eq!(expiring(), 10);
+    let new: Vec<String> = (0..10).map(|i| format!("new{i}")).collect();
+    assert_eq!(listed(&redis, &ns, "", None, 100), new);
+}
+
 /// A database of layout 4 keeps every key in one sorted set: connecting moves them into
 /// pages; keys a server of layout 4 still running lists the old way meanwhile are moved by
 /// the next connection.
@@ -272,13 +307,23 @@ fn a_layout_4_index_moves_into_pages() {
     }
     server.cli(&["del", &layout::key_dir_key(&ns)]);
     let record = server.cli(&["hget", layout::SCHEMAS_KEY, "m"]);
-    let record = record.trim().replace("\"layout\":5", "\"layout\":4");
+    let record = record
+        .trim()
+        .replace(
+            &format!("\"layout\":{}", layout::LAYOUT_VERSION),
+            "\"layout\":4",
+        )
+        .replace(",\"extents\":true", "");
+    assert!(record.contains("\"layout\":4"), "{record}");
     server.cli(&["hset", layout::SCHEMAS_KEY, "m", &record]);
     server.cli(&["set", layout::LAYOUT_KEY, "4"]);
     assert_eq!(server.cli(&["zcard", &old]).trim(), "700");
 
     let redis = RedisStore::connect(&server.url()).unwrap();
-    assert_eq!(server.cli(&["get", layout::LAYOUT_KEY]).trim(), "5");
+    assert_eq!(
+        server.cli(&["get", layout::LAYOUT_KEY]).trim(),
+        layout::LAYOUT_VERSION.to_string()
+    );
     assert_eq!(server.cli(&["exists", &old]).trim(), "0", "moved whole");
     check_pages(&server, &ns, 128, &keys);
     assert_eq!(walked(&redis, &ns, "", 100), keys);

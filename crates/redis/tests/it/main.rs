@@ -6,6 +6,7 @@
 mod codes;
 mod contexts;
 mod equivalence;
+mod extent;
 mod faults;
 mod idempotency;
 mod index;

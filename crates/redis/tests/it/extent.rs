@@ -1,0 +1,117 @@
+//! Long reads are clipped to where the namespace has data (`layout::extent_key`): a read of
+//! "all time" names the windows data spans, not one per window since 1970 (with a `1m`
+//! tier kept forever, over a million), which would hold Redis for minutes.
+
+use tally_core::ingest::Defaults;
+use tally_core::model::{Duration, Key, Namespace};
+use tally_core::store::{Deadline, KeyRead, Scan, Store, Want};
+use tally_redis::RedisStore;
+use tally_redis::testing::RedisServer;
+
+use crate::{batch, raw, real_now, schema};
+
+/// Hash reads Redis ran since the last `CONFIG RESETSTAT` (scripts' calls included).
+fn hash_reads(server: &RedisServer) -> u64 {
+    server
+        .cli(&["INFO", "commandstats"])
+        .lines()
+        .filter(|l| {
+            ["cmdstat_hlen:", "cmdstat_hgetall:", "cmdstat_hmget:"]
+                .iter()
+                .any(|c| l.starts_with(c))
+        })
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+#[test]
+fn reads_of_all_time_name_only_the_windows_data_spans() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).unwrap();
+    let ns = Namespace::new("m").unwrap();
+    store
+        .put_schema(&ns, &schema(&["1m:forever", "1h:forever"], None))
+        .unwrap();
+    let now = real_now();
+    let b = batch(
+        &store,
+        now,
+        &[
+            raw("m", "k", now, 2, &[]),
+            raw("m", "k", now - 86_400, 3, &[]),
+        ],
+        &Defaults::default(),
+    );
+    store.apply(&b).unwrap();
+    let key = Key::new("k").unwrap();
+    let minute = Duration::from_secs(60).unwrap();
+    let all_time = |want| KeyRead {
+        ns: &ns,
+        key: &key,
+        resolution: minute,
+        from: 0,
+        to: 1 << 32,
+        want,
+        sum_subtotals: false,
+    };
+    server.cli(&["CONFIG", "RESETSTAT"]);
+    let d = store
+        .read(&[all_time(Want::Totals)])
+        .unwrap()
+        .pop()
+        .unwrap();
+    assert_eq!(d.totals.iter().map(|(_, n)| n).sum::<i64>(), 5);
+    let reads = hash_reads(&server);
+    assert!(reads < 100, "{reads} hash reads for two buckets");
+
+    // A top of all time, the same.
+    server.cli(&["CONFIG", "RESETSTAT"]);
+    let mut seen = Vec::new();
+    let none = Deadline::none();
+    let scan = Scan {
+        ns: &ns,
+        resolution: minute,
+        from: 0,
+        to: 1 << 32,
+        value: None,
+        deadline: &none,
+    };
+    store
+        .scan(&scan, &mut |k, n| seen.push((k.to_string(), n)))
+        .unwrap();
+    assert_eq!(seen, vec![("k".to_owned(), 5)]);
+    let reads = hash_reads(&server);
+    assert!(reads < 100, "{reads} hash reads for two buckets");
+
+    // Data written before the extent (a backfill) widens it, and is read.
+    let old = 946_684_800;
+    let b = batch(
+        &store,
+        now,
+        &[raw("m", "k", old, 7, &[])],
+        &Defaults::default(),
+    );
+    store.apply(&b).unwrap();
+    let d = store
+        .read(&[all_time(Want::Totals)])
+        .unwrap()
+        .pop()
+        .unwrap();
+    assert_eq!(d.totals.iter().map(|(_, n)| n).sum::<i64>(), 12);
+    assert_eq!(d.totals.first(), Some(&(old, 7)));
+    // A short read is not clipped, and agrees.
+    let short = KeyRead {
+        from: now - 2 * 86_400,
+        to: now + 60,
+        ..all_time(Want::Totals)
+    };
+    let d = store.read(&[short]).unwrap().pop().unwrap();
+    assert_eq!(d.totals.iter().map(|(_, n)| n).sum::<i64>(), 5);
+}
