@@ -155,11 +155,12 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             stop.await;
             tracing::info!("shutting down: finishing in-flight requests");
             let _ = tx.send(());
+            let statsd = statsd.map(Statsd::stopping);
             if tokio::time::timeout(Duration::from_secs(8), server).await.is_err() {
                 tracing::warn!("in-flight requests did not finish within 8 s; stopping anyway");
             }
-            if let Some(s) = statsd {
-                s.stop().await;
+            if let Some(task) = statsd {
+                finish_statsd(task).await;
             }
             tracing::info!("bye");
             return Ok(());
@@ -201,12 +202,14 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         stop.await;
         tracing::info!("shutting down: finishing in-flight requests");
         let _ = tx.send(());
+        // StatsD stops reading now and applies what has arrived meanwhile.
+        let statsd = statsd.map(Statsd::stopping);
         if tokio::time::timeout(Duration::from_secs(8), server).await.is_err() {
             tracing::warn!("in-flight requests did not finish within 8 s; stopping anyway");
         }
         sweeper.abort();
-        if let Some(s) = statsd {
-            s.stop().await;
+        if let Some(task) = statsd {
+            finish_statsd(task).await;
         }
         let e = engine.clone();
         tokio::task::spawn_blocking(move || {
@@ -224,6 +227,17 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     // export whose client left, a query past the grace period) must not hold up the exit.
     rt.shutdown_timeout(Duration::from_secs(1));
     served
+}
+
+/// Waits for a stopping StatsD listener to apply what it holds: at most 1 s past the HTTP
+/// grace period, within SIGTERM's 10 s.
+async fn finish_statsd(task: tokio::task::JoinHandle<()>) {
+    if tokio::time::timeout(Duration::from_secs(1), task)
+        .await
+        .is_err()
+    {
+        tracing::warn!("StatsD lines still being applied after the grace period; stopping anyway");
+    }
 }
 
 /// The StatsD listener (`--statsd`), once the app serves.
@@ -257,10 +271,11 @@ impl Statsd {
         Statsd { stop, task }
     }
 
-    /// Stops reading and applies the lines it holds (at most 1 s).
-    async fn stop(self) {
+    /// Tells the listener to stop reading: it reads what has arrived already and applies
+    /// it, while in-flight HTTP requests finish.
+    fn stopping(self) -> tokio::task::JoinHandle<()> {
         let _ = self.stop.send(());
-        let _ = tokio::time::timeout(Duration::from_secs(1), self.task).await;
+        self.task
     }
 }
 

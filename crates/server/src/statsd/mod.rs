@@ -211,7 +211,8 @@ pub struct Sockets {
 }
 
 /// Receives StatsD lines on `sockets` into `app`'s store until `shutdown` completes, then
-/// applies what it holds and returns.
+/// reads what has arrived already (the datagrams the kernel holds, what each TCP
+/// connection's buffer holds), applies all it holds, and returns.
 ///
 /// Receivers (the UDP socket, each TCP connection) parse lines and send them on to one
 /// batcher, which applies them in batches of [`BATCH_LINES`] or [`BATCH_MS`], one batch at a
@@ -263,16 +264,12 @@ async fn receive_udp(
     loop {
         let got = tokio::select! {
             biased;
-            _ = stop.changed() => return,
+            _ = stop.changed() => break,
             got = socket.recv_from(&mut buf) => got,
         };
         match got {
             Ok((len, _from)) => {
-                let mut events = Vec::new();
-                let datagram = buf.get(..len).unwrap_or_default();
-                parse_datagram(datagram, &ctx.map, &mut rng, &mut events, &mut |d| {
-                    ctx.drop_line(&d)
-                });
+                let events = ctx.take(buf.get(..len).unwrap_or_default(), &mut rng);
                 if !events.is_empty() && tx.send(events).await.is_err() {
                     return;
                 }
@@ -280,6 +277,47 @@ async fn receive_udp(
             Err(e) => {
                 tracing::warn!(error = %e, "statsd: receiving failed");
                 tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+    // Datagrams that arrived before the stop are the senders' as much as any: what the
+    // kernel holds is counted too (bounded by its receive buffer, and by DRAIN_DATAGRAMS).
+    // Straight to the socket: tokio's `try_recv_from` answers "would block" for a socket it
+    // has not seen ready yet, whatever the kernel holds.
+    let raw = socket2::SockRef::from(&socket);
+    for _ in 0..DRAIN_DATAGRAMS {
+        let Ok(len) = std::io::Read::read(&mut &*raw, &mut buf) else {
+            break;
+        };
+        let events = ctx.take(buf.get(..len).unwrap_or_default(), &mut rng);
+        if !events.is_empty() && tx.send(events).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Datagrams read after a stop at most (the kernel's buffer holds fewer).
+const DRAIN_DATAGRAMS: usize = 100_000;
+
+impl Ctx {
+    /// A datagram's (or a TCP read's) lines as events; those without a timestamp are
+    /// stamped now, as they arrive, not when their batch is applied (a store that is behind
+    /// would move them to a later bucket). Bad lines are counted and dropped.
+    fn take(&self, datagram: &[u8], rng: &mut Rng) -> Vec<RawEvent> {
+        let mut events = Vec::new();
+        parse_datagram(datagram, &self.map, rng, &mut events, &mut |d| {
+            self.drop_line(&d)
+        });
+        self.stamp(&mut events);
+        events
+    }
+
+    /// Gives the events without a timestamp the time now.
+    fn stamp(&self, events: &mut [RawEvent]) {
+        if events.iter().any(|e| e.ts.is_none()) {
+            let now = self.app.now();
+            for e in events {
+                e.ts.get_or_insert(now);
             }
         }
     }

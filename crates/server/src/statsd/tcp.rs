@@ -156,10 +156,29 @@ async fn connection(
     let mut framer = Framer::default();
     let mut buf = vec![0u8; READ_BYTES];
     let idle = Duration::from_secs(IDLE_SECS);
+    // After a stop, what the connection's buffer holds already is read (up to
+    // DRAIN_BYTES), without waiting for more.
+    let mut drained = 0;
+    let mut stopped = false;
     loop {
-        let read = tokio::select! {
-            _ = stop.changed() => break,
-            read = tokio::time::timeout(idle, read_some(&stream, &mut buf)) => read,
+        let read = if stopped {
+            // Straight to the socket, as the UDP drain: tokio's `try_read` answers "would
+            // block" unless it has seen the socket ready since its last read.
+            match std::io::Read::read(&mut &*socket2::SockRef::from(&stream), &mut buf) {
+                Ok(n) if n > 0 && drained < DRAIN_BYTES => {
+                    drained += n;
+                    Ok(Ok(n))
+                }
+                _ => break,
+            }
+        } else {
+            tokio::select! {
+                _ = stop.changed() => {
+                    stopped = true;
+                    continue;
+                }
+                read = tokio::time::timeout(idle, read_some(&stream, &mut buf)) => read,
+            }
         };
         let n = match read {
             Ok(Ok(0)) | Err(_) => break,
@@ -189,6 +208,7 @@ async fn connection(
                 Err(d) => ctx.drop_line(&d),
             }
         });
+        ctx.stamp(&mut events);
         if !events.is_empty() && tx.send(events).await.is_err() {
             return;
         }
@@ -199,6 +219,9 @@ async fn connection(
         ));
     }
 }
+
+/// Bytes a connection reads after a stop at most.
+const DRAIN_BYTES: usize = 4 << 20;
 
 /// Reads what has arrived (0 at the end of the stream).
 async fn read_some(stream: &TcpStream, buf: &mut [u8]) -> std::io::Result<usize> {

@@ -330,3 +330,54 @@ fn tcp_connections_past_the_cap_are_closed_and_the_rest_still_count() {
     let lines = s.wait_for_lines(2);
     assert!(lines.contains(&("accepted".to_owned(), 2)), "{lines:?}");
 }
+
+/// Datagrams that arrived before a stop (waiting in the kernel's buffer) are read and
+/// applied, not dropped with the socket.
+#[test]
+fn datagrams_waiting_at_a_stop_are_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(NOW));
+    let engine = Arc::new(open_engine(dir.path(), &clock, None));
+    let app = App::new(engine.clone(), Settings::default(), clock);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = UdpSocket::bind("127.0.0.1:0").unwrap();
+    rt.block_on(async {
+        let udp = tally_server::statsd::bind("127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+        let to = udp.local_addr().unwrap();
+        for _ in 0..100 {
+            client.send_to(b"waiting:1|c", to).unwrap();
+        }
+        // Stopped as soon as it starts: everything it counts, it read after the stop.
+        tally_server::statsd::serve(
+            tally_server::statsd::Sockets {
+                udp: Some(udp),
+                tcp: None,
+            },
+            app,
+            async {},
+        )
+        .await;
+    });
+    use tally_core::store::Store;
+    let (ns, key) = (
+        tally_core::model::Namespace::new("statsd").unwrap(),
+        tally_core::model::Key::new("waiting").unwrap(),
+    );
+    let read = tally_core::store::KeyRead {
+        ns: &ns,
+        key: &key,
+        resolution: tally_core::model::Duration::from_secs(3600).unwrap(),
+        from: 0,
+        to: NOW + 3600,
+        want: tally_core::store::Want::Totals,
+        sum_subtotals: false,
+    };
+    let d = engine.read(&[read]).unwrap().pop().unwrap();
+    assert_eq!(d.totals.iter().map(|(_, n)| n).sum::<i64>(), 100);
+}
