@@ -8,6 +8,9 @@
 //!
 //! - **Months**: the day segments of an hourly (or coarser) tier in a UTC month over for a
 //!   day become one month segment, so a long range reads one segment a month.
+//! - **Days**: the hour segments of a finer tier in a UTC day over for an hour become one
+//!   day segment: a `15m:1y` tier is then 365 files, not 8 760 (each an open file, with
+//!   its index in memory).
 //!
 //! Only segments whose every log record is before `wal_start` are merged: recovery never
 //! needs their per-period log position again, so the merged segment can carry the largest.
@@ -103,6 +106,27 @@ pub fn choose(segments: &[SegmentEntry], wal_start: u64, keeps: &Keeps<'_>, now:
             return Choice::Merge {
                 ids: group.iter().map(|e| e.id).collect(),
                 period: month_of(*ms),
+            };
+        }
+    }
+    // Hours of finer tiers into UTC days, once the day has been over for an hour (their
+    // flush horizon: late events after it are deltas, merged in turn).
+    let mut days: BTreeMap<(i64, u32), Vec<&SegmentEntry>> = BTreeMap::new();
+    for e in segments
+        .iter()
+        .filter(settled)
+        .filter(|e| e.resolution < 3600)
+    {
+        let ds = e.period_start.div_euclid(86_400) * 86_400;
+        if e.period_end <= ds + 86_400 && ds + 86_400 + 3600 <= now {
+            days.entry((ds, e.resolution)).or_default().push(e);
+        }
+    }
+    for ((ds, _), group) in &days {
+        if group.len() > 1 {
+            return Choice::Merge {
+                ids: group.iter().map(|e| e.id).collect(),
+                period: (*ds, ds + 86_400),
             };
         }
     }
@@ -547,13 +571,48 @@ mod tests {
                 period: (ms, me)
             }
         );
-        // Not while recovery may still need one of them, nor while the month is recent,
-        // nor for minute tiers.
+        // Not while recovery may still need one of them, nor while the month is recent.
         assert_eq!(choose(&days, 5, &keeps, NOW), Choice::Nothing);
         assert_eq!(choose(&days, 10, &keeps, me + 3600), Choice::Nothing);
-        let minutes: Vec<SegmentEntry> = (0..3)
-            .map(|i| seg(2 * i + 1, 60, ms + i as i64 * 3600, 3600, 5))
+    }
+
+    #[test]
+    fn the_hours_of_a_finer_tier_merge_into_their_day() {
+        let keeps = |_: u32| Some(Retention::Forever);
+        let d = NOW - 3 * DAY;
+        let mut hours: Vec<SegmentEntry> = (0..24)
+            .map(|i| seg(2 * i + 1, 900, d + i as i64 * 3600, 3600, 5))
             .collect();
-        assert_eq!(choose(&minutes, 10, &keeps, NOW), Choice::Nothing);
+        let all: Vec<u64> = hours.iter().map(|e| e.id).collect();
+        assert_eq!(
+            choose(&hours, 10, &keeps, NOW),
+            Choice::Merge {
+                ids: all.clone(),
+                period: (d, d + DAY)
+            }
+        );
+        // Not until the day has been over for an hour, nor while recovery needs one.
+        assert_eq!(choose(&hours, 10, &keeps, d + DAY + 3599), Choice::Nothing);
+        assert_eq!(choose(&hours, 5, &keeps, NOW), Choice::Nothing);
+        // Once merged, a late hour's delta joins the day; the day alone rests.
+        let day = vec![seg(101, 900, d, DAY, 5)];
+        assert_eq!(choose(&day, 10, &keeps, NOW), Choice::Nothing);
+        let late = vec![seg(101, 900, d, DAY, 5), seg(102, 900, d + 7200, 3600, 8)];
+        assert_eq!(
+            choose(&late, 10, &keeps, NOW),
+            Choice::Merge {
+                ids: vec![101, 102],
+                period: (d, d + DAY)
+            }
+        );
+        // Hourly tiers keep their day segments until the month (above).
+        hours.iter_mut().for_each(|e| e.resolution = 3600);
+        assert_ne!(
+            choose(&hours, 10, &keeps, NOW),
+            Choice::Merge {
+                ids: all,
+                period: (d, d + DAY)
+            }
+        );
     }
 }

@@ -755,6 +755,59 @@ fn the_days_of_a_closed_month_are_compacted_into_one_segment() {
     same(&e, &reference, now);
 }
 
+/// A minute tier's hour segments of a day over for an hour become one day segment (else a
+/// `15m:1y` tier holds 8 760 segments, each an open file), and reads do not change.
+#[test]
+fn the_hours_of_a_minute_tier_are_compacted_into_their_day() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = crate::clock(NOW);
+    let reference = MemStore::new(clock.clone());
+    let e = open(dir.path(), &clock);
+    let yesterday = NOW - DAY;
+    let mut events = Vec::new();
+    for h in 0..24 {
+        for (i, k) in KEYS.iter().enumerate() {
+            let t = yesterday + h * 3600 + 60 * i as i64;
+            events.push(raw(
+                "clicks",
+                k,
+                t,
+                1 + h,
+                &[("country", ["US", "DE"][i % 2])],
+            ));
+        }
+    }
+    write_both(&e, &reference, NOW, &events);
+    e.flush().unwrap();
+    let minute_segments = |dir: &Path| -> Vec<(i64, i64)> {
+        let m = manifest::load(dir).unwrap().unwrap();
+        m.segments
+            .iter()
+            .filter(|s| s.resolution == 60)
+            .map(|s| (s.period_start, s.period_end))
+            .collect()
+    };
+    // An hour a segment (the last hour is flushed an hour after it closes).
+    assert!(minute_segments(dir.path()).len() >= 23);
+    // Two hours on: the day has been over for an hour, and every period of the batch is
+    // flushed (the log has moved past it).
+    clock.advance(2 * 3600);
+    let now = clock_now(&clock);
+    e.flush().unwrap();
+    let merged = e.compact().unwrap().merged;
+    assert_eq!(merged, 24);
+    let minutes = minute_segments(dir.path());
+    assert!(minutes.contains(&(yesterday, NOW)), "{minutes:?}");
+    assert!(
+        minutes.iter().all(|&(a, b)| b - a == DAY || a >= NOW),
+        "{minutes:?}"
+    );
+    same(&e, &reference, now);
+    drop(e);
+    let e = open(dir.path(), &clock);
+    same(&e, &reference, now);
+}
+
 #[test]
 fn check_beside_a_flushing_engine_reports_no_false_damage() {
     let dir = tempfile::tempdir().unwrap();
