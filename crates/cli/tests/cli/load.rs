@@ -1139,3 +1139,114 @@ fn a_server_older_than_dry_runs_is_sent_no_events_to_check() {
         .collect();
     assert_eq!(real, [2, 1], "{posts:?}");
 }
+
+/// An offline load given the server's config (`--config` or `TALLY_CONFIG`, as `tally serve`
+/// takes it) checks lines as that server would: its auto_create, max_future_secs, default
+/// tiers and declared namespaces. The first cut used the built-in defaults, so it created
+/// namespaces a server with auto_create off refuses, and took timestamps it refuses.
+#[test]
+fn an_offline_load_follows_the_server_s_config() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = stopped_dir(tmp.path(), "d");
+    let data = dir.join("data");
+    let data = data.to_str().unwrap();
+    let config = tmp.path().join("server.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "{CONFIG}\n[namespaces.declared]\ntiers = [\"1h:forever\"]\n\n\
+             [defaults]\nauto_create = false\n\n[limits]\nmax_future_secs = 60\n"
+        ),
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let file = |name: &str, line: String| {
+        let path = tmp.path().join(name);
+        std::fs::write(&path, format!("ns,key,ts,n\nclicks,k,{DAY0},1\n{line}\n")).unwrap();
+        path.to_str().unwrap().to_owned()
+    };
+    let segments = || {
+        std::fs::read_dir(dir.join("data").join("segments"))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    };
+    let new_ns = file("new.csv", format!("fresh,k,{DAY0},1"));
+    let ahead = file("ahead.csv", format!("clicks,k,{},1", now + 600));
+    for (f, needle) in [
+        (
+            &new_ns,
+            "new.csv:3: namespace fresh does not exist (auto_create is off)",
+        ),
+        (&ahead, "ahead.csv:3: timestamp"),
+    ] {
+        let o = load(&[f, "--data", data, "--config", config]);
+        let said = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{said}");
+        assert!(
+            said.contains(needle) && said.contains("nothing was loaded"),
+            "{said}"
+        );
+        // The environment variable, as `tally serve` reads it.
+        let o = tally()
+            .args(["load", f, "--data", data, "--quiet"])
+            .env("TALLY_CONFIG", config)
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && said.contains(needle), "{said}");
+        assert_eq!(segments(), 0, "a refused load wrote a segment");
+    }
+    // A namespace the config declares and the directory lacks is created as declared.
+    let declared = file("declared.csv", format!("declared,k,{DAY0},5"));
+    let o = load(&[&declared, "--data", data, "--config", config]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let s = serve_dir(&dir);
+    let url = s.url.trim_end_matches('/').to_owned();
+    let get = |path: &str| -> Value {
+        let mut r = http_agent().get(format!("{url}{path}")).call().unwrap();
+        serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap()
+    };
+    assert_eq!(get("/v1/ns/declared")["tiers"], json!(["1h:forever"]));
+    let top = get(&format!(
+        "/v1/ns/declared/top?from={DAY0}&to={}",
+        DAY0 + 86_400
+    ));
+    assert_eq!(top["total"], 5, "{top}");
+    sigterm_and_wait(s);
+    // A declared namespace the directory holds otherwise is left to the server to change.
+    let other = tmp.path().join("other.toml");
+    std::fs::write(&other, "[namespaces.clicks]\ntiers = [\"1h:forever\"]\n").unwrap();
+    let o = load(&[
+        &declared,
+        "--data",
+        data,
+        "--config",
+        other.to_str().unwrap(),
+    ]);
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success()
+            && said.contains(
+                "namespace clicks: the config's schema is not the one the data directory holds"
+            ),
+        "{said}"
+    );
+    // A bad config is refused, naming it.
+    std::fs::write(&other, "[limits]\nmax_future_secs = -1\n").unwrap();
+    let o = load(&[
+        &declared,
+        "--data",
+        data,
+        "--config",
+        other.to_str().unwrap(),
+    ]);
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && said.contains("max_future_secs must be 0 or more"),
+        "{said}"
+    );
+}

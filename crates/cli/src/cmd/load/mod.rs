@@ -16,7 +16,9 @@
 //!   within `--memory-mb` and written straight into archive segments (`Engine::install`: no
 //!   log, no memtable) — in one pass when they fit, else two — each install published
 //!   atomically with the idempotency answers of its batches, so a re-run within 24 h (how
-//!   long answers are kept) skips what was installed.
+//!   long answers are kept) skips what was installed. With `--config` (`TALLY_CONFIG`), the
+//!   lines are checked by the server's `[defaults]`, `[limits] max_future_secs` and
+//!   `[namespaces]`, as the server would check them.
 //!
 //! The keys are made of the file's bytes and name (its path's last part, not the path as
 //! typed: `a.csv`, `./a.csv` and `/data/a.csv` are one file; stdin: its bytes alone),
@@ -62,6 +64,11 @@ pub struct LoadArgs {
     /// Load into a stopped server's data directory.
     #[arg(long)]
     data: Option<PathBuf>,
+    /// With --data: the server's configuration file (as `tally serve --config` takes it), so
+    /// the load applies its [defaults], [limits] max_future_secs and [namespaces] as the
+    /// server would. Through --server, the server applies its own.
+    #[arg(long, env = "TALLY_CONFIG")]
+    config: Option<PathBuf>,
     /// Events per batch.
     #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     batch: u32,
@@ -119,12 +126,45 @@ struct Checker {
     now: i64,
 }
 
+/// The server's rules a load follows: its `[limits]`, `[defaults]` and `[namespaces]`.
+struct Rules {
+    limits: Limits,
+    defaults: Defaults,
+    /// Declared in the config: a server creates (or changes) them when it starts.
+    namespaces: Vec<(Namespace, Schema)>,
+}
+
+impl Rules {
+    /// With --data, those of the config file (`--config`, `TALLY_CONFIG`), else the defaults.
+    fn of(a: &LoadArgs) -> anyhow::Result<Rules> {
+        let (Some(path), None) = (&a.config, &a.server) else {
+            return Ok(Rules {
+                limits: Limits::default(),
+                defaults: Defaults::default(),
+                namespaces: Vec::new(),
+            });
+        };
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading config {}", path.display()))?;
+        let s = tally_server::Settings::from_toml(&text)
+            .with_context(|| format!("config {}", path.display()))?;
+        Ok(Rules {
+            limits: s.limits,
+            defaults: s.defaults,
+            namespaces: s.namespaces,
+        })
+    }
+}
+
 impl Checker {
-    fn of(target: &Target, limits: Limits, now: i64) -> anyhow::Result<Checker> {
+    /// A checker of the target's namespaces and the config's: a namespace the config declares
+    /// and the target lacks is known as the config says (a server would create it at start,
+    /// and the load creates it when it uses it).
+    fn of(target: &Target, limits: Limits, rules: &Rules, now: i64) -> anyhow::Result<Checker> {
         let checker = Checker {
             schemas: MemStore::new(std::sync::Arc::new(SystemClock)),
             limits,
-            defaults: Defaults::default(),
+            defaults: rules.defaults.clone(),
             now,
         };
         for (ns, schema) in schemas_of(target)? {
@@ -132,6 +172,23 @@ impl Checker {
                 .schemas
                 .put_schema(&ns, &schema)
                 .map_err(|e| anyhow::anyhow!(e.detail()))?;
+        }
+        for (ns, schema) in &rules.namespaces {
+            match checker.schemas.schema(ns) {
+                Ok(Some(held)) if held == *schema => {}
+                // The server changes it when it starts; the load cannot say how that goes
+                // with what the directory holds, so it leaves that to the server.
+                Ok(Some(_)) => bail!(
+                    "namespace {ns}: the config's schema is not the one the data directory \
+                     holds; start the server once with this config (it applies its \
+                     [namespaces]), stop it, then load"
+                ),
+                Ok(None) => checker
+                    .schemas
+                    .put_schema(ns, schema)
+                    .map_err(|e| anyhow::anyhow!(e.detail()))?,
+                Err(e) => bail!("checking namespace {ns}: {}", e.detail()),
+            }
         }
         Ok(checker)
     }
@@ -204,6 +261,7 @@ fn reason(e: IngestError) -> String {
 }
 
 pub fn run(a: LoadArgs) -> anyhow::Result<()> {
+    let rules = Rules::of(&a)?;
     let spool = tempfile::tempdir().context("creating a temporary directory")?;
     let mut sources = Vec::new();
     for f in &a.files {
@@ -251,6 +309,7 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
     };
     let mut limits = Limits {
         max_batch_events: a.batch as usize,
+        max_future_secs: rules.limits.max_future_secs,
         ..Limits::default()
     };
     if dry.is_some() {
@@ -258,7 +317,7 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
         // could only refuse what it takes.
         limits.max_future_secs = i64::MAX;
     }
-    let checker = Checker::of(&target, limits, now)?;
+    let checker = Checker::of(&target, limits, &rules, now)?;
     let start = Instant::now();
     let mut digests = HashSet::new();
     for s in &mut sources {
@@ -337,7 +396,7 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
 
     // Pass 2: the batches applied, checked again against the target's own schemas (so a
     // namespace created on the way is created by its first batch).
-    let checker = Checker::of(&target, limits, now)?;
+    let checker = Checker::of(&target, limits, &rules, now)?;
     let bar = progress(a.quiet, total, "loading");
     let mut loaded = 0u64;
     let mut already = 0u64;
