@@ -271,12 +271,14 @@ impl<T: DeserializeOwned> Answer<T> {
     }
 }
 
-/// An error answer: `{"error": {"code", "message", …}}` with a status of 400 or more.
+/// An error answer: `{"error": {"code", "message", "index"?, …}}` with a status of 400 or more.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerError {
     pub status: u16,
     pub code: String,
     pub message: String,
+    /// The 0-based index of the event at fault in a batch of events.
+    pub index: Option<usize>,
 }
 
 impl ServerError {
@@ -290,13 +292,16 @@ impl ServerError {
         struct Detail {
             code: Option<String>,
             message: Option<String>,
+            index: Option<usize>,
         }
         let detail = serde_json::from_value::<Body>(json).ok().map(|b| b.error);
-        let (code, message) = detail.map_or((None, None), |d| (d.code, d.message));
+        let (code, message, index) =
+            detail.map_or((None, None, None), |d| (d.code, d.message, d.index));
         ServerError {
             status,
             code: code.unwrap_or_else(|| "error".to_owned()),
             message: message.unwrap_or_default(),
+            index,
         }
     }
 }
@@ -347,6 +352,12 @@ mod tests {
             serde_json::json!({"error": {"code": "invalid_unit", "message": "unit: bad", "field": "unit"}}),
         );
         assert_eq!(e.to_string(), "invalid_unit: unit: bad (HTTP 400)");
+        assert_eq!(e.index, None);
+        let e = ServerError::new(
+            400,
+            serde_json::json!({"error": {"code": "unknown_dimension", "message": "m", "index": 3}}),
+        );
+        assert_eq!(e.index, Some(3));
         let e = ServerError::new(502, serde_json::json!({"oops": 1}));
         assert_eq!(e.to_string(), "error:  (HTTP 502)");
     }

@@ -885,3 +885,368 @@ fn a_rebuild_through_a_server_keeps_each_tier_s_buckets() {
     }
     sigterm_and_wait(s);
 }
+
+/// The server's config, as `tally load --server` cannot read it: an allow-list the token may
+/// not read, auto_create off, a short max_future_secs, a small max_batch_events.
+const STRICT: &str = r#"
+[defaults]
+auto_create = false
+
+[namespaces.api_hits]
+tiers = ["1m:48h", "1h:forever"]
+dimensions = ["status"]
+
+[limits]
+max_batch_events = 2
+max_future_secs = 60
+max_body_bytes = 512
+
+[[tokens]]
+token = "w"
+scopes = ["write:api_hits", "write:fresh"]
+
+[[tokens]]
+token = "r"
+scopes = ["read:api_hits"]
+"#;
+
+/// What `api_hits`'s `key` holds over the last and the next two hours (token `r`).
+fn hits(url: &str, key: &str, now: i64) -> i64 {
+    let mut r = http_agent()
+        .get(format!(
+            "{url}/v1/ns/api_hits/keys/{key}/series?from={}&to={}&unit=hour",
+            now - 7200,
+            now + 7200
+        ))
+        .header("Authorization", "Bearer r")
+        .call()
+        .unwrap();
+    let v: Value = serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap();
+    assert!(v["total"].is_i64(), "{v}");
+    v["total"].as_i64().unwrap()
+}
+
+/// A line that passes the local check but not the server's refuses the whole load before
+/// anything is applied: the local check saw no allow-list (a write-only token lists no
+/// namespace), the default auto_create, max_future_secs and batch size. The first cut
+/// applied the first batch and stopped at the second, and the fixed file, run again, had new
+/// keys, so the first batch counted twice.
+#[test]
+fn the_server_checks_every_batch_before_anything_is_applied() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = serve_dir_with(tmp.path(), STRICT);
+    let url = s.url.trim_end_matches('/').to_owned();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let ts = now - 600;
+    let csv = |name: &str, lines: &[String]| {
+        let path = tmp.path().join(name);
+        let body: String = lines.iter().map(|l| format!("{l}\n")).collect();
+        std::fs::write(&path, format!("ns,key,ts,n,status,region\n{body}")).unwrap();
+        path.to_str().unwrap().to_owned()
+    };
+    let good = |key: &str| format!("api_hits,{key},{ts},1,200,");
+    let w = ["--server", &url, "--token", "w", "--batch", "2"];
+    for (line, reason) in [
+        (format!("api_hits,k,{ts},1,500,eu"), "unknown_dimension"),
+        (
+            format!("api_hits,k,{},1,200,", now + 600),
+            "timestamp_in_future",
+        ),
+        (format!("fresh,k,{ts},1,,"), "unknown_namespace"),
+        (format!("other,k,{ts},1,,"), "forbidden"),
+    ] {
+        let a = csv("a.csv", &[good("k"), good("k"), line]);
+        let o = load(&[&[a.as_str()][..], &w[..]].concat());
+        let said = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{reason}: {said}");
+        assert_eq!(
+            hits(&url, "k", now),
+            0,
+            "{reason}: a refused load applied a batch"
+        );
+        assert!(
+            said.contains("a.csv:4: the server refuses it")
+                && said.contains(reason)
+                && said.contains("nothing was loaded"),
+            "{reason}: {said}"
+        );
+    }
+    // Fixed, it loads once.
+    let a = csv("a.csv", &[good("k"), good("k"), good("k")]);
+    let o = load(&[&[a.as_str()][..], &w[..]].concat());
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(hits(&url, "k", now), 3);
+    // A --batch over the server's max_batch_events is refused before anything is applied,
+    // saying which limit; the batch size is not changed behind the user's back, since the
+    // idempotency keys are made of it.
+    let b = csv("b.csv", &[good("b"), good("b"), good("b")]);
+    let o = load(&[b.as_str(), "--server", &url, "--token", "w", "--batch", "3"]);
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(
+        said.contains("max_batch_events")
+            && said.contains("smaller --batch")
+            && said.contains("nothing was loaded"),
+        "{said}"
+    );
+    assert_eq!(hits(&url, "b", now), 0);
+    // So is a batch over its max_body_bytes.
+    let long = "l".repeat(250);
+    let d = csv("d.csv", &[good(&long), good(&long)]);
+    let o = load(&[&[d.as_str()][..], &w[..]].concat());
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(
+        said.contains("d.csv: lines 2–3: a batch of 2 events is")
+            && said.contains("max_body_bytes")
+            && said.contains("smaller --batch")
+            && said.contains("nothing was loaded"),
+        "{said}"
+    );
+    assert_eq!(hits(&url, &long, now), 0);
+    // --skip-bad skips what the server refuses, says so, and keeps each batch's key: a
+    // re-run counts once.
+    let c = csv(
+        "c.csv",
+        &[
+            good("c"),
+            format!("api_hits,c,{ts},1,500,eu"),
+            good("c"),
+            format!("api_hits,c,{ts},1,500,us"),
+            format!("api_hits,c,{ts},1,500,eu"),
+            good("c"),
+        ],
+    );
+    for again in [false, true] {
+        let o = load(&[&[c.as_str()][..], &w[..], &["--skip-bad"][..]].concat());
+        let said = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{said}");
+        assert!(
+            said.contains("skipped 3 bad line(s), 3 of them refused by the server")
+                && said.contains("c.csv:3: the server refuses it")
+                && said.contains("c.csv:5: the server refuses it")
+                && said.contains("c.csv:6: the server refuses it"),
+            "{said}"
+        );
+        assert_eq!(
+            said.contains("3 of them were loaded before"),
+            again,
+            "{said}"
+        );
+        assert_eq!(hits(&url, "c", now), 3);
+    }
+    sigterm_and_wait(s);
+}
+
+/// The target and body of each POST a stand-in server got.
+type Posts = std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>;
+
+/// A stand-in for a server older than dry runs: it ignores `dry_run` and applies what it is
+/// sent. It answers `GET /v1/ns` with no namespace and every `POST` with `{"accepted": N}`,
+/// and keeps each POST's target and body.
+fn older_server() -> (String, Posts) {
+    use std::io::{BufRead, BufReader, Read};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let posts = Posts::default();
+    let seen = posts.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(conn) = conn else { return };
+            let seen = seen.clone();
+            std::thread::spawn(move || {
+                let mut out = conn.try_clone().unwrap();
+                let mut r = BufReader::new(conn);
+                loop {
+                    let mut head = String::new();
+                    if r.read_line(&mut head).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let mut length = 0;
+                    loop {
+                        let mut h = String::new();
+                        r.read_line(&mut h).unwrap();
+                        if h.trim().is_empty() {
+                            break;
+                        }
+                        if let Some((k, v)) = h.split_once(':')
+                            && k.eq_ignore_ascii_case("content-length")
+                        {
+                            length = v.trim().parse().unwrap();
+                        }
+                    }
+                    let mut body = vec![0; length];
+                    r.read_exact(&mut body).unwrap();
+                    let body = String::from_utf8(body).unwrap();
+                    let target = head.split(' ').nth(1).unwrap_or_default().to_owned();
+                    let answer = if head.starts_with("GET") {
+                        r#"{"namespaces": []}"#.to_owned()
+                    } else {
+                        let n = body.lines().filter(|l| !l.trim().is_empty()).count();
+                        seen.lock().unwrap().push((target, body));
+                        format!(r#"{{"accepted": {n}}}"#)
+                    };
+                    write!(
+                        out,
+                        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{answer}",
+                        answer.len()
+                    )
+                    .unwrap();
+                }
+            });
+        }
+    });
+    (url, posts)
+}
+
+/// Against a server older than dry runs, the load sends no events to be checked — that
+/// server would apply them, and without an idempotency key they would count twice — but
+/// checks lines here only, as before, and says so.
+#[test]
+fn a_server_older_than_dry_runs_is_sent_no_events_to_check() {
+    let tmp = tempfile::tempdir().unwrap();
+    let f = tmp.path().join("a.csv");
+    std::fs::write(
+        &f,
+        format!("ns,key,ts,n\nclicks,a,{DAY0},1\nclicks,b,{DAY0},2\nclicks,c,{DAY0},3\n"),
+    )
+    .unwrap();
+    let (url, posts) = older_server();
+    let o = load(&[f.to_str().unwrap(), "--server", &url, "--batch", "2"]);
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{said}");
+    assert!(
+        said.contains("warning") && said.contains("checked here only"),
+        "{said}"
+    );
+    let posts = posts.lock().unwrap();
+    let dry: Vec<_> = posts
+        .iter()
+        .filter(|(t, _)| t.contains("dry_run"))
+        .collect();
+    assert_eq!(dry.len(), 1, "{posts:?}");
+    assert_eq!(
+        dry[0].1, "",
+        "a dry run with events reached an older server"
+    );
+    let real: Vec<usize> = posts
+        .iter()
+        .filter(|(t, _)| !t.contains("dry_run"))
+        .map(|(_, b)| b.lines().count())
+        .collect();
+    assert_eq!(real, [2, 1], "{posts:?}");
+}
+
+/// An offline load given the server's config (`--config` or `TALLY_CONFIG`, as `tally serve`
+/// takes it) checks lines as that server would: its auto_create, max_future_secs, default
+/// tiers and declared namespaces. The first cut used the built-in defaults, so it created
+/// namespaces a server with auto_create off refuses, and took timestamps it refuses.
+#[test]
+fn an_offline_load_follows_the_server_s_config() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = stopped_dir(tmp.path(), "d");
+    let data = dir.join("data");
+    let data = data.to_str().unwrap();
+    let config = tmp.path().join("server.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "{CONFIG}\n[namespaces.declared]\ntiers = [\"1h:forever\"]\n\n\
+             [defaults]\nauto_create = false\n\n[limits]\nmax_future_secs = 60\n"
+        ),
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let file = |name: &str, line: String| {
+        let path = tmp.path().join(name);
+        std::fs::write(&path, format!("ns,key,ts,n\nclicks,k,{DAY0},1\n{line}\n")).unwrap();
+        path.to_str().unwrap().to_owned()
+    };
+    let segments = || {
+        std::fs::read_dir(dir.join("data").join("segments"))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    };
+    let new_ns = file("new.csv", format!("fresh,k,{DAY0},1"));
+    let ahead = file("ahead.csv", format!("clicks,k,{},1", now + 600));
+    for (f, needle) in [
+        (
+            &new_ns,
+            "new.csv:3: namespace fresh does not exist (auto_create is off)",
+        ),
+        (&ahead, "ahead.csv:3: timestamp"),
+    ] {
+        let o = load(&[f, "--data", data, "--config", config]);
+        let said = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{said}");
+        assert!(
+            said.contains(needle) && said.contains("nothing was loaded"),
+            "{said}"
+        );
+        // The environment variable, as `tally serve` reads it.
+        let o = tally()
+            .args(["load", f, "--data", data, "--quiet"])
+            .env("TALLY_CONFIG", config)
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && said.contains(needle), "{said}");
+        assert_eq!(segments(), 0, "a refused load wrote a segment");
+    }
+    // A namespace the config declares and the directory lacks is created as declared.
+    let declared = file("declared.csv", format!("declared,k,{DAY0},5"));
+    let o = load(&[&declared, "--data", data, "--config", config]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let s = serve_dir(&dir);
+    let url = s.url.trim_end_matches('/').to_owned();
+    let get = |path: &str| -> Value {
+        let mut r = http_agent().get(format!("{url}{path}")).call().unwrap();
+        serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap()
+    };
+    assert_eq!(get("/v1/ns/declared")["tiers"], json!(["1h:forever"]));
+    let top = get(&format!(
+        "/v1/ns/declared/top?from={DAY0}&to={}",
+        DAY0 + 86_400
+    ));
+    assert_eq!(top["total"], 5, "{top}");
+    sigterm_and_wait(s);
+    // A declared namespace the directory holds otherwise is left to the server to change.
+    let other = tmp.path().join("other.toml");
+    std::fs::write(&other, "[namespaces.clicks]\ntiers = [\"1h:forever\"]\n").unwrap();
+    let o = load(&[
+        &declared,
+        "--data",
+        data,
+        "--config",
+        other.to_str().unwrap(),
+    ]);
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success()
+            && said.contains(
+                "namespace clicks: the config's schema is not the one the data directory holds"
+            ),
+        "{said}"
+    );
+    // A bad config is refused, naming it.
+    std::fs::write(&other, "[limits]\nmax_future_secs = -1\n").unwrap();
+    let o = load(&[
+        &declared,
+        "--data",
+        data,
+        "--config",
+        other.to_str().unwrap(),
+    ]);
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && said.contains("max_future_secs must be 0 or more"),
+        "{said}"
+    );
+}

@@ -1,5 +1,7 @@
 //! Writes: `POST /v1/events` (JSON array or NDJSON) and `POST /v1/ns/{ns}/keys/{key}/incr`,
 //! both all-or-nothing, both honouring `Idempotency-Key`. The body's parsing is in [`parse`].
+//! `POST /v1/events?dry_run=true` runs every check of a real write and applies nothing, so a
+//! client (`tally load`) can learn what the server would refuse before it sends anything real.
 
 pub(crate) mod parse;
 
@@ -49,14 +51,42 @@ fn apply(
     Ok(body)
 }
 
+/// `dry_run` of `POST /v1/events`: `true` or `false` (the default), given at most once.
+fn dry_run(query: Option<&str>) -> Result<bool, ApiError> {
+    let mut value = None;
+    for (k, v) in params::pairs(query.unwrap_or(""))? {
+        if k != "dry_run" {
+            continue;
+        }
+        if value.is_some() {
+            return Err(params::given_twice(k));
+        }
+        value = Some(match v.as_str() {
+            "true" => true,
+            "false" => false,
+            _ => {
+                return Err(ApiError::new(
+                    ErrorCode::InvalidParameter,
+                    format!("dry_run {v:?} is not true or false"),
+                )
+                .field("dry_run"));
+            }
+        });
+    }
+    Ok(value.unwrap_or(false))
+}
+
 /// Ingest a batch of events.
 #[utoipa::path(post, path = "/v1/events", tag = "events",
-    description = "A JSON array of events `{\"ns\", \"key\", \"ts\"?, \"n\"?, \"dims\"?}`, or NDJSON with `Content-Type: application/x-ndjson`. All or nothing: one bad event rejects the batch, naming its 0-based index. Answers once the batch is durable under the fsync policy.",
-    params(("Idempotency-Key" = Option<String>, Header, description = "Remember the answer for 24 h; a retry with the same body applies nothing.")),
+    description = "A JSON array of events `{\"ns\", \"key\", \"ts\"?, \"n\"?, \"dims\"?}`, or NDJSON with `Content-Type: application/x-ndjson`. All or nothing: one bad event rejects the batch, naming its 0-based index. Answers once the batch is durable under the fsync policy. With `dry_run=true` the batch is checked exactly as it would be applied (token scopes, limits, namespaces and their allow-lists, timestamps by the server's clock) and nothing is applied, created or remembered.",
+    params(
+        ("dry_run" = Option<bool>, Query, description = "`true`: check the batch as a real request would and apply nothing — no namespace created, no idempotency answer stored (an `Idempotency-Key` is ignored); the answer is `{\"accepted\": N, \"dry_run\": true}` or the error the real request would get. Default `false`."),
+        ("Idempotency-Key" = Option<String>, Header, description = "Remember the answer for 24 h; a retry with the same body applies nothing."),
+    ),
     request_body(content = String, content_type = "application/json"),
     responses(
-        (status = 200, description = "`{\"accepted\": N}`"),
-        (status = 400, description = "malformed_body, invalid_name, invalid_key, invalid_dimension, unknown_dimension, too_many_dimensions, invalid_timestamp, timestamp_in_future, invalid_amount"),
+        (status = 200, description = "`{\"accepted\": N}`; a dry run `{\"accepted\": N, \"dry_run\": true}`"),
+        (status = 400, description = "malformed_body, invalid_name, invalid_key, invalid_dimension, unknown_dimension, too_many_dimensions, invalid_timestamp, timestamp_in_future, invalid_amount, invalid_parameter (dry_run)"),
         (status = 401, description = "unauthorized"), (status = 403, description = "forbidden"),
         (status = 404, description = "unknown_namespace (auto_create off)"),
         (status = 409, description = "idempotency_in_progress"),
@@ -66,10 +96,12 @@ fn apply(
     ))]
 pub async fn post_events(
     State(app): State<App>,
+    RawQuery(query): RawQuery,
     headers: HeaderMap,
     body: Body,
 ) -> Result<axum::response::Response, ApiError> {
     use axum::response::IntoResponse;
+    let dry_run = dry_run(query.as_deref())?;
     let bytes = read_body(body, app.settings().limits.max_body_bytes).await?;
     let ndjson = is_ndjson(&headers);
     let raws = parse::parse_body(&bytes, ndjson, app.settings().limits.max_batch_events)?;
@@ -80,6 +112,18 @@ pub async fn post_events(
             auth::authorize(&app.settings().tokens, &headers, Action::Write, &r.ns)
                 .map_err(|e| e.index(i))?;
         }
+    }
+    if dry_run {
+        // The checks of `apply`, with the same clock, limits and defaults; the batch is
+        // dropped. Idempotency is left out: a dry run neither replays nor stores an answer.
+        let n = raws.len() as u64;
+        app.blocking(move |app| {
+            let s = app.settings();
+            ingest::prepare_owned(&**app.store(), raws, app.now(), &s.limits, &s.defaults)?;
+            Ok(())
+        })
+        .await?;
+        return Ok(Json(serde_json::json!({"accepted": n, "dry_run": true})).into_response());
     }
     let fp = if idempotency::requested(&headers) {
         idempotency::fingerprint(&[b"POST /v1/events", &[u8::from(ndjson)], &bytes])
@@ -328,6 +372,30 @@ pub async fn incr(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dry_run_is_true_or_false_once() {
+        assert_eq!(dry_run(None), Ok(false));
+        assert_eq!(dry_run(Some("")), Ok(false));
+        assert_eq!(dry_run(Some("dry_run=true")), Ok(true));
+        assert_eq!(dry_run(Some("other=1&dry_run=false")), Ok(false));
+        for bad in [
+            "dry_run",
+            "dry_run=",
+            "dry_run=1",
+            "dry_run=TRUE",
+            "dry_run=yes",
+            "dry_run=true&dry_run=true",
+            "dry_run=%zz",
+        ] {
+            let e = dry_run(Some(bad)).unwrap_err();
+            assert_eq!(e.code, ErrorCode::InvalidParameter, "{bad}");
+        }
+        assert_eq!(
+            dry_run(Some("dry_run=maybe")).unwrap_err().field.as_deref(),
+            Some("dry_run")
+        );
+    }
 
     #[test]
     fn the_ndjson_media_type_is_matched_without_case_or_parameters() {

@@ -6,6 +6,7 @@ mod api;
 mod concurrency;
 mod connections;
 mod dashboard;
+mod dry_run;
 mod errors;
 mod export;
 mod idempotency;
@@ -427,11 +428,17 @@ impl Server {
 
     /// Everything a write could change, to prove a refused request changed nothing.
     pub fn state(&self) -> Value {
-        let (_, ns) = self.get("/v1/ns");
+        self.state_with(&[])
+    }
+
+    /// [`Server::state`] read with `headers` (a token that may read every namespace).
+    pub fn state_with(&self, headers: &[(&str, &str)]) -> Value {
+        let get = |path: &str| self.req("GET", path, None, headers);
+        let (_, ns) = get("/v1/ns");
         let mut out = vec![ns.clone()];
         for n in ns["namespaces"].as_array().unwrap() {
             let name = n["name"].as_str().unwrap();
-            out.push(self.get(&format!("/v1/ns/{name}/keys?limit=10000")).1);
+            out.push(get(&format!("/v1/ns/{name}/keys?limit=10000")).1);
             for tier in n["tiers"].as_array().unwrap() {
                 let res = tier.as_str().unwrap().split(':').next().unwrap();
                 let (from, to) = (NOW - 86_400 * 2, NOW + 3600);
@@ -448,7 +455,7 @@ impl Server {
                     (from, to)
                 };
                 out.push(
-                    self.get(&format!(
+                    get(&format!(
                         "/v1/ns/{name}/top?from={from}&to={to}&unit={unit}&limit=10000"
                     ))
                     .1,

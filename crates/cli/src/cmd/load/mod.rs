@@ -4,16 +4,21 @@
 //! allow-lists as the target holds them): a bad line stops the load naming its file, line
 //! and reason **before anything is applied** (`--skip-bad` counts and skips bad lines
 //! instead). Then:
-//! - `--server URL` (this module): a check pass, then the events in batches, `POST
-//!   /v1/events` (NDJSON), each with an `Idempotency-Key`, so a load that was interrupted and
-//!   run again counts every event exactly once (within the server's 24 h memory of keys);
-//!   unavailable servers and keys in flight are retried with backoff. A rebuild sends the
-//!   events aggregated in one `POST /v1/ns/{ns}/rebuild`.
+//! - `--server URL` (this module): a check pass — each line here, then each batch by the
+//!   server itself as a dry run (`POST /v1/events?dry_run=true`), since only the server knows
+//!   its config, the token's scopes (a write-only token reads no schema) and its clock — then
+//!   the same batches for real, `POST /v1/events` (NDJSON), each with an `Idempotency-Key`,
+//!   so a load that was interrupted and run again counts every event exactly once (within
+//!   the server's 24 h memory of keys); unavailable servers and keys in flight are retried
+//!   with backoff. A rebuild sends the events aggregated in one `POST /v1/ns/{ns}/rebuild`
+//!   (applied whole or not at all, so it has no dry run).
 //! - `--data DIR` (a stopped server's directory; `offline`): counters aggregated in memory
 //!   within `--memory-mb` and written straight into archive segments (`Engine::install`: no
 //!   log, no memtable) — in one pass when they fit, else two — each install published
 //!   atomically with the idempotency answers of its batches, so a re-run within 24 h (how
-//!   long answers are kept) skips what was installed.
+//!   long answers are kept) skips what was installed. With `--config` (`TALLY_CONFIG`), the
+//!   lines are checked by the server's `[defaults]`, `[limits] max_future_secs` and
+//!   `[namespaces]`, as the server would check them.
 //!
 //! The keys are made of the file's bytes and name (its path's last part, not the path as
 //! typed: `a.csv`, `./a.csv` and `/data/a.csv` are one file; stdin: its bytes alone),
@@ -59,6 +64,11 @@ pub struct LoadArgs {
     /// Load into a stopped server's data directory.
     #[arg(long)]
     data: Option<PathBuf>,
+    /// With --data: the server's configuration file (as `tally serve --config` takes it), so
+    /// the load applies its [defaults], [limits] max_future_secs and [namespaces] as the
+    /// server would. Through --server, the server applies its own.
+    #[arg(long, env = "TALLY_CONFIG")]
+    config: Option<PathBuf>,
     /// Events per batch.
     #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     batch: u32,
@@ -116,15 +126,45 @@ struct Checker {
     now: i64,
 }
 
+/// The server's rules a load follows: its `[limits]`, `[defaults]` and `[namespaces]`.
+struct Rules {
+    limits: Limits,
+    defaults: Defaults,
+    /// Declared in the config: a server creates (or changes) them when it starts.
+    namespaces: Vec<(Namespace, Schema)>,
+}
+
+impl Rules {
+    /// With --data, those of the config file (`--config`, `TALLY_CONFIG`), else the defaults.
+    fn of(a: &LoadArgs) -> anyhow::Result<Rules> {
+        let (Some(path), None) = (&a.config, &a.server) else {
+            return Ok(Rules {
+                limits: Limits::default(),
+                defaults: Defaults::default(),
+                namespaces: Vec::new(),
+            });
+        };
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading config {}", path.display()))?;
+        let s = tally_server::Settings::from_toml(&text)
+            .with_context(|| format!("config {}", path.display()))?;
+        Ok(Rules {
+            limits: s.limits,
+            defaults: s.defaults,
+            namespaces: s.namespaces,
+        })
+    }
+}
+
 impl Checker {
-    fn of(target: &Target, batch: usize, now: i64) -> anyhow::Result<Checker> {
+    /// A checker of the target's namespaces and the config's: a namespace the config declares
+    /// and the target lacks is known as the config says (a server would create it at start,
+    /// and the load creates it when it uses it).
+    fn of(target: &Target, limits: Limits, rules: &Rules, now: i64) -> anyhow::Result<Checker> {
         let checker = Checker {
             schemas: MemStore::new(std::sync::Arc::new(SystemClock)),
-            limits: Limits {
-                max_batch_events: batch,
-                ..Limits::default()
-            },
-            defaults: Defaults::default(),
+            limits,
+            defaults: rules.defaults.clone(),
             now,
         };
         for (ns, schema) in schemas_of(target)? {
@@ -132,6 +172,23 @@ impl Checker {
                 .schemas
                 .put_schema(&ns, &schema)
                 .map_err(|e| anyhow::anyhow!(e.detail()))?;
+        }
+        for (ns, schema) in &rules.namespaces {
+            match checker.schemas.schema(ns) {
+                Ok(Some(held)) if held == *schema => {}
+                // The server changes it when it starts; the load cannot say how that goes
+                // with what the directory holds, so it leaves that to the server.
+                Ok(Some(_)) => bail!(
+                    "namespace {ns}: the config's schema is not the one the data directory \
+                     holds; start the server once with this config (it applies its \
+                     [namespaces]), stop it, then load"
+                ),
+                Ok(None) => checker
+                    .schemas
+                    .put_schema(ns, schema)
+                    .map_err(|e| anyhow::anyhow!(e.detail()))?,
+                Err(e) => bail!("checking namespace {ns}: {}", e.detail()),
+            }
         }
         Ok(checker)
     }
@@ -204,6 +261,7 @@ fn reason(e: IngestError) -> String {
 }
 
 pub fn run(a: LoadArgs) -> anyhow::Result<()> {
+    let rules = Rules::of(&a)?;
     let spool = tempfile::tempdir().context("creating a temporary directory")?;
     let mut sources = Vec::new();
     for f in &a.files {
@@ -242,7 +300,24 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
         (true, Some(ns), Some(from), Some(to)) => Some(Rebuild::parse(ns, from, to, now)?),
         _ => None,
     };
-    let checker = Checker::of(&target, a.batch as usize, now)?;
+    // Through a server, the server checks every batch too (a dry run): it alone knows its
+    // config, the token's scopes, the namespaces the token cannot read and its clock.
+    let dry = match (&target, &rebuild) {
+        // A rebuild is one request, applied whole or not at all: nothing to check first.
+        (Target::Server(client), None) => DryRun::of(client, &a)?,
+        _ => None,
+    };
+    let mut limits = Limits {
+        max_batch_events: a.batch as usize,
+        max_future_secs: rules.limits.max_future_secs,
+        ..Limits::default()
+    };
+    if dry.is_some() {
+        // The server judges timestamps by its own clock and max_future_secs; a local limit
+        // could only refuse what it takes.
+        limits.max_future_secs = i64::MAX;
+    }
+    let checker = Checker::of(&target, limits, &rules, now)?;
     let start = Instant::now();
     let mut digests = HashSet::new();
     for s in &mut sources {
@@ -264,15 +339,19 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
         Target::Server(client) => client,
     };
 
-    // Pass 1: every line checked.
+    // Pass 1: every line checked, here and then by the server; nothing is applied.
     let bar = progress(a.quiet, total, "checking");
     let bad_lines = std::cell::Cell::new(0u64);
     // Chunks (by first line) where the check found a bad line: the second pass checks those
     // again line by line; the others it hands to the batch without a copy.
     let mut dirty: HashSet<u64> = HashSet::new();
+    // Of each source, the lines the server refused (sorted), which the second pass drops: it
+    // cannot find them again without asking the server again. Each cost a request at least.
+    let mut refused: Vec<Vec<u64>> = vec![Vec::new(); sources.len()];
+    let mut server_refused = 0u64;
     let mut shown = Vec::new();
     let mut events = 0u64;
-    for s in &sources {
+    for (si, s) in sources.iter().enumerate() {
         let name = s.name.clone();
         let mut bad = |line: u64, why: String| -> anyhow::Result<()> {
             if !a.skip_bad {
@@ -298,12 +377,17 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
                 }
                 chunk = kept;
             }
-            events += checker.batch(&mut chunk, bad)?.increments.len() as u64;
+            checker.batch(&mut chunk, bad)?;
             if bad_lines.get() > before {
                 dirty.insert(first);
             }
+            if let Some(d) = &dry {
+                server_refused += d.check(&s.name, &mut chunk, bad, &mut refused[si])?;
+            }
+            events += chunk.len() as u64;
             Ok(())
         })?;
+        refused[si].sort_unstable();
     }
     bar.finish_and_clear();
     if events == 0 && rebuild.is_none() {
@@ -312,15 +396,16 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
 
     // Pass 2: the batches applied, checked again against the target's own schemas (so a
     // namespace created on the way is created by its first batch).
-    let checker = Checker::of(&target, a.batch as usize, now)?;
+    let checker = Checker::of(&target, limits, &rules, now)?;
     let bar = progress(a.quiet, total, "loading");
     let mut loaded = 0u64;
     let mut already = 0u64;
     // A rebuild through a server: its events aggregated, by (key, bucket, dimensions).
     type Aggregated = BTreeMap<(String, i64, Vec<(String, String)>), i64>;
     let mut rebuilt: Aggregated = BTreeMap::new();
-    for s in &sources {
+    for (si, s) in sources.iter().enumerate() {
         let batch = a.batch as usize;
+        let gone = &refused[si];
         each_batch(
             s,
             a.format,
@@ -333,6 +418,9 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
                 let key = format!("tally-load-{:016x}-{}-{first}", s.digest, a.batch);
                 if let Some(r) = &rebuild {
                     chunk.retain(|(_, e)| r.refuses(e, now).is_none());
+                }
+                if !gone.is_empty() {
+                    chunk.retain(|(line, _)| gone.binary_search(line).is_err());
                 }
                 // A clean chunk needs no second check; the others are checked line by line.
                 if dirty.contains(&first) {
@@ -435,10 +523,12 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
         } else {
             String::new()
         },
-        if bad_lines.get() > 0 {
-            format!("; skipped {} bad line(s)", bad_lines.get())
-        } else {
-            String::new()
+        match (bad_lines.get(), server_refused) {
+            (0, _) => String::new(),
+            (n, 0) => format!("; skipped {n} bad line(s)"),
+            (n, by_server) => {
+                format!("; skipped {n} bad line(s), {by_server} of them refused by the server")
+            }
         }
     );
     for s in shown {
@@ -597,12 +687,10 @@ fn digest(path: &std::path::Path) -> std::io::Result<Digest> {
     }
 }
 
-/// POSTs one batch under `key`, retrying what may pass later: no connection, 503, and 409
-/// (the same key still in flight from an earlier attempt). Answers whether the server had
-/// applied it before (a re-run).
-fn post(client: &Client, chunk: &[(u64, RawEvent)], key: &str) -> anyhow::Result<bool> {
-    let mut body = Vec::with_capacity(chunk.len() * 96);
-    for (_, e) in chunk {
+/// The events as an NDJSON body of `POST /v1/events`.
+fn ndjson<'e>(events: impl Iterator<Item = &'e RawEvent>) -> anyhow::Result<Vec<u8>> {
+    let mut body = Vec::new();
+    for e in events {
         let mut o = Map::new();
         o.insert("ns".into(), json!(e.ns));
         o.insert("key".into(), json!(e.key));
@@ -620,25 +708,45 @@ fn post(client: &Client, chunk: &[(u64, RawEvent)], key: &str) -> anyhow::Result
         serde_json::to_writer(&mut body, &Value::Object(o))?;
         body.push(b'\n');
     }
+    Ok(body)
+}
+
+/// POSTs one batch under `key`. Answers whether the server had applied it before (a
+/// re-run).
+fn post(client: &Client, chunk: &[(u64, RawEvent)], key: &str) -> anyhow::Result<bool> {
+    let body = ndjson(chunk.iter().map(|(_, e)| e))?;
+    let route = Route::fixed("/v1/events");
+    match send(client, &route, &body, &[("Idempotency-Key", key)])? {
+        (200, _, replayed) => Ok(replayed),
+        (status, text, _) => Err(server_error(status, &text).into()),
+    }
+}
+
+/// An error answer's status and text as an error.
+fn server_error(status: u16, text: &str) -> crate::http::ServerError {
+    let json: Value = serde_json::from_str(text).unwrap_or_default();
+    crate::http::ServerError::new(status, json)
+}
+
+/// POSTs an NDJSON `body` to `route`, retrying what may pass later: no connection, 503, and
+/// 409 (the same key still in flight from an earlier attempt). Answers the final status,
+/// text, and whether the server replayed a remembered answer.
+fn send(
+    client: &Client,
+    route: &Route,
+    body: &[u8],
+    headers: &[(&str, &str)],
+) -> anyhow::Result<(u16, String, bool)> {
     let mut wait = Duration::from_millis(100);
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        let sent = client.post_body(
-            &Route::fixed("/v1/events"),
-            "application/x-ndjson",
-            &body,
-            &[("Idempotency-Key", key)],
-        );
-        let retry = match &sent {
-            Ok((200, _, replayed)) => return Ok(*replayed),
-            Ok((409 | 503, _, _)) => true,
-            Ok((status, text, _)) => {
-                let json: Value = serde_json::from_str(text).unwrap_or_default();
-                return Err(crate::http::ServerError::new(*status, json).into());
-            }
-            Err(_) => true,
-        };
-        if retry && Instant::now() + wait > deadline {
+        let sent = client.post_body(route, "application/x-ndjson", body, headers);
+        if let Ok((status, _, _)) = &sent
+            && !matches!(status, 409 | 503)
+        {
+            return sent;
+        }
+        if Instant::now() + wait > deadline {
             return match sent {
                 Ok((status, text, _)) => bail!(
                     "the server still answers {status} after 2 minutes of retries: {text}; run the \
@@ -652,6 +760,187 @@ fn post(client: &Client, chunk: &[(u64, RawEvent)], key: &str) -> anyhow::Result
         }
         std::thread::sleep(wait);
         wait = (wait * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// The server's own check of each batch, `POST /v1/events?dry_run=true`: what the server
+/// would refuse by its config (`[defaults]`, `[limits]`, `[namespaces]`), the token's scopes
+/// (a write-only token reads no schema, so the local check cannot see allow-lists) and its
+/// clock — none of which the local check knows.
+struct DryRun<'a> {
+    client: &'a Client,
+    batch: u32,
+    skip_bad: bool,
+}
+
+/// What the server says of one dry run.
+enum Verdict {
+    Accepted,
+    /// The event at this index of the body (0-based) is refused, for this reason.
+    Refused(usize, String),
+}
+
+impl<'a> DryRun<'a> {
+    /// The server's check, if it has dry runs: a dry run of no events answers
+    /// `"dry_run": true`. A server older than dry runs ignores the parameter and answers
+    /// `{"accepted": 0}` for the empty batch, applying nothing; then lines are checked here
+    /// only, as before, and the load says so.
+    fn of(client: &'a Client, a: &LoadArgs) -> anyhow::Result<Option<DryRun<'a>>> {
+        // Not retried: a wrong address fails at once, as every first request of a command.
+        let (status, text, _) =
+            client.post_body(&Self::route(), "application/x-ndjson", b"", &[])?;
+        if status != 200 {
+            return Err(anyhow::anyhow!(server_error(status, &text)))
+                .context("asking the server to check a batch");
+        }
+        let v: Value = serde_json::from_str(&text).unwrap_or_default();
+        if v["dry_run"] != json!(true) {
+            eprintln!(
+                "tally: warning: this server cannot check a batch without applying it (it is \
+                 older than POST /v1/events?dry_run=true): lines are checked here only, and a \
+                 line the server refuses stops the load after the batches before it"
+            );
+            return Ok(None);
+        }
+        Ok(Some(DryRun {
+            client,
+            batch: a.batch,
+            skip_bad: a.skip_bad,
+        }))
+    }
+
+    fn route() -> Route {
+        Route::fixed("/v1/events").param("dry_run", "true")
+    }
+
+    /// Has the server check `chunk`, sent as [`post`] will send it. The lines it refuses go
+    /// to `bad` (which stops the load at the first, unless --skip-bad), in order, and out of
+    /// `chunk`; their numbers are added to `refused`. Answers how many it refused.
+    fn check(
+        &self,
+        name: &str,
+        chunk: &mut Vec<(u64, RawEvent)>,
+        bad: &mut BadLine<'_>,
+        refused: &mut Vec<u64>,
+    ) -> anyhow::Result<u64> {
+        let found = refusals(chunk.len(), !self.skip_bad, &mut |part| {
+            self.verdict(name, chunk, part)
+        })?;
+        let mut out = vec![false; chunk.len()];
+        for (i, why) in &found {
+            let line = chunk.get(*i).map_or(0, |(l, _)| *l);
+            bad(line, why.clone())?;
+            refused.push(line);
+            if let Some(o) = out.get_mut(*i) {
+                *o = true;
+            }
+        }
+        let mut i = 0;
+        chunk.retain(|_| {
+            i += 1;
+            !out.get(i - 1).copied().unwrap_or(false)
+        });
+        Ok(found.len() as u64)
+    }
+
+    /// One dry run of the events of `chunk` at `part`.
+    fn verdict(
+        &self,
+        name: &str,
+        chunk: &[(u64, RawEvent)],
+        part: &[usize],
+    ) -> anyhow::Result<Verdict> {
+        let events = part.iter().filter_map(|&i| chunk.get(i)).map(|(_, e)| e);
+        let body = ndjson(events)?;
+        let (status, text, _) = send(self.client, &Self::route(), &body, &[])?;
+        if status == 200 {
+            return Ok(Verdict::Accepted);
+        }
+        let e = server_error(status, &text);
+        let lines = |part: &[usize]| {
+            let at = |i: Option<&usize>| i.and_then(|&i| chunk.get(i)).map_or(0, |(l, _)| *l);
+            format!("{name}: lines {}–{}", at(part.first()), at(part.last()))
+        };
+        match (e.index, e.code.as_str()) {
+            (Some(at), _) if at < part.len() => {
+                // "event 3: …" names the event by its place in the request, not the file.
+                let prefix = format!("event {at}: ");
+                let message = e.message.strip_prefix(&prefix).unwrap_or(&e.message);
+                Ok(Verdict::Refused(
+                    at,
+                    format!("the server refuses it: {message} ({})", e.code),
+                ))
+            }
+            (Some(at), _) => bail!(
+                "{}: the server names event {at} of a batch of {}: {e}",
+                lines(part),
+                part.len()
+            ),
+            (None, "batch_too_large") => bail!(
+                "the server takes fewer events in a batch than --batch {}: {} (its [limits] \
+                 max_batch_events); run again with a smaller --batch; nothing was loaded",
+                self.batch,
+                e.message
+            ),
+            (None, "body_too_large") => bail!(
+                "{}: a batch of {} events is {} bytes, more than the server takes: {} (its \
+                 [limits] max_body_bytes); run again with a smaller --batch; nothing was loaded",
+                lines(part),
+                part.len(),
+                body.len(),
+                e.message
+            ),
+            (None, _) => Err(anyhow::anyhow!(e)).context(format!(
+                "the server's check of {}; nothing was loaded",
+                lines(part)
+            )),
+        }
+    }
+}
+
+/// The events of a batch of `n` that `judge` refuses — by index, in order, with its reasons —
+/// where `judge` checks the events at the indices it is given and names one it refuses, as
+/// the server's dry run does. With `first`, only the first refusal met.
+///
+/// A refused part is cut in two halves (without the refused event) judged on their own: a
+/// batch with b refused events takes at most 2b + 2 requests and carries each event about
+/// log2(n) times, where re-sending the rest after each refusal would carry it b times. The
+/// judge checks events one by one, so halves that pass make a whole that passes; the whole
+/// is judged again all the same, as the real request will be, until it passes.
+fn refusals(
+    n: usize,
+    first: bool,
+    judge: &mut dyn FnMut(&[usize]) -> anyhow::Result<Verdict>,
+) -> anyhow::Result<Vec<(usize, String)>> {
+    let mut out = vec![false; n];
+    let mut found = Vec::new();
+    loop {
+        let before = found.len();
+        let mut todo: Vec<Vec<usize>> = vec![(0..n).filter(|&i| !out[i]).collect()];
+        while let Some(mut part) = todo.pop() {
+            if part.is_empty() {
+                continue;
+            }
+            let Verdict::Refused(at, why) = judge(&part)? else {
+                continue;
+            };
+            if at >= part.len() {
+                bail!("the server names event {at} of a batch of {}", part.len());
+            }
+            let i = part.remove(at);
+            out[i] = true;
+            found.push((i, why));
+            if first {
+                return Ok(found);
+            }
+            let right = part.split_off(part.len() / 2);
+            todo.push(right);
+            todo.push(part);
+        }
+        if found.len() == before {
+            found.sort_unstable_by_key(|(i, _)| *i);
+            return Ok(found);
+        }
     }
 }
 
@@ -669,4 +958,64 @@ fn progress(quiet: bool, total: u64, what: &str) -> indicatif::ProgressBar {
     );
     bar.set_message(what.to_owned());
     bar
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every refused event is found, in order, within the promised requests and bytes,
+    /// whichever refused event the judge names first (the server names the first by its own
+    /// order of checks, which is not always the body's).
+    #[test]
+    fn refused_parts_are_cut_in_halves() {
+        let every = |k: usize, n: usize| (0..n).filter(|i| i % k == 0).collect::<Vec<_>>();
+        let cases: Vec<(usize, Vec<usize>)> = vec![
+            (1, vec![0]),
+            (1, vec![]),
+            (1000, vec![]),
+            (1000, every(1, 1000)),
+            (1000, every(10, 1000)),
+            (1000, vec![999]),
+            (5000, every(3, 5000)),
+        ];
+        for (n, bad) in cases {
+            for names_last in [false, true] {
+                let (mut requests, mut sent) = (0usize, 0usize);
+                let found = refusals(n, false, &mut |part| {
+                    requests += 1;
+                    sent += part.len();
+                    let mut hits = part.iter().enumerate().filter(|(_, i)| bad.contains(i));
+                    let hit = if names_last {
+                        hits.next_back()
+                    } else {
+                        hits.next()
+                    };
+                    Ok(match hit {
+                        Some((at, i)) => Verdict::Refused(at, format!("event {i}")),
+                        None => Verdict::Accepted,
+                    })
+                })
+                .unwrap();
+                let got: Vec<usize> = found.iter().map(|(i, _)| *i).collect();
+                assert_eq!(got, bad, "n {n}");
+                assert!(found.iter().all(|(i, why)| *why == format!("event {i}")));
+                let b = bad.len();
+                assert!(requests <= 2 * b + 2, "n {n}, b {b}: {requests} requests");
+                let log2 = (usize::BITS - n.leading_zeros()) as usize;
+                assert!(sent <= n * (log2 + 2), "n {n}, b {b}: {sent} events sent");
+            }
+        }
+        // Without --skip-bad, the first refusal is the answer.
+        let mut requests = 0;
+        let found = refusals(10, true, &mut |part| {
+            requests += 1;
+            Ok(Verdict::Refused(part.len() - 1, "no".into()))
+        })
+        .unwrap();
+        assert_eq!((found.len(), found[0].0, requests), (1, 9, 1));
+        // An index past the part is the server's mistake, not a panic.
+        let e = refusals(3, false, &mut |_| Ok(Verdict::Refused(3, "no".into()))).unwrap_err();
+        assert!(e.to_string().contains("event 3 of a batch of 3"), "{e}");
+    }
 }
