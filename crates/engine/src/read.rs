@@ -236,21 +236,36 @@ impl Core {
                     add(&mut sums, &e.name, n);
                 }
             }
-        } else {
+        } else if let Some((d, v)) = value {
+            // The value's series of every key, grouped by shard, then each shard's summed in
+            // one go (`sum_many`: probes, or one walk of its counters): summing key by key
+            // walked a shard's whole map once per key, all under the catalog's lock, which
+            // every write that names a new series waits for.
+            let mut by_shard: Vec<(Vec<SeriesId>, Vec<&str>)> =
+                vec![(Vec::new(), Vec::new()); self.mem.shards()];
             for (name, &key) in &cat.ns[ns as usize].ordered {
                 tick()?;
-                let Some((d, v)) = value else {
-                    break;
-                };
                 let Some(sid) = cat.sub_id(key, d, v) else {
                     continue;
                 };
-                let sum: i64 = {
-                    let shard = self.mem.lock(self.mem.shard_of(key));
-                    window.sum(&shard, (Lane::Sub, sid))
-                };
-                if sum != 0 {
-                    add(&mut sums, name, sum);
+                if let Some((sids, names)) = by_shard.get_mut(self.mem.shard_of(key)) {
+                    sids.push(sid);
+                    names.push(name);
+                }
+            }
+            let mut out = Vec::new();
+            for (i, (sids, names)) in by_shard.iter().enumerate() {
+                if sids.is_empty() {
+                    continue;
+                }
+                tick()?;
+                out.clear();
+                out.resize(sids.len(), 0i64);
+                window.sum_many(&self.mem.lock(i), sids, &mut out);
+                for (name, &n) in names.iter().zip(&out) {
+                    if n != 0 {
+                        add(&mut sums, name, n);
+                    }
                 }
             }
         }
