@@ -129,21 +129,9 @@ pub(crate) enum Idem {
 /// Looks at the request's `Idempotency-Key`: claims it, or finds its stored answer.
 /// `fp` is the request's [`fingerprint`]; it is not looked at when there is no key.
 pub(crate) async fn begin(app: &App, headers: &HeaderMap, fp: String) -> Result<Idem, ApiError> {
-    let Some(key) = headers.get(HEADER) else {
+    let Some(key) = header_key(headers)? else {
         return Ok(Idem::Proceed(None));
     };
-    let key = key
-        .to_str()
-        .ok()
-        .filter(|k| !k.is_empty() && k.len() <= 256)
-        .ok_or_else(|| {
-            ApiError::new(
-                ErrorCode::InvalidParameter,
-                "Idempotency-Key must be 1-256 visible ASCII characters",
-            )
-            .field("Idempotency-Key")
-        })?
-        .to_owned();
     // Each token has its own keys: one client's key never replays, blocks or reveals
     // another's request. Without tokens, the key is stored as the client sent it.
     let key = match auth::caller(&app.settings().tokens, headers)? {
@@ -183,6 +171,25 @@ pub(crate) async fn begin(app: &App, headers: &HeaderMap, fp: String) -> Result<
         )),
         None => Ok(Idem::Proceed(Some(held))),
     }
+}
+
+/// The request's `Idempotency-Key`, if it sent one: `400 invalid_parameter` unless it is 1-256
+/// visible ASCII characters (a dry run checks it too, as the real request would).
+pub(crate) fn header_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(key) = headers.get(HEADER) else {
+        return Ok(None);
+    };
+    key.to_str()
+        .ok()
+        .filter(|k| !k.is_empty() && k.len() <= 256)
+        .map(|k| Some(k.to_owned()))
+        .ok_or_else(|| {
+            ApiError::new(
+                ErrorCode::InvalidParameter,
+                "Idempotency-Key must be 1-256 visible ASCII characters",
+            )
+            .field("Idempotency-Key")
+        })
 }
 
 /// The stored key of a token's `Idempotency-Key`: a stable digest of the token (not the

@@ -115,7 +115,9 @@ pub async fn post_events(
     }
     if dry_run {
         // The checks of `apply`, with the same clock, limits and defaults; the batch is
-        // dropped. Idempotency is left out: a dry run neither replays nor stores an answer.
+        // dropped. Idempotency is left out: a dry run neither replays nor stores an answer
+        // (a malformed key is refused all the same).
+        idempotency::header_key(&headers)?;
         let n = raws.len() as u64;
         app.blocking(move |app| {
             let s = app.settings();

@@ -160,8 +160,15 @@ scopes = ["admin:*", "read:*", "write:*"]
         assert_eq!(dry, real, "{code}: the dry run's answer is the real one's");
         assert_eq!(s.state_with(&admin), before, "{code} changed something");
     }
-    // A token is needed as for a real request.
+    // A malformed Idempotency-Key is refused as by a real request (found by schemathesis).
     let good = two(json!({"ns": "strict", "key": "k", "dims": {"country": "US"}}));
+    let bad_key = [("Authorization", "Bearer w"), ("Idempotency-Key", " ")];
+    let dry = s.req("POST", "/v1/events?dry_run=true", Some(&good), &bad_key);
+    let v = err(dry.clone(), 400, "invalid_parameter");
+    assert_eq!(v["error"]["field"], "Idempotency-Key", "{v}");
+    assert_eq!(dry, s.req("POST", "/v1/events", Some(&good), &bad_key));
+    assert_eq!(s.state_with(&admin), before);
+    // A token is needed as for a real request.
     err(
         s.req("POST", "/v1/events?dry_run=true", Some(&good), &[]),
         401,
