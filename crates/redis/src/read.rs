@@ -41,10 +41,12 @@ fn group_size(cluster: bool, windows: &[(i64, i64, i64)], suffixes: usize) -> us
     (GROUP_WORK / per_series.max(1)).clamp(1, GROUP)
 }
 
-/// Windows a read names before it asks where its namespace has data: a short read is one
-/// script call of a few keys anyway; a long one (all time, `last=100y`) names a key per
-/// window of its whole range, nearly all of them absent, unless clipped to the extent.
-const CLIP_AFTER_WINDOWS: i64 = 8;
+/// Windows a read names before it asks where its namespace has data: up to this, one script
+/// call of at most this many keys (85 days of a `1m` tier, 14 years of `1h`, 34 hours of
+/// `1s`), so dashboards, rate-limit windows and series never depend on the extent; a longer
+/// one (all time, `last=100y`) would name a key per window of its whole range, nearly all
+/// of them absent, and is clipped to the extent.
+const CLIP_AFTER_WINDOWS: i64 = 1024;
 
 /// Seconds past now a clipped range still reads, whatever the extent says: a write racing
 /// the read (it widens the extent as it writes newer buckets) is read whole or not at all.

@@ -279,17 +279,17 @@ while i <= n do
     for _ = 1, c do
       local f, lo, hi = a[i], tonumber(a[i + 1]), tonumber(a[i + 2])
       local cur = redis.call('HGET', k, f)
-      local l, h = nil, nil
-      if cur then
-        l, h = string.match(cur, '^(%-?%d+):(%-?%d+)$')
-      end
-      if l then
-        l, h = tonumber(l), tonumber(h)
-        if lo < l or hi > h then
-          redis.call('HSET', k, f, string.format('%d:%d', math.min(lo, l), math.max(hi, h)))
-        end
-      else
+      if not cur then
         redis.call('HSET', k, f, string.format('%d:%d', lo, hi))
+      else
+        -- A value not in this form is left as it is (a read refuses it), never narrowed.
+        local l, h = string.match(cur, '^(%-?%d+):(%-?%d+)$')
+        if l then
+          l, h = tonumber(l), tonumber(h)
+          if lo < l or hi > h then
+            redis.call('HSET', k, f, string.format('%d:%d', math.min(lo, l), math.max(hi, h)))
+          end
+        end
       end
       i = i + 3
     end

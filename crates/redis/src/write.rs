@@ -218,7 +218,7 @@ struct Call {
     token: String,
     ends: String,
     now: String,
-    /// The fence (`ARGV[2]`, `ARGV[3]`): the index in `keys` of a lock that must still hold
+    /// The fence (`ARGV[5]`, `ARGV[6]`): the index in `keys` of a lock that must still hold
     /// the token, or `0` for none, and the token.
     fence: (String, String),
     /// Key index epoch checks, three arguments each (`APPLY`'s doc), and their namespaces
@@ -495,12 +495,17 @@ impl RedisStore {
                     .collect(),
                 false => Vec::new(),
             };
-            match self.run_apply(calls).await? {
+            let record = match (&batch.idempotency, claim, self.is_cluster()) {
+                (Some(r), Some(_), true) => Some(layout::idem_key(&r.key)),
+                _ => None,
+            };
+            match self.run_apply(calls, record).await? {
                 Outcome::Stale if trust => {
                     self.listed.forget();
                     trust = false;
                 }
                 Outcome::Stale => {
+                    self.release_claim(batch, claim).await;
                     return Err(StoreError::unavailable(format!(
                         "{}: the key index's epoch changed twice during one write; try again",
                         self.label
@@ -516,6 +521,7 @@ impl RedisStore {
                     });
                 }
                 Outcome::Fenced => {
+                    self.release_claim(batch, claim).await;
                     return Err(StoreError::unavailable(format!(
                         "{}: the lock of a limited increment expired before it was \
                          applied (Redis or this server stalled); nothing was applied, try again",
@@ -575,18 +581,27 @@ impl RedisStore {
         // fewer series has data, must find the marker the first try set.
 
         if !self.is_cluster() {
-            // One call, all or nothing: a marker another apply set means it applied this
-            // batch's idempotency key (`claimed`).
-            let first = series
-                .values()
-                .next()
-                .filter(|_| with_data().next().is_some());
-            let marker = first.map(|s| Marker {
-                key: layout::marker_key(&s.tag, id),
-                secs: marker_secs,
-                token: claim.unwrap_or("-").to_owned(),
-                now,
-            });
+            // One call, all or nothing. Under an idempotency key its marker is the key's
+            // claim (whatever the batch writes: another request under the key may write
+            // other series, or nothing, as a refusal): set by another request, `claimed`.
+            let marker = match (&batch.idempotency, claim) {
+                (Some(r), Some(fingerprint)) => Some(Marker {
+                    key: layout::claim_key(&r.key),
+                    secs: marker_secs,
+                    token: fingerprint.to_owned(),
+                    now,
+                }),
+                _ => series
+                    .values()
+                    .next()
+                    .filter(|_| with_data().next().is_some())
+                    .map(|s| Marker {
+                        key: layout::marker_key(&s.tag, id),
+                        secs: marker_secs,
+                        token: "-".into(),
+                        now,
+                    }),
+            };
             let mut call = new_call(marker);
             if let Some(f) = fence {
                 call.fenced(f);
@@ -661,6 +676,38 @@ impl RedisStore {
         Ok(steps)
     }
 
+    /// In a cluster, gives up the claim of an idempotency key (if this request still holds
+    /// it) after a failure that applied no series — a stale epoch, a lost lock — so that
+    /// the key is free again, as on a single server, where nothing was set. Best effort: a
+    /// claim left makes a different request under the key `claimed` until it ends.
+    async fn release_claim(&self, batch: &Batch, claim: Option<&str>) {
+        const RELEASE: &str = "local v = redis.call('GET', KEYS[1]) \
+             if v and string.sub(v, 1, #ARGV[1] + 1) == ARGV[1] .. '@' then \
+             return redis.call('DEL', KEYS[1]) end return 0";
+        let (Some(r), Some(fingerprint), true) = (&batch.idempotency, claim, self.is_cluster())
+        else {
+            return;
+        };
+        let key = layout::claim_key(&r.key);
+        let done: Result<(), StoreError> = self
+            .retry(|mut c| {
+                let key = &key;
+                async move {
+                    redis::cmd("EVAL")
+                        .arg(RELEASE)
+                        .arg(1)
+                        .arg(key)
+                        .arg(fingerprint)
+                        .exec_async(&mut c)
+                        .await
+                }
+            })
+            .await;
+        if let Err(e) = done {
+            tracing::warn!(error = %e.detail(), "an idempotency claim was not given up");
+        }
+    }
+
     /// In a cluster a batch leaves a marker in every slot it wrote (thousands for a large
     /// batch), kept for its retries: once it is applied whole they are let go ([`Tidy`]), or
     /// Redis would hold millions of them at a steady ingest. Best effort: a marker left
@@ -690,11 +737,33 @@ impl RedisStore {
     /// Runs the calls of [`RedisStore::index_and_series`], a step at a time (each step's
     /// calls all in flight at once), and notes the keys each index operation listed. Stops
     /// at a step where an epoch check failed (that call changed nothing).
-    async fn run_apply(&self, steps: Vec<Vec<Call>>) -> Result<Outcome, StoreError> {
-        for calls in steps {
+    ///
+    /// `record`: in a cluster, the idempotency record a batch under a key writes last. When
+    /// the first step (the claim) finds the key claimed by this same request, the record is
+    /// looked for: there, the batch was applied whole (by a retry racing this one, on
+    /// another tally server, whose markers may be gone by now) and nothing more is done.
+    async fn run_apply(
+        &self,
+        steps: Vec<Vec<Call>>,
+        record: Option<String>,
+    ) -> Result<Outcome, StoreError> {
+        for (step, calls) in steps.into_iter().enumerate() {
             let calls: Vec<Call> = calls.into_iter().filter(|c| !c.is_empty()).collect();
             let replies = self.run(&calls).await?;
             let (mut stale, mut fenced, mut claimed) = (false, false, false);
+            if step == 0
+                && let Some(record) = &record
+                && replies.iter().any(|(status, _)| status == "done")
+            {
+                let whole: bool = self
+                    .retry(|mut c| async move {
+                        redis::cmd("EXISTS").arg(record).query_async(&mut c).await
+                    })
+                    .await?;
+                if whole {
+                    return Ok(Outcome::Applied);
+                }
+            }
             for (call, reply) in calls.iter().zip(replies) {
                 let (status, epochs) = reply;
                 stale |= status == "stale";

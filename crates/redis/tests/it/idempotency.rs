@@ -56,6 +56,17 @@ fn second_request_is_refused(url: &str) {
     // nothing applied twice.
     two.apply(&under_key(&two, now, "k1", 1, "first")).unwrap();
     assert_eq!(total(&one, "api", "a", 60), 1);
+    // A different request under the key that writes other series only: refused too.
+    let mut other = batch(
+        &two,
+        now,
+        &[raw("api", "z", now, 4, &[])],
+        &Defaults::default(),
+    );
+    other.idempotency = under_key(&two, now, "k1", 1, "third").idempotency;
+    let err = two.apply(&other).unwrap_err();
+    assert!(matches!(err, StoreError::Claimed { .. }), "{err:?}");
+    assert_eq!(total(&one, "api", "z", 60), 0);
     // Other keys, and batches without one, go on.
     two.apply(&under_key(&two, now, "k2", 5, "other")).unwrap();
     assert_eq!(total(&one, "api", "a", 60), 6);
@@ -203,4 +214,82 @@ fn a_cluster_lets_go_of_a_batch_markers_once_it_is_applied() {
         "{left:?}"
     );
     assert_eq!(total(&store, "api", "k7", 60), 2);
+}
+
+/// The same request racing itself on two servers: once one has applied it whole (its
+/// record written, its markers let go), the other applies nothing again.
+#[test]
+fn a_request_applied_whole_is_not_applied_again_once_its_markers_are_gone() {
+    let cluster = RedisCluster::start();
+    let (one, two) = (
+        RedisStore::connect(&cluster.url()).unwrap(),
+        RedisStore::connect(&cluster.url()).unwrap(),
+    );
+    one.put_schema(
+        &Namespace::new("api").unwrap(),
+        &schema(&["1m:48h", "1h:forever"], None),
+    )
+    .unwrap();
+    let now = real_now();
+    one.apply(&under_key(&one, now, "k", 3, "body")).unwrap();
+    for node in &cluster.nodes {
+        for m in node
+            .cli(&["--scan", "--pattern", "tally:batch:*"])
+            .lines()
+            .filter(|l| !l.is_empty())
+        {
+            node.cli(&["DEL", m]);
+        }
+    }
+    two.apply(&under_key(&two, now, "k", 3, "body")).unwrap();
+    for key in ["a", "b"] {
+        assert_eq!(total(&two, "api", key, 60), 3, "{key}");
+    }
+}
+
+/// A request under a key that failed with nothing applied (its limited increment's lock
+/// lost) leaves the key free, as on one server: a different request under it is taken.
+#[test]
+fn a_claim_is_given_up_when_nothing_was_applied() {
+    let cluster = RedisCluster::start();
+    let store = RedisStore::connect(&cluster.url()).unwrap();
+    let ns = Namespace::new("api").unwrap();
+    store
+        .put_schema(&ns, &schema(&["1m:48h", "1h:forever"], None))
+        .unwrap();
+    let now = real_now();
+    let b = batch(
+        &store,
+        now,
+        &[raw("api", "a", now, 1, &[])],
+        &Defaults::default(),
+    );
+    let key = tally_core::model::Key::new("a").unwrap();
+    let window = tally_core::store::KeyRead {
+        ns: &ns,
+        key: &key,
+        resolution: tally_core::model::Duration::from_secs(60).unwrap(),
+        from: now - 3600,
+        to: now + 60,
+        want: tally_core::store::Want::Totals,
+        sum_subtotals: false,
+    };
+    let lock = tally_redis::layout::lock_key(&tally_redis::layout::series_tag(&ns, "a"));
+    let node = &cluster.nodes[cluster.node_of(&lock)];
+    let err = store
+        .apply_if(&b, &window, &mut |_| {
+            node.cli(&["SET", &lock, "another-server"]);
+            Ok(tally_core::store::Decision {
+                apply: true,
+                idempotency: under_key(&store, now, "k", 1, "first").idempotency,
+            })
+        })
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Unavailable { .. }), "{err:?}");
+    node.cli(&["DEL", &lock]);
+    store
+        .apply(&under_key(&store, now, "k", 2, "second"))
+        .unwrap();
+    assert_eq!(total(&store, "api", "a", 60), 2);
+    assert_eq!(store.idempotency("k").unwrap().unwrap().body, "second");
 }
