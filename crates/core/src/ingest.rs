@@ -135,13 +135,15 @@ pub fn prepare_each(
 }
 
 /// A batch being validated: the schemas read so far (`None`: the namespace does not exist
-/// and is not created), and the namespaces it creates.
+/// and is not created), the namespaces to create once one of their events passes, and the
+/// batch (with the namespaces it creates).
 struct Preparer<'a> {
     store: &'a dyn Store,
     now: i64,
     limits: &'a Limits,
     defaults: &'a Defaults,
     schemas: BTreeMap<Namespace, Option<Schema>>,
+    to_create: std::collections::BTreeSet<Namespace>,
     batch: Batch,
 }
 
@@ -161,6 +163,7 @@ impl<'a> Preparer<'a> {
             limits,
             defaults,
             schemas: BTreeMap::new(),
+            to_create: Default::default(),
             batch,
         }
     }
@@ -174,9 +177,7 @@ impl<'a> Preparer<'a> {
             let schema = match self.store.schema(&event.ns)? {
                 Some(s) => Some(s),
                 None if self.defaults.auto_create => {
-                    self.batch
-                        .create
-                        .push((event.ns.clone(), self.defaults.schema.clone()));
+                    self.to_create.insert(event.ns.clone());
                     Some(self.defaults.schema.clone())
                 }
                 None => None,
@@ -192,6 +193,12 @@ impl<'a> Preparer<'a> {
                 });
             }
         };
+        // A namespace is created by the batch only with an event of it that passed.
+        if self.to_create.remove(&event.ns) {
+            self.batch
+                .create
+                .push((event.ns.clone(), self.defaults.schema.clone()));
+        }
         self.batch.increments.push(Increment {
             ns: event.ns,
             key: event.key,
@@ -304,19 +311,34 @@ mod tests {
         assert_eq!(bad.len(), 2101);
         assert_eq!(bad[2000], (2000, ErrorCode::InvalidName));
         assert_eq!(bad[2001].1, ErrorCode::UnknownNamespace);
-        // Created by the batch: read once, created once, every good event kept.
+        // Created by the batch: read once, created once, every good event kept; a namespace
+        // none of whose events passed is not created.
+        raws.push(RawEvent {
+            dims: vec![("device".into(), "x".into())],
+            ..raw("u", "k")
+        });
+        // Namespaces made with an allow-list of dimensions: `u`'s one event is refused.
+        let strict = Defaults {
+            schema: Schema::from_doc(&crate::model::SchemaDoc {
+                tiers: vec!["1h:forever".into()],
+                breakdown_tiers: None,
+                dimensions: Some(vec!["country".into()]),
+            })
+            .unwrap(),
+            ..Defaults::default()
+        };
         store.reads.store(0, Ordering::SeqCst);
         let b = prepare_each(
             &store,
             raws,
             1000,
             &Limits::default(),
-            &Defaults::default(),
+            &strict,
             &mut |_, _| {},
         )
         .unwrap();
-        assert_eq!(store.reads.load(Ordering::SeqCst), 2);
-        assert_eq!(b.create.len(), 2);
+        assert_eq!(store.reads.load(Ordering::SeqCst), 3);
+        assert_eq!(b.create.len(), 2, "{:?}", b.create);
         assert_eq!(b.increments.len(), 2100);
         // A store failure fails the whole list.
         let e = prepare_each(

@@ -78,6 +78,13 @@ fn an_answer_with_more_values_than_max_points_is_refused_alone_too() {
     // Within it, answered.
     let path = format!("/v1/ns/c/keys/k/breakdown?dim=country&{range}&limit=5");
     assert_eq!(s.get(&path).0, 200);
+    // A page of keys is bounded by its own limit, not max_points.
+    let events: Vec<_> = (0..20)
+        .map(|i| json!({"ns": "c", "key": format!("k{i:02}"), "ts": NOW - 60}))
+        .collect();
+    assert_eq!(s.post("/v1/events", &json!(events).to_string()).0, 200);
+    let (st, page) = s.get("/v1/ns/c/keys?limit=30");
+    assert_eq!(st, 200, "{page}");
 }
 
 #[test]
