@@ -167,54 +167,26 @@ fn text(v: &Value) -> Option<String> {
     }
 }
 
-/// An `HGETALL` reply of text values as pairs (RESP2 arrays or RESP3 maps).
-fn text_pairs(v: &Value) -> Vec<(String, String)> {
-    let mut out = Vec::new();
+/// An `HGETALL` reply as pairs (RESP2 arrays or RESP3 maps), each value read by `value`;
+/// a pair whose field or value does not read is left out.
+fn pairs_of<T>(v: &Value, value: impl Fn(&Value) -> Option<T>) -> Vec<(String, T)> {
+    let pair = |k: &Value, v: &Value| Some((text(k)?, value(v)?));
     match v {
-        Value::Array(items) => {
-            for kv in items.chunks(2) {
-                if let [k, v] = kv
-                    && let (Some(k), Some(v)) = (text(k), text(v))
-                {
-                    out.push((k, v));
-                }
-            }
-        }
-        Value::Map(items) => {
-            for (k, v) in items {
-                if let (Some(k), Some(v)) = (text(k), text(v)) {
-                    out.push((k, v));
-                }
-            }
-        }
-        _ => {}
+        Value::Array(items) => items
+            .chunks(2)
+            .filter_map(|kv| match kv {
+                [k, v] => pair(k, v),
+                _ => None,
+            })
+            .collect(),
+        Value::Map(items) => items.iter().filter_map(|(k, v)| pair(k, v)).collect(),
+        _ => Vec::new(),
     }
-    out
 }
 
-/// An `HGETALL` reply as pairs (RESP2 arrays or RESP3 maps).
+/// An `HGETALL` reply of counts.
 fn pairs(v: &Value) -> Vec<(String, i64)> {
-    let mut out = Vec::new();
-    match v {
-        Value::Array(items) => {
-            for kv in items.chunks(2) {
-                if let [k, v] = kv
-                    && let (Some(k), Some(v)) = (text(k), int(v))
-                {
-                    out.push((k, v));
-                }
-            }
-        }
-        Value::Map(items) => {
-            for (k, v) in items {
-                if let (Some(k), Some(v)) = (text(k), int(v)) {
-                    out.push((k, v));
-                }
-            }
-        }
-        _ => {}
-    }
-    out
+    pairs_of(v, int)
 }
 
 /// Extents as [`RedisStore::extents`] reads them: per namespace kept from the start, each
@@ -260,7 +232,7 @@ impl RedisStore {
         let mut out = Extents::new();
         for (ns, reply) in kept.into_iter().zip(replies) {
             let mut m = BTreeMap::new();
-            for (field, range) in text_pairs(&reply?) {
+            for (field, range) in pairs_of(&reply?, text) {
                 let parsed = field.parse::<i64>().ok().zip(
                     range
                         .split_once(':')

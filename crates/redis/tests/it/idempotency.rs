@@ -9,7 +9,7 @@ use tally_core::store::{Batch, IdemRecord, Store, StoreError};
 use tally_redis::RedisStore;
 use tally_redis::testing::{RedisCluster, RedisServer};
 
-use crate::{batch, raw, real_now, schema, total};
+use crate::{api_store, batch, last_hour, raw, real_now, schema, total};
 
 /// A batch of `n` events to `a` and `n` to `b` (two slots in a cluster), under `key`.
 fn under_key(store: &RedisStore, now: i64, key: &str, n: i64, body: &str) -> Batch {
@@ -29,16 +29,23 @@ fn under_key(store: &RedisStore, now: i64, key: &str, n: i64, body: &str) -> Bat
     b
 }
 
+/// The batch markers every node of a cluster holds: (node, key).
+fn batch_markers(cluster: &RedisCluster) -> Vec<(usize, String)> {
+    let mut all = Vec::new();
+    for (i, node) in cluster.nodes.iter().enumerate() {
+        let found = node.cli(&["--scan", "--pattern", "tally:batch:*"]);
+        all.extend(
+            found
+                .lines()
+                .filter(|l| !l.is_empty())
+                .map(|m| (i, m.to_owned())),
+        );
+    }
+    all
+}
+
 fn second_request_is_refused(url: &str) {
-    let (one, two) = (
-        RedisStore::connect(url).unwrap(),
-        RedisStore::connect(url).unwrap(),
-    );
-    one.put_schema(
-        &Namespace::new("api").unwrap(),
-        &schema(&["1m:48h", "1h:forever"], None),
-    )
-    .unwrap();
+    let (one, two) = (api_store(url), RedisStore::connect(url).unwrap());
     let now = real_now();
     one.apply(&under_key(&one, now, "k1", 1, "first")).unwrap();
     // Another request under the same key, with another body, on another server.
@@ -91,14 +98,9 @@ fn a_second_request_under_a_key_applies_nothing_on_a_cluster() {
 fn a_retry_after_a_failure_part_way_applies_each_slot_once() {
     let cluster = RedisCluster::start();
     let (one, two) = (
-        RedisStore::connect(&cluster.url()).unwrap(),
+        api_store(&cluster.url()),
         RedisStore::connect(&cluster.url()).unwrap(),
     );
-    one.put_schema(
-        &Namespace::new("api").unwrap(),
-        &schema(&["1m:48h", "1h:forever"], None),
-    )
-    .unwrap();
     let now = real_now();
     one.apply(&under_key(&one, now, "k", 2, "body")).unwrap();
     // The record never written.
@@ -169,30 +171,19 @@ fn a_retry_finds_its_marker_when_a_series_left_retention() {
 #[test]
 fn a_cluster_lets_go_of_a_batch_markers_once_it_is_applied() {
     let cluster = RedisCluster::start();
-    let store = RedisStore::connect(&cluster.url()).unwrap();
-    store
-        .put_schema(
-            &Namespace::new("api").unwrap(),
-            &schema(&["1m:48h", "1h:forever"], None),
-        )
-        .unwrap();
+    let store = api_store(&cluster.url());
     let now = real_now();
     let raws: Vec<_> = (0..300)
         .map(|i| raw("api", &format!("k{i}"), now, 1, &[]))
         .collect();
     let markers = || -> Vec<(String, i64)> {
-        let mut all = Vec::new();
-        for node in &cluster.nodes {
-            for m in node
-                .cli(&["--scan", "--pattern", "tally:batch:*"])
-                .lines()
-                .filter(|l| !l.is_empty())
-            {
-                let ttl: i64 = node.cli(&["TTL", m]).trim().parse().unwrap();
-                all.push((m.to_owned(), ttl));
-            }
-        }
-        all
+        batch_markers(&cluster)
+            .into_iter()
+            .map(|(i, m)| {
+                let ttl: i64 = cluster.nodes[i].cli(&["TTL", &m]).trim().parse().unwrap();
+                (m, ttl)
+            })
+            .collect()
     };
     store
         .apply(&batch(&store, now, &raws, &Defaults::default()))
@@ -222,24 +213,13 @@ fn a_cluster_lets_go_of_a_batch_markers_once_it_is_applied() {
 fn a_request_applied_whole_is_not_applied_again_once_its_markers_are_gone() {
     let cluster = RedisCluster::start();
     let (one, two) = (
-        RedisStore::connect(&cluster.url()).unwrap(),
+        api_store(&cluster.url()),
         RedisStore::connect(&cluster.url()).unwrap(),
     );
-    one.put_schema(
-        &Namespace::new("api").unwrap(),
-        &schema(&["1m:48h", "1h:forever"], None),
-    )
-    .unwrap();
     let now = real_now();
     one.apply(&under_key(&one, now, "k", 3, "body")).unwrap();
-    for node in &cluster.nodes {
-        for m in node
-            .cli(&["--scan", "--pattern", "tally:batch:*"])
-            .lines()
-            .filter(|l| !l.is_empty())
-        {
-            node.cli(&["DEL", m]);
-        }
+    for (i, m) in batch_markers(&cluster) {
+        cluster.nodes[i].cli(&["DEL", &m]);
     }
     two.apply(&under_key(&two, now, "k", 3, "body")).unwrap();
     for key in ["a", "b"] {
@@ -252,11 +232,8 @@ fn a_request_applied_whole_is_not_applied_again_once_its_markers_are_gone() {
 #[test]
 fn a_claim_is_given_up_when_nothing_was_applied() {
     let cluster = RedisCluster::start();
-    let store = RedisStore::connect(&cluster.url()).unwrap();
+    let store = api_store(&cluster.url());
     let ns = Namespace::new("api").unwrap();
-    store
-        .put_schema(&ns, &schema(&["1m:48h", "1h:forever"], None))
-        .unwrap();
     let now = real_now();
     let b = batch(
         &store,
@@ -265,15 +242,7 @@ fn a_claim_is_given_up_when_nothing_was_applied() {
         &Defaults::default(),
     );
     let key = tally_core::model::Key::new("a").unwrap();
-    let window = tally_core::store::KeyRead {
-        ns: &ns,
-        key: &key,
-        resolution: tally_core::model::Duration::from_secs(60).unwrap(),
-        from: now - 3600,
-        to: now + 60,
-        want: tally_core::store::Want::Totals,
-        sum_subtotals: false,
-    };
+    let window = last_hour(&ns, &key, now);
     let lock = tally_redis::layout::lock_key(&tally_redis::layout::series_tag(&ns, "a"));
     let node = &cluster.nodes[cluster.node_of(&lock)];
     let err = store

@@ -11,7 +11,7 @@ use tally_core::store::Store;
 use tally_redis::RedisStore;
 use tally_redis::testing::{RedisCluster, RedisServer};
 
-use crate::{batch, raw, real_now, schema};
+use crate::{api_store, batch, last_hour, raw, real_now, schema};
 
 fn hammer(url: &str) {
     let stores: Vec<Arc<RedisStore>> = (0..2)
@@ -90,11 +90,8 @@ fn two_stores_on_a_cluster_never_pass_the_limit_together() {
 /// The lock is a lease: if it expired while its holder stalled and another server took it,
 /// the first holder's apply must change nothing (it decided on a count the other may change).
 fn a_lost_lease_applies_nothing(url: &str, take: &dyn Fn(&str, &str)) {
-    let store = RedisStore::connect(url).unwrap();
+    let store = api_store(url);
     let ns = Namespace::new("api").unwrap();
-    store
-        .put_schema(&ns, &schema(&["1m:48h", "1h:forever"], None))
-        .unwrap();
     let now = real_now();
     let b = batch(
         &store,
@@ -103,15 +100,7 @@ fn a_lost_lease_applies_nothing(url: &str, take: &dyn Fn(&str, &str)) {
         &Defaults::default(),
     );
     let key = tally_core::model::Key::new("k").unwrap();
-    let window = tally_core::store::KeyRead {
-        ns: &ns,
-        key: &key,
-        resolution: Duration::from_secs(60).unwrap(),
-        from: now - 3600,
-        to: now + 60,
-        want: tally_core::store::Want::Totals,
-        sum_subtotals: false,
-    };
+    let window = last_hour(&ns, &key, now);
     let lock = tally_redis::layout::lock_key(&tally_redis::layout::series_tag(&ns, "k"));
     let decision = tally_core::store::Decision {
         apply: true,

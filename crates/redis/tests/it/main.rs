@@ -52,6 +52,31 @@ pub fn batch(store: &dyn Store, now: i64, raws: &[RawEvent], defaults: &Defaults
     ingest::prepare(store, raws, now, &Limits::default(), defaults).unwrap()
 }
 
+/// A store on `url` whose namespace `api` keeps `1m:48h` and `1h:forever`.
+pub fn api_store(url: &str) -> tally_redis::RedisStore {
+    let store = tally_redis::RedisStore::connect(url).unwrap();
+    store
+        .put_schema(
+            &Namespace::new("api").unwrap(),
+            &schema(&["1m:48h", "1h:forever"], None),
+        )
+        .unwrap();
+    store
+}
+
+/// A key's minutes over the last hour: a limited increment's window.
+pub fn last_hour<'a>(ns: &'a Namespace, key: &'a Key, now: i64) -> KeyRead<'a> {
+    KeyRead {
+        ns,
+        key,
+        resolution: tally_core::model::Duration::from_secs(60).unwrap(),
+        from: now - 3600,
+        to: now + 60,
+        want: Want::Totals,
+        sum_subtotals: false,
+    }
+}
+
 /// Every bucket of a key at one resolution, totals and all subtotals, sorted.
 pub fn read_all(
     store: &dyn Store,
