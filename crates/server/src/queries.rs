@@ -207,7 +207,7 @@ pub async fn series(
 #[utoipa::path(get, path = "/v1/ns/{ns}/keys/{key}/breakdown", tag = "queries",
     params(("ns" = String, Path), ("key" = String, Path), ("dim" = String, Query), ("from" = String, Query), ("to" = String, Query),
         ("unit" = Option<String>, Query), ("every" = Option<u32>, Query), ("tz" = Option<String>, Query), ("limit" = Option<u32>, Query)),
-    responses((status = 200, description = "breakdown answer: values, other, unset, total")))]
+    responses((status = 200, description = "breakdown answer: values, other, unset, total"), (status = 422, description = "no_tier_for_range, too_many_points (more values than [limits] max_points)")))]
 pub async fn breakdown(
     State(app): State<App>,
     Path((ns, key)): Path<(String, String)>,
@@ -234,7 +234,7 @@ pub async fn window(
 #[utoipa::path(get, path = "/v1/ns/{ns}/keys/{key}/dashboard", tag = "queries",
     params(("ns" = String, Path), ("key" = String, Path), ("from" = String, Query), ("to" = String, Query), ("unit" = String, Query),
         ("every" = Option<u32>, Query), ("tz" = Option<String>, Query), ("limit" = Option<u32>, Query)),
-    responses((status = 200, description = "dashboard answer")))]
+    responses((status = 200, description = "dashboard answer"), (status = 422, description = "no_tier_for_range, too_many_points (more values than [limits] max_points)")))]
 pub async fn dashboard(
     State(app): State<App>,
     Path((ns, key)): Path<(String, String)>,
@@ -248,7 +248,7 @@ pub async fn dashboard(
 #[utoipa::path(get, path = "/v1/ns/{ns}/top", tag = "queries",
     params(("ns" = String, Path), ("from" = String, Query), ("to" = String, Query), ("unit" = Option<String>, Query), ("every" = Option<u32>, Query),
         ("tz" = Option<String>, Query), ("limit" = Option<u32>, Query), ("dim" = Option<String>, Query), ("value" = Option<String>, Query)),
-    responses((status = 200, description = "top answer")))]
+    responses((status = 200, description = "top answer"), (status = 422, description = "no_tier_for_range, too_many_points (more values than [limits] max_points)")))]
 pub async fn top(
     State(app): State<App>,
     Path(ns): Path<String>,
