@@ -262,8 +262,9 @@ pub struct CsvRecords {
 impl CsvRecords {
     /// Reads and checks the header.
     fn new(r: Box<dyn BufRead + Send>, name: &str) -> anyhow::Result<CsvRecords> {
-        // The csv crate holds a whole record: bounding lines bounds records, as no field may
-        // hold a line break (keys and values refuse control characters).
+        // The csv crate holds a whole record: bounding lines and the bytes a record runs over
+        // (`LineBound`) bounds records, as no field may hold a line break (keys and values
+        // refuse control characters).
         let mut rd = csv::ReaderBuilder::new()
             .has_headers(true)
             .flexible(true)
@@ -359,6 +360,10 @@ pub fn csv_event(rec: &csv::ByteRecord, dims: &[String]) -> Result<RawEvent, Str
 /// Fails the read once a line passes [`MAX_LINE_BYTES`], and notes where the lines that are
 /// not blank start, so that a record's line can be told from its byte offset
 /// ([`LineBound::line_at`]). A line ends at `\n`, `\r\n` or a lone `\r`.
+/// Bytes from the last record's start past which the record being read spans lines: two
+/// lines at most, and the csv reader's read-ahead.
+const MAX_RECORD_SPAN: u64 = 4 * MAX_LINE_BYTES as u64;
+
 struct LineBound<R> {
     inner: R,
     /// Bytes read so far.
@@ -431,6 +436,18 @@ impl<R: Read> Read for LineBound<R> {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!("a line is longer than {MAX_LINE_BYTES} bytes"),
+            ));
+        }
+        // The csv reader holds a record until it ends: one whose quoted field never closes
+        // runs on over every later line, each within the line bound. The oldest line start
+        // not yet handed out is the last record's (or the one being read): past the last
+        // record, this one, and the reader's buffer, the record spans lines.
+        if let Some(&(start, _)) = self.starts.front()
+            && self.pos - start > MAX_RECORD_SPAN
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "a quoted field runs on past its line end (a CSV record may not span lines)",
             ));
         }
         Ok(n)
@@ -592,6 +609,13 @@ mod tests {
             })
             .unwrap();
         assert_eq!(n, 1);
+        // An unclosed quote followed by many short lines: refused once it has run past the
+        // record bound, not held whole (5 MiB of lines here).
+        let text = format!("ns,key,ts,n\nclicks,\"k\n{}", "x,1,1\n".repeat(900_000));
+        std::fs::write(&p, text).unwrap();
+        let input = Input::open(&p, "x.csv", None, &indicatif::ProgressBar::hidden()).unwrap();
+        let err = input.events(&mut |_, _| Ok(())).unwrap_err();
+        assert!(format!("{err:#}").contains("may not span lines"), "{err:#}");
     }
 
     /// The bound holds however the reads cut the lines: a line may span reads, and a read
