@@ -53,11 +53,13 @@ pub const BLOCK_ENTRY_LEN: usize = 24;
 
 /// Bytes before the dictionary's stored bytes: its uncompressed length (u32).
 pub const DICT_HEADER_LEN: usize = 4;
-/// The largest uncompressed dictionary.
-pub const MAX_DICT_RAW_LEN: usize = 1 << 30;
-/// The largest uncompressed block payload (a sanity bound on a length read from the file; a
-/// single key's record larger than this is refused by the writer).
-pub const MAX_BLOCK_RAW_LEN: usize = 64 << 20;
+/// The largest uncompressed dictionary: what its u32 length holds.
+pub const MAX_DICT_RAW_LEN: usize = u32::MAX as usize;
+/// The largest uncompressed block or frame payload: what a table entry's u32 length holds.
+/// A key's record of one period is written alone in its block however large it is (one key
+/// with a million dimension values over a day of hours is ~100 MiB), up to this; the writer
+/// refuses a record estimated at more than half of it.
+pub const MAX_BLOCK_RAW_LEN: usize = u32::MAX as usize;
 /// The writer's default target for a block's uncompressed payload.
 pub const DEFAULT_BLOCK_TARGET: usize = 16 << 10;
 

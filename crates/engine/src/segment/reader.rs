@@ -1313,8 +1313,17 @@ thread_local! {
         const { std::cell::RefCell::new(None) };
 }
 
-/// Decompresses one zstd frame of at most `capacity` bytes with this thread's context.
+/// Payloads up to this many bytes are decompressed into a buffer of the length the file
+/// states; larger ones into a buffer that grows as the frame really decodes, so a length
+/// that lies (a damaged file behind a recomputed checksum) costs only what the frame holds.
+const PRESIZED_MAX: usize = 64 << 20;
+
+/// Decompresses one zstd frame of at most `capacity` bytes with this thread's context (a
+/// frame over [`PRESIZED_MAX`] with a context of its own).
 fn decompress(stored: &[u8], capacity: usize) -> std::io::Result<Vec<u8>> {
+    if capacity > PRESIZED_MAX {
+        return decompress_growing(stored, capacity);
+    }
     DECOMPRESSOR.with(|d| {
         let mut d = d.borrow_mut();
         if d.is_none() {
@@ -1325,6 +1334,23 @@ fn decompress(stored: &[u8], capacity: usize) -> std::io::Result<Vec<u8>> {
             None => zstd::bulk::decompress(stored, capacity),
         }
     })
+}
+
+/// Decompresses a frame of at most `capacity` bytes into a buffer that grows with what it
+/// decodes; a frame holding more than `capacity` is an error.
+fn decompress_growing(stored: &[u8], capacity: usize) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut out = Vec::with_capacity(PRESIZED_MAX);
+    zstd::stream::read::Decoder::with_buffer(stored)?
+        .single_frame()
+        .take(capacity as u64 + 1)
+        .read_to_end(&mut out)?;
+    if out.len() > capacity {
+        return Err(std::io::Error::other(format!(
+            "the frame holds more than {capacity} bytes"
+        )));
+    }
+    Ok(out)
 }
 
 /// The dictionary section: its uncompressed length (u32), then its bytes as the codec stores
@@ -1338,9 +1364,7 @@ fn decode_dictionary(section: &[u8], codec: u8) -> Result<Dictionary, String> {
         ));
     }
     let raw = match codec {
-        CODEC_ZSTD => {
-            zstd::bulk::decompress(stored, raw_len).map_err(|e| format!("dictionary: zstd: {e}"))?
-        }
+        CODEC_ZSTD => decompress(stored, raw_len).map_err(|e| format!("dictionary: zstd: {e}"))?,
         _ => stored.to_vec(),
     };
     if raw.len() != raw_len {

@@ -320,7 +320,7 @@ impl SegmentWriter {
         // is left empty rather than refused.
         let mut rollups = encode_rollups(&self.block_rollups);
         let mut count = self.block_rollups.len() as u32;
-        if rollups.len() > MAX_BLOCK_RAW_LEN {
+        if rollups.len() > MAX_BLOCK_RAW_LEN / 2 {
             (rollups, count) = (Vec::new(), 0);
         }
         let rollup_frame = if count == 0 {
@@ -386,15 +386,19 @@ impl SegmentWriter {
         let sums_frame = |span: SpanBuilder, what: &str| {
             let entries = span.entries() as usize;
             let raw = span.finish();
-            if raw.len() > MAX_BLOCK_RAW_LEN {
+            let stored = match raw.len() <= MAX_BLOCK_RAW_LEN {
+                true => Some(self.compress(&raw)?),
+                false => None,
+            };
+            let Some(stored) = stored.filter(|s| u32::try_from(s.len()).is_ok()) else {
                 return Err(SegmentError::Invalid {
                     path: path.clone(),
                     ns: String::new(),
                     key: String::new(),
                     why: format!("{what} frame of {} bytes is too large", raw.len()),
                 });
-            }
-            Ok((self.compress(&raw)?, raw.len(), entries))
+            };
+            Ok((stored, raw.len(), entries))
         };
         for span in spans {
             let (stored, raw_len, entries) = sums_frame(span, "span")?;
@@ -426,7 +430,8 @@ impl SegmentWriter {
         }
         let mut index = (dict.len() as u32).to_le_bytes().to_vec();
         index.extend(self.compress(&dict)?);
-        let dict_len = index.len() as u32;
+        let dict_len =
+            u32::try_from(index.len()).map_err(|_| too_large("dictionary", dict.len()))?;
         debug_assert!(index.len() >= DICT_HEADER_LEN);
         let fst = self
             .index

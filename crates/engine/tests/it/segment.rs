@@ -194,6 +194,51 @@ fn the_writer_refuses_what_the_format_cannot_hold() {
     assert!(matches!(e, SegmentError::Invalid { .. }), "{e}");
 }
 
+/// One key's record of a day can be far larger than a block's target (a million dimension
+/// values over a day of hours is ~100 MiB): it is written alone in its block and reads back
+/// whole. Blocks over 64 MiB were refused until 2026-11-26, and a flush holding such a key
+/// then failed every time (the log and memory grew for good).
+#[test]
+fn a_record_larger_than_64_mib_round_trips() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("big.seg");
+    // Counts zstd cannot shrink, 8 bytes each: 400 000 values × 24 hours ≈ 77 MiB.
+    let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut count = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x >> 9) as i64 | 1 << 54
+    };
+    let values: Vec<(String, Buckets)> = (0..400_000)
+        .map(|i| {
+            (
+                format!("v{i:06}"),
+                (0..HOURS).map(|h| (FIRST + h, count())).collect(),
+            )
+        })
+        .collect();
+    let big = KeyRecord {
+        totals: (0..HOURS).map(|h| (FIRST + h, 1)).collect(),
+        dims: vec![DimRecord {
+            dim: "ip".into(),
+            values,
+        }],
+    };
+    let small = rec(&[(3, 5)], &[("country", &[("DE", &[(3, 5)])])]);
+    let mut w = SegmentWriter::create(&path, day_meta(SegmentKind::Base)).unwrap();
+    w.add("clicks", "a", &small).unwrap();
+    w.add("clicks", "big", &big).unwrap();
+    w.add("clicks", "c", &small).unwrap();
+    w.finish().unwrap();
+    assert!(std::fs::metadata(&path).unwrap().len() > 64 << 20);
+
+    let seg = Segment::open(&path).unwrap();
+    seg.verify().unwrap();
+    assert_eq!(seg.get("clicks", "big").unwrap().as_ref(), Some(&big));
+    assert_eq!(seg.get("clicks", "c").unwrap(), Some(small));
+}
+
 #[test]
 fn many_readers_share_one_open_segment() {
     let dir = tempfile::tempdir().unwrap();
