@@ -55,6 +55,22 @@ pub type Keeps<'a> = dyn Fn(u32) -> Option<Retention> + 'a;
 /// Decides the next compaction step: drops first (they free the most for the least work),
 /// then merges, oldest period first.
 pub fn choose(segments: &[SegmentEntry], wal_start: u64, keeps: &Keeps<'_>, now: i64) -> Choice {
+    choose_avoiding(segments, wal_start, keeps, now, &|_| false)
+}
+
+/// As [`choose`], passing over every merge of exactly the segments `avoid` names (merges
+/// that failed: the ones after them still get their turn).
+pub fn choose_avoiding(
+    segments: &[SegmentEntry],
+    wal_start: u64,
+    keeps: &Keeps<'_>,
+    now: i64,
+    avoid: &dyn Fn(&[u64]) -> bool,
+) -> Choice {
+    let merge = |group: &[&SegmentEntry], period: (i64, i64)| {
+        let ids: Vec<u64> = group.iter().map(|e| e.id).collect();
+        (group.len() > 1 && !avoid(&ids)).then_some(Choice::Merge { ids, period })
+    };
     // A bucket [b, b + r) is kept while b + r > now - retention (Retention::keeps_bucket),
     // so a period's last bucket, and the period, is gone once its end <= now - retention.
     let dead: Vec<u64> = segments
@@ -80,12 +96,9 @@ pub fn choose(segments: &[SegmentEntry], wal_start: u64, keeps: &Keeps<'_>, now:
             .push(e);
     }
     for ((start, _), group) in &periods {
-        if group.len() > 1 {
-            let end = group.iter().map(|e| e.period_end).max().unwrap_or(*start);
-            return Choice::Merge {
-                ids: group.iter().map(|e| e.id).collect(),
-                period: (*start, end),
-            };
+        let end = group.iter().map(|e| e.period_end).max().unwrap_or(*start);
+        if let Some(c) = merge(group, (*start, end)) {
+            return c;
         }
     }
     // Days of hourly (or coarser) tiers into months, once the month has been over for a day:
@@ -102,11 +115,8 @@ pub fn choose(segments: &[SegmentEntry], wal_start: u64, keeps: &Keeps<'_>, now:
         }
     }
     for ((ms, _), group) in &months {
-        if group.len() > 1 {
-            return Choice::Merge {
-                ids: group.iter().map(|e| e.id).collect(),
-                period: month_of(*ms),
-            };
+        if let Some(c) = merge(group, month_of(*ms)) {
+            return c;
         }
     }
     // Hours of finer tiers into UTC days, once the day has been over for an hour (their
@@ -123,11 +133,8 @@ pub fn choose(segments: &[SegmentEntry], wal_start: u64, keeps: &Keeps<'_>, now:
         }
     }
     for ((ds, _), group) in &days {
-        if group.len() > 1 {
-            return Choice::Merge {
-                ids: group.iter().map(|e| e.id).collect(),
-                period: (*ds, ds + 86_400),
-            };
+        if let Some(c) = merge(group, (*ds, ds + 86_400)) {
+            return c;
         }
     }
     Choice::Nothing
@@ -243,27 +250,54 @@ impl Engine {
             .unwrap_or_else(PoisonError::into_inner);
         let now = self.clock.now();
         let mut report = CompactReport::default();
-        // Each step removes at least one segment, so the archive's size bounds the loop.
+        // A merge that fails is passed over for the rest of this pass (the next pass tries it
+        // again), so one period that cannot be merged holds up no other; the first failure
+        // is reported once the pass is done.
+        let mut failed: Vec<Vec<u64>> = Vec::new();
+        let mut first_error = None;
+        // Each step removes at least one segment or fails a merge of two or more, so the
+        // archive's size bounds the loop.
         let steps = self.core.archive().segments.len();
-        for _ in 0..steps {
+        for _ in 0..2 * steps + 1 {
             let old = Arc::clone(&self.core.archive());
             let keeps = self.retentions();
             let keeps = |r: u32| keeps.get(&r).copied();
-            match choose(&old.manifest.segments, old.manifest.wal_start, &keeps, now) {
+            let avoid = |ids: &[u64]| failed.iter().any(|f| f == ids);
+            let choice = choose_avoiding(
+                &old.manifest.segments,
+                old.manifest.wal_start,
+                &keeps,
+                now,
+                &avoid,
+            );
+            match choice {
                 Choice::Nothing => break,
                 Choice::Drop(ids) => {
                     self.replace(&old, &ids, None)?;
                     report.dropped += ids.len();
                 }
                 Choice::Merge { ids, period } => {
-                    let merged = self.merge(&old, &ids, period)?;
-                    self.replace(&old, &ids, merged)?;
-                    report.merged += ids.len();
-                    report.written += 1;
+                    let done = self
+                        .merge(&old, &ids, period)
+                        .and_then(|merged| self.replace(&old, &ids, merged));
+                    match done {
+                        Ok(()) => {
+                            report.merged += ids.len();
+                            report.written += 1;
+                        }
+                        Err(e) => {
+                            tracing::warn!(segments = ?ids, "a compaction merge failed: {e}");
+                            first_error.get_or_insert(e);
+                            failed.push(ids);
+                        }
+                    }
                 }
             }
         }
-        Ok(report)
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(report),
+        }
     }
 
     /// Per tier resolution, the longest retention any namespace keeps it for.
@@ -537,6 +571,46 @@ mod tests {
         for (what, segments, wal_start, want) in table {
             assert_eq!(choose(&segments, wal_start, &keeps, NOW), want, "{what}");
         }
+    }
+
+    #[test]
+    fn a_merge_to_avoid_is_passed_over_for_the_next() {
+        let keeps = |_: u32| Some(Retention::Forever);
+        let segments = vec![
+            seg(1, 3600, NOW - 3 * DAY, DAY, 5),
+            seg(2, 3600, NOW - 3 * DAY, DAY, 8),
+            seg(3, 3600, NOW - 2 * DAY, DAY, 5),
+            seg(4, 3600, NOW - 2 * DAY, DAY, 8),
+        ];
+        let first = |ids: &[u64]| ids == [1, 2];
+        assert_eq!(
+            choose_avoiding(&segments, 10, &keeps, NOW, &first),
+            Choice::Merge {
+                ids: vec![3, 4],
+                period: (NOW - 2 * DAY, NOW - DAY),
+            }
+        );
+        let both = |ids: &[u64]| ids == [1, 2] || ids == [3, 4];
+        assert_eq!(
+            choose_avoiding(&segments, 10, &keeps, NOW, &both),
+            Choice::Nothing
+        );
+        // Another delta makes it another merge: tried again.
+        let mut more = segments.clone();
+        more.push(seg(5, 3600, NOW - 3 * DAY, DAY, 9));
+        assert_eq!(
+            choose_avoiding(&more, 10, &keeps, NOW, &both),
+            Choice::Merge {
+                ids: vec![1, 2, 5],
+                period: (NOW - 3 * DAY, NOW - 2 * DAY),
+            }
+        );
+        // Drops are never avoided.
+        let keeps_a_day = |_: u32| Some(Retention::For(Duration::from_secs(DAY as u64).unwrap()));
+        assert_eq!(
+            choose_avoiding(&segments, 10, &keeps_a_day, NOW, &both),
+            Choice::Drop(vec![1, 2, 3, 4])
+        );
     }
 
     #[test]

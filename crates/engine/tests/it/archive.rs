@@ -618,6 +618,92 @@ fn compaction_merges_deltas_and_retention_drops_expired_segments() {
     assert_eq!(e.compact().unwrap(), tally_engine::CompactReport::default());
 }
 
+/// Fails the next rename of a segment's `.tmp` file once armed (a merged segment that cannot be put
+/// in place, as a full disk or a record too large for the format would fail its merge).
+#[derive(Debug, Default)]
+struct FailOneMerge {
+    armed: std::sync::atomic::AtomicBool,
+}
+
+impl tally_engine::io::Fs for FailOneMerge {
+    fn write_new(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+        tally_engine::io::OsFs.write_new(path, bytes)
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
+        let segment = from.extension().is_some_and(|x| x == "tmp")
+            && from.parent().and_then(Path::file_name) == Some("segments".as_ref());
+        if segment && self.armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            return Err(std::io::Error::other("injected rename failure"));
+        }
+        tally_engine::io::OsFs.rename(from, to)
+    }
+
+    fn sync_dir(&self, dir: &Path) -> std::io::Result<()> {
+        tally_engine::io::OsFs.sync_dir(dir)
+    }
+
+    fn remove(&self, path: &Path) -> std::io::Result<()> {
+        tally_engine::io::OsFs.remove(path)
+    }
+}
+
+/// A merge that fails holds up no other: the rest of the pass merges the other periods,
+/// the pass reports the failure, and the next pass merges the one left.
+#[test]
+fn a_failed_merge_does_not_hold_up_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = crate::clock(NOW);
+    let reference = MemStore::new(clock.clone());
+    let fs = Arc::new(FailOneMerge::default());
+    let mut c = Config::new(dir.path());
+    c.clock = clock.clone();
+    c.fsync = FsyncPolicy::Never;
+    c.fs = fs.clone();
+    let e = Engine::open(c).unwrap();
+    write_both(&e, &reference, NOW, &three_days(NOW));
+    e.flush().unwrap();
+    // Late events into two archived days: a delta for each.
+    let late = [
+        raw(
+            "clicks",
+            "lnk_1",
+            NOW - 3 * DAY + 5 * 3600,
+            3,
+            &[("country", "FR")],
+        ),
+        raw("clicks", "lnk_2", NOW - 2 * DAY + 7 * 3600, 4, &[]),
+    ];
+    write_both(&e, &reference, NOW, &late);
+    e.flush().unwrap();
+    let unmerged = |dir: &Path| {
+        let m = manifest::load(dir).unwrap().unwrap();
+        let mut periods: Vec<(u32, i64)> = m
+            .segments
+            .iter()
+            .filter(|s| s.delta)
+            .map(|s| (s.resolution, s.period_start))
+            .collect();
+        periods.dedup();
+        periods
+    };
+    let before = unmerged(dir.path());
+    assert!(before.len() >= 2, "{before:?}");
+    clock.advance(DAY + 3600);
+    let now = clock_now(&clock);
+    write_both(&e, &reference, now, &[raw("clicks", "lnk_1", now, 1, &[])]);
+    e.flush().unwrap();
+    fs.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    let err = e.compact().unwrap_err();
+    assert!(err.to_string().contains("merged segment"), "{err}");
+    let after = unmerged(dir.path());
+    assert_eq!(after.len(), 1, "{before:?} -> {after:?}");
+    same(&e, &reference, now);
+    e.compact().unwrap();
+    assert_eq!(unmerged(dir.path()), vec![]);
+    same(&e, &reference, now);
+}
+
 #[test]
 fn a_backup_taken_while_writing_and_flushing_opens_to_a_consistent_prefix() {
     let dir = tempfile::tempdir().unwrap();
