@@ -353,9 +353,15 @@ pub struct Catalog {
     /// for as long as this does not change (a reader that lets the catalog go and looks
     /// ids up again later checks it).
     pub forgets: u64,
-    /// Ids of forgotten keys and subtotal series, reused before new ones are taken.
+    /// How many times [`Catalog::forget`] has freed strings: a string id means the same
+    /// string for as long as this does not change.
+    pub strings_freed: u64,
+    /// Ids of forgotten keys, subtotal series and strings, reused before new ones are taken.
     free_keys: Vec<KeyId>,
     free_series: Vec<SeriesId>,
+    free_strs: Vec<StrId>,
+    /// What `str_list` holds at a freed string's id.
+    vacant_str: Arc<str>,
 }
 
 /// Marks a free slot in `series_info`.
@@ -445,9 +451,18 @@ impl Catalog {
         if let Some(&id) = self.strs.get(s) {
             return Ok(id);
         }
-        let id = u32::try_from(self.str_list.len()).map_err(|_| full("string"))?;
         let a: Arc<str> = s.into();
-        self.str_list.push(a.clone());
+        let id = match self.free_strs.pop() {
+            Some(id) => {
+                self.str_list[id as usize] = a.clone();
+                id
+            }
+            None => {
+                let id = u32::try_from(self.str_list.len()).map_err(|_| full("string"))?;
+                self.str_list.push(a.clone());
+                id
+            }
+        };
         self.strs.insert(a, id);
         Ok(id)
     }
@@ -512,7 +527,41 @@ impl Catalog {
         if keys > 0 {
             self.forgets += 1;
         }
+        if series > 0 {
+            self.forget_strings();
+        }
         (keys, series)
+    }
+
+    /// Frees the dimension names and values no subtotal series names any more (a dimension
+    /// whose values churn, such as client addresses, would otherwise hold every value ever
+    /// seen for the life of the process); their ids are reused.
+    fn forget_strings(&mut self) {
+        let mut used = vec![false; self.str_list.len()];
+        for k in self.keys.iter().filter(|k| k.total != VACANT) {
+            for &(d, v, _) in &k.subs {
+                used[d as usize] = true;
+                used[v as usize] = true;
+            }
+        }
+        let mut freed = false;
+        for (id, used) in used.into_iter().enumerate() {
+            let id = id as StrId;
+            let s = &self.str_list[id as usize];
+            if used || self.strs.get(&**s) != Some(&id) {
+                continue;
+            }
+            self.strs.remove(&**s);
+            self.str_list[id as usize] = Arc::clone(&self.vacant_str);
+            self.free_strs.push(id);
+            freed = true;
+        }
+        if freed {
+            self.strings_freed += 1;
+            if self.strs.len() < self.strs.capacity() / 4 {
+                self.strs.shrink_to_fit();
+            }
+        }
     }
 
     /// What the catalog's tables take, at their capacity (hash tables with their control
@@ -539,7 +588,13 @@ impl Catalog {
         }
         let strings = self.strs.capacity() * (size_of::<(Arc<str>, StrId)>() + 1)
             + self.str_list.capacity() * size_of::<Arc<str>>()
-            + self.str_list.iter().map(|s| heap_str(s)).sum::<usize>();
+            + self.free_strs.capacity() * size_of::<StrId>()
+            + self
+                .str_list
+                .iter()
+                .filter(|s| !Arc::ptr_eq(s, &self.vacant_str))
+                .map(|s| heap_str(s))
+                .sum::<usize>();
         CatalogBytes {
             keys,
             series,
@@ -730,6 +785,54 @@ mod tests {
         c.forget(&|_| false);
         let after = c.bytes();
         assert!(after.keys < b.keys - 1000 * 100, "{after:?} vs {b:?}");
+    }
+
+    /// A dimension whose values churn (a new set each day) holds the catalog's strings to
+    /// what live series name: forgotten values are freed and their ids reused.
+    #[test]
+    fn strings_no_series_names_are_freed_and_their_ids_reused() {
+        let mut c = Catalog::default();
+        let ns = Namespace::new("clicks").unwrap();
+        let (id, _, _) = c.put_schema(&ns, &Schema::default()).unwrap();
+        let kept = c.key_or_insert(id, "kept").unwrap();
+        let kept_sub = c.sub_or_insert(kept, "ip", "10.0.0.1").unwrap();
+        let mut peak = 0;
+        for day in 0..20 {
+            for k in 0..50 {
+                let key = c.key_or_insert(id, &format!("k{k}")).unwrap();
+                for v in 0..20 {
+                    c.sub_or_insert(key, "ip", &format!("{day}.{k}.{v}"))
+                        .unwrap();
+                }
+            }
+            if day == 0 {
+                peak = c.str_list.len();
+            }
+            let live = c.keys[kept as usize].total;
+            c.forget(&|sid| sid == kept_sub || sid == live);
+            // "ip" and the kept value stay, with their ids.
+            assert_eq!(c.strs.len(), 2, "day {day}");
+            assert_eq!(c.str(c.str_id("10.0.0.1").unwrap()), "10.0.0.1");
+            assert_eq!(
+                c.sub_id(kept, c.str_id("ip").unwrap(), c.str_id("10.0.0.1").unwrap()),
+                Some(kept_sub)
+            );
+            assert_eq!(c.str_id("0.1.2"), None);
+        }
+        assert_eq!(
+            c.str_list.len(),
+            peak,
+            "ids were reused, the list did not grow"
+        );
+        assert_eq!(c.strings_freed, 20);
+        // A freed id given to a new string names it, and finds its series.
+        let key = c.key_or_insert(id, "new").unwrap();
+        let sid = c.sub_or_insert(key, "ip", "192.168.0.1").unwrap();
+        let v = c.str_id("192.168.0.1").unwrap();
+        assert_eq!(c.str(v), "192.168.0.1");
+        assert_eq!(c.sub_id(key, c.str_id("ip").unwrap(), v), Some(sid));
+        let b = c.bytes();
+        assert!(b.strings < 64 * peak, "{b:?}");
     }
 
     #[test]

@@ -632,7 +632,12 @@ impl Engine {
                 subs.contains(sid)
             }
         };
-        let (keys, _) = self.core.write_cat().forget(&is_live);
+        let mut cat = self.core.write_cat();
+        let before = cat.strings_freed;
+        let (keys, _) = cat.forget(&is_live);
+        if cat.strings_freed != before {
+            self.core.catalog_strings_freed(cat.strings_freed);
+        }
         keys
     }
 

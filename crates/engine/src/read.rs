@@ -122,7 +122,7 @@ impl Core {
         let names = self.names();
         let mut sums = PairSums::default();
         let mut in_memory: Vec<(StrId, StrId, i64)> = Vec::new();
-        let (mut ids, missing);
+        let (mut ids, missing, strings_freed);
         let archive = {
             let archive = self.archive();
             let mine = (ns, r.key.as_str());
@@ -146,7 +146,8 @@ impl Core {
             // Memory's names as ids of `names`: those earlier reads numbered now, the others
             // (their text copied) once the locks are let go.
             let strs: Vec<StrId> = in_memory.iter().flat_map(|&(d, v, _)| [d, v]).collect();
-            ids = self.catalog_names_known(&names, &strs);
+            strings_freed = cat.strings_freed;
+            ids = self.catalog_names_known(&names, strings_freed, &strs);
             missing = ids
                 .iter()
                 .zip(&strs)
@@ -157,7 +158,9 @@ impl Core {
         };
         drop(cat);
         if !missing.is_empty() {
-            let mut numbered = self.catalog_names_number(&names, &missing).into_iter();
+            let mut numbered = self
+                .catalog_names_number(&names, strings_freed, &missing)
+                .into_iter();
             for id in ids.iter_mut().filter(|id| id.is_none()) {
                 *id = numbered.next();
             }

@@ -72,9 +72,20 @@ pub(crate) struct Core {
     pub(crate) damaged: Mutex<Option<StoreError>>,
     /// What reads that sum over segments name subtotals by (see [`Core::names`]).
     names: Mutex<Arc<Names>>,
-    /// The id in `names` (the one whose id is kept beside) of each catalog string met by
-    /// such a read, `u32::MAX` for one not met yet: see [`Core::catalog_names`].
-    catalog_names: Mutex<(u64, Vec<u32>)>,
+    /// The id in `names` of each catalog string met by such a read, `u32::MAX` for one not
+    /// met yet: see [`Core::catalog_names_number`].
+    catalog_names: Mutex<CatalogNames>,
+}
+
+/// Catalog string ids numbered in a [`Names`].
+#[derive(Debug, Default)]
+struct CatalogNames {
+    /// The id of the `Names` they are numbered in.
+    of: u64,
+    /// [`Catalog::strings_freed`] they were taken under: string ids mean the same strings
+    /// only while it holds.
+    strings_freed: u64,
+    ids: Vec<u32>,
 }
 
 /// A batch resolved to ids: what [`Core::add_resolved`] adds.
@@ -140,42 +151,61 @@ impl Core {
     }
 
     /// The ids in `names` of catalog strings `strs` that earlier reads numbered, `None` for
-    /// the others (see [`Core::catalog_names_number`]). Catalog strings keep their ids for
-    /// the life of the process, so that memory's share of a read hashes no name it hashed
-    /// before. Only looks: it is called under the catalog's lock.
-    pub(crate) fn catalog_names_known(&self, names: &Names, strs: &[StrId]) -> Vec<Option<u32>> {
+    /// the others (see [`Core::catalog_names_number`]). Catalog strings keep their ids until
+    /// the catalog frees them, so that memory's share of a read hashes no name it hashed
+    /// before. Only looks: it is called under the catalog's lock (`strings_freed` is the
+    /// catalog's).
+    pub(crate) fn catalog_names_known(
+        &self,
+        names: &Names,
+        strings_freed: u64,
+        strs: &[StrId],
+    ) -> Vec<Option<u32>> {
         let g = lock(&self.catalog_names);
-        let (of, ids) = &*g;
+        let valid = g.of == names.id() && g.strings_freed == strings_freed;
         strs.iter()
             .map(|&s| {
-                let id = ids.get(s as usize).copied().filter(|&id| id != u32::MAX);
-                id.filter(|_| *of == names.id())
+                let id = g.ids.get(s as usize).copied().filter(|&id| id != u32::MAX);
+                id.filter(|_| valid)
             })
             .collect()
     }
 
-    /// Numbers catalog strings (id and text) in `names` and remembers them; returns their
-    /// ids in order. Called with no lock of the catalog or the archive held: numbering may
-    /// wait for a segment's dictionary being mapped.
+    /// Numbers catalog strings (id and text) in `names` and remembers them, unless the
+    /// catalog freed strings since the caller took their ids under its lock
+    /// (`strings_freed`, as [`Core::catalog_names_known`] was given): an id may name another
+    /// string by now. Returns their ids in order. Called with no lock of the catalog or the
+    /// archive held: numbering may wait for a segment's dictionary being mapped.
     pub(crate) fn catalog_names_number(
         &self,
         names: &Names,
+        strings_freed: u64,
         strs: &[(StrId, Arc<str>)],
     ) -> Vec<u32> {
         let found = names.intern_all(strs.iter().map(|(_, s)| &**s));
         let mut g = lock(&self.catalog_names);
-        let (of, ids) = &mut *g;
-        if *of != names.id() {
-            *of = names.id();
-            ids.clear();
+        if g.strings_freed != strings_freed {
+            return found;
+        }
+        if g.of != names.id() {
+            g.of = names.id();
+            g.ids.clear();
         }
         for (&(s, _), &id) in strs.iter().zip(&found) {
-            if ids.len() <= s as usize {
-                ids.resize(s as usize + 1, u32::MAX);
+            if g.ids.len() <= s as usize {
+                g.ids.resize(s as usize + 1, u32::MAX);
             }
-            ids[s as usize] = id;
+            g.ids[s as usize] = id;
         }
         found
+    }
+
+    /// Forgets what reads numbered once the catalog freed strings (called under the
+    /// catalog's write lock, with its new `strings_freed`).
+    pub(crate) fn catalog_strings_freed(&self, strings_freed: u64) {
+        let mut g = lock(&self.catalog_names);
+        g.strings_freed = strings_freed;
+        g.ids = Vec::new();
     }
 
     /// The engine's [`Names`]; a fresh one once it holds [`MAX_NAMES`], so that the names
@@ -558,32 +588,44 @@ mod tests {
         let text = |i: usize| (ids[i], Arc::<str>::from(cat.str(ids[i])));
         let names = Names::default();
         names.intern_all(["x"].into_iter());
-        assert_eq!(core.catalog_names_known(&names, &ids), vec![None; 3]);
+        assert_eq!(core.catalog_names_known(&names, 0, &ids), vec![None; 3]);
         assert_eq!(
-            core.catalog_names_number(&names, &[text(2), text(0)]),
+            core.catalog_names_number(&names, 0, &[text(2), text(0)]),
             vec![1, 2]
         );
         assert_eq!(
-            core.catalog_names_known(&names, &[ids[0], ids[1], ids[2]]),
+            core.catalog_names_known(&names, 0, &[ids[0], ids[1], ids[2]]),
             vec![Some(2), None, Some(1)]
         );
-        assert_eq!(core.catalog_names_number(&names, &[text(1)]), vec![3]);
+        assert_eq!(core.catalog_names_number(&names, 0, &[text(1)]), vec![3]);
         assert_eq!(names.len(), 4, "each string numbered once");
         let fresh = Names::default();
         assert_eq!(
-            core.catalog_names_known(&fresh, &ids),
+            core.catalog_names_known(&fresh, 0, &ids),
             vec![None; 3],
             "a new Names is not answered from the old one"
         );
         assert_eq!(
-            core.catalog_names_number(&fresh, &[text(1), text(0)]),
+            core.catalog_names_number(&fresh, 0, &[text(1), text(0)]),
             vec![0, 1]
         );
         assert_eq!(
-            core.catalog_names_known(&names, &[ids[1]]),
+            core.catalog_names_known(&names, 0, &[ids[1]]),
             vec![None],
             "nor the old from the new"
         );
         fresh.with(|name| assert_eq!((name(0), name(1)), ("a.com", "referrer")));
+        // Once the catalog frees strings, nothing numbered before is answered, and a read
+        // that took its ids before the freeing remembers nothing (an id may name another
+        // string by now).
+        core.catalog_strings_freed(1);
+        assert_eq!(core.catalog_names_known(&fresh, 1, &ids), vec![None; 3]);
+        assert_eq!(core.catalog_names_number(&fresh, 0, &[text(2)]), vec![2]);
+        assert_eq!(core.catalog_names_known(&fresh, 1, &ids), vec![None; 3]);
+        assert_eq!(core.catalog_names_number(&fresh, 1, &[text(2)]), vec![2]);
+        assert_eq!(
+            core.catalog_names_known(&fresh, 1, &ids),
+            vec![None, None, Some(2)]
+        );
     }
 }

@@ -704,6 +704,58 @@ fn a_failed_merge_does_not_hold_up_the_others() {
     same(&e, &reference, now);
 }
 
+/// A dimension whose values churn (new client addresses every hour): once an hour is
+/// archived, the catalog frees the values no series in memory names, so its strings stay
+/// what an hour holds, and reads name every value right, also one whose string id was
+/// given to a new value (what a read numbered for the old one is forgotten with it).
+#[test]
+fn churning_dimension_values_are_freed_and_read_back_by_their_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = crate::clock(NOW);
+    let reference = MemStore::new(clock.clone());
+    let e = open_with(dir.path(), &clock, HOURLY);
+    let ns = Namespace::new("clicks").unwrap();
+    let key = tally_core::model::Key::new("lnk_1").unwrap();
+    let read = tally_core::store::KeyRead {
+        ns: &ns,
+        key: &key,
+        resolution: tally_core::model::Duration::from_secs(3600).unwrap(),
+        from: NOW - DAY,
+        to: NOW + 2 * DAY,
+        want: tally_core::store::Want::All,
+        sum_subtotals: true,
+    };
+    let mut strings = Vec::new();
+    for h in 0..30 {
+        let t = NOW + h * 3600;
+        let events: Vec<RawEvent> = (0..40)
+            .map(|i| {
+                let ip = format!("10.{h}.0.{}", i % 20);
+                let k = ["lnk_1", "lnk_2"][i as usize % 2];
+                raw("clicks", k, t + i * 60, 1 + i % 3, &[("ip", ip.as_str())])
+            })
+            .collect();
+        write_both(&e, &reference, t, &events);
+        assert_eq!(
+            crate::folded(&e, read),
+            crate::folded(&reference, read),
+            "hour {h}, in memory"
+        );
+        clock.advance(3600);
+        e.flush().unwrap();
+        assert_eq!(
+            crate::folded(&e, read),
+            crate::folded(&reference, read),
+            "hour {h}, archived"
+        );
+        strings.push(e.stats().catalog_bytes.strings);
+    }
+    // Every hour brings 20 new values; the catalog holds about one hour's.
+    let (first, last) = (strings[1], strings[strings.len() - 1]);
+    assert!(last <= 2 * first, "catalog strings grew: {strings:?}");
+    same(&e, &reference, clock_now(&clock));
+}
+
 #[test]
 fn a_backup_taken_while_writing_and_flushing_opens_to_a_consistent_prefix() {
     let dir = tempfile::tempdir().unwrap();
