@@ -90,6 +90,29 @@ pub(crate) fn estimate(record: &KeyRecord, period: &Period) -> usize {
     size
 }
 
+/// An upper bound of `record`'s bytes in a block's payload (counts measured, bucket gaps
+/// and ids at their widest); at most 16 times [`estimate`], so only worth working out when
+/// that is large.
+pub(crate) fn encoded_bound(record: &KeyRecord, period: &Period) -> usize {
+    let varint_len = |v: u64| (64 - (v | 1).leading_zeros() as usize).div_ceil(7);
+    let series = |b: &[(u32, i64)]| {
+        let indexes = if period.bitmap() {
+            period.bitmap_len()
+        } else {
+            10 + 5 * b.len()
+        };
+        indexes + b.iter().map(|&(_, n)| varint_len(zigzag(n))).sum::<usize>()
+    };
+    let mut size = 10 + series(&record.totals);
+    for d in &record.dims {
+        size += 15;
+        for (_, b) in &d.values {
+            size += 5 + series(b);
+        }
+    }
+    size
+}
+
 /// The bucket indexes `[first, end)` of a segment's period, and how a series of them is
 /// written: a bitmap when the period has at most 64 buckets, index gaps otherwise.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -970,6 +993,43 @@ mod tests {
                 }],
             },
         ]
+    }
+
+    /// The bound a writer measures large records by holds whatever the counts, the gaps and
+    /// the period's encoding, and stays within 16 estimates (when it is worth working out).
+    #[test]
+    fn the_encoded_bound_bounds_a_record_and_its_estimate_bounds_it() {
+        let wide = Period {
+            first: 10,
+            end: 10 + 100_000,
+        };
+        let mut records = recs();
+        for (gap, n) in [(1u32, 1i64), (7, i64::MAX), (30_001, i64::MIN), (3, -300)] {
+            let b: Buckets = (0..3u32).map(|i| (10 + i * gap, n)).collect();
+            records.push(KeyRecord {
+                totals: b.clone(),
+                dims: vec![DimRecord {
+                    dim: "d".into(),
+                    values: (0..300).map(|v| (format!("v{v:03}"), b.clone())).collect(),
+                }],
+            });
+        }
+        for period in [DAY, wide] {
+            for r in records
+                .iter()
+                .filter(|r| record_problem(r, period.first, period.end).is_none())
+            {
+                let actual = encode_block(
+                    std::slice::from_ref(r),
+                    &mut DictBuilder::default(),
+                    &period,
+                )
+                .len();
+                let bound = encoded_bound(r, &period);
+                assert!(actual <= bound, "{actual} > {bound}: {r:?}");
+                assert!(bound <= 16 * estimate(r, &period), "{bound}: {r:?}");
+            }
+        }
     }
 
     #[test]

@@ -127,6 +127,9 @@ const NO_ROLLUP_BYTES: usize = 64;
 
 /// How many decoded blocks one open segment keeps for `get`.
 pub const CACHED_BLOCKS: usize = 8;
+/// The most bytes of decoded blocks one open segment keeps: blocks are ~16 KiB, but one
+/// key's record alone may make a block of gigabytes, which is decoded for each read.
+const CACHED_BLOCK_BYTES: usize = 64 << 20;
 
 /// The values a segment made lately (decoded blocks, summed records), by key: at most
 /// `max_entries` of them weighing at most `max_bytes` in all, least recently used out
@@ -429,7 +432,7 @@ impl Segment {
             rollups,
             hour_buckets,
             hours,
-            cache: Mutex::new(Recent::new(CACHED_BLOCKS, usize::MAX)),
+            cache: Mutex::new(Recent::new(CACHED_BLOCKS, CACHED_BLOCK_BYTES)),
             name_ids: Mutex::default(),
             summed: Mutex::new(Recent::new(SUMMED_CACHE_RECORDS, SUMMED_CACHE_BYTES)),
         })
@@ -979,7 +982,8 @@ impl Segment {
             return Ok(b);
         }
         let b = Arc::new(self.block(block)?);
-        self.lock_cache().put(block, Arc::clone(&b), 0);
+        let weight = self.blocks.get(block).map_or(0, |e| e.raw_len as usize);
+        self.lock_cache().put(block, Arc::clone(&b), weight);
         Ok(b)
     }
 
@@ -1350,6 +1354,7 @@ fn decompress_growing(stored: &[u8], capacity: usize) -> std::io::Result<Vec<u8>
             "the frame holds more than {capacity} bytes"
         )));
     }
+    out.shrink_to_fit();
     Ok(out)
 }
 

@@ -7,7 +7,7 @@ use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use super::codec::{DictBuilder, Period, encode_block, estimate, record_problem};
+use super::codec::{DictBuilder, Period, encode_block, encoded_bound, estimate, record_problem};
 use super::layout::{
     BlockEntry, CODEC_NONE, CODEC_ZSTD, DEFAULT_BLOCK_TARGET, DICT_HEADER_LEN, Footer, HEADER_LEN,
     MAX_BLOCK_RAW_LEN, MAX_DICT_RAW_LEN, SumsHeader, Version, hour_buckets,
@@ -220,11 +220,16 @@ impl SegmentWriter {
             });
         }
         let size = estimate(&record, &self.period);
-        if size > MAX_BLOCK_RAW_LEN / 2 {
-            return Err(invalid(
-                &self.path,
-                format!("record of about {size} bytes is too large"),
-            ));
+        // The estimate is rough (a byte a count): a record it finds large is measured, so
+        // that one too large for a block is refused here, not after its block is built.
+        if size > MAX_BLOCK_RAW_LEN / 16 {
+            let bound = encoded_bound(&record, &self.period);
+            if bound > MAX_BLOCK_RAW_LEN {
+                return Err(invalid(
+                    &self.path,
+                    format!("record of up to {bound} bytes is larger than a block can hold"),
+                ));
+            }
         }
         if !self.pending.is_empty() && self.pending_bytes + size > self.opts.block_target {
             self.flush_block()?;
@@ -309,8 +314,11 @@ impl SegmentWriter {
             });
         }
         let stored = self.compress(raw)?;
-        let stored_len = u32::try_from(stored.len()).map_err(|_| {
-            SegmentError::corrupt(&path, "compressed block larger than 4 GiB".to_owned())
+        let stored_len = u32::try_from(stored.len()).map_err(|_| SegmentError::Invalid {
+            path: path.clone(),
+            ns: String::new(),
+            key: String::new(),
+            why: format!("compressed block of {} bytes is too large", stored.len()),
         })?;
         let keys = encode_keys(&self.block_keys);
         self.key_frames
