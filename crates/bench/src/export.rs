@@ -110,31 +110,7 @@ pub fn bench(args: &[String]) {
         rows_out.push((format!("offline (--data), {format}"), rows, secs, bytes));
     }
     // Through a running server.
-    let mut child = Command::new(tally_bin())
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--data",
-            data.to_str().expect("utf-8"),
-        ])
-        .env("RUST_LOG", "info")
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("serve");
-    let url = {
-        use std::io::BufRead;
-        let mut lines = std::io::BufReader::new(child.stderr.take().expect("stderr")).lines();
-        let url = loop {
-            let line = lines.next().expect("serve exited").expect("log line");
-            if let Some(rest) = line.split("listening on ").nth(1) {
-                break rest.split_whitespace().next().expect("url").to_owned();
-            }
-        };
-        std::thread::spawn(move || for _ in lines {});
-        url
-    };
+    let (mut child, url) = serve(&data);
     for format in ["parquet", "csv"] {
         let out = dir.path().join(format!("server-{format}"));
         let (rows, secs, bytes) = run_export(
@@ -160,6 +136,33 @@ pub fn bench(args: &[String]) {
             bytes as f64 / rows as f64
         );
     }
+}
+
+/// `tally serve` on `data` and a free port; the child and its URL.
+fn serve(data: &Path) -> (std::process::Child, String) {
+    let mut child = Command::new(tally_bin())
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--data",
+            data.to_str().expect("utf-8"),
+        ])
+        .env("RUST_LOG", "info")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("serve");
+    use std::io::BufRead;
+    let mut lines = std::io::BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let url = loop {
+        let line = lines.next().expect("serve exited").expect("log line");
+        if let Some(rest) = line.split("listening on ").nth(1) {
+            break rest.split_whitespace().next().expect("url").to_owned();
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    (child, url)
 }
 
 /// Peak resident memory (VmHWM) of a child, polled until it exits; (seconds, peak bytes).
@@ -199,7 +202,9 @@ fn run_measured(cmd: &mut Command) -> (f64, u64, String) {
 /// Bulk load (issue 11): `tally load --data` of a CSV of clickstream events against DuckDB
 /// loading the same CSV into rollup tables (hourly totals, hourly per country, hourly per
 /// referrer) — `events=N` (default 5 000 000); DuckDB is `$TALLY_DUCKDB_PYTHON` or
-/// `target/duckdb-venv/bin/python` (scripts/test.sh installs it).
+/// `target/duckdb-venv/bin/python` (scripts/test.sh installs it). With `online=1`, also
+/// `tally load --server` into a fresh `tally serve` (the load's peak memory; the server's
+/// is its own).
 pub fn load_bench(args: &[String]) {
     use std::io::Write;
     let events: usize = args
@@ -290,6 +295,27 @@ pub fn load_bench(args: &[String]) {
             secs,
             peak,
             format!("segments {segments} B, data directory {all} B"),
+        ));
+        std::fs::remove_dir_all(&data).expect("remove the data directory");
+    }
+    if args.iter().any(|a| a == "online=1") {
+        let data = dir.path().join("data-online");
+        let (mut server, url) = serve(&data);
+        let (secs, peak, said) = run_measured(Command::new(tally_bin()).args([
+            "load",
+            csv.to_str().expect("utf-8"),
+            "--quiet",
+            "--server",
+            &url,
+        ]));
+        println!("tally load --server: {}", said.trim());
+        let _ = server.kill();
+        let _ = server.wait();
+        rows.push((
+            "tally load --server (a fresh tally serve, --batch 5000)".to_owned(),
+            secs,
+            peak,
+            format!("data directory {} B", dir_bytes(&data)),
         ));
         std::fs::remove_dir_all(&data).expect("remove the data directory");
     }
