@@ -164,6 +164,10 @@ fn errors(path: &str, method: &str) -> Vec<(&'static str, &'static str)> {
             ("409", "idempotency_in_progress"),
             ("413", "body_too_large, batch_too_large"),
         ]);
+    } else if path.starts_with("/v1/") {
+        // Admission reads a /v1 request's body whatever its method: a GET that sends one
+        // is held to the same size and time.
+        out.extend([("408", "request_timeout"), ("413", "body_too_large")]);
     }
     out
 }

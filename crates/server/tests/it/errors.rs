@@ -297,6 +297,16 @@ fn limits_give_413() {
     );
     assert!(big.len() > 4096);
     err(s.post("/v1/events", &big), 413, "body_too_large");
+    // A GET is held to the same bound: admission reads any /v1 request's body.
+    let answer = raw_http(
+        s.addr,
+        &format!(
+            "GET /v1/ns/clicks/keys HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{big}",
+            big.len()
+        ),
+    );
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(answer.contains("\"body_too_large\""), "{answer}");
     let four = json!([{"ns": "clicks", "key": "a"}, {"ns": "clicks", "key": "b"}, {"ns": "clicks", "key": "c"}, {"ns": "clicks", "key": "d"}]);
     err(
         s.post("/v1/events", &four.to_string()),
