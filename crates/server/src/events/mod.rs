@@ -52,11 +52,17 @@ fn apply(
 }
 
 /// `dry_run` of `POST /v1/events`: `true` or `false` (the default), given at most once.
+/// It is the route's only parameter: another is refused, not ignored (`?dryrun=true` must
+/// not apply the batch its sender meant to check).
 fn dry_run(query: Option<&str>) -> Result<bool, ApiError> {
     let mut value = None;
     for (k, v) in params::pairs(query.unwrap_or(""))? {
         if k != "dry_run" {
-            continue;
+            return Err(ApiError::new(
+                ErrorCode::InvalidParameter,
+                format!("unknown parameter {k:?}; POST /v1/events takes dry_run"),
+            )
+            .field(k));
         }
         if value.is_some() {
             return Err(params::given_twice(k));
@@ -78,7 +84,7 @@ fn dry_run(query: Option<&str>) -> Result<bool, ApiError> {
 
 /// Ingest a batch of events.
 #[utoipa::path(post, path = "/v1/events", tag = "events",
-    description = "A JSON array of events `{\"ns\", \"key\", \"ts\"?, \"n\"?, \"dims\"?}`, or NDJSON with `Content-Type: application/x-ndjson`. All or nothing: one bad event rejects the batch, naming its 0-based index. Answers once the batch is durable under the fsync policy. With `dry_run=true` the batch is checked exactly as it would be applied (token scopes, limits, namespaces and their allow-lists, timestamps by the server's clock) and nothing is applied, created or remembered.",
+    description = "A JSON array of events `{\"ns\", \"key\", \"ts\"?, \"n\"?, \"dims\"?}`, or NDJSON with `Content-Type: application/x-ndjson`. All or nothing: one bad event rejects the batch, naming its 0-based index. Answers once the batch is durable under the fsync policy. With `dry_run=true` the batch is checked exactly as it would be applied (token scopes, limits, namespaces and their allow-lists, timestamps by the server's clock) and nothing is applied, created or remembered. Any other query parameter is refused (`400 invalid_parameter`), so a misspelt `dry_run` applies nothing.",
     params(
         ("dry_run" = Option<bool>, Query, description = "`true`: check the batch as a real request would and apply nothing — no namespace created, no idempotency answer stored (an `Idempotency-Key` is ignored); the answer is `{\"accepted\": N, \"dry_run\": true}` or the error the real request would get. Default `false`."),
         ("Idempotency-Key" = Option<String>, Header, description = "Remember the answer for 24 h; a retry with the same body applies nothing."),
@@ -380,7 +386,15 @@ mod tests {
         assert_eq!(dry_run(None), Ok(false));
         assert_eq!(dry_run(Some("")), Ok(false));
         assert_eq!(dry_run(Some("dry_run=true")), Ok(true));
-        assert_eq!(dry_run(Some("other=1&dry_run=false")), Ok(false));
+        for unknown in [
+            "other=1&dry_run=false",
+            "dryrun=true",
+            "dry-run=true",
+            "n=1",
+        ] {
+            let e = dry_run(Some(unknown)).unwrap_err();
+            assert_eq!(e.code, ErrorCode::InvalidParameter, "{unknown}");
+        }
         for bad in [
             "dry_run",
             "dry_run=",

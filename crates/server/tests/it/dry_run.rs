@@ -31,10 +31,20 @@ fn a_dry_run_of_a_good_batch_changes_nothing() {
     ])
     .to_string();
     let key = [("Idempotency-Key", "batch-1")];
-    for path in ["/v1/events?dry_run=true", "/v1/events?x=1&dry_run=true"] {
-        assert_eq!(
+    assert_eq!(
+        s.req("POST", "/v1/events?dry_run=true", Some(&body), &key),
+        (200, json!({"accepted": 2, "dry_run": true}))
+    );
+    // A misspelt dry run is refused, not applied.
+    for path in [
+        "/v1/events?dryrun=true",
+        "/v1/events?dry-run=true",
+        "/v1/events?x=1&dry_run=true",
+    ] {
+        err(
             s.req("POST", path, Some(&body), &key),
-            (200, json!({"accepted": 2, "dry_run": true}))
+            400,
+            "invalid_parameter",
         );
     }
     let nd = "{\"ns\": \"fresh\", \"key\": \"a\"}\n\n{\"ns\": \"fresh\", \"key\": \"b\"}\n";
