@@ -259,6 +259,11 @@ impl Engine {
         // archive's size bounds the loop.
         let steps = self.core.archive().segments.len();
         for _ in 0..2 * steps + 1 {
+            // A poisoned log fails every publish (each syncs the log first): stop before
+            // the work of another merge.
+            if let Some(e) = self.wal.poisoned() {
+                return Err(first_error.unwrap_or(e));
+            }
             let old = Arc::clone(&self.core.archive());
             let keeps = self.retentions();
             let keeps = |r: u32| keeps.get(&r).copied();

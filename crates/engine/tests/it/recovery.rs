@@ -375,6 +375,9 @@ fn an_fsync_failure_poisons_the_writer() {
     ));
     assert!(e.poisoned().is_some());
     assert_eq!(total(&e, "clicks", "a", 3600), 1);
+    // Flushes and compactions stop at once: each would fail at the log's sync anyway.
+    assert!(matches!(e.flush(), Err(StoreError::Poisoned { .. })));
+    assert!(matches!(e.compact(), Err(StoreError::Poisoned { .. })));
 }
 
 #[test]
