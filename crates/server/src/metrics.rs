@@ -27,6 +27,10 @@ struct Histogram {
 pub struct Metrics {
     pub events: AtomicU64,
     pub batches: AtomicU64,
+    /// Dry runs (`POST /v1/events?dry_run=true`) that passed, and their events: what a
+    /// load's check pass sent, which applied nothing.
+    pub dry_run_batches: AtomicU64,
+    pub dry_run_events: AtomicU64,
     /// StatsD lines by outcome; rendered once a listener has started.
     pub statsd: crate::statsd::LineCounts,
     responses: Mutex<BTreeMap<u16, u64>>,
@@ -112,6 +116,16 @@ impl Metrics {
             "tally_batches_accepted_total",
             "Batches accepted (POST /v1/events, incr and StatsD batches).",
             self.batches.load(Ordering::Relaxed),
+        );
+        counter(
+            "tally_dry_run_batches_total",
+            "Dry runs of POST /v1/events that passed every check (nothing applied).",
+            self.dry_run_batches.load(Ordering::Relaxed),
+        );
+        counter(
+            "tally_dry_run_events_total",
+            "Events of dry runs that passed every check (nothing applied).",
+            self.dry_run_events.load(Ordering::Relaxed),
         );
         if self.statsd.enabled() {
             let _ = writeln!(

@@ -131,6 +131,9 @@ pub async fn post_events(
             Ok(())
         })
         .await?;
+        let m = app.metrics();
+        m.dry_run_batches.fetch_add(1, Ordering::Relaxed);
+        m.dry_run_events.fetch_add(n, Ordering::Relaxed);
         return Ok(Json(serde_json::json!({"accepted": n, "dry_run": true})).into_response());
     }
     let fp = if idempotency::requested(&headers) {

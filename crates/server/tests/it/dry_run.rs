@@ -58,6 +58,15 @@ fn a_dry_run_of_a_good_batch_changes_nothing() {
         (200, json!({"accepted": 2, "dry_run": true}))
     );
     assert_eq!(s.state(), before, "a dry run applied or created something");
+    // Counted apart from writes: two dry runs of two events passed, one batch was written.
+    let (_, m) = s.raw("GET", "/metrics", None, &[]);
+    for line in [
+        "tally_dry_run_batches_total 2",
+        "tally_dry_run_events_total 4",
+        "tally_batches_accepted_total 1",
+    ] {
+        assert!(m.lines().any(|l| l == line), "{line} not in:\n{m}");
+    }
     assert_eq!(
         s.store.schema(&Namespace::new("fresh").unwrap()).unwrap(),
         None
