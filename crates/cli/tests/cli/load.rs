@@ -974,6 +974,28 @@ fn the_server_checks_every_batch_before_anything_is_applied() {
             "{reason}: {said}"
         );
     }
+    // The first bad line is the one named, whichever check finds it: line 2 only the server
+    // refuses; line 7's timestamp is refused here, in a batch read while the server still
+    // checks line 2's.
+    let e = csv(
+        "e.csv",
+        &[
+            format!("api_hits,e,{ts},1,500,eu"),
+            good("e"),
+            good("e"),
+            good("e"),
+            good("e"),
+            "api_hits,e,yesterday,1,200,".to_owned(),
+        ],
+    );
+    let o = load(&[&[e.as_str()][..], &w[..]].concat());
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{said}");
+    assert!(
+        said.contains("e.csv:2: the server refuses it") && !said.contains("e.csv:7"),
+        "{said}"
+    );
+    assert_eq!(hits(&url, "e", now), 0);
     // Fixed, it loads once.
     let a = csv("a.csv", &[good("k"), good("k"), good("k")]);
     let o = load(&[&[a.as_str()][..], &w[..]].concat());

@@ -406,7 +406,8 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
                 events += chunk.len() as u64;
                 Ok(())
             };
-            each_batch(s, a.format, &bar, batch, &mut bad, &mut |mut chunk, bad| {
+            let server_stopped = std::cell::Cell::new(false);
+            let fed = each_batch(s, a.format, &bar, batch, &mut bad, &mut |mut chunk, bad| {
                 let first = chunk.first().map_or(0, |(l, _)| *l);
                 let before = bad_lines.get();
                 if let Some(r) = &rebuild {
@@ -426,25 +427,39 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
                 if dry.is_none() || chunk.is_empty() {
                     return settle(chunk, true, bad);
                 }
-                if probes.send(ndjson(chunk.iter().map(|(_, e)| e))?).is_err() {
-                    // The prober stopped: its error is among the answers.
-                    loop {
-                        next_answer()?;
+                // From here on an error is the server's (or of a batch before this one).
+                let sent = (|| -> anyhow::Result<()> {
+                    if probes.send(ndjson(chunk.iter().map(|(_, e)| e))?).is_err() {
+                        // The prober stopped: its error is among the answers.
+                        loop {
+                            next_answer()?;
+                        }
                     }
-                }
-                waiting.push_back(chunk);
-                while waiting.len() > AHEAD {
-                    let accepted = next_answer()?;
-                    if let Some(chunk) = waiting.pop_front() {
-                        settle(chunk, accepted, bad)?;
+                    waiting.push_back(chunk);
+                    while waiting.len() > AHEAD {
+                        let accepted = next_answer()?;
+                        if let Some(chunk) = waiting.pop_front() {
+                            settle(chunk, accepted, bad)?;
+                        }
                     }
-                }
-                Ok(())
-            })?;
+                    Ok(())
+                })();
+                server_stopped.set(sent.is_err());
+                sent
+            });
+            // A load stopped by a bad line found here names the first bad line: the batches
+            // still waiting for the server come before it in the file, and a line the server
+            // refuses in one of them is the one (they settle in order; `bad` stops at the
+            // first). A load the server's answers stopped, or one with --skip-bad (whose `bad`
+            // stops nothing), stops with its own error.
+            if fed.is_err() && (a.skip_bad || server_stopped.get()) {
+                return fed;
+            }
             while let Some(chunk) = waiting.pop_front() {
                 let accepted = next_answer()?;
                 settle(chunk, accepted, &mut bad)?;
             }
+            fed?;
             refused[si].sort_unstable();
         }
         Ok(())
@@ -949,7 +964,7 @@ impl<'a> DryRun<'a> {
         Ok(status == 200)
     }
 
-    /// Has the server check `chunk`, sent as [`post`] will send it. The lines it refuses go
+    /// Has the server check `chunk`, sent as [`send_batch`] will send it. The lines it refuses go
     /// to `bad` (which stops the load at the first, unless --skip-bad), in order, and out of
     /// `chunk`; their numbers are added to `refused`. Answers how many it refused.
     fn check(
