@@ -996,6 +996,16 @@ fn the_server_checks_every_batch_before_anything_is_applied() {
         "{said}"
     );
     assert_eq!(hits(&url, "e", now), 0);
+    // Skipped, the two are listed in file order too.
+    let o = load(&[&[e.as_str()][..], &w[..], &["--skip-bad"][..]].concat());
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{said}");
+    let at = |l: &str| {
+        said.find(&format!("skipped {e}:{l}:"))
+            .unwrap_or(usize::MAX)
+    };
+    assert!(at("2") < at("7") && at("7") < usize::MAX, "{said}");
+    assert_eq!(hits(&url, "e", now), 4);
     // Fixed, it loads once.
     let a = csv("a.csv", &[good("k"), good("k"), good("k")]);
     let o = load(&[&[a.as_str()][..], &w[..]].concat());

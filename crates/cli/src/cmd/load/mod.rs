@@ -387,8 +387,16 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
                     bail!("{name}:{line}: {why}; nothing was loaded (--skip-bad skips bad lines)");
                 }
                 bad_lines.set(bad_lines.get() + 1);
-                if shown.len() < 5 {
-                    shown.push(format!("{name}:{line}: {why}"));
+                // The first five in file order (the server's refusals of a batch may come
+                // after lines found bad here in the batches after it).
+                if shown.len() < 5
+                    || shown
+                        .last()
+                        .is_some_and(|l: &(usize, u64, String)| (l.0, l.1) > (si, line))
+                {
+                    shown.push((si, line, format!("{name}:{line}: {why}")));
+                    shown.sort_by_key(|l| (l.0, l.1));
+                    shown.truncate(5);
                 }
                 Ok(())
             };
@@ -643,7 +651,7 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
             }
         }
     );
-    for s in shown {
+    for (_, _, s) in shown {
         eprintln!("  skipped {s}");
     }
     Ok(())
