@@ -330,21 +330,26 @@ pub(crate) fn replay(
     }
     // Where the log's own numbering goes on; a missing tail moves `next_seq` past it.
     let log_next = next_seq;
+    // Every publish synced the log through `wal_start - 1` first, so the log reached that
+    // too, even once retention dropped the segments that said so: a log ending before it
+    // lost acknowledged records (its newest files), and numbering new ones below
+    // `wal_start` would have the next recovery skip them.
+    let reached = archived.max(wal_start.saturating_sub(1));
     // (Numbers start at 1: a log that ends at 0 misses nothing.)
-    if archived >= next_seq.max(1) {
+    if reached >= next_seq.max(1) {
         let dir = wal_dir.to_owned();
         gap(
             accept_data_loss,
             &mut lost,
             next_seq,
-            archived,
+            reached,
             WalError::MissingTail {
                 dir,
                 first: next_seq,
-                last: archived,
+                last: reached,
             },
         )?;
-        next_seq = archived + 1;
+        next_seq = reached + 1;
     }
     recovery.lost = lost;
     let file = match last_end {

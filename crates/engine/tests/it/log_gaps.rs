@@ -142,6 +142,60 @@ fn a_lost_newest_file_is_refused_when_the_archive_went_past_it() {
     assert!(says(&err).contains("records 1..=10 are missing"), "{err}");
 }
 
+/// Found by an independent review: the newest files lost while the manifest survived, and
+/// the segments that went past them since dropped by retention (only `wal_start` says how
+/// far the log reached). Recovery started numbering below `wal_start`, so a write
+/// acknowledged then was skipped by the next recovery.
+#[test]
+fn a_log_ending_before_wal_start_is_refused_and_accepted_loses_no_new_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let saved = tempfile::tempdir().unwrap();
+    let clock = clock(NOW);
+    let e = Engine::open(config(dir.path(), &clock, false)).unwrap();
+    fill(&e, 0..6, NOW - 2 * DAY);
+    e.sync().unwrap();
+    for (_, f) in files(dir.path()) {
+        std::fs::copy(&f, saved.path().join(f.file_name().unwrap())).unwrap();
+    }
+    fill(&e, 6..10, NOW - 2 * DAY);
+    let report = e.flush().unwrap();
+    assert_eq!(report.wal_start, 11);
+    drop(e);
+    // The log as it was at record 6; the manifest without its segments.
+    for (_, f) in files(dir.path()) {
+        std::fs::remove_file(f).unwrap();
+    }
+    for f in std::fs::read_dir(saved.path()).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, dir.path().join("wal").join(f.file_name().unwrap())).unwrap();
+    }
+    let mut m = tally_engine::manifest::load(dir.path()).unwrap().unwrap();
+    m.segments.clear();
+    m.number += 1;
+    tally_engine::manifest::publish(&tally_engine::io::OsFs, dir.path(), &m).unwrap();
+
+    let err = Engine::open(config(dir.path(), &clock, false)).unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            OpenError::Wal(WalError::MissingTail {
+                first: 7,
+                last: 10,
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+    assert!(says(&err).contains("records 7..=10 are missing"), "{err}");
+    // Accepted: a write acknowledged now survives the next start.
+    let e = Engine::open(config(dir.path(), &clock, true)).unwrap();
+    write(&e, NOW, &[raw("clicks", "acked", NOW - 60, 5, &[])]).unwrap();
+    e.sync().unwrap();
+    drop(e);
+    let e = Engine::open(config(dir.path(), &clock, false)).unwrap();
+    assert_eq!(total(&e, "clicks", "acked", 3600), 5);
+}
+
 /// A file written by hand: its header names `first`, its records carry `seqs`.
 fn hand_written(dir: &Path, first: u64, seqs: &[u64]) {
     let wal = dir.join("wal");
