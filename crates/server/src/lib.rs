@@ -56,9 +56,14 @@ pub mod fuzzing {
         events::parse::parse_body(body, ndjson, max)
     }
 
-    /// Its fast path alone: `None` when it cannot read the body.
-    pub fn parse_events_fast(body: &[u8], ndjson: bool) -> Option<Vec<Result<RawEvent, ApiError>>> {
-        events::parse::parse_fast(body, ndjson)
+    /// Its fast path alone: `None` when it cannot read the body, `Some(Err(n))` for a body
+    /// of `n` events, more than `max`.
+    pub fn parse_events_fast(
+        body: &[u8],
+        ndjson: bool,
+        max: usize,
+    ) -> Option<Result<Vec<Result<RawEvent, ApiError>>, usize>> {
+        events::parse::parse_fast(body, ndjson, max)
     }
 
     /// Its exact-error path alone.

@@ -282,23 +282,19 @@ pub async fn batch(
     body: Body,
 ) -> Result<Response, ApiError> {
     let bytes = read_body(body, app.settings().limits.max_body_bytes).await?;
-    let malformed = |m: &str| ApiError::new(ErrorCode::MalformedBody, m);
-    let v: Value = crate::json::from_slice(&bytes)
-        .map_err(|e| malformed(&format!("the body is not JSON: {e}")))?;
-    let list = v
-        .get("queries")
-        .and_then(Value::as_array)
-        .filter(|_| v.as_object().is_some_and(|o| o.len() == 1))
-        .ok_or_else(|| malformed("the body is {\"queries\": [...]}"))?;
-    if list.len() > MAX_BATCH_QUERIES {
-        return Err(ApiError::new(
-            ErrorCode::BatchTooLarge,
-            format!("at most {MAX_BATCH_QUERIES} queries, got {}", list.len()),
-        ));
-    }
+    // On the blocking pool: a large body takes a while to parse.
+    let list = app.blocking(move |_| batch_queries(&bytes)).await?;
     // Parse and authorise every entry up front; each entry's failure is its own.
-    let entries: Vec<Result<Entry, ApiError>> =
-        list.iter().map(|e| entry(&app, &headers, e)).collect();
+    let entries: Vec<Result<Entry, ApiError>> = list
+        .iter()
+        .map(|e| match e {
+            Some(e) => entry(&app, &headers, e),
+            None => Err(ApiError::new(
+                ErrorCode::MalformedBody,
+                format!("a query is an object of at most {QUERY_VALUES} JSON values"),
+            )),
+        })
+        .collect();
     let max_points = app.settings().limits.max_points;
     app.query(move |app, deadline| {
         let mut out = Vec::from(&b"{\"results\":["[..]);
@@ -332,6 +328,95 @@ pub async fn batch(
         Ok(json_response(out))
     })
     .await
+}
+
+/// The most JSON values one entry of `POST /v1/query` is built from (an entry is an object
+/// of a dozen members or so): a body cannot make a value tree many times its size.
+const QUERY_VALUES: usize = 64;
+
+/// The entries of a `POST /v1/query` body, `{"queries": [...]}`: at most
+/// [`MAX_BATCH_QUERIES`] of them (more are counted, not built), each `None` if it holds more
+/// than [`QUERY_VALUES`] values.
+fn batch_queries(bytes: &[u8]) -> Result<Vec<Option<Value>>, ApiError> {
+    use serde::de::{DeserializeSeed, Error, MapAccess, SeqAccess, Visitor};
+    use std::cell::Cell;
+    /// What the reading saw: the body an object, its list an array, its shape wrong.
+    #[derive(Default)]
+    struct Seen {
+        list: Cell<bool>,
+        bad_shape: Cell<bool>,
+    }
+    struct Body<'s>(&'s Seen);
+    struct List<'s>(&'s Seen);
+    impl<'de> Visitor<'de> for Body<'_> {
+        type Value = (usize, Vec<Option<Value>>);
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("{\"queries\": [...]}")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut list = None;
+            while let Some(name) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                if name != "queries" || list.is_some() {
+                    self.0.bad_shape.set(true);
+                    return Err(A::Error::custom("not the shape"));
+                }
+                list = Some(map.next_value_seed(List(self.0))?);
+            }
+            list.ok_or_else(|| {
+                self.0.bad_shape.set(true);
+                A::Error::custom("not the shape")
+            })
+        }
+    }
+    impl<'de> DeserializeSeed<'de> for List<'_> {
+        type Value = (usize, Vec<Option<Value>>);
+        fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_seq(self)
+        }
+    }
+    impl<'de> Visitor<'de> for List<'_> {
+        type Value = (usize, Vec<Option<Value>>);
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("an array of queries")
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            self.0.list.set(true);
+            let mut out = Vec::new();
+            while out.len() < MAX_BATCH_QUERIES {
+                let left = Cell::new(QUERY_VALUES);
+                match seq.next_element_seed(crate::json::Budgeted(&left))? {
+                    Some(v) => out.push(v),
+                    None => return Ok((out.len(), out)),
+                }
+            }
+            let mut n = out.len();
+            while seq.next_element::<crate::json::Checked>()?.is_some() {
+                n += 1;
+            }
+            Ok((n, out))
+        }
+    }
+    let malformed = |m: String| ApiError::new(ErrorCode::MalformedBody, m);
+    let seen = Seen::default();
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let read = serde::Deserializer::deserialize_any(&mut de, Body(&seen))
+        .and_then(|r| de.end().map(|()| r));
+    match read {
+        Ok((n, _)) if n > MAX_BATCH_QUERIES => Err(ApiError::new(
+            ErrorCode::BatchTooLarge,
+            format!("at most {MAX_BATCH_QUERIES} queries, got {n}"),
+        )),
+        Ok((_, list)) => Ok(list),
+        // Inside the list: not JSON (or a member named twice in an entry).
+        Err(e) if seen.list.get() && !seen.bad_shape.get() => {
+            Err(malformed(format!("the body is not JSON: {e}")))
+        }
+        // Otherwise JSON of another shape, or not JSON at all (said as such).
+        Err(_) => match crate::json::check(bytes) {
+            Err(e) => Err(malformed(format!("the body is not JSON: {e}"))),
+            Ok(_) => Err(malformed("the body is {\"queries\": [...]}".into())),
+        },
+    }
 }
 
 /// One parsed batch entry: kind, namespace, key, parameters.
@@ -393,4 +478,67 @@ fn entry(app: &App, headers: &HeaderMap, e: &Value) -> Result<Entry, ApiError> {
         p.insert(k.clone(), v);
     }
     Ok((kind, ns, key, p))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(body: &str) -> (ErrorCode, String) {
+        let e = batch_queries(body.as_bytes()).unwrap_err();
+        (e.code, e.message)
+    }
+
+    /// Shape, syntax and count errors say what they said when the body was one value tree;
+    /// an entry is built within its budget, and entries past the limit are only counted.
+    #[test]
+    fn a_batch_body_is_read_within_its_bounds() {
+        let shape = "the body is {\"queries\": [...]}";
+        for body in [
+            "[]",
+            "5",
+            r#"{"queries": 5}"#,
+            r#"{"queries": [], "x": 1}"#,
+            r#"{"x": 1}"#,
+            "{}",
+            r#"{"queries": [], "queries": []}"#,
+        ] {
+            assert_eq!(
+                refused(body),
+                (ErrorCode::MalformedBody, shape.into()),
+                "{body}"
+            );
+        }
+        for body in [
+            "{",
+            r#"{"queries": [{}, oops]}"#,
+            r#"{"x": 1,"#,
+            r#"{"queries": []} trailing"#,
+            r#"{"queries": [{"ns": "a", "ns": "b"}]}"#,
+        ] {
+            let (code, message) = refused(body);
+            assert_eq!(code, ErrorCode::MalformedBody, "{body}");
+            assert!(
+                message.starts_with("the body is not JSON: "),
+                "{body}: {message}"
+            );
+        }
+        let list =
+            batch_queries(br#"{"queries": [{"kind": "keys", "ns": "a"}, {"a": [1, 2]}]}"#).unwrap();
+        assert_eq!(list.len(), 2);
+        assert_eq!(list[1], Some(serde_json::json!({"a": [1, 2]})));
+        let big = format!(
+            r#"{{"queries": [{{"a": [{}]}}]}}"#,
+            vec!["0"; 100].join(",")
+        );
+        assert_eq!(batch_queries(big.as_bytes()).unwrap(), vec![None]);
+        let many = format!(r#"{{"queries": [{}]}}"#, vec!["{}"; 300_000].join(","));
+        assert_eq!(
+            refused(&many),
+            (
+                ErrorCode::BatchTooLarge,
+                "at most 1000 queries, got 300000".into()
+            )
+        );
+    }
 }

@@ -110,7 +110,15 @@ pub async fn post_events(
     let dry_run = dry_run(query.as_deref())?;
     let bytes = read_body(body, app.settings().limits.max_body_bytes).await?;
     let ndjson = is_ndjson(&headers);
-    let raws = parse::parse_body(&bytes, ndjson, app.settings().limits.max_batch_events)?;
+    // On the blocking pool: a body of max_body_bytes takes tens of milliseconds to parse,
+    // which an async worker (one per core) must not spend while others wait.
+    let raws = {
+        let bytes = bytes.clone();
+        app.blocking(move |app| {
+            parse::parse_body(&bytes, ndjson, app.settings().limits.max_batch_events)
+        })
+        .await?
+    };
     // Once per namespace, at its first event: that event's index is the one a refusal names.
     let mut checked: std::collections::HashSet<&str> = std::collections::HashSet::new();
     for (i, r) in raws.iter().enumerate() {

@@ -185,6 +185,11 @@ impl<'de: 'a, 'a> serde::Deserialize<'de> for FastDims<'a> {
                 let mut out: Vec<(Cow<'de, str>, Cow<'de, str>)> =
                     Vec::with_capacity(m.size_hint().unwrap_or(2));
                 while let Some((k, v)) = m.next_entry::<Cow<'de, str>, Cow<'de, str>>()? {
+                    // More than an event may have: the slow path says why (and the search
+                    // for a name given twice below stays short).
+                    if out.len() == model::MAX_DIMS_PER_EVENT {
+                        return Err(serde::de::Error::custom("too many dimensions"));
+                    }
                     // A name given twice: the slow path refuses the body and says so.
                     if out.iter().any(|(seen, _)| *seen == k) {
                         return Err(serde::de::Error::custom("a dimension named twice"));
@@ -224,77 +229,176 @@ impl FastEvent<'_> {
     }
 }
 
-/// The fast path over a whole body; `None` sends the body to the exact-error path.
-pub(crate) fn parse_fast(body: &[u8], ndjson: bool) -> Option<Vec<Result<RawEvent, ApiError>>> {
+/// The most JSON values the exact-error path builds for one event (each scalar, array and
+/// object counts one): an event is an object of at most five members, one of them an object
+/// of at most 16 strings, so this leaves room for the errors worth naming (too many
+/// dimensions) while a body cannot make a value tree many times its size.
+pub(crate) const EVENT_VALUES: usize = 256;
+
+/// A body of more than `max` events, `n` of them.
+fn too_many(max: usize, n: usize) -> ApiError {
+    ApiError::new(
+        ErrorCode::BatchTooLarge,
+        format!("a batch holds at most {max} events, got {n}"),
+    )
+}
+
+/// An event of more JSON values than [`EVENT_VALUES`].
+fn too_big() -> ApiError {
+    malformed(format!(
+        "an event is an object of at most {EVENT_VALUES} JSON values in all (ns, key, ts, n \
+         and up to {} dimensions)",
+        model::MAX_DIMS_PER_EVENT
+    ))
+}
+
+/// What the fast path made of a body: its events (each read or refused), or `Err(n)` for a
+/// body of `n` events, more than the batch takes (counted, not read).
+pub(crate) type Fast = Result<Vec<Result<RawEvent, ApiError>>, usize>;
+
+/// The fast path over a whole body; `None` sends the body to the exact-error path. At most
+/// `max` events are read: past them the body is only counted.
+pub(crate) fn parse_fast(body: &[u8], ndjson: bool, max: usize) -> Option<Fast> {
     if ndjson {
         let text = std::str::from_utf8(body).ok()?;
-        text.lines()
-            .filter(|l| !l.trim().is_empty())
+        let lines = text.lines().filter(|l| !l.trim().is_empty());
+        let n = lines.clone().count();
+        if n > max {
+            return Some(Err(n));
+        }
+        lines
             .map(|l| {
                 serde_json::from_str::<FastObject<'_>>(l)
                     .ok()
                     .map(|e| e.0.into_raw())
             })
-            .collect()
+            .collect::<Option<Vec<_>>>()
+            .map(Ok)
     } else {
-        let events: Vec<FastObject<'_>> = serde_json::from_slice(body).ok()?;
-        Some(events.into_iter().map(|e| e.0.into_raw()).collect())
+        struct Seq(usize);
+        impl<'de> serde::de::Visitor<'de> for Seq {
+            type Value = (usize, Vec<FastEvent<'de>>);
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an array of events")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(self.0));
+                while out.len() < self.0 {
+                    match seq.next_element::<FastObject<'de>>()? {
+                        Some(e) => out.push(e.0),
+                        None => return Ok((out.len(), out)),
+                    }
+                }
+                let mut n = out.len();
+                while seq.next_element::<crate::json::Checked>()?.is_some() {
+                    n += 1;
+                }
+                Ok((n, out))
+            }
+        }
+        let mut de = serde_json::Deserializer::from_slice(body);
+        let (n, events) = serde::Deserializer::deserialize_seq(&mut de, Seq(max)).ok()?;
+        de.end().ok()?;
+        if n > max {
+            return Some(Err(n));
+        }
+        Some(Ok(events.into_iter().map(FastEvent::into_raw).collect()))
     }
 }
 
 /// The events of a body: a JSON array, or NDJSON (blank lines ignored).
 pub(crate) fn parse_body(body: &[u8], ndjson: bool, max: usize) -> Result<Vec<RawEvent>, ApiError> {
-    if let Some(events) = parse_fast(body, ndjson) {
-        if events.len() > max {
-            return Err(ApiError::new(
-                ErrorCode::BatchTooLarge,
-                format!("a batch holds at most {max} events, got {}", events.len()),
-            ));
-        }
-        return events
+    match parse_fast(body, ndjson, max) {
+        Some(Err(n)) => Err(too_many(max, n)),
+        Some(Ok(events)) => events
             .into_iter()
             .enumerate()
             .map(|(i, e)| e.map_err(|e| e.index(i)))
-            .collect();
+            .collect(),
+        None => parse_slow(body, ndjson, max),
     }
-    parse_slow(body, ndjson, max)
 }
 
-/// The exact-error path: every event through a JSON value, checked field by field.
+/// The exact-error path: every event through a JSON value, checked field by field. At most
+/// `max` events and [`EVENT_VALUES`] values an event are built; the rest of the body is
+/// only checked to be JSON, and counted.
 pub(crate) fn parse_slow(body: &[u8], ndjson: bool, max: usize) -> Result<Vec<RawEvent>, ApiError> {
-    let too_many = |n: usize| {
-        ApiError::new(
-            ErrorCode::BatchTooLarge,
-            format!("a batch holds at most {max} events, got {n}"),
-        )
-    };
     if ndjson {
         let text = std::str::from_utf8(body).map_err(|_| malformed("the body is not UTF-8"))?;
-        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-        if lines.len() > max {
-            return Err(too_many(lines.len()));
+        let lines = text.lines().filter(|l| !l.trim().is_empty());
+        let n = lines.clone().count();
+        if n > max {
+            return Err(too_many(max, n));
         }
         return lines
-            .iter()
             .enumerate()
             .map(|(i, l)| {
-                let v: Value = crate::json::from_str(l)
-                    .map_err(|e| malformed(format!("line is not JSON: {e}")).index(i))?;
+                let v = crate::json::from_str_within(l, EVENT_VALUES)
+                    .map_err(|e| malformed(format!("line is not JSON: {e}")).index(i))?
+                    .ok_or_else(|| too_big().index(i))?;
                 raw_event(&v).map_err(|e| e.index(i))
             })
             .collect();
     }
-    let v: Value = crate::json::from_slice(body)
-        .map_err(|e| malformed(format!("the body is not JSON: {e}")))?;
-    let items = v.as_array().ok_or_else(|| malformed("the body is a JSON array of events (or NDJSON with Content-Type: application/x-ndjson)"))?;
-    if items.len() > max {
-        return Err(too_many(items.len()));
+    /// The body's elements: how many, and the events of the first `max` up to the first
+    /// refused one.
+    struct Elements<'f> {
+        max: usize,
+        array: &'f std::cell::Cell<bool>,
     }
-    items
-        .iter()
-        .enumerate()
-        .map(|(i, v)| raw_event(v).map_err(|e| e.index(i)))
-        .collect()
+    impl<'de> serde::de::Visitor<'de> for Elements<'_> {
+        type Value = (usize, Result<Vec<RawEvent>, ApiError>);
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("an array of events")
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut seq: A,
+        ) -> Result<Self::Value, A::Error> {
+            self.array.set(true);
+            let (mut n, mut out) = (0, Ok(Vec::new()));
+            loop {
+                match &mut out {
+                    Ok(events) if n < self.max => {
+                        let left = std::cell::Cell::new(EVENT_VALUES);
+                        let Some(v) = seq.next_element_seed(crate::json::Budgeted(&left))? else {
+                            break;
+                        };
+                        match v.ok_or_else(too_big).and_then(|v| raw_event(&v)) {
+                            Ok(e) => events.push(e),
+                            Err(e) => out = Err(e.index(n)),
+                        }
+                    }
+                    _ => {
+                        if seq.next_element::<crate::json::Checked>()?.is_none() {
+                            break;
+                        }
+                    }
+                }
+                n += 1;
+            }
+            Ok((n, out))
+        }
+    }
+    let array = std::cell::Cell::new(false);
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let read = serde::Deserializer::deserialize_any(&mut de, Elements { max, array: &array })
+        .and_then(|r| de.end().map(|()| r));
+    match read {
+        Ok((n, _)) if n > max => Err(too_many(max, n)),
+        Ok((_, events)) => events,
+        Err(e) if array.get() => Err(malformed(format!("the body is not JSON: {e}"))),
+        // Not an array: JSON of another shape, or not JSON at all (said as such).
+        Err(_) => match crate::json::check(body) {
+            Err(e) => Err(malformed(format!("the body is not JSON: {e}"))),
+            Ok(_) => Err(malformed(
+                "the body is a JSON array of events (or NDJSON with Content-Type: application/x-ndjson)",
+            )),
+        },
+    }
 }
 
 #[cfg(test)]
@@ -334,7 +438,10 @@ mod tests {
             "dims": {"country": "US", "device": "ios"}},
             {"key": "k", "ns": "c", "ts": "2026-11-20T12:00:00Z", "dims": null, "n": null},
             {"ns": "c", "key": "k", "ts": null}]"#;
-        assert!(parse_fast(body.as_bytes(), false).is_some());
+        assert!(matches!(
+            parse_fast(body.as_bytes(), false, 1000),
+            Some(Ok(_))
+        ));
         assert_eq!(
             parse(body, false).unwrap(),
             [
@@ -457,11 +564,110 @@ mod tests {
             (r#"[["clicks", "k"]]"#, false),
             (r#"[": s5" ,"n[[f"]"#, true),
         ] {
-            assert!(parse_fast(body.as_bytes(), ndjson).is_none(), "{body}");
+            assert!(
+                parse_fast(body.as_bytes(), ndjson, 1000).is_none(),
+                "{body}"
+            );
             assert_eq!(
                 refusal(body, ndjson),
                 (ErrorCode::MalformedBody, Some(0), None),
                 "{body}"
+            );
+        }
+    }
+
+    /// A small body cannot make a large value tree, nor a long search: what an event can be
+    /// bounds what is built of it, and the events past `max` are only counted.
+    #[test]
+    fn what_a_body_builds_is_bounded_by_what_an_event_can_be() {
+        let values = |n: usize| vec!["0"; n].join(",");
+        // An event that is one huge array, alone or inside a field.
+        for body in [
+            format!("[[{}]]", values(200_000)),
+            format!(r#"[{{"ns": "a", "key": [{}]}}]"#, values(200_000)),
+        ] {
+            let e = parse_body(body.as_bytes(), false, 1000).unwrap_err();
+            assert_eq!(
+                (e.code, e.index),
+                (ErrorCode::MalformedBody, Some(0)),
+                "{e:?}"
+            );
+            assert!(
+                e.message.contains("at most 256 JSON values"),
+                "{}",
+                e.message
+            );
+        }
+        // 200 000 dimensions: the fast path stops at 16, the slow one at 256 values.
+        let dims: Vec<String> = (0..200_000).map(|i| format!(r#""d{i}": "v""#)).collect();
+        let body = format!(
+            r#"{{"ns": "a", "key": "k", "dims": {{{}}}}}"#,
+            dims.join(", ")
+        );
+        for ndjson in [false, true] {
+            let body = if ndjson {
+                body.clone()
+            } else {
+                format!("[{body}]")
+            };
+            assert!(parse_fast(body.as_bytes(), ndjson, 1000).is_none());
+            let e = parse_body(body.as_bytes(), ndjson, 1000).unwrap_err();
+            assert_eq!(
+                (e.code, e.index),
+                (ErrorCode::MalformedBody, Some(0)),
+                "{e:?}"
+            );
+        }
+        // Seventeen dimensions are read (validation names the error), as before.
+        let dims: Vec<String> = (0..17).map(|i| format!(r#""d{i}": "v""#)).collect();
+        let body = format!(
+            r#"[{{"ns": "a", "key": "k", "dims": {{{}}}}}]"#,
+            dims.join(", ")
+        );
+        assert_eq!(
+            parse_body(body.as_bytes(), false, 1000).unwrap()[0]
+                .dims
+                .len(),
+            17
+        );
+        // 300 000 events where 2 are taken: counted, not read, by either path.
+        for body in [
+            format!("[{}]", values(300_000)),
+            format!("[{}]", vec!["{}"; 300_000].join(",")),
+        ] {
+            assert!(matches!(
+                parse_fast(body.as_bytes(), false, 2),
+                Some(Err(300_000)) | None
+            ));
+            for e in [
+                parse_body(body.as_bytes(), false, 2),
+                parse_slow(body.as_bytes(), false, 2),
+            ] {
+                let e = e.unwrap_err();
+                assert_eq!(e.message, "a batch holds at most 2 events, got 300000");
+            }
+        }
+    }
+
+    /// Found by fuzz/events_body: once an event is refused, the rest of the body is still
+    /// read as a value tree would read it (serde's `IgnoredAny` let invalid UTF-8 through),
+    /// so a body that is not JSON is said to be so, not refused for its first event.
+    #[test]
+    fn the_rest_of_a_body_after_a_bad_event_is_still_checked() {
+        let mut body =
+            br#"[{"ns":"c","key":"k","ts":"202w-11-20T17:30:00Z"},{"ns":"c","ke"#.to_vec();
+        body.extend_from_slice(b"\xdd\xc5\"");
+        body.extend_from_slice(br#":null}]"#);
+        for e in [
+            parse_body(&body, false, 1000),
+            parse_slow(&body, false, 1000),
+        ] {
+            let e = e.unwrap_err();
+            assert_eq!((e.code, e.index), (ErrorCode::MalformedBody, None), "{e:?}");
+            assert!(
+                e.message.starts_with("the body is not JSON"),
+                "{}",
+                e.message
             );
         }
     }
@@ -493,7 +699,7 @@ mod tests {
                 } else {
                     format!("[{{\"ns\": \"a\", \"key\": \"k\"}}, {event}]")
                 };
-                assert!(parse_fast(body.as_bytes(), ndjson).is_none());
+                assert!(parse_fast(body.as_bytes(), ndjson, 1000).is_none());
                 let e = parse(&body, ndjson).unwrap_err();
                 assert_eq!(e.code, ErrorCode::MalformedBody);
                 let twice = format!("{name:?} appears twice");
@@ -848,8 +1054,8 @@ mod props {
     fn check(body: &[u8], ndjson: bool, max: usize) -> Result<(), TestCaseError> {
         let public = parse_body(body, ndjson, max);
         let slow = parse_slow(body, ndjson, max);
-        match parse_fast(body, ndjson) {
-            Some(fast) if fast.len() <= max && fast.iter().all(Result::is_ok) => {
+        match parse_fast(body, ndjson, max) {
+            Some(Ok(fast)) if fast.iter().all(Result::is_ok) => {
                 let fast: Vec<RawEvent> = fast.into_iter().flatten().collect();
                 prop_assert_eq!(public.as_ref().ok(), Some(&fast));
                 prop_assert!(!fast.iter().any(repeats_a_dimension));
@@ -898,7 +1104,7 @@ mod props {
             let text: Vec<String> = events.iter().map(Event::render).collect();
             let body = assemble(&text, ndjson, &breaks, &Damage::None);
             let means: Vec<RawEvent> = events.into_iter().map(|e| e.means).collect();
-            prop_assert!(parse_fast(&body, ndjson).is_some(), "the fast path could not read it");
+            prop_assert!(matches!(parse_fast(&body, ndjson, 1000), Some(Ok(_))), "the fast path could not read it");
             prop_assert_eq!(parse_body(&body, ndjson, 1000), Ok(means.clone()));
             prop_assert_eq!(parse_slow(&body, ndjson, 1000), Ok(means));
         }
