@@ -38,6 +38,10 @@ struct Inner {
     /// Exports streaming now, at most `max_concurrent_queries`: an export outlives its
     /// handler (and so its admission permit), so it holds one of these instead.
     exports: Arc<tokio::sync::Semaphore>,
+    /// `/healthz` and `/metrics` asking the backend now, at most [`crate::ops::OPS_PROBES`]:
+    /// they need no token and take no admission permit, so a flood of them must not fill
+    /// the blocking pool every write and query needs (a slow Redis holds each for seconds).
+    probes: tokio::sync::Semaphore,
 }
 
 impl App {
@@ -51,8 +55,15 @@ impl App {
             exports: Arc::new(tokio::sync::Semaphore::new(
                 settings.server.max_concurrent_queries,
             )),
+            probes: tokio::sync::Semaphore::new(crate::ops::OPS_PROBES),
             settings,
         }))
+    }
+
+    /// Waits for a turn to ask the backend for `/healthz` or `/metrics` (waiting holds no
+    /// thread).
+    pub(crate) async fn probe_turn(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        self.0.probes.acquire().await.ok()
     }
 
     /// The permits of exports in flight.

@@ -90,4 +90,5 @@ pub use app::App;
 pub use config::{Action, ConfigError, Scope, ServerLimits, Settings, StatsdSettings, Token};
 pub use error::ApiError;
 pub use listen::{ACCEPT_BACKOFF, Routes, serve, serve_with};
+pub use ops::OPS_PROBES;
 pub use router::router;

@@ -16,10 +16,15 @@ use crate::auth;
 use crate::config::Action;
 use crate::error::ApiError;
 
+/// How many `/healthz` and `/metrics` requests ask the backend at once; the others wait
+/// their turn without holding a thread.
+pub const OPS_PROBES: usize = 4;
+
 /// 200 once recovery is done and the backend takes writes.
 #[utoipa::path(get, path = "/healthz", tag = "operations",
     responses((status = 200, description = "`{\"status\": \"ok\"}`"), (status = 503, description = "backend_unavailable")))]
 pub async fn healthz(State(app): State<App>) -> Result<Json<Value>, ApiError> {
+    let _turn = app.probe_turn().await;
     app.blocking(|app| Ok(app.store().health()?)).await?;
     Ok(Json(serde_json::json!({ "status": "ok" })))
 }
@@ -27,10 +32,12 @@ pub async fn healthz(State(app): State<App>) -> Result<Json<Value>, ApiError> {
 /// Prometheus text.
 #[utoipa::path(get, path = "/metrics", tag = "operations", responses((status = 200, description = "Prometheus text format")))]
 pub async fn metrics(State(app): State<App>) -> impl IntoResponse {
+    let turn = app.probe_turn().await;
     let (gauges, health) = app
         .blocking(|app| Ok((app.store().gauges(), app.store().health())))
         .await
         .unwrap_or_else(|e| (Vec::new(), Err(StoreError::internal(e.message))));
+    drop(turn);
     let mut text = app.metrics().render(&gauges);
     // A poisoned log writer (or Redis down) shows here as well as on /healthz (which says
     // why), so an alert can fire on it.

@@ -378,3 +378,47 @@ fn health_metrics_openapi() {
         paths.keys().collect::<Vec<_>>()
     );
 }
+
+/// `/healthz` and `/metrics` need no token and take no admission permit: a flood of them
+/// asks the backend a few at a time (a slow Redis held a blocking thread for each, and
+/// every write and query needs that pool too), the others waiting their turn.
+#[test]
+fn a_flood_of_health_checks_asks_the_backend_a_few_at_a_time() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let s = Server::start(Settings::default());
+    s.store.hold_health.store(true, SeqCst);
+    let asks: Vec<_> = (0..24)
+        .map(|i| {
+            let url = s.url(if i % 2 == 0 { "/healthz" } else { "/metrics" });
+            std::thread::spawn(move || {
+                let agent: ureq::Agent = ureq::Agent::config_builder()
+                    .http_status_as_error(false)
+                    .build()
+                    .into();
+                agent
+                    .get(&url)
+                    .call()
+                    .map(|r| r.status().as_u16())
+                    .unwrap_or(0)
+            })
+        })
+        .collect();
+    let waited = std::time::Instant::now();
+    while s.store.health_inside.load(SeqCst) < tally_server::OPS_PROBES {
+        assert!(
+            waited.elapsed().as_secs() < 20,
+            "the checks never reached the backend"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let most = s.store.health_most.load(SeqCst);
+    // Writes carry on meanwhile.
+    seed(&s);
+    s.store.hold_health.store(false, SeqCst);
+    for a in asks {
+        assert_eq!(a.join().unwrap(), 200);
+    }
+    assert_eq!(most, tally_server::OPS_PROBES);
+    assert_eq!(s.store.health_most.load(SeqCst), tally_server::OPS_PROBES);
+}

@@ -101,6 +101,10 @@ pub struct Gated {
     /// Pages of keys listed (an export lists a page at a time), and a pause before each.
     pub keys_calls: std::sync::atomic::AtomicUsize,
     pub slow_keys: Mutex<std::time::Duration>,
+    /// While set, a health check waits; how many wait now, and the most that ever did.
+    pub hold_health: std::sync::atomic::AtomicBool,
+    pub health_inside: std::sync::atomic::AtomicUsize,
+    pub health_most: std::sync::atomic::AtomicUsize,
 }
 
 impl std::fmt::Debug for Gated {
@@ -192,6 +196,13 @@ impl Store for Gated {
         self.inner.rebuild(ns, from, to, batch)
     }
     fn health(&self) -> Result<(), StoreError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let inside = self.health_inside.fetch_add(1, SeqCst) + 1;
+        self.health_most.fetch_max(inside, SeqCst);
+        while self.hold_health.load(SeqCst) {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        self.health_inside.fetch_sub(1, SeqCst);
         self.inner.health()
     }
     fn gauges(&self) -> Vec<Gauge> {
@@ -294,6 +305,9 @@ impl Server {
             scans_stopped: Mutex::new(Vec::new()),
             keys_calls: Default::default(),
             slow_keys: Mutex::new(std::time::Duration::ZERO),
+            hold_health: Default::default(),
+            health_inside: Default::default(),
+            health_most: Default::default(),
         });
         let app = App::new(store.clone(), settings.clone(), clock.clone());
         app.apply_config_namespaces().unwrap();
