@@ -168,31 +168,38 @@ impl std::fmt::Debug for Routes {
 }
 
 impl Routes {
-    /// Answers `/healthz` with `503 {"status": "recovering"}` and everything else with
-    /// `503 backend_unavailable`, until [`Routes::ready`].
+    /// Answers `503 backend_unavailable` (with `Retry-After: 1`) until [`Routes::ready`];
+    /// `/healthz` adds `"status": "recovering"` to the error.
     pub fn recovering() -> Routes {
+        fn unavailable() -> ApiError {
+            ApiError::new(
+                ErrorCode::BackendUnavailable,
+                "recovering the log; try again shortly",
+            )
+        }
+        fn retry_after(mut r: axum::response::Response) -> axum::response::Response {
+            r.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static("1"),
+            );
+            r
+        }
         let router = Router::new()
             .route(
                 "/healthz",
                 axum::routing::any(|| async {
-                    (
-                        axum::http::StatusCode::SERVICE_UNAVAILABLE,
-                        axum::Json(serde_json::json!({ "status": "recovering" })),
+                    let mut body = unavailable().to_json();
+                    body["status"] = serde_json::json!("recovering");
+                    retry_after(
+                        (
+                            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                            axum::Json(body),
+                        )
+                            .into_response(),
                     )
                 }),
             )
-            .fallback(|| async {
-                let mut r = ApiError::new(
-                    ErrorCode::BackendUnavailable,
-                    "recovering the log; try again shortly",
-                )
-                .into_response();
-                r.headers_mut().insert(
-                    axum::http::header::RETRY_AFTER,
-                    axum::http::HeaderValue::from_static("1"),
-                );
-                r
-            });
+            .fallback(|| async { retry_after(unavailable().into_response()) });
         Routes(Arc::new(RoutesInner {
             current: RwLock::new(router),
             connections: Arc::new(Connections::default()),

@@ -413,7 +413,10 @@ fn the_stand_in_answers_503_until_the_app_is_ready() {
         let v: Value = serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap();
         (st, v)
     };
-    assert_eq!(get("/healthz"), (503, json!({"status": "recovering"})));
+    // The error shape of every refusal, saying why.
+    let health = get("/healthz");
+    assert_error(&health, 503, "backend_unavailable");
+    assert_eq!(health.1["status"], "recovering");
     let got = get("/v1/ns/c/keys/k/window?last=1h");
     assert_error(&got, 503, "backend_unavailable");
     assert_eq!(
