@@ -43,6 +43,9 @@ pub enum ConfigError {
     },
     #[error("[[tokens]] #{number}: the token is empty")]
     EmptyToken { number: usize },
+    /// Two entries with one secret: which scopes it has would depend on their order.
+    #[error("[[tokens]] #{number}: the same token as #{first} (give one entry all its scopes)")]
+    RepeatedToken { number: usize, first: usize },
     #[error("scope {got:?}: expected read:<ns>, write:<ns> or admin:<ns> (ns may be *)")]
     Scope { got: String },
     #[error("[statsd] {key}: {why}")]
@@ -404,6 +407,12 @@ impl Settings {
             if t.token.is_empty() {
                 return Err(ConfigError::EmptyToken { number: i + 1 });
             }
+            if let Some(first) = s.tokens.iter().position(|seen| seen.secret == t.token) {
+                return Err(ConfigError::RepeatedToken {
+                    number: i + 1,
+                    first: first + 1,
+                });
+            }
             let scopes = t
                 .scopes
                 .iter()
@@ -566,6 +575,10 @@ dimensions = ["status"]
             (
                 "[[tokens]]\ntoken = \"\"\nscopes = []",
                 "#1: the token is empty",
+            ),
+            (
+                "[[tokens]]\ntoken = \"t\"\nscopes = [\"read:*\"]\n[[tokens]]\ntoken = \"u\"\nscopes = []\n[[tokens]]\ntoken = \"t\"\nscopes = [\"admin:*\"]",
+                "#3: the same token as #1",
             ),
             (
                 "[[tokens]]\ntoken = \"t\"\nscopes = [\"read:Bad\"]",
