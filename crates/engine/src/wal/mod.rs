@@ -78,6 +78,10 @@ pub enum FileProblem {
     UnsupportedVersion { got: u8 },
     #[error("incomplete file header")]
     IncompleteHeader,
+    /// The header is zeros but bytes follow it: a file is fsynced with its header before
+    /// any record goes in, so this is damage, not a crash while creating it.
+    #[error("the file header is zeros but {bytes} bytes of records follow it")]
+    ZeroedHeader { bytes: u64 },
     #[error("file header checksum mismatch (expected {expected:#010x}, got {got:#010x})")]
     HeaderChecksum { expected: u32, got: u32 },
     #[error("file starts at sequence {got}, expected {expected}")]

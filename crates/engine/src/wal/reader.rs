@@ -90,7 +90,17 @@ pub fn scan_with(
         }),
     };
     if bytes.len() < FILE_HEADER_LEN || bytes[..FILE_HEADER_LEN].iter().all(|&b| b == 0) {
-        // A crash while the file was being created: nothing in it was ever acknowledged.
+        // A crash while the file was being created: nothing in it was ever acknowledged
+        // (its header is synced before any record is written, so nothing follows it).
+        let after = bytes.get(FILE_HEADER_LEN..).unwrap_or_default();
+        if let Some(at) = after.iter().position(|&b| b != 0) {
+            return Err(WalError::BadFile {
+                file: file.to_owned(),
+                why: FileProblem::ZeroedHeader {
+                    bytes: (after.len() - at) as u64,
+                },
+            });
+        }
         if is_last {
             return Ok(torn_at(0, 0, expected_seq, &missing));
         }

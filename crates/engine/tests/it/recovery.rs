@@ -690,3 +690,38 @@ fn idempotency_answers_past_their_bound_are_refused_and_nothing_is_logged() {
     e.sweep();
     e.apply(&batch("c")).unwrap();
 }
+
+/// Found by an independent review: a last log file whose header was zeros was taken for a
+/// crash while creating it and dropped whole, records and all. A header is synced before
+/// any record is written, so records after a zeroed header are damage: refused, naming the
+/// file.
+#[test]
+fn records_after_a_zeroed_header_are_refused_not_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = Config::new(dir.path());
+    cfg.clock = clock(NOW);
+    cfg.fsync = FsyncPolicy::Always;
+    let e = Engine::open(cfg.clone()).unwrap();
+    write(&e, NOW, &[raw("clicks", "a", NOW, 3, &[])]).unwrap();
+    drop(e);
+    let files = tally_engine::wal::list_files(&dir.path().join("wal")).unwrap();
+    let (_, last) = files.last().unwrap();
+    let mut bytes = std::fs::read(last).unwrap();
+    bytes[..tally_engine::wal::FILE_HEADER_LEN].fill(0);
+    std::fs::write(last, &bytes).unwrap();
+    let err = Engine::open(cfg.clone()).unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            tally_engine::OpenError::Wal(WalError::BadFile {
+                why: tally_engine::wal::FileProblem::ZeroedHeader { .. },
+                file,
+            }) if file == last
+        ),
+        "{err:?}"
+    );
+    // A header of zeros with nothing after it is still a crash while creating the file.
+    std::fs::write(last, [0u8; tally_engine::wal::FILE_HEADER_LEN]).unwrap();
+    let e = Engine::open(cfg).unwrap();
+    assert_eq!(total(&e, "clicks", "a", 3600), 0);
+}
