@@ -1,7 +1,9 @@
 //! Admission: what a request must pass before a handler sees it, cheapest first, so that a
 //! request that will be refused costs little and a slow client holds nothing scarce.
 //!
-//! 1. **Size of the head**: a request target over [`MAX_URI_BYTES`] is `414 uri_too_long`;
+//! 1. **Size of the head**, after authentication for `/v1` routes (3. below: a request
+//!    without a known token is 401 before anything else is looked at): a request target
+//!    over [`MAX_URI_BYTES`] is `414 uri_too_long`;
 //!    more than [`MAX_HEADER_FIELDS`] header fields or [`MAX_HEADER_BYTES`] of them is
 //!    `431 headers_too_large` — JSON, like every error. (hyper itself still answers a bare
 //!    414 past 64 KiB of target and a bare 431 past its ~400 KiB read buffer or 1,024
@@ -87,12 +89,16 @@ impl Admission {
     }
 
     async fn admit(&self, req: Request, next: Next) -> Result<Response, ApiError> {
-        check_head(&req)?;
         let class = class(req.method(), req.uri().path());
+        // A /v1 request without a known token is 401 before anything else is looked at
+        // (SPEC §3), its head's size included: the look-up reads one header hyper parsed.
+        if class != Class::Free {
+            auth::caller(&self.app.settings().tokens, req.headers())?;
+        }
+        check_head(&req)?;
         if class == Class::Free {
             return Ok(next.run(req).await);
         }
-        auth::caller(&self.app.settings().tokens, req.headers())?;
         let (parts, body) = req.into_parts();
         let (bytes, held) = self.read(&parts.headers, body).await?;
         let pool = match class {
