@@ -33,6 +33,10 @@ use crate::segment::{
     DimRecord, KeyRecord, Segment, SegmentError, SegmentKind, SegmentMeta, SegmentWriter,
 };
 
+/// How long a compaction merge that failed is passed over before it is tried again, in
+/// seconds: a new delta for its period makes it another merge, tried at once.
+pub const MERGE_RETRY_SECS: i64 = 600;
+
 /// What the policy decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Choice {
@@ -250,10 +254,18 @@ impl Engine {
             .unwrap_or_else(PoisonError::into_inner);
         let now = self.clock.now();
         let mut report = CompactReport::default();
-        // A merge that fails is passed over for the rest of this pass (the next pass tries it
-        // again), so one period that cannot be merged holds up no other; the first failure
-        // is reported once the pass is done.
-        let mut failed: Vec<Vec<u64>> = Vec::new();
+        // A merge that fails is passed over, for this pass and until `MERGE_RETRY_SECS`
+        // later (a merge that cannot succeed would read and write its segments every minute
+        // in `tally serve`), so one period that cannot be merged holds up no other; the
+        // first failure of the pass is reported once it is done.
+        let mut failed: Vec<Vec<u64>> = {
+            let mut earlier = self
+                .failed_merges
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            earlier.retain(|(_, at)| now < at.saturating_add(MERGE_RETRY_SECS));
+            earlier.iter().map(|(ids, _)| ids.clone()).collect()
+        };
         let mut first_error = None;
         // Each step removes at least one segment or fails a merge of two or more, so the
         // archive's size bounds the loop.
@@ -291,8 +303,12 @@ impl Engine {
                             report.written += 1;
                         }
                         Err(e) => {
-                            tracing::warn!(segments = ?ids, "a compaction merge failed: {e}");
+                            tracing::warn!(segments = ?ids, "a compaction merge failed (tried again in {MERGE_RETRY_SECS} s): {e}");
                             first_error.get_or_insert(e);
+                            self.failed_merges
+                                .lock()
+                                .unwrap_or_else(PoisonError::into_inner)
+                                .push((ids.clone(), now));
                             failed.push(ids);
                         }
                     }

@@ -148,6 +148,9 @@ pub struct Engine {
     /// Manifest numbers and segment ids no publish has used yet.
     pub(crate) fresh: Fresh,
     max_idempotency_answers: usize,
+    /// Compaction merges that failed, by their segments, with when (engine clock, seconds):
+    /// passed over until `compaction::MERGE_RETRY_SECS` later.
+    pub(crate) failed_merges: Mutex<Vec<(Vec<u64>, i64)>>,
     /// One rebuild at a time: its read of what a range holds and its install are one step.
     pub(crate) rebuild_lock: Mutex<()>,
     /// Conditional writes (`apply_if`) of one key serialise on its stripe.
@@ -328,6 +331,7 @@ impl Engine {
             flush_lock: Mutex::new(Default::default()),
             fresh: Fresh::default(),
             max_idempotency_answers: config.max_idempotency_answers,
+            failed_merges: Mutex::new(Vec::new()),
             rebuild_lock: Mutex::new(()),
             conditional: (0..CONDITIONAL_STRIPES).map(|_| Mutex::new(())).collect(),
             _lock: lock,
