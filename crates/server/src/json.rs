@@ -71,6 +71,28 @@ impl<'de> Visitor<'de> for CheckedVisitor {
     }
 }
 
+/// Reads a JSON array: each element through `take` while it asks for more (`Some(true)`;
+/// `None` when the array has ended) and fewer than `max` were taken, every element after
+/// only checked ([`Checked`]). Answers how many elements the array has.
+pub(crate) fn take_then_check<'de, A: SeqAccess<'de>>(
+    mut seq: A,
+    max: usize,
+    mut take: impl FnMut(&mut A) -> Result<Option<bool>, A::Error>,
+) -> Result<usize, A::Error> {
+    let (mut n, mut taking) = (0, true);
+    loop {
+        if taking && n < max {
+            match take(&mut seq)? {
+                Some(more) => taking = more,
+                None => return Ok(n),
+            }
+        } else if seq.next_element::<Checked>()?.is_none() {
+            return Ok(n);
+        }
+        n += 1;
+    }
+}
+
 /// Whether `bytes` is one JSON value (as a value tree would read it), building nothing.
 pub(crate) fn check(bytes: &[u8]) -> Result<(), serde_json::Error> {
     serde_json::from_slice::<Checked>(bytes).map(|_| ())
@@ -135,18 +157,20 @@ impl<'de> Visitor<'de> for Budgeted<'_> {
     fn visit_none<E: Error>(self) -> Result<Self::Value, E> {
         Ok(self.take().then_some(Value::Null))
     }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
         let mut out = self.take().then(Vec::new);
-        while let Some(v) = seq.next_element_seed(self)? {
-            match (&mut out, v) {
-                (Some(out), Some(v)) => out.push(v),
-                _ => out = None,
-            }
-            if out.is_none() {
-                while seq.next_element::<Checked>()?.is_some() {}
-                break;
-            }
-        }
+        take_then_check(seq, usize::MAX, |seq| {
+            Ok(seq.next_element_seed(self)?.map(|v| match (&mut out, v) {
+                (Some(out), Some(v)) => {
+                    out.push(v);
+                    true
+                }
+                _ => {
+                    out = None;
+                    false
+                }
+            }))
+        })?;
         Ok(out.map(Value::Array))
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {

@@ -379,20 +379,14 @@ fn batch_queries(bytes: &[u8]) -> Result<Vec<Option<Value>>, ApiError> {
         fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
             f.write_str("an array of queries")
         }
-        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
             self.0.list.set(true);
             let mut out = Vec::new();
-            while out.len() < MAX_BATCH_QUERIES {
+            let n = crate::json::take_then_check(seq, MAX_BATCH_QUERIES, |seq| {
                 let left = Cell::new(QUERY_VALUES);
-                match seq.next_element_seed(crate::json::Budgeted(&left))? {
-                    Some(v) => out.push(v),
-                    None => return Ok((out.len(), out)),
-                }
-            }
-            let mut n = out.len();
-            while seq.next_element::<crate::json::Checked>()?.is_some() {
-                n += 1;
-            }
+                let v = seq.next_element_seed(crate::json::Budgeted(&left))?;
+                Ok(v.map(|v| out.push(v)).map(|()| true))
+            })?;
             Ok((n, out))
         }
     }

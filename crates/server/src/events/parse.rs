@@ -283,19 +283,15 @@ pub(crate) fn parse_fast(body: &[u8], ndjson: bool, max: usize) -> Option<Fast> 
             }
             fn visit_seq<A: serde::de::SeqAccess<'de>>(
                 self,
-                mut seq: A,
+                seq: A,
             ) -> Result<Self::Value, A::Error> {
                 let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(self.0));
-                while out.len() < self.0 {
-                    match seq.next_element::<FastObject<'de>>()? {
-                        Some(e) => out.push(e.0),
-                        None => return Ok((out.len(), out)),
-                    }
-                }
-                let mut n = out.len();
-                while seq.next_element::<crate::json::Checked>()?.is_some() {
-                    n += 1;
-                }
+                let n = crate::json::take_then_check(seq, self.0, |seq| {
+                    Ok(seq
+                        .next_element::<FastObject<'de>>()?
+                        .map(|e| out.push(e.0))
+                        .map(|()| true))
+                })?;
                 Ok((n, out))
             }
         }
@@ -354,32 +350,28 @@ pub(crate) fn parse_slow(body: &[u8], ndjson: bool, max: usize) -> Result<Vec<Ra
         fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
             f.write_str("an array of events")
         }
-        fn visit_seq<A: serde::de::SeqAccess<'de>>(
-            self,
-            mut seq: A,
-        ) -> Result<Self::Value, A::Error> {
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
             self.array.set(true);
-            let (mut n, mut out) = (0, Ok(Vec::new()));
-            loop {
-                match &mut out {
-                    Ok(events) if n < self.max => {
-                        let left = std::cell::Cell::new(EVENT_VALUES);
-                        let Some(v) = seq.next_element_seed(crate::json::Budgeted(&left))? else {
-                            break;
-                        };
-                        match v.ok_or_else(too_big).and_then(|v| raw_event(&v)) {
-                            Ok(e) => events.push(e),
-                            Err(e) => out = Err(e.index(n)),
-                        }
+            let mut out = Ok(Vec::new());
+            // Events are built up to the first refused one.
+            let n = crate::json::take_then_check(seq, self.max, |seq| {
+                let left = std::cell::Cell::new(EVENT_VALUES);
+                let Some(v) = seq.next_element_seed(crate::json::Budgeted(&left))? else {
+                    return Ok(None);
+                };
+                let read = v.ok_or_else(too_big).and_then(|v| raw_event(&v));
+                Ok(Some(match (&mut out, read) {
+                    (Ok(events), Ok(e)) => {
+                        events.push(e);
+                        true
                     }
-                    _ => {
-                        if seq.next_element::<crate::json::Checked>()?.is_none() {
-                            break;
-                        }
+                    (Ok(events), Err(e)) => {
+                        out = Err(e.index(events.len()));
+                        false
                     }
-                }
-                n += 1;
-            }
+                    (Err(_), _) => false,
+                }))
+            })?;
             Ok((n, out))
         }
     }
