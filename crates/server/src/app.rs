@@ -21,6 +21,10 @@ use crate::metrics::Metrics;
 #[derive(Clone)]
 pub struct App(Arc<Inner>);
 
+/// Bodies up to this many bytes are parsed on the async worker that read them (about a
+/// millisecond's work at most); larger ones on the blocking pool.
+const INLINE_PARSE_BYTES: usize = 256 * 1024;
+
 impl std::fmt::Debug for App {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("App").finish_non_exhaustive()
@@ -145,6 +149,22 @@ impl App {
                 ErrorCode::QueryTimeout,
                 format!("the query ran past {ms} ms ([limits] query_timeout_ms)"),
             )),
+        }
+    }
+
+    /// Parses a request body of `len` bytes with `f`: here when it is small, on the blocking
+    /// pool when it is not. A body of max_body_bytes takes tens of milliseconds to parse,
+    /// which an async worker (one per core) must not spend while others wait; a typical
+    /// batch parses in less time than the hop to the pool costs.
+    pub(crate) async fn parse<T: Send + 'static>(
+        &self,
+        len: usize,
+        f: impl FnOnce(&App) -> Result<T, ApiError> + Send + 'static,
+    ) -> Result<T, ApiError> {
+        if len <= INLINE_PARSE_BYTES {
+            f(self)
+        } else {
+            self.blocking(f).await
         }
     }
 

@@ -282,8 +282,9 @@ pub async fn batch(
     body: Body,
 ) -> Result<Response, ApiError> {
     let bytes = read_body(body, app.settings().limits.max_body_bytes).await?;
-    // On the blocking pool: a large body takes a while to parse.
-    let list = app.blocking(move |_| batch_queries(&bytes)).await?;
+    let list = app
+        .parse(bytes.len(), move |_| batch_queries(&bytes))
+        .await?;
     // Parse and authorise every entry up front; each entry's failure is its own.
     let entries: Vec<Result<Entry, ApiError>> = list
         .iter()

@@ -110,11 +110,9 @@ pub async fn post_events(
     let dry_run = dry_run(query.as_deref())?;
     let bytes = read_body(body, app.settings().limits.max_body_bytes).await?;
     let ndjson = is_ndjson(&headers);
-    // On the blocking pool: a body of max_body_bytes takes tens of milliseconds to parse,
-    // which an async worker (one per core) must not spend while others wait.
     let raws = {
         let bytes = bytes.clone();
-        app.blocking(move |app| {
+        app.parse(bytes.len(), move |app| {
             parse::parse_body(&bytes, ndjson, app.settings().limits.max_batch_events)
         })
         .await?

@@ -599,3 +599,25 @@ pub fn raw_http(addr: std::net::SocketAddr, request: &str) -> String {
     let _ = c.read_to_end(&mut out);
     String::from_utf8_lossy(&out).into_owned()
 }
+
+/// The cheap attack on the parsers, through the API: megabytes of the smallest entries
+/// JSON has. Counted, not built, and refused with the count (these bodies are parsed on
+/// the blocking pool); nothing changes.
+#[test]
+fn megabytes_of_tiny_entries_are_counted_and_refused() {
+    let s = Server::start(tally_server::Settings::default());
+    let before = s.state();
+    let zeros = format!("[{}]", vec!["0"; 1_000_000].join(","));
+    let got = err(s.post("/v1/events", &zeros), 413, "batch_too_large");
+    assert!(
+        got["error"]["message"]
+            .as_str()
+            .unwrap()
+            .ends_with("got 1000000"),
+        "{got}"
+    );
+    let queries = format!(r#"{{"queries": [{}]}}"#, vec!["{}"; 1_000_000].join(","));
+    let got = err(s.post("/v1/query", &queries), 413, "batch_too_large");
+    assert_eq!(got["error"]["message"], "at most 1000 queries, got 1000000");
+    assert_eq!(s.state(), before);
+}
