@@ -1249,36 +1249,34 @@ fn an_offline_load_follows_the_server_s_config() {
     ));
     assert_eq!(top["total"], 5, "{top}");
     sigterm_and_wait(s);
-    // A declared namespace the directory holds otherwise is left to the server to change.
+    // Loads with another config: whether they succeeded, and what they said.
     let other = tmp.path().join("other.toml");
-    std::fs::write(&other, "[namespaces.clicks]\ntiers = [\"1h:forever\"]\n").unwrap();
-    let o = load(&[
-        &declared,
-        "--data",
-        data,
-        "--config",
-        other.to_str().unwrap(),
-    ]);
-    let said = String::from_utf8_lossy(&o.stderr);
+    let with_config = |text: &str| {
+        std::fs::write(&other, text).unwrap();
+        let o = load(&[
+            &declared,
+            "--data",
+            data,
+            "--config",
+            other.to_str().unwrap(),
+        ]);
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    // A declared namespace the directory holds otherwise is left to the server to change.
+    let (ok, said) = with_config("[namespaces.clicks]\ntiers = [\"1h:forever\"]\n");
     assert!(
-        !o.status.success()
-            && said.contains(
-                "namespace clicks: the config's schema is not the one the data directory holds"
-            ),
+        !ok && said.contains(
+            "namespace clicks: the config's schema is not the one the data directory holds"
+        ),
         "{said}"
     );
     // A bad config is refused, naming it.
-    std::fs::write(&other, "[limits]\nmax_future_secs = -1\n").unwrap();
-    let o = load(&[
-        &declared,
-        "--data",
-        data,
-        "--config",
-        other.to_str().unwrap(),
-    ]);
-    let said = String::from_utf8_lossy(&o.stderr);
+    let (ok, said) = with_config("[limits]\nmax_future_secs = -1\n");
     assert!(
-        !o.status.success() && said.contains("max_future_secs must be 0 or more"),
+        !ok && said.contains("max_future_secs must be 0 or more"),
         "{said}"
     );
 }
