@@ -127,6 +127,7 @@ struct LimitsDoc {
     max_concurrent_queries: Option<usize>,
     max_body_bytes_in_flight: Option<usize>,
     max_idempotency_keys: Option<usize>,
+    export_min_bytes_per_sec: Option<usize>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -235,6 +236,10 @@ pub struct ServerLimits {
     /// Idempotency answers the embedded engine remembers at once (each 24 h, in memory and
     /// in every manifest); a request with a new key past it is `503`.
     pub max_idempotency_keys: usize,
+    /// An export's client must take its answer at least this fast, measured over the time
+    /// the export waited on it beyond a grace of `body_timeout_ms`; slower, it is cut off
+    /// (it holds one of the `max_concurrent_queries` export permits meanwhile).
+    pub export_min_bytes_per_sec: usize,
 }
 
 impl Default for ServerLimits {
@@ -249,6 +254,7 @@ impl Default for ServerLimits {
             max_concurrent_queries: 16,
             max_body_bytes_in_flight: 512 * 1024 * 1024,
             max_idempotency_keys: 1_000_000,
+            export_min_bytes_per_sec: 16 * 1024,
         }
     }
 }
@@ -401,6 +407,13 @@ impl Settings {
                     l.max_idempotency_keys,
                     d.max_idempotency_keys,
                 )?,
+                export_min_bytes_per_sec: at_most(
+                    "export_min_bytes_per_sec",
+                    l.export_min_bytes_per_sec,
+                    d.export_min_bytes_per_sec,
+                    1 << 30,
+                    "from 1 to 1073741824 (1 GiB/s)",
+                )?,
             };
         }
         for (i, t) in file.tokens.iter().enumerate() {
@@ -528,6 +541,7 @@ max_concurrent_writes = 256
 max_concurrent_queries = 16
 max_body_bytes_in_flight = 536870912
 max_idempotency_keys = 1000000
+export_min_bytes_per_sec = 16384
 
 [[tokens]]
 token = "s3cret"
@@ -610,6 +624,14 @@ dimensions = ["status"]
             (
                 "[limits]\nidle_timeout_ms = 18446744073709551615",
                 "idle_timeout_ms must be from 1 to 86400000",
+            ),
+            (
+                "[limits]\nexport_min_bytes_per_sec = 0",
+                "export_min_bytes_per_sec must be greater than 0",
+            ),
+            (
+                "[limits]\nexport_min_bytes_per_sec = 1073741825",
+                "export_min_bytes_per_sec must be from 1 to 1073741824",
             ),
             ("[[tokens]]\ntoken = \"t\"\nscopes = [\"peek:*\"]", "scope"),
             ("[defaults]\ntiers = []", "[defaults]"),

@@ -6,8 +6,9 @@
 //! a queue of four for the client: a slow client slows the export, it never grows in memory.
 //! Each page of keys has its own `[limits] query_timeout_ms`; a failure after the answer
 //! started cuts the response off (no last chunk), so a client never takes a partial export
-//! for a whole one. A client that goes away stops the export at its next chunk, and one that
-//! takes nothing for `[limits] body_timeout_ms` is cut off. At most `max_concurrent_queries`
+//! for a whole one. A client that goes away stops the export at its next chunk; one that
+//! takes nothing for `[limits] body_timeout_ms`, or takes the answer slower than
+//! `export_min_bytes_per_sec` (see [`Pace`]), is cut off. At most `max_concurrent_queries`
 //! exports stream at once (each holds a permit of its own until it ends: it outlives its
 //! handler and so the admission permit); past that, `503` with `Retry-After`.
 
@@ -97,9 +98,13 @@ pub async fn export(
     let complete = Arc::new(AtomicBool::new(false));
     let done_flag = complete.clone();
     let timeout = Duration::from_millis(app.settings().server.query_timeout_ms);
-    // A client that takes none of the answer for this long is cut off: it holds a query
-    // permit and a blocking thread meanwhile.
-    let stalled = Duration::from_millis(app.settings().server.body_timeout_ms);
+    // A client that takes none of the answer for this long, or takes it slower than
+    // `export_min_bytes_per_sec`, is cut off: it holds an export permit and a blocking
+    // thread meanwhile.
+    let mut pace = Pace::new(
+        Duration::from_millis(app.settings().server.body_timeout_ms),
+        app.settings().server.export_min_bytes_per_sec,
+    );
     let handle = tokio::runtime::Handle::current();
     // Set as soon as the client goes away (the body, and so the receiver, dropped): every
     // page's deadline shares it, so the scan stops at once even if it has found no row to
@@ -114,10 +119,14 @@ pub async fn export(
     };
     tokio::task::spawn_blocking(move || {
         let _permit = permit;
-        let send = |chunk: Result<Bytes, std::io::Error>| {
-            handle
-                .block_on(tokio::time::timeout(stalled, tx.send(chunk)))
-                .is_ok_and(|sent| sent.is_ok())
+        let mut send = |chunk: Result<Bytes, std::io::Error>| {
+            let len = chunk.as_ref().map_or(0, Bytes::len);
+            let started = std::time::Instant::now();
+            let sent = handle
+                .block_on(tokio::time::timeout(pace.allowance(len), tx.send(chunk)))
+                .is_ok_and(|sent| sent.is_ok());
+            pace.waited(len, started.elapsed());
+            sent
         };
         let mut buf = String::with_capacity(CHUNK_BYTES + 4096);
         buf.push_str(HEADER);
@@ -153,6 +162,44 @@ pub async fn export(
         Body::new(Chunks(rx, complete)),
     )
         .into_response())
+}
+
+/// How long an export may wait to hand its client the next chunk. Its client must take
+/// each chunk within the stall timeout, and must take the whole answer at the minimum rate:
+/// the time the export has waited on it, all chunks together, may pass `grace + bytes /
+/// min_rate` by nothing. Only time spent waiting counts (a scan that finds rows slowly costs
+/// its client nothing), so a client keeping up is never cut off; one that reads steadily
+/// but slowly, never stalling long enough to trip the stall timeout, is cut off once it has
+/// used up its grace instead of holding an export permit for as long as it likes.
+struct Pace {
+    stall: Duration,
+    min_rate: f64,
+    bytes: u64,
+    waited: Duration,
+}
+
+impl Pace {
+    fn new(stall: Duration, min_bytes_per_sec: usize) -> Pace {
+        Pace {
+            stall,
+            min_rate: min_bytes_per_sec.max(1) as f64,
+            bytes: 0,
+            waited: Duration::ZERO,
+        }
+    }
+
+    /// How long the next send, of `len` bytes, may wait.
+    fn allowance(&self, len: usize) -> Duration {
+        let earned =
+            self.stall + Duration::from_secs_f64((self.bytes + len as u64) as f64 / self.min_rate);
+        earned.saturating_sub(self.waited).min(self.stall)
+    }
+
+    /// A send of `len` bytes waited `took`.
+    fn waited(&mut self, len: usize, took: Duration) {
+        self.bytes += len as u64;
+        self.waited += took;
+    }
 }
 
 /// The chunks as a response body; an error, or an end before the producer said it was
@@ -196,6 +243,115 @@ pub fn write_row(out: &mut String, ns: &str, resolution: &str, row: &Row<'_>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_client_slower_than_the_minimum_rate_runs_out_of_allowance() {
+        let ms = Duration::from_millis;
+        // 64 KiB/s, 1 s of grace: a chunk of 64 KiB earns a second of waiting.
+        let mut p = Pace::new(ms(1000), 64 * 1024);
+        assert_eq!(
+            p.allowance(64 * 1024),
+            ms(1000),
+            "capped by the stall timeout"
+        );
+        // A client at the rate (1 s per chunk) keeps its grace for good.
+        for _ in 0..100 {
+            p.waited(64 * 1024, ms(1000));
+            assert_eq!(p.allowance(64 * 1024), ms(1000));
+        }
+        // One at half the rate (2 s per chunk, each under a stall timeout of 3 s) loses a
+        // second a chunk: its grace is gone after one, and then it has what it earns.
+        let mut p = Pace::new(ms(3000), 64 * 1024);
+        p.waited(64 * 1024, ms(2000));
+        assert_eq!(p.allowance(64 * 1024), ms(3000));
+        p.waited(64 * 1024, ms(2000));
+        assert_eq!(p.allowance(64 * 1024), ms(2000));
+        p.waited(64 * 1024, ms(2000));
+        assert_eq!(p.allowance(64 * 1024), ms(1000));
+        p.waited(64 * 1024, ms(1000));
+        assert_eq!(p.allowance(64 * 1024), ms(1000));
+        p.waited(64 * 1024, ms(2000));
+        assert_eq!(p.allowance(0), Duration::ZERO, "out of allowance: cut off");
+    }
+
+    /// Through the handler itself, no sockets: the only buffer between the scan and the
+    /// client is the queue of chunks, so the client's pace is exactly what the export sees
+    /// (a socket's buffers take megabytes before the server waits). A client taking a
+    /// chunk every 200 ms never stalls for `body_timeout_ms` (500) but takes ~330 KB/s,
+    /// below the minimum of 4 MiB/s: it is cut off, its body ending in an error. One that
+    /// takes chunks as they come gets the export whole.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_client_reading_below_the_minimum_rate_is_cut_off() {
+        use http_body_util::BodyExt;
+        const NOW: i64 = 1_795_176_000;
+        let clock = Arc::new(tally_core::store::ManualClock::new(NOW));
+        let store = Arc::new(tally_core::reference::MemStore::new(clock.clone()));
+        let settings = crate::config::Settings::from_toml(
+            "[limits]\nbody_timeout_ms = 500\nexport_min_bytes_per_sec = 4194304",
+        )
+        .unwrap();
+        let app = App::new(store, settings, clock);
+        let (mut router, _) = crate::router::router(app.clone());
+        for part in 0..4 {
+            let body: String = (0..10_000)
+                .map(|i| format!("{{\"ns\":\"big\",\"key\":\"k{part}{i:05}\",\"ts\":{NOW}}}\n"))
+                .collect();
+            let req = axum::http::Request::post("/v1/events")
+                .header("content-type", "application/x-ndjson")
+                .body(Body::from(body))
+                .unwrap();
+            let resp = tower::Service::call(&mut router, req).await.unwrap();
+            assert_eq!(resp.status(), 200);
+        }
+        let query = format!("from={NOW}&to={}&resolution=1h", NOW + 1);
+        let export = |app: App| {
+            let query = query.clone();
+            async move {
+                let resp = export(
+                    State(app),
+                    Path("big".to_owned()),
+                    RawQuery(Some(query)),
+                    HeaderMap::new(),
+                )
+                .await
+                .unwrap();
+                assert_eq!(resp.status(), 200);
+                resp.into_body()
+            }
+        };
+        // Taken as it comes: whole.
+        let whole = export(app.clone())
+            .await
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes();
+        let rows = whole.iter().filter(|&&b| b == b'\n').count();
+        assert_eq!(rows, 40_001);
+        // Taken slowly: cut off before its end.
+        let mut body = export(app).await;
+        let (mut got, mut chunks) = (0, 0);
+        let cut = loop {
+            match body.frame().await {
+                None => break false,
+                Some(Err(_)) => break true,
+                Some(Ok(f)) => {
+                    got += f.into_data().map_or(0, |d| d.len());
+                    chunks += 1;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        assert!(
+            cut,
+            "a client at a twelfth of the minimum rate took the whole export"
+        );
+        assert!(got < whole.len(), "{got} of {} bytes", whole.len());
+        assert!(
+            chunks >= 4,
+            "cut off before its grace was spent: {chunks} chunks"
+        );
+    }
 
     #[test]
     fn rows_quote_commas_and_quotes() {
