@@ -222,20 +222,26 @@ pub(crate) fn replay(
             let _ = wait.recv();
         };
         for (i, (named_seq, path)) in files.iter().enumerate() {
-            if *named_seq > next_seq {
+            // Only records from `wal_start` on are needed: a gap wholly before it (a
+            // truncation interrupted by a crash may leave an older file whose removal was
+            // not made durable while a newer one's was) loses nothing.
+            let needed = next_seq.max(wal_start);
+            if *named_seq > needed {
                 gap(
                     accept_data_loss,
                     &mut lost,
-                    next_seq,
+                    needed,
                     named_seq - 1,
                     WalError::BadFile {
                         file: path.clone(),
                         why: FileProblem::Gap {
-                            first: next_seq,
+                            first: needed,
                             last: named_seq - 1,
                         },
                     },
                 )?;
+            }
+            if *named_seq > next_seq {
                 next_seq = *named_seq;
             }
             if *named_seq != next_seq {

@@ -113,6 +113,61 @@ fn a_deleted_middle_file_is_refused_naming_the_range() {
     );
 }
 
+/// Found by an independent review: a gap between log files wholly before `wal_start` (what
+/// a truncation interrupted by a crash can leave: it removes oldest first, and without a
+/// sync between removals a newer one may persist while an older one does not) was refused
+/// although the archive holds every record in it.
+#[test]
+fn a_gap_wholly_before_wal_start_loses_nothing_and_is_accepted() {
+    let dir = tempfile::tempdir().unwrap();
+    let saved = tempfile::tempdir().unwrap();
+    let clock = clock(NOW);
+    let e = Engine::open(config(dir.path(), &clock, false)).unwrap();
+    fill(&e, 0..10, NOW - 2 * DAY);
+    e.sync().unwrap();
+    let old = files(dir.path());
+    assert!(old.len() >= 3, "{old:?}");
+    for (_, f) in &old {
+        std::fs::copy(f, saved.path().join(f.file_name().unwrap())).unwrap();
+    }
+    let report = e.flush().unwrap();
+    fill(&e, 10..20, NOW - 60);
+    drop(e);
+    // Every file the flush removed comes back but the second.
+    for (_, f) in old.iter().filter(|(seq, _)| *seq < report.wal_start) {
+        if *f != old[1].1 {
+            let name = f.file_name().unwrap();
+            std::fs::copy(saved.path().join(name), f).unwrap();
+        }
+    }
+    let log = files(dir.path());
+    assert!(log[0].0 < old[1].0 && log[1].0 > old[1].0, "{log:?}");
+    let e = Engine::open(config(dir.path(), &clock, false)).unwrap();
+    for i in 0..20 {
+        assert_eq!(total(&e, "clicks", &format!("k{i}"), 3600), 1, "k{i}");
+    }
+    // A gap reaching past `wal_start` is still refused, naming only the records needed.
+    drop(e);
+    let log = files(dir.path());
+    let at = log
+        .iter()
+        .position(|(seq, _)| *seq >= report.wal_start)
+        .unwrap();
+    std::fs::remove_file(&log[at].1).unwrap();
+    let err = Engine::open(config(dir.path(), &clock, false)).unwrap_err();
+    let (first, last) = (report.wal_start, log[at + 1].0 - 1);
+    assert!(
+        matches!(
+            &err,
+            OpenError::Wal(WalError::BadFile {
+                why: FileProblem::Gap { first: f, last: l },
+                ..
+            }) if *f == first && *l == last
+        ),
+        "{err:?}"
+    );
+}
+
 #[test]
 fn a_lost_newest_file_is_refused_when_the_archive_went_past_it() {
     let dir = tempfile::tempdir().unwrap();
