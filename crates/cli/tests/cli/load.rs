@@ -198,8 +198,24 @@ fn loads_online_and_offline_answer_like_the_api() {
     std::fs::create_dir(&b_dir).unwrap();
     let b = serve_dir(&b_dir);
     let b_url = b.url.trim_end_matches('/').to_owned();
-    let o = load(&[csv.to_str().unwrap(), "--server", &b_url, "--batch", "700"]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // A config given with --server is not used (the server applies its own), and says so.
+    let ignored = tmp.path().join("ignored.toml");
+    std::fs::write(&ignored, "[limits]\nmax_future_secs = 0\n").unwrap();
+    let o = load(&[
+        csv.to_str().unwrap(),
+        "--server",
+        &b_url,
+        "--batch",
+        "700",
+        "--config",
+        ignored.to_str().unwrap(),
+    ]);
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{said}");
+    assert!(
+        said.contains("--config (or TALLY_CONFIG) is not used with --server"),
+        "{said}"
+    );
     assert_eq!(holdings(&b_url), want);
 
     // C: the NDJSON loaded offline into a directory, then served.

@@ -67,7 +67,7 @@ pub struct LoadArgs {
     data: Option<PathBuf>,
     /// With --data: the server's configuration file (as `tally serve --config` takes it), so
     /// the load applies its [defaults], [limits] max_future_secs and [namespaces] as the
-    /// server would. Through --server, the server applies its own.
+    /// server would. Through --server, the server applies its own (a warning says so).
     #[arg(long, env = "TALLY_CONFIG")]
     config: Option<PathBuf>,
     /// Events per batch.
@@ -262,6 +262,13 @@ fn reason(e: IngestError) -> String {
 }
 
 pub fn run(a: LoadArgs) -> anyhow::Result<()> {
+    if let (Some(config), Some(_)) = (&a.config, &a.server) {
+        eprintln!(
+            "tally: warning: --config (or TALLY_CONFIG) is not used with --server: the server \
+             checks every batch by its own configuration ({} ignored)",
+            config.display()
+        );
+    }
     let rules = Rules::of(&a)?;
     let spool = tempfile::tempdir().context("creating a temporary directory")?;
     let mut sources = Vec::new();
