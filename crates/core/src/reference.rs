@@ -138,14 +138,16 @@ impl Store for MemStore {
                 if !tier.retention.keeps_bucket(b, r, now) {
                     continue;
                 }
-                *series.totals.entry((r, b)).or_default() += inc.n;
+                let t = series.totals.entry((r, b)).or_default();
+                *t = t.wrapping_add(inc.n);
                 if schema.is_breakdown(r) {
                     for s in &inc.subtotals {
                         let counts = series
                             .subtotals
                             .entry((s.dim.clone(), s.value.clone()))
                             .or_default();
-                        *counts.entry((r, b)).or_default() += inc.n;
+                        let c = counts.entry((r, b)).or_default();
+                        *c = c.wrapping_add(inc.n);
                     }
                 }
             }

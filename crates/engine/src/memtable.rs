@@ -120,7 +120,8 @@ impl Shard {
         *e = union(*e, (bucket_index, bucket_index));
         match self.maps[at(slot, lane)].entry(counter_key(series, bucket_index)) {
             Entry::Occupied(mut e) => {
-                *e.get_mut() += n;
+                // Counters wrap past 64 bits (as in a release build, and in Redis).
+                *e.get_mut() = e.get().wrapping_add(n);
                 if *e.get() == 0 {
                     e.remove();
                 }

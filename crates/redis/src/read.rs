@@ -719,7 +719,8 @@ impl Collect {
         for (f, n) in pairs(reply) {
             match Field::parse(&f) {
                 Some(Field::Total { offset }) if self.in_range(window, offset) => {
-                    *self.totals.entry(window + offset * self.res).or_default() += n;
+                    let t = self.totals.entry(window + offset * self.res).or_default();
+                    *t = t.wrapping_add(n);
                 }
                 Some(Field::Subtotal {
                     offset,
@@ -764,12 +765,13 @@ impl Collect {
     }
 
     fn subtotal(&mut self, window: i64, offset: i64, dim: &str, value: &str, n: i64) {
-        *self
+        let s = self
             .subtotals
             .entry((dim.to_owned(), value.to_owned()))
             .or_default()
             .entry(window + offset * self.res)
-            .or_default() += n;
+            .or_default();
+        *s = s.wrapping_add(n);
     }
 
     fn finish(self) -> KeyData {

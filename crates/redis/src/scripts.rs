@@ -34,7 +34,8 @@ use redis::Script;
 ///
 /// Then a list of operations, each naming its keys by their index in `KEYS`:
 ///
-/// - `h <key> <expireat|0> <count> (<field> <n>)*`: `HINCRBY` each field, then `EXPIREAT`
+/// - `h <key> <expireat|0> <count> (<field> <n>)*`: `HINCRBY` each field (a sum past 64
+///   bits wraps, as the engine's counters do, rather than failing half-way), then `EXPIREAT`
 ///   (`0`: the hash is kept forever) if the hash is new or its expiry is earlier: an expiry
 ///   only grows, and a hash without one keeps none (a batch prepared under a shorter
 ///   retention than the tier's now cannot shorten what a longer one set).
@@ -49,7 +50,61 @@ use redis::Script;
 /// - `r <key> <record> <expireat>`: `SET NX` an idempotency record until `expireat`.
 /// - `x <key> <count> (<resolution> <lo> <hi>)*`: widens a namespace's extent
 ///   (`layout::extent_key`) to take the bucket starts `lo` to `hi` at each resolution.
-pub static APPLY: LazyLock<Script> = LazyLock::new(|| with_index(APPLY_LUA));
+pub static APPLY: LazyLock<Script> =
+    LazyLock::new(|| with_index(&format!("{WRAPPING_ADD_LUA}{APPLY_LUA}")));
+
+/// `wrapping_add(x, y)`: the sum of two decimal 64-bit integers, modulo 2^64, in decimal.
+const WRAPPING_ADD_LUA: &str = r#"
+-- Counters are 64-bit and wrap on overflow, as the engine's do: `HINCRBY` refuses an
+-- increment past 2^63 - 1 (or below -2^63), and failing there would leave the batch half
+-- applied. Then the sum is worked out here, modulo 2^64, in two 32-bit halves (Lua's
+-- numbers are doubles, exact below 2^53).
+local W = 4294967296
+local function negate(hi, lo)
+  lo, hi = W - 1 - lo + 1, W - 1 - hi
+  if lo == W then
+    lo, hi = 0, (hi + 1) % W
+  end
+  return hi, lo
+end
+local function to64(s)
+  local neg = string.sub(s, 1, 1) == '-'
+  local hi, lo = 0, 0
+  for d in string.gmatch(s, '%d') do
+    lo = lo * 10 + tonumber(d)
+    local carry = math.floor(lo / W)
+    lo = lo - carry * W
+    hi = (hi * 10 + carry) % W
+  end
+  if neg then
+    return negate(hi, lo)
+  end
+  return hi, lo
+end
+local function wrapping_add(x, y)
+  local h1, l1 = to64(x)
+  local h2, l2 = to64(y)
+  local lo, hi = l1 + l2, h1 + h2
+  if lo >= W then
+    lo, hi = lo - W, hi + 1
+  end
+  hi = hi % W
+  local neg = hi >= W / 2
+  if neg then
+    hi, lo = negate(hi, lo)
+  end
+  local digits = {}
+  repeat
+    local r = hi % 10
+    hi = (hi - r) / 10
+    local v = r * W + lo
+    local d = v % 10
+    lo = (v - d) / 10
+    table.insert(digits, 1, string.format('%d', d))
+  until hi == 0 and lo == 0
+  return (neg and '-' or '') .. table.concat(digits)
+end
+"#;
 
 /// A script with the key index's functions ([`INDEX_LUA`]) before it.
 fn with_index(body: &str) -> Script {
@@ -162,6 +217,15 @@ end
 
 const APPLY_LUA: &str = r#"
 local a = ARGV
+local function incr(k, f, n)
+  local r = redis.pcall('HINCRBY', k, f, n)
+  if type(r) == 'table' and r.err then
+    if not string.find(r.err, 'overflow', 1, true) then
+      error(r.err)
+    end
+    redis.call('HSET', k, f, wrapping_add(redis.call('HGET', k, f), n))
+  end
+end
 local e = tonumber(a[7])
 local i = 8 + 3 * e
 local eps = {}
@@ -224,7 +288,7 @@ while i <= n do
       before = redis.call('EXPIRETIME', k)
     end
     for _ = 1, c do
-      redis.call('HINCRBY', k, a[i], a[i + 1])
+      incr(k, a[i], a[i + 1])
       i = i + 2
     end
     if exp ~= '0' and (before == -2 or (before >= 0 and tonumber(exp) > before)) then
@@ -532,3 +596,55 @@ end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
 return 1
 "#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::RedisServer;
+
+    /// The script's 64-bit sum against Rust's `wrapping_add`, at the edges and on random
+    /// pairs.
+    #[test]
+    fn lua_wrapping_add_is_rust_s() {
+        let server = RedisServer::start();
+        let client = redis::Client::open(server.url()).unwrap();
+        let mut c = client.get_connection().unwrap();
+        let script = Script::new(&format!(
+            "{WRAPPING_ADD_LUA}return wrapping_add(ARGV[1], ARGV[2])"
+        ));
+        let edges = [
+            0,
+            1,
+            -1,
+            2,
+            (1 << 32) - 1,
+            1 << 32,
+            -(1 << 32),
+            (1 << 53) - 1,
+            -((1 << 53) - 1),
+            i64::MAX,
+            i64::MAX - 1,
+            i64::MIN,
+            i64::MIN + 1,
+            1_000_000_007,
+        ];
+        let mut pairs: Vec<(i64, i64)> = edges
+            .iter()
+            .flat_map(|&x| edges.iter().map(move |&y| (x, y)))
+            .collect();
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        for _ in 0..500 {
+            let mut next = || {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                seed as i64
+            };
+            pairs.push((next(), next()));
+        }
+        for (x, y) in pairs {
+            let got: String = script.arg(x).arg(y).invoke(&mut c).unwrap();
+            assert_eq!(got, x.wrapping_add(y).to_string(), "{x} + {y}");
+        }
+    }
+}

@@ -408,14 +408,17 @@ fn plan(
                 .entry(layout::window_key(&plan.tag, gen_, r, w))
                 .or_default();
             h.expire_at = expire_at;
-            *h.fields.entry(off.to_string()).or_default() += inc.n;
+            // Counters wrap past 64 bits, as the engine's do (and the script's `HINCRBY`).
+            let total = h.fields.entry(off.to_string()).or_default();
+            *total = total.wrapping_add(inc.n);
             if let Some(sgen) = st.breakdown_generation(tier.resolution) {
                 for s in &inc.subtotals {
                     let field = match st.write_code(tier.resolution, &s.dim) {
                         Some(code) => layout::coded_field(off, code, &s.value),
                         None => layout::subtotal_field(off, sgen, &s.dim, &s.value),
                     };
-                    *h.fields.entry(field).or_default() += inc.n;
+                    let sub = h.fields.entry(field).or_default();
+                    *sub = sub.wrapping_add(inc.n);
                 }
             }
         }

@@ -11,6 +11,7 @@ mod faults;
 mod idempotency;
 mod index;
 mod limited;
+mod overflow;
 mod retention;
 
 use tally_core::ingest::{self, Defaults, Limits};
