@@ -193,11 +193,8 @@ fn count(values: &str, rate: f64, rng: &mut Rng) -> Result<i64, Dropped> {
     let mut exact: Option<i64> = Some(0);
     let mut sum = 0.0f64;
     for v in values.split(':') {
-        let is_int = !v.is_empty()
-            && v.strip_prefix(['-', '+'])
-                .unwrap_or(v)
-                .bytes()
-                .all(|b| b.is_ascii_digit());
+        let digits = v.strip_prefix(['-', '+']).unwrap_or(v);
+        let is_int = !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit());
         if is_int {
             let i: i64 = v.parse().map_err(|_| out_of_range())?;
             exact = exact.and_then(|e| e.checked_add(i));
@@ -561,5 +558,16 @@ mod tests {
         assert_eq!(batch.create.len(), 1);
         assert_eq!(batch.increments.len(), 3);
         store.apply(&batch).unwrap();
+    }
+
+    /// Found by an independent review: a sign with no digits was taken for an integer too
+    /// long to parse, and dropped as `invalid` ("out of range") rather than `malformed`.
+    #[test]
+    fn a_bare_sign_is_malformed() {
+        for l in ["k:-|c", "k:+|c", "k:1:-|c"] {
+            let d = line(l).unwrap_err();
+            assert_eq!(d.outcome, Outcome::Malformed, "{l}: {}", d.reason);
+            assert!(d.reason.contains("is not a number"), "{l}: {}", d.reason);
+        }
     }
 }
