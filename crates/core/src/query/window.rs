@@ -182,21 +182,28 @@ pub fn retry_after(
 /// by then it may have moved on by as long as the wait (seconds at most).
 const LOCK_WAIT_MARGIN: i64 = 300;
 
-/// Applies `batch` (one key's increment) only if the key's count over `last`, with the
-/// batch's increments that fall in the window, stays at most `max` — atomically with every
+/// Applies `batch` (one key's increment, prepared at `prepared_at`) only if the key's count
+/// over `last`, with the batch's increments, stays at most `max` — atomically with every
 /// other limited increment of the key ([`Store::apply_if`]). The window is planned from
 /// `now()` read once the key's lock is held (a request that waited for the lock must count
 /// what the others wrote meanwhile). `record` builds the answer to remember under the
 /// request's idempotency key from the outcome, inside that atomic step, so a retry replays
 /// an acceptance or a refusal alike.
+///
+/// `None`: the window moved past one of the increments while the request waited for the
+/// key's lock (a bucket edge passed meanwhile), so counted now it would land outside the
+/// window it is checked against, unchecked. Nothing was applied or remembered: the caller
+/// prepares the increment again at a fresh `now` and tries again (an increment given an
+/// explicit `ts` that has left the window is then refused).
 pub fn incr_limited(
     store: &dyn Store,
+    prepared_at: i64,
     now: &dyn Fn() -> i64,
     batch: &Batch,
     last: Duration,
     max: i64,
     record: &mut dyn FnMut(&Limited) -> Result<Option<crate::store::IdemRecord>, StoreError>,
-) -> Result<Limited, QueryError> {
+) -> Result<Option<Limited>, QueryError> {
     let Some(first) = batch.increments.first() else {
         return Err(StoreError::internal("incr_limited of an empty batch").into());
     };
@@ -205,7 +212,8 @@ pub fn incr_limited(
         Some((_, schema)) => schema.clone(),
         None => schema_of(store, ns)?,
     };
-    let planned = window_plan(ns, &schema, last, now())?;
+    // Planned at the moment the increment was stamped: one given no `ts` is always inside.
+    let planned = window_plan(ns, &schema, last, prepared_at)?;
     // The limit is on the window: an increment outside it would be counted unchecked (and
     // a future one would overfill its window when that comes).
     if let Some(i) = batch.increments.iter().find(|i| !planned.covers(i.ts)) {
@@ -225,6 +233,13 @@ pub fn incr_limited(
         let at = now();
         let plan = window_plan(ns, &schema, last, at)
             .map_err(|e| StoreError::internal(format!("the window's tier went away: {e}")))?;
+        if batch.increments.iter().any(|i| !plan.covers(i.ts)) {
+            // Undecided (see above): nothing applied, nothing remembered.
+            return Ok(Decision {
+                apply: false,
+                idempotency: None,
+            });
+        }
         let inside: Vec<(i64, i64)> = buckets
             .iter()
             .copied()
@@ -250,7 +265,7 @@ pub fn incr_limited(
         outcome = Some(decided);
         Ok(Decision { apply, idempotency })
     })?;
-    outcome.ok_or_else(|| StoreError::internal("apply_if did not decide").into())
+    Ok(outcome)
 }
 
 #[cfg(test)]
@@ -273,7 +288,6 @@ mod tests {
     #[test]
     fn the_window_is_planned_again_once_the_lock_is_held() {
         use std::sync::Arc;
-        use std::sync::atomic::{AtomicI64, Ordering};
 
         use crate::ingest::{Defaults, Limits, prepare};
         use crate::model::RawEvent;
@@ -323,20 +337,101 @@ mod tests {
             &Defaults::default(),
         )
         .unwrap();
-        let calls = AtomicI64::new(0);
-        let now = || {
-            if calls.fetch_add(1, Ordering::SeqCst) == 0 {
-                t
-            } else {
-                t + 2
-            }
-        };
         let last = Duration::from_secs(60).unwrap();
-        let outcome = incr_limited(&store, &now, &batch, last, 2, &mut |_| Ok(None)).unwrap();
+        let outcome =
+            incr_limited(&store, t, &|| t + 2, &batch, last, 2, &mut |_| Ok(None)).unwrap();
         assert!(
-            matches!(&outcome, Limited::Refused { window, .. } if window.n == 2),
+            matches!(&outcome, Some(Limited::Refused { window, .. }) if window.n == 2),
             "{outcome:?}"
         );
+    }
+
+    /// Found by an independent review: requests stamped in second t (no `ts` given) that got
+    /// the key's lock once the clock reached t + 1 saw an empty window and were all written
+    /// into second t, uncounted: 8 in one second for a limit of 3 per second. Now they come
+    /// back undecided, changing nothing, and prepared again at t + 1 they fill that second
+    /// to the limit and no further.
+    #[test]
+    fn an_increment_whose_bucket_left_the_window_while_it_waited_is_not_counted_unchecked() {
+        use std::sync::Arc;
+
+        use crate::ingest::{Defaults, Limits, prepare};
+        use crate::model::{Key, RawEvent};
+        use crate::reference::MemStore;
+        use crate::store::{KeyRead, ManualClock, Want};
+
+        let t = 1_795_176_000;
+        let clock = Arc::new(ManualClock::new(t));
+        let store = MemStore::new(clock.clone());
+        let ns = Namespace::new("api").unwrap();
+        let schema = Schema::from_doc(&crate::model::SchemaDoc {
+            tiers: vec!["1s:2h".into()],
+            breakdown_tiers: None,
+            dimensions: None,
+        })
+        .unwrap();
+        store.put_schema(&ns, &schema).unwrap();
+        let raw = RawEvent {
+            ns: "api".into(),
+            key: "k".into(),
+            ts: None,
+            n: Some(1),
+            dims: Vec::new(),
+        };
+        let (last, max) = (Duration::from_secs(1).unwrap(), 3);
+        let at = |when: i64| {
+            prepare(
+                &store,
+                std::slice::from_ref(&raw),
+                when,
+                &Limits::default(),
+                &Defaults::default(),
+            )
+            .unwrap()
+        };
+        for _ in 0..3 {
+            let o = incr_limited(&store, t, &|| t, &at(t), last, max, &mut |_| Ok(None));
+            assert!(matches!(o, Ok(Some(Limited::Accepted(_)))), "{o:?}");
+        }
+        // Five more stamped in second t take the lock at t + 1.
+        clock.set(t + 1);
+        let mut remembered = 0;
+        for _ in 0..5 {
+            let o = incr_limited(&store, t, &|| t + 1, &at(t), last, max, &mut |_| {
+                remembered += 1;
+                Ok(None)
+            });
+            assert!(matches!(o, Ok(None)), "{o:?}");
+        }
+        assert_eq!(remembered, 0, "an undecided increment is not remembered");
+        // Prepared again at t + 1: three fit.
+        let outcomes: Vec<_> = (0..5)
+            .map(|_| {
+                incr_limited(&store, t + 1, &|| t + 1, &at(t + 1), last, max, &mut |_| {
+                    Ok(None)
+                })
+            })
+            .map(|o| matches!(o, Ok(Some(Limited::Accepted(_)))))
+            .collect();
+        assert_eq!(outcomes, [true, true, true, false, false]);
+        let k = Key::new("k").unwrap();
+        let second = |s: i64| -> i64 {
+            let read = KeyRead {
+                ns: &ns,
+                key: &k,
+                resolution: Duration::from_secs(1).unwrap(),
+                from: s,
+                to: s + 1,
+                want: Want::Totals,
+                sum_subtotals: false,
+            };
+            store.read(&[read]).unwrap()[0]
+                .totals
+                .iter()
+                .map(|(_, n)| n)
+                .sum()
+        };
+        assert_eq!((second(t), second(t + 1)), (3, 3));
     }
 
     #[test]

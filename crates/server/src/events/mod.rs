@@ -183,6 +183,10 @@ fn parse_max(v: &str) -> Result<i64, ApiError> {
         })
 }
 
+/// Tries of a limited increment whose window moves past it while it waits for its key's
+/// lock (each wait would have to span a bucket edge) before `503`.
+const LIMITED_TRIES: u32 = 4;
+
 /// A limited increment (`incr?window=…&max=…`): validated, then applied only if the window
 /// stays within `max`, atomically with the key's other limited increments; on refusal
 /// `429 limit_exceeded` with the count, the limit and `retry_after` (also as a
@@ -195,26 +199,46 @@ fn apply_limited(
     last: Duration,
     max: i64,
 ) -> Result<axum::response::Response, ApiError> {
-    let now = app.now();
-    let batch = ingest::prepare_owned(
-        &**app.store(),
-        vec![raw],
-        now,
-        &app.settings().limits,
-        &app.settings().defaults,
-    )?;
     let clock = || app.now();
-    let outcome = query::incr_limited(&**app.store(), &clock, &batch, last, max, &mut |o| {
-        let Some(ticket) = &idem else {
-            return Ok(None);
-        };
-        let (status, body) = limited_answer(o);
-        Ok(Some(ticket.clone().record_raw(
+    // Each try stamps the increment afresh: one that waited for the key's lock while a
+    // bucket edge passed comes back undecided (counted in its old bucket it would escape
+    // the limit) and is prepared again.
+    let mut tries = 0;
+    let outcome = loop {
+        let now = app.now();
+        let batch = ingest::prepare_owned(
+            &**app.store(),
+            vec![raw.clone()],
             now,
-            status,
-            body.to_string(),
-        )))
-    })?;
+            &app.settings().limits,
+            &app.settings().defaults,
+        )?;
+        let decided =
+            query::incr_limited(&**app.store(), now, &clock, &batch, last, max, &mut |o| {
+                let Some(ticket) = &idem else {
+                    return Ok(None);
+                };
+                let (status, body) = limited_answer(o);
+                Ok(Some(ticket.clone().record_raw(
+                    now,
+                    status,
+                    body.to_string(),
+                )))
+            })?;
+        if let Some(outcome) = decided {
+            break outcome;
+        }
+        tries += 1;
+        if tries == LIMITED_TRIES {
+            return Err(ApiError::new(
+                ErrorCode::BackendUnavailable,
+                format!(
+                    "the window moved on {LIMITED_TRIES} times while this increment waited for \
+                     the key's other limited increments; nothing was counted, try again"
+                ),
+            ));
+        }
+    };
     let (status, body) = limited_answer(&outcome);
     if let query::Limited::Accepted(_) = outcome {
         app.metrics().events.fetch_add(1, Ordering::Relaxed);
@@ -275,7 +299,9 @@ pub(crate) fn is_ndjson(headers: &HeaderMap) -> bool {
         ("max" = Option<i64>, Query, description = "with window: count only if the window stays at most max, else 429 limit_exceeded; ts, if given, must fall inside the window"),
         ("Idempotency-Key" = Option<String>, Header),
     ),
-    responses((status = 200, description = "`{\"accepted\": 1}` or `{\"accepted\": 1, \"window\": {...}}`"), (status = 400, description = "invalid input")))]
+    responses((status = 200, description = "`{\"accepted\": 1}` or `{\"accepted\": 1, \"window\": {...}}`"), (status = 400, description = "invalid input"),
+        (status = 429, description = "limit_exceeded: with max, the window would pass it; nothing counted"),
+        (status = 503, description = "backend_unavailable, or with max: the window moved on while the increment waited for its key's other limited increments, four times; nothing counted")))]
 pub async fn incr(
     State(app): State<App>,
     Path((ns, key)): Path<(String, String)>,

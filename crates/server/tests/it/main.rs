@@ -105,6 +105,10 @@ pub struct Gated {
     pub hold_health: std::sync::atomic::AtomicBool,
     pub health_inside: std::sync::atomic::AtomicUsize,
     pub health_most: std::sync::atomic::AtomicUsize,
+    /// While set, limited increments run under a lock of this harness and apply through the
+    /// gate, so one can be held in its key's lock while others queue behind it.
+    pub gate_limited: std::sync::atomic::AtomicBool,
+    limited_lock: Mutex<()>,
 }
 
 impl std::fmt::Debug for Gated {
@@ -156,6 +160,15 @@ impl Store for Gated {
         window: &KeyRead<'_>,
         decide: &mut dyn FnMut(&tally_core::store::Buckets) -> Result<Decision, StoreError>,
     ) -> Result<bool, StoreError> {
+        if self.gate_limited.load(std::sync::atomic::Ordering::SeqCst) {
+            return tally_core::store::apply_if_locked(
+                self,
+                &self.limited_lock,
+                batch,
+                window,
+                decide,
+            );
+        }
         self.inner.apply_if(batch, window, decide)
     }
     fn read(&self, reads: &[KeyRead<'_>]) -> Result<Vec<KeyData>, StoreError> {
@@ -308,6 +321,8 @@ impl Server {
             hold_health: Default::default(),
             health_inside: Default::default(),
             health_most: Default::default(),
+            gate_limited: Default::default(),
+            limited_lock: Mutex::new(()),
         });
         let app = App::new(store.clone(), settings.clone(), clock.clone());
         app.apply_config_namespaces().unwrap();

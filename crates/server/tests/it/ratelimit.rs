@@ -168,3 +168,40 @@ fn bad_limits_are_refused() {
     );
     assert_eq!(st, 200, "{v}");
 }
+
+/// Found by an independent review: a limited increment that waited for its key's lock while
+/// a second ended was written into the second it was stamped in, though the window it was
+/// checked against had moved on (2 in one second for `max=1` per second). Now it is stamped
+/// again and counted in the second it lands in.
+#[test]
+fn an_increment_queued_across_a_second_edge_counts_in_the_new_second() {
+    let s = Arc::new(Server::with_config(
+        "[namespaces.rl]\ntiers = [\"1s:2h\", \"1m:48h\"]\n",
+    ));
+    s.store
+        .gate_limited
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    s.store.close();
+    let incr = |s: Arc<Server>| {
+        std::thread::spawn(move || s.post("/v1/ns/rl/keys/k/incr?window=1s&max=1", ""))
+    };
+    // A holds the key's lock, applying; B waits for it.
+    let a = incr(s.clone());
+    while *s.store.waiting.lock().unwrap() == 0 {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let b = incr(s.clone());
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    s.clock.advance(1);
+    s.store.open();
+    let (a, b) = (a.join().unwrap(), b.join().unwrap());
+    assert_eq!((a.0, a.1["window"]["n"].as_i64()), (200, Some(1)), "{a:?}");
+    assert_eq!((b.0, b.1["window"]["n"].as_i64()), (200, Some(1)), "{b:?}");
+    let second = |at: i64| {
+        s.clock.set(at);
+        let (st, v) = s.get("/v1/ns/rl/keys/k/window?last=1s");
+        assert_eq!(st, 200, "{v}");
+        v["n"].as_i64().unwrap()
+    };
+    assert_eq!((second(crate::NOW), second(crate::NOW + 1)), (1, 1));
+}
