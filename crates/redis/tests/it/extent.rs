@@ -115,3 +115,59 @@ fn reads_of_all_time_name_only_the_windows_data_spans() {
     let d = store.read(&[short]).unwrap().pop().unwrap();
     assert_eq!(d.totals.iter().map(|(_, n)| n).sum::<i64>(), 5);
 }
+
+/// A scan (a `top`) over 14 years of an hourly tier: each series names ~1 000 windows,
+/// 120 000–245 000 hash fields, read in runs of calls of at most `GROUP_WORK` fields each
+/// (one call per series named them all, holding Redis for long), a few keys a page. It
+/// answers as the reference store does, by total and by value.
+#[test]
+fn a_scan_over_years_is_read_in_runs_and_answers_like_the_reference() {
+    use std::sync::Arc;
+
+    use tally_core::reference::MemStore;
+    use tally_core::store::ManualClock;
+
+    let server = RedisServer::start();
+    let now = real_now();
+    let clock = Arc::new(ManualClock::new(now));
+    let redis = RedisStore::connect_with_clock(&server.url(), clock.clone()).unwrap();
+    let reference = MemStore::new(clock);
+    let ns = Namespace::new("m").unwrap();
+    let span = 14 * 365 * 86_400;
+    let raws: Vec<_> = (0..30)
+        .flat_map(|k| {
+            (0..40).map(move |i| {
+                let ts = now - span + ((k * 7_919 + i * 104_729) % 4_000) * (span / 4_000);
+                let country = ["c1", "c2", "c3"][(k + i) as usize % 3];
+                (format!("k{k:02}"), ts, 1 + (k + i) % 5, country)
+            })
+        })
+        .map(|(key, ts, n, country)| raw("m", &key, ts, n, &[("country", country)]))
+        .collect();
+    let stores: [&dyn Store; 2] = [&redis, &reference];
+    for s in stores {
+        s.put_schema(&ns, &schema(&["1h:forever"], Some(&["1h"])))
+            .unwrap();
+        s.apply(&batch(s, now, &raws, &Defaults::default()))
+            .unwrap();
+    }
+    for value in [None, Some(("country", "c1"))] {
+        let scan = Scan {
+            ns: &ns,
+            resolution: Duration::from_secs(3600).unwrap(),
+            from: (now - span - 3600).div_euclid(3600) * 3600,
+            to: (now + 3600).div_euclid(3600) * 3600,
+            value,
+            deadline: &Deadline::none(),
+        };
+        let collect = |s: &dyn Store| {
+            let mut v = Vec::new();
+            s.scan(&scan, &mut |k, n| v.push((k.clone(), n))).unwrap();
+            v.sort();
+            v
+        };
+        let want = collect(&reference);
+        assert_eq!(want.len(), 30, "{value:?}: {want:?}");
+        assert_eq!(collect(&redis), want, "{value:?}");
+    }
+}
