@@ -927,6 +927,18 @@ scopes = ["read:api_hits"]
 "#;
 
 /// What `api_hits`'s `key` holds over the last and the next two hours (token `r`).
+/// Answers of status 400 to 499 the server gave so far (its `/metrics`).
+fn refusals_answered(url: &str) -> u64 {
+    let mut r = http_agent().get(format!("{url}/metrics")).call().unwrap();
+    r.body_mut()
+        .read_to_string()
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.strip_prefix("tally_http_responses_total{status=\"4"))
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .sum()
+}
+
 fn hits(url: &str, key: &str, now: i64) -> i64 {
     let mut r = http_agent()
         .get(format!(
@@ -1012,10 +1024,14 @@ fn the_server_checks_every_batch_before_anything_is_applied() {
         "{said}"
     );
     assert_eq!(hits(&url, "e", now), 0);
-    // Skipped, the two are listed in file order too.
+    // Skipped, the two are listed in file order too. The server refuses line 2 once: the
+    // check of its batch part by part starts from the first dry run's answer, not from the
+    // whole batch sent again.
+    let refused_before = refusals_answered(&url);
     let o = load(&[&[e.as_str()][..], &w[..], &["--skip-bad"][..]].concat());
     let said = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{said}");
+    assert_eq!(refusals_answered(&url) - refused_before, 1, "{said}");
     let at = |l: &str| {
         said.find(&format!("skipped {e}:{l}:"))
             .unwrap_or(usize::MAX)

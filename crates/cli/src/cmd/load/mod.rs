@@ -365,7 +365,7 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
     // (`DryRun::check`). At most `AHEAD` batches wait for their answer.
     const AHEAD: usize = 2;
     let (probes, to_probe) = std::sync::mpsc::sync_channel::<Vec<u8>>(AHEAD);
-    let (answers, answered) = std::sync::mpsc::channel::<anyhow::Result<bool>>();
+    let (answers, answered) = std::sync::mpsc::channel::<anyhow::Result<Option<Refusal>>>();
     std::thread::scope(|scope| -> anyhow::Result<()> {
         // Owned here, so that it closes (and the prober ends) when this closure returns,
         // before the scope waits for the prober.
@@ -373,7 +373,7 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
         if let Some(d) = &dry {
             scope.spawn(move || {
                 for body in to_probe {
-                    let answer = d.accepts(&body);
+                    let answer = d.probe(&body);
                     let failed = answer.is_err();
                     if answers.send(answer).is_err() || failed {
                         break;
@@ -382,7 +382,7 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
             });
         }
         // The answer to the oldest batch sent; a closed queue: the prober stopped on an error.
-        let next_answer = || -> anyhow::Result<bool> {
+        let next_answer = || -> anyhow::Result<Option<Refusal>> {
             answered
                 .recv()
                 .map_err(|_| anyhow::anyhow!("the thread checking batches stopped"))?
@@ -412,11 +412,12 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
                 std::collections::VecDeque::new();
             // A batch whose answer came: counted, or checked part by part if refused.
             let mut settle = |mut chunk: Vec<(u64, RawEvent)>,
-                              accepted: bool,
+                              refusal: Option<Refusal>,
                               bad: &mut BadLine<'_>|
              -> anyhow::Result<()> {
-                if let (false, Some(d)) = (accepted, &dry) {
-                    server_refused += d.check(&s.name, &mut chunk, bad, &mut refused[si])?;
+                if let (Some(refusal), Some(d)) = (refusal, &dry) {
+                    server_refused +=
+                        d.check(&s.name, &mut chunk, refusal, bad, &mut refused[si])?;
                 }
                 events += chunk.len() as u64;
                 Ok(())
@@ -440,7 +441,7 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
                     dirty.insert(first);
                 }
                 if dry.is_none() || chunk.is_empty() {
-                    return settle(chunk, true, bad);
+                    return settle(chunk, None, bad);
                 }
                 // From here on an error is the server's (or of a batch before this one).
                 let sent = (|| -> anyhow::Result<()> {
@@ -452,9 +453,9 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
                     }
                     waiting.push_back(chunk);
                     while waiting.len() > AHEAD {
-                        let accepted = next_answer()?;
+                        let refusal = next_answer()?;
                         if let Some(chunk) = waiting.pop_front() {
-                            settle(chunk, accepted, bad)?;
+                            settle(chunk, refusal, bad)?;
                         }
                     }
                     Ok(())
@@ -471,8 +472,8 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
                 return fed;
             }
             while let Some(chunk) = waiting.pop_front() {
-                let accepted = next_answer()?;
-                settle(chunk, accepted, &mut bad)?;
+                let refusal = next_answer()?;
+                settle(chunk, refusal, &mut bad)?;
             }
             fed?;
             refused[si].sort_unstable();
@@ -933,6 +934,12 @@ struct DryRun<'a> {
 }
 
 /// What the server says of one dry run.
+/// A dry run's refusal as the server answered it: status and body.
+struct Refusal {
+    status: u16,
+    text: String,
+}
+
 enum Verdict {
     Accepted,
     /// The event at this index of the body (0-based) is refused, for this reason.
@@ -972,25 +979,33 @@ impl<'a> DryRun<'a> {
         Route::fixed("/v1/events").param("dry_run", "true")
     }
 
-    /// Whether the server's dry run of a batch (its NDJSON) accepts all of it; `false`
-    /// for any refusal, which [`DryRun::check`] then finds and explains.
-    fn accepts(&self, body: &[u8]) -> anyhow::Result<bool> {
-        let (status, _, _) = send(self.client, &Self::route(), body, &[])?;
-        Ok(status == 200)
+    /// The server's dry run of a batch (its NDJSON): `None` if it accepts all of it, else
+    /// its answer, which [`DryRun::check`] takes as the first verdict on the whole batch.
+    fn probe(&self, body: &[u8]) -> anyhow::Result<Option<Refusal>> {
+        let (status, text, _) = send(self.client, &Self::route(), body, &[])?;
+        Ok((status != 200).then_some(Refusal { status, text }))
     }
 
-    /// Has the server check `chunk`, sent as [`send_batch`] will send it. The lines it refuses go
-    /// to `bad` (which stops the load at the first, unless --skip-bad), in order, and out of
-    /// `chunk`; their numbers are added to `refused`. Answers how many it refused.
+    /// Has the server check `chunk`, sent as [`send_batch`] will send it, whose dry run
+    /// whole was `refusal`. The lines it refuses go to `bad` (which stops the load at the
+    /// first, unless --skip-bad), in order, and out of `chunk`; their numbers are added to
+    /// `refused`. Answers how many it refused.
     fn check(
         &self,
         name: &str,
         chunk: &mut Vec<(u64, RawEvent)>,
+        refusal: Refusal,
         bad: &mut BadLine<'_>,
         refused: &mut Vec<u64>,
     ) -> anyhow::Result<u64> {
-        let found = refusals(chunk.len(), !self.skip_bad, &mut |part| {
-            self.verdict(name, chunk, part)
+        // The first verdict, on the whole batch, is the probe's: not asked again.
+        let mut whole = Some(refusal);
+        let found = refusals(chunk.len(), !self.skip_bad, &mut |part| match whole
+            .take()
+            .filter(|_| part.len() == chunk.len())
+        {
+            Some(r) => self.interpret(name, chunk, part, r),
+            None => self.verdict(name, chunk, part),
         })?;
         let mut out = vec![false; chunk.len()];
         for (i, why) in &found {
@@ -1022,6 +1037,17 @@ impl<'a> DryRun<'a> {
         if status == 200 {
             return Ok(Verdict::Accepted);
         }
+        self.interpret(name, chunk, part, Refusal { status, text })
+    }
+
+    /// What the server's refusal of the events of `chunk` at `part` says.
+    fn interpret(
+        &self,
+        name: &str,
+        chunk: &[(u64, RawEvent)],
+        part: &[usize],
+        Refusal { status, text }: Refusal,
+    ) -> anyhow::Result<Verdict> {
         let e = server_error(status, &text);
         let lines = |part: &[usize]| {
             let at = |i: Option<&usize>| i.and_then(|&i| chunk.get(i)).map_or(0, |(l, _)| *l);
@@ -1053,7 +1079,7 @@ impl<'a> DryRun<'a> {
                  [limits] max_body_bytes); run again with a smaller --batch; nothing was loaded",
                 lines(part),
                 part.len(),
-                body.len(),
+                ndjson(part.iter().filter_map(|&i| chunk.get(i)).map(|(_, e)| e))?.len(),
                 e.message
             ),
             (None, _) => Err(anyhow::anyhow!(e)).context(format!(
