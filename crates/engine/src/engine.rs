@@ -199,7 +199,7 @@ impl std::fmt::Debug for Engine {
 
 impl Engine {
     /// Refuses, before anything is logged, a batch that replay could not apply — an
-    /// increment with a timestamp outside 0..2^32, or naming a namespace that neither exists
+    /// increment with a timestamp outside `0..MAX_TS`, or naming a namespace that neither exists
     /// nor is created by the batch (the API checks both long before; a `Batch` made by hand
     /// is checked here): whatever is logged is replayed, and such a record would stop
     /// recovery. Also a batch with a new idempotency key once `max_idempotency_answers` are
@@ -211,8 +211,10 @@ impl Engine {
             .find(|inc| !(0..tally_core::model::MAX_TS).contains(&inc.ts))
         {
             return Err(StoreError::internal(format!(
-                "timestamp {} of key {} is out of range (0 to 2^32 - 1 s)",
-                inc.ts, inc.key
+                "timestamp {} of key {} is out of range (0 to {} s)",
+                inc.ts,
+                inc.key,
+                tally_core::model::MAX_TS - 1
             )));
         }
         if let Some(r) = &batch.idempotency {

@@ -6,8 +6,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use tally_core::model::{MAX_TS, Namespace, Retention, Schema};
+use tally_core::model::{Namespace, Retention, Schema};
 use tally_core::store::{IdemRecord, StoreError};
+
+/// Timestamps a logged increment may carry: every one the API ever took (`MAX_TS` was
+/// 2^32 until 2026-11-27).
+const LOGGED_TS_END: i64 = 1 << 32;
 
 use crate::archive::{Archive, FlushPolicy, store_error};
 use crate::catalog::{Catalog, KeyId, NsId, SeriesId, StrId, TierPlan};
@@ -308,7 +312,9 @@ impl Core {
             let mut nss: Vec<NsId> = Vec::with_capacity(view.incs.len());
             let mut todo: Vec<(u32, NsId)> = Vec::new();
             for inc in &view.incs {
-                if !(0..MAX_TS).contains(&inc.ts) {
+                // Logs written before `MAX_TS` came down from 2^32 may hold later seconds:
+                // they still open (bucket indexes fit up to 2^32).
+                if !(0..LOGGED_TS_END).contains(&inc.ts) {
                     return Err(StoreError::corrupt(format!(
                         "timestamp {} out of range",
                         inc.ts

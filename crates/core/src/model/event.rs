@@ -20,7 +20,7 @@ pub fn timestamp(ts: i64) -> Result<i64, ModelError> {
     } else {
         Err(ModelError::InvalidTimestamp {
             got: ts.to_string(),
-            why: "outside 1970-01-01T00:00:00Z .. 2106-02-07T06:28:16Z",
+            why: "outside 1970-01-01T00:00:00Z .. 2106-02-07T00:00:00Z",
         })
     }
 }

@@ -38,10 +38,13 @@ pub const MAX_DIMS_PER_EVENT: usize = 16;
 pub const AMOUNT_LIMIT: i64 = 1 << 53;
 /// Earliest accepted timestamp: 1970-01-01T00:00:00Z.
 pub const MIN_TS: i64 = 0;
-/// Latest accepted timestamp (exclusive): 2^32 s, 2106-02-07T06:28:16Z. Bucket indexes then
-/// fit in 32 bits at every resolution (the engine packs them beside a series id), and every
-/// calendar step stays far from the calendar library's year-9999 edge.
-pub const MAX_TS: i64 = 1 << 32;
+/// Latest accepted timestamp (exclusive): 2106-02-07T00:00:00Z, the last UTC day that ends
+/// before 2^32 s. Bucket indexes then fit in 32 bits at every resolution (the engine packs
+/// them beside a series id), and so does the end of every period the engine writes as a
+/// segment (an hour, or up to a day, of a `1s` tier: with 2^32 itself, the last second's
+/// period ended past it, so no flush could ever write it, and reads of that second left it
+/// out); every calendar step stays far from the calendar library's year-9999 edge.
+pub const MAX_TS: i64 = 4_294_944_000;
 
 /// A violation of one rule of the data model.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

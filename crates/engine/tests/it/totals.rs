@@ -394,3 +394,46 @@ fn the_sweep_drops_and_keeps_totals_as_before() {
     both(&e, &r, now, &ev(now));
     same(&e, &r, now, "rl", &keys, "written again");
 }
+
+/// The last second the API takes, in a `1s` tier kept forever (with `1m` and `1h`): read
+/// back at every resolution, flushed, and read again after a restart. With the limit at
+/// 2^32 the last second's hour ended past the last u32 bucket index, so every flush failed
+/// (the log grew for good) and a `1s` read left the second out.
+#[test]
+fn the_last_second_of_time_is_kept_flushed_and_read() {
+    use tally_core::model::{MAX_TS, Namespace, Schema, SchemaDoc};
+    let dir = tempfile::tempdir().unwrap();
+    let last = MAX_TS - 1;
+    let clock = crate::clock(last);
+    let e = crate::open(dir.path(), &clock, tally_engine::FsyncPolicy::Never);
+    let ns = Namespace::new("t").unwrap();
+    let schema = Schema::from_doc(&SchemaDoc {
+        tiers: vec![
+            "1s:forever".into(),
+            "1m:forever".into(),
+            "1h:forever".into(),
+        ],
+        breakdown_tiers: None,
+        dimensions: None,
+    })
+    .unwrap();
+    e.put_schema(&ns, &schema).unwrap();
+    let events = [
+        crate::raw("t", "k", last, 5, &[("d", "v")]),
+        crate::raw("t", "k", last - 100_000, 2, &[]),
+    ];
+    crate::write(&e, last, &events).unwrap();
+    let totals = |e: &tally_engine::Engine| [1, 60, 3600].map(|res| crate::total(e, "t", "k", res));
+    assert_eq!(totals(&e), [7, 7, 7]);
+    let report = e.flush_closed(MAX_TS + 86_400).unwrap();
+    assert!(report.segments >= 3, "{report:?}");
+    assert_eq!(totals(&e), [7, 7, 7]);
+    drop(e);
+    let e = crate::open(dir.path(), &clock, tally_engine::FsyncPolicy::Never);
+    assert_eq!(totals(&e), [7, 7, 7]);
+    // One second later is refused, by the API's checks.
+    let late = [crate::raw("t", "k", MAX_TS, 1, &[])];
+    let refused =
+        tally_core::ingest::prepare(&e, &late, MAX_TS, &Default::default(), &Default::default());
+    assert!(refused.is_err());
+}
