@@ -500,14 +500,18 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
     // other: the load ran at the sum of their times). Two batches wait at most.
     let (posts, queued) = std::sync::mpsc::sync_channel::<Post>(2);
     std::thread::scope(|scope| -> anyhow::Result<()> {
+        let shown = bar.clone();
         let poster = scope.spawn(move || -> anyhow::Result<u64> {
-            let mut already = 0;
+            let (mut already, mut posted) = (0, 0u64);
             for p in queued {
                 let replayed = send_batch(client, &p.body, &p.key)
                     .with_context(|| format!("{}: lines {}–{}", p.name, p.first, p.last))?;
                 if replayed {
                     already += p.events;
                 }
+                // What the server has taken, not what waits in the queue.
+                posted += p.events;
+                shown.set_message(format!("loading, {posted} events"));
             }
             Ok(already)
         });
@@ -579,7 +583,6 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
                             .send(post)
                             .map_err(|_| anyhow::anyhow!("the load stopped"))?;
                         loaded += n;
-                        bar.set_message(format!("loading, {loaded} events"));
                         Ok(())
                     },
                 )?;
