@@ -62,7 +62,8 @@ pub async fn rebuild(
             )
             .field(field)
         })?;
-        model::parse_timestamp(v).map_err(|e| ApiError::from(e).field(field))
+        model::parse_timestamp(&tally_core::query::plus(v))
+            .map_err(|e| ApiError::from(e).field(field))
     };
     let (from, to) = (at("from")?, at("to")?);
     let now = app.now();

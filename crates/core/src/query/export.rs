@@ -7,9 +7,9 @@
 //! [`EXPORT_PAGE_KEYS`] at a time through [`Store::keys`] and [`Store::read`], so memory is
 //! bounded by a page whatever the namespace's size, and any backend can export.
 
-use super::params::{Params, required};
+use super::params::{Params, instant, required};
 use super::{QueryError, model};
-use crate::model::{self as m, Duration, Key, Namespace};
+use crate::model::{Duration, Key, Namespace};
 use crate::store::{Deadline, KeyList, KeyRead, Store, Want};
 use crate::time::TimeError;
 
@@ -28,8 +28,7 @@ pub struct ExportQuery {
 impl ExportQuery {
     pub fn parse(ns: &str, p: &(impl Params + ?Sized)) -> Result<Self, QueryError> {
         let ns = Namespace::new(ns).map_err(model("ns"))?;
-        let from = m::parse_timestamp(required(p, "from")?).map_err(model("from"))?;
-        let to = m::parse_timestamp(required(p, "to")?).map_err(model("to"))?;
+        let (from, to) = (instant(p, "from")?, instant(p, "to")?);
         let resolution = Duration::new(required(p, "resolution")?).map_err(model("resolution"))?;
         Ok(ExportQuery {
             ns,

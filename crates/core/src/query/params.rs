@@ -31,12 +31,23 @@ pub(super) fn required<'p>(
     p.get(field).ok_or(QueryError::MissingParameter { field })
 }
 
-fn instant(p: &(impl Params + ?Sized), field: &'static str) -> Result<i64, QueryError> {
-    m::parse_timestamp(required(p, field)?).map_err(model(field))
+/// A `+` decoded from a query string arrives as a space (form encoding): an offset like
+/// `+05:30` in `from`, or the `+` of `Etc/GMT+5` in `tz`, as written in an answer's `_t`
+/// fields and in the tz database. No timestamp or zone name has a space, so a space is read
+/// back as the `+` it was.
+pub fn plus(s: &str) -> std::borrow::Cow<'_, str> {
+    match s.contains(' ') {
+        true => s.replace(' ', "+").into(),
+        false => s.into(),
+    }
+}
+
+pub(super) fn instant(p: &(impl Params + ?Sized), field: &'static str) -> Result<i64, QueryError> {
+    m::parse_timestamp(&plus(required(p, field)?)).map_err(model(field))
 }
 
 fn tz(p: &(impl Params + ?Sized)) -> Result<Tz, QueryError> {
-    Tz::get(p.get("tz").unwrap_or("UTC")).map_err(time("tz"))
+    Tz::get(&plus(p.get("tz").unwrap_or("UTC"))).map_err(time("tz"))
 }
 
 /// `unit`, `every` and `tz` as a calendar; `None` when `unit` is absent.

@@ -336,7 +336,10 @@ pub async fn incr(
                 })?)
             }
             "ts" => {
-                raw.ts = Some(model::parse_timestamp(v).map_err(|e| ApiError::from(e).field("ts"))?)
+                raw.ts = Some(
+                    model::parse_timestamp(&query::plus(v))
+                        .map_err(|e| ApiError::from(e).field("ts"))?,
+                )
             }
             "window" => {
                 window = Some(Duration::new(v).map_err(|e| ApiError::from(e).field("window"))?)

@@ -181,6 +181,43 @@ fn ndjson_incr_and_window() {
     assert_eq!((st, z["total"].as_i64()), (200, Some(0)));
 }
 
+/// Found by an independent review: a `+` in a query string is a space (form encoding), so
+/// an offset as the answers' `_t` fields write it (`+05:30`), or the `+` of `Etc/GMT+5`,
+/// pasted into a URL was refused. A space is read back as the `+` it was, in `from`/`to`
+/// (series and export), `tz` and `incr`'s `ts`; `%2B` works as before.
+#[test]
+fn a_plus_in_a_timestamp_or_zone_of_a_query_string_is_a_plus() {
+    let s = Server::start(Settings::default());
+    seed(&s);
+    let series = |from: &str, tz: &str| {
+        let (st, v) = s.get(&format!(
+            "/v1/ns/clicks/keys/lnk_1/series?from={from}&to={NOW}&unit=hour&tz={tz}"
+        ));
+        assert_eq!(st, 200, "{from} {tz}: {v}");
+        (v["from"].clone(), v["total"].clone(), v["tz"].clone())
+    };
+    // NOW is 2026-11-20T12:00:00Z: three hours before, in India and in UTC-5.
+    let want = series(&(NOW - 3 * 3600).to_string(), "UTC");
+    assert_eq!(want.1, 3);
+    assert_eq!(series("2026-11-20T14:30:00+05:30", "UTC").0, want.0);
+    assert_eq!(series("2026-11-20T14:30:00%2B05:30", "UTC").0, want.0);
+    let gmt5 = series(&(NOW - 3 * 3600).to_string(), "Etc/GMT+5");
+    assert_eq!((gmt5.1, gmt5.2), (json!(3), json!("Etc/GMT+5")));
+    let (st, v) = s.post(
+        "/v1/ns/clicks/keys/lnk_3/incr?ts=2026-11-20T17:29:00+05:30",
+        "",
+    );
+    assert_eq!(st, 200, "{v}");
+    let (st, csv) = s.raw(
+        "GET",
+        "/v1/ns/clicks/export?from=2026-11-20T16:30:00+05:30&to=2026-11-20T17:30:00+05:30&resolution=1h",
+        None,
+        &[],
+    );
+    assert_eq!(st, 200, "{csv}");
+    assert!(csv.contains("\nclicks,lnk_3,1795172400,1h,,,1\n"), "{csv}");
+}
+
 #[test]
 fn batch_queries_succeed_or_fail_each_on_their_own() {
     let s = Server::start(Settings::default());
