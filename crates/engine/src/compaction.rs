@@ -194,7 +194,7 @@ fn summed(mut b: Vec<(u32, i64)>) -> Vec<(u32, i64)> {
     let mut out: Vec<(u32, i64)> = Vec::with_capacity(b.len());
     for (i, n) in b {
         match out.last_mut() {
-            Some(last) if last.0 == i => last.1 += n,
+            Some(last) if last.0 == i => last.1 = last.1.wrapping_add(n),
             _ => out.push((i, n)),
         }
     }

@@ -1082,7 +1082,7 @@ type KeySums = HashMap<String, i64, foldhash::fast::FixedState>;
 
 fn add(sums: &mut KeySums, key: &str, n: i64) {
     match sums.get_mut(key) {
-        Some(s) => *s += n,
+        Some(s) => *s = s.wrapping_add(n),
         None => {
             sums.insert(key.to_owned(), n);
         }
@@ -1141,7 +1141,8 @@ impl Window {
         out: &mut BTreeMap<u32, i64>,
     ) {
         for (b, n) in self.collect(shard, (lane, sid)) {
-            *out.entry((b / self.res) as u32).or_default() += n;
+            let o = out.entry((b / self.res) as u32).or_default();
+            *o = o.wrapping_add(n);
         }
     }
 

@@ -27,9 +27,13 @@ const GROUP: usize = 100;
 /// while, however long the range.
 const GROUP_WORK: usize = 12_000;
 
+/// `COUNTS` calls a scan has in flight at once, at most: about `PAGE_WORK` fields.
+const CALLS_AT_ONCE: usize = 100;
+
 /// Hash fields a page of a scan names, about, before it checks its deadline again: a scan
-/// of a long range takes fewer keys a page.
-const PAGE_WORK: usize = 100 * GROUP_WORK;
+/// of a long range takes fewer keys a page (and a key past it alone is read
+/// `CALLS_AT_ONCE` calls at a time).
+const PAGE_WORK: usize = CALLS_AT_ONCE * GROUP_WORK;
 
 /// The fields a series names over `windows`: one per bucket and suffix.
 fn fields_of(windows: &[(i64, i64, i64)], suffixes: usize) -> usize {
@@ -623,66 +627,74 @@ impl RedisStore {
             let page = self.key_page(scan.ns, &min, b"+", page_size).await?;
             let Some(last) = page.last() else { break };
             min = [b"(", last.as_slice()].concat();
-            let calls = page
+            let calls: Vec<_> = page
                 .chunks(group)
                 .enumerate()
-                .flat_map(|(g, keys)| runs.iter().map(move |run| (g, keys, *run)));
-            let sums = join_all(calls.map(|(g, keys, windows)| {
-                let names: Vec<String> = keys
-                    .iter()
-                    .flat_map(|k| {
-                        let tag = layout::series_tag(scan.ns, &String::from_utf8_lossy(k));
-                        windows
-                            .iter()
-                            .map(|&(w, _, _)| layout::window_key(&tag, generation, res, w))
-                            .collect::<Vec<_>>()
-                    })
-                    .collect();
-                let suffixes = &suffixes;
-                async move {
-                    let counts: Vec<Vec<i64>> = self
-                        .retry(|mut c| {
-                            let names = &names;
-                            async move {
-                                let mut inv = scripts::COUNTS.prepare_invoke();
-                                for n in names {
-                                    inv.key(n);
-                                }
-                                inv.arg(suffixes.len());
-                                for s in suffixes {
-                                    inv.arg(s);
-                                }
-                                inv.arg(windows.len());
-                                for &(_, lo, hi) in windows {
-                                    inv.arg(lo).arg(hi);
-                                }
-                                inv.invoke_async(&mut c).await
-                            }
-                        })
-                        .await?;
-                    if counts.len() != keys.len() {
-                        return Err(StoreError::internal(format!(
-                            "COUNTS answered {} series for {}",
-                            counts.len(),
-                            keys.len()
-                        )));
-                    }
-                    Ok::<(usize, Vec<i64>), StoreError>((
-                        g * group,
-                        counts
-                            .iter()
-                            .map(|c| c.iter().fold(0i64, |a, n| a.wrapping_add(*n)))
-                            .collect(),
-                    ))
-                }
-            }))
-            .await;
+                .flat_map(|(g, keys)| runs.iter().map(move |run| (g, keys, *run)))
+                .collect();
             // Each call's sums, added at the place of its first key.
             let mut all = vec![0i64; page.len()];
-            for sums in sums {
-                let (first, sums) = sums?;
-                for (sum, n) in all[first..].iter_mut().zip(sums) {
-                    *sum = sum.wrapping_add(n);
+            // At most `PAGE_WORK` fields in flight, the deadline checked between: one key
+            // of years of minutes alone names millions.
+            for (i, calls) in calls.chunks(CALLS_AT_ONCE).enumerate() {
+                if i > 0 {
+                    scan.deadline.check()?;
+                }
+                let sums = join_all(calls.iter().map(|&(g, keys, windows)| {
+                    let names: Vec<String> = keys
+                        .iter()
+                        .flat_map(|k| {
+                            let tag = layout::series_tag(scan.ns, &String::from_utf8_lossy(k));
+                            windows
+                                .iter()
+                                .map(|&(w, _, _)| layout::window_key(&tag, generation, res, w))
+                                .collect::<Vec<_>>()
+                        })
+                        .collect();
+                    let suffixes = &suffixes;
+                    async move {
+                        let counts: Vec<Vec<i64>> = self
+                            .retry(|mut c| {
+                                let names = &names;
+                                async move {
+                                    let mut inv = scripts::COUNTS.prepare_invoke();
+                                    for n in names {
+                                        inv.key(n);
+                                    }
+                                    inv.arg(suffixes.len());
+                                    for s in suffixes {
+                                        inv.arg(s);
+                                    }
+                                    inv.arg(windows.len());
+                                    for &(_, lo, hi) in windows {
+                                        inv.arg(lo).arg(hi);
+                                    }
+                                    inv.invoke_async(&mut c).await
+                                }
+                            })
+                            .await?;
+                        if counts.len() != keys.len() {
+                            return Err(StoreError::internal(format!(
+                                "COUNTS answered {} series for {}",
+                                counts.len(),
+                                keys.len()
+                            )));
+                        }
+                        Ok::<(usize, Vec<i64>), StoreError>((
+                            g * group,
+                            counts
+                                .iter()
+                                .map(|c| c.iter().fold(0i64, |a, n| a.wrapping_add(*n)))
+                                .collect(),
+                        ))
+                    }
+                }))
+                .await;
+                for sums in sums {
+                    let (first, sums) = sums?;
+                    for (sum, n) in all[first..].iter_mut().zip(sums) {
+                        *sum = sum.wrapping_add(n);
+                    }
                 }
             }
             let full = page.len() == page_size;

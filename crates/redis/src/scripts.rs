@@ -221,7 +221,7 @@ local function incr(k, f, n)
   local r = redis.pcall('HINCRBY', k, f, n)
   if type(r) == 'table' and r.err then
     if not string.find(r.err, 'overflow', 1, true) then
-      error(r.err)
+      error(r)
     end
     redis.call('HSET', k, f, wrapping_add(redis.call('HGET', k, f), n))
   end

@@ -404,6 +404,25 @@ mod tests {
             assert!(matches!(o, Ok(None)), "{o:?}");
         }
         assert_eq!(remembered, 0, "an undecided increment is not remembered");
+        // One given an explicit ts of second t, tried again at t + 1, is refused: counted
+        // now it would escape the window.
+        let explicit = RawEvent {
+            ts: Some(t),
+            ..raw.clone()
+        };
+        let b = prepare(
+            &store,
+            &[explicit],
+            t + 1,
+            &Limits::default(),
+            &Defaults::default(),
+        )
+        .unwrap();
+        let o = incr_limited(&store, t + 1, &|| t + 1, &b, last, max, &mut |_| Ok(None));
+        assert!(
+            matches!(o, Err(QueryError::InvalidParameter { field: "ts", .. })),
+            "{o:?}"
+        );
         // Prepared again at t + 1: three fit.
         let outcomes: Vec<_> = (0..5)
             .map(|_| {

@@ -709,14 +709,14 @@ pub(crate) fn total_sums(
             for _ in 0..k {
                 match unzigzag(tcounts.varint()?) {
                     0 => return Err(format!("{}: a zero count", tcounts.what)),
-                    n => sum += n,
+                    n => sum = sum.wrapping_add(n),
                 }
             }
         } else {
             for i in tbits.series(period)? {
                 match unzigzag(tcounts.varint()?) {
                     0 => return Err(format!("{}: bucket {i} has a zero count", tcounts.what)),
-                    n if inside(i) => sum += n,
+                    n if inside(i) => sum = sum.wrapping_add(n),
                     _ => {}
                 }
             }

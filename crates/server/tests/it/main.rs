@@ -109,6 +109,8 @@ pub struct Gated {
     /// gate, so one can be held in its key's lock while others queue behind it.
     pub gate_limited: std::sync::atomic::AtomicBool,
     limited_lock: Mutex<()>,
+    /// Limited increments waiting for that lock now.
+    pub limited_waiting: std::sync::atomic::AtomicUsize,
 }
 
 impl std::fmt::Debug for Gated {
@@ -161,13 +163,13 @@ impl Store for Gated {
         decide: &mut dyn FnMut(&tally_core::store::Buckets) -> Result<Decision, StoreError>,
     ) -> Result<bool, StoreError> {
         if self.gate_limited.load(std::sync::atomic::Ordering::SeqCst) {
-            return tally_core::store::apply_if_locked(
-                self,
-                &self.limited_lock,
-                batch,
-                window,
-                decide,
-            );
+            use std::sync::atomic::Ordering::SeqCst;
+            self.limited_waiting.fetch_add(1, SeqCst);
+            let _held = self.limited_lock.lock().unwrap();
+            self.limited_waiting.fetch_sub(1, SeqCst);
+            return tally_core::store::decide_and_apply(self, batch, window, decide, &mut |b| {
+                self.apply(b)
+            });
         }
         self.inner.apply_if(batch, window, decide)
     }
@@ -323,6 +325,7 @@ impl Server {
             health_most: Default::default(),
             gate_limited: Default::default(),
             limited_lock: Mutex::new(()),
+            limited_waiting: Default::default(),
         });
         let app = App::new(store.clone(), settings.clone(), clock.clone());
         app.apply_config_namespaces().unwrap();

@@ -191,7 +191,15 @@ fn an_increment_queued_across_a_second_edge_counts_in_the_new_second() {
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
     let b = incr(s.clone());
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    // B has stamped its increment and waits for the key's lock.
+    while s
+        .store
+        .limited_waiting
+        .load(std::sync::atomic::Ordering::SeqCst)
+        == 0
+    {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
     s.clock.advance(1);
     s.store.open();
     let (a, b) = (a.join().unwrap(), b.join().unwrap());

@@ -936,13 +936,13 @@ struct DryRun<'a> {
     skip_bad: bool,
 }
 
-/// What the server says of one dry run.
 /// A dry run's refusal as the server answered it: status and body.
 struct Refusal {
     status: u16,
     text: String,
 }
 
+/// What the server says of one dry run.
 enum Verdict {
     Accepted,
     /// The event at this index of the body (0-based) is refused, for this reason.
