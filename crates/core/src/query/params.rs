@@ -61,24 +61,34 @@ fn calendar(p: &(impl Params + ?Sized), tz: &Tz) -> Result<Option<Calendar>, Que
     let unit = Unit::parse(unit).map_err(time("unit"))?;
     let every = match p.get("every") {
         None => None,
-        Some(e) => Some(e.parse::<u32>().map_err(|_| QueryError::Time {
-            field: "every",
-            source: TimeError::InvalidUnit {
-                got: format!("every={e}"),
-                why: "every is a whole number".into(),
-            },
-        })?),
+        // Digits only: `parse` would also take a sign (`+6`).
+        Some(e) => Some(
+            digits(e)
+                .and_then(|e| e.parse::<u32>().ok())
+                .ok_or_else(|| QueryError::Time {
+                    field: "every",
+                    source: TimeError::InvalidUnit {
+                        got: format!("every={e}"),
+                        why: "every is a whole number".into(),
+                    },
+                })?,
+        ),
     };
     Calendar::new(unit, every, tz.clone())
         .map(Some)
         .map_err(time("every"))
 }
 
+/// `s` if it is a whole number in digits alone (no sign, no space).
+fn digits(s: &str) -> Option<&str> {
+    (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit())).then_some(s)
+}
+
 fn limit(p: &(impl Params + ?Sized), default: usize) -> Result<usize, QueryError> {
     match p.get("limit") {
         None => Ok(default),
-        Some(s) => match s.parse::<usize>() {
-            Ok(n) if (1..=MAX_LIMIT).contains(&n) => Ok(n),
+        Some(s) => match digits(s).and_then(|d| d.parse::<usize>().ok()) {
+            Some(n) if (1..=MAX_LIMIT).contains(&n) => Ok(n),
             _ => Err(QueryError::InvalidLimit { got: s.to_owned() }),
         },
     }
@@ -186,13 +196,22 @@ pub struct WindowQuery {
     pub ns: Namespace,
     pub key: Key,
     pub last: Duration,
+    /// `last` as given (`24h`), which the answer echoes (SPEC §3), where `last` itself
+    /// prints in its shortest form (`1d`).
+    pub spelled: String,
 }
 
 impl WindowQuery {
     pub fn parse(ns: &str, key: &str, p: &(impl Params + ?Sized)) -> Result<Self, QueryError> {
         let (ns, key) = ns_key(ns, key)?;
-        let last = Duration::new(required(p, "last")?).map_err(model("last"))?;
-        Ok(WindowQuery { ns, key, last })
+        let spelled = required(p, "last")?;
+        let last = Duration::new(spelled).map_err(model("last"))?;
+        Ok(WindowQuery {
+            ns,
+            key,
+            last,
+            spelled: spelled.to_owned(),
+        })
     }
 }
 

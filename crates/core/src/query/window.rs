@@ -86,10 +86,12 @@ pub fn window(store: &dyn Store, ctx: Ctx, q: &WindowQuery) -> Result<WindowAnsw
     let schema = schema_of(store, &q.ns)?;
     let plan = window_plan(&q.ns, &schema, q.last, ctx.now)?;
     let data = read_one(store, plan.read(&q.ns, &q.key), &ctx.deadline)?;
+    let mut window = count(q.last, plan, sum(&data.totals));
+    window.last.clone_from(&q.spelled);
     Ok(WindowAnswer {
         ns: q.ns.to_string(),
         key: q.key.to_string(),
-        window: count(q.last, plan, sum(&data.totals)),
+        window,
     })
 }
 

@@ -196,7 +196,7 @@ fn apply_limited(
     app: &App,
     raw: RawEvent,
     idem: Option<Ticket>,
-    last: Duration,
+    (last, spelled): (Duration, &str),
     max: i64,
 ) -> Result<axum::response::Response, ApiError> {
     let clock = || app.now();
@@ -218,7 +218,7 @@ fn apply_limited(
                 let Some(ticket) = &idem else {
                     return Ok(None);
                 };
-                let (status, body) = limited_answer(o);
+                let (status, body) = limited_answer(o, spelled);
                 Ok(Some(ticket.clone().record_raw(
                     now,
                     status,
@@ -239,7 +239,7 @@ fn apply_limited(
             ));
         }
     };
-    let (status, body) = limited_answer(&outcome);
+    let (status, body) = limited_answer(&outcome, spelled);
     if let query::Limited::Accepted(_) = outcome {
         app.metrics().events.fetch_add(1, Ordering::Relaxed);
         app.metrics().batches.fetch_add(1, Ordering::Relaxed);
@@ -247,10 +247,12 @@ fn apply_limited(
     Ok(idempotency::replay(status, body.to_string()))
 }
 
-/// The status and body of a limited increment's outcome.
-fn limited_answer(outcome: &query::Limited) -> (u16, serde_json::Value) {
+/// The status and body of a limited increment's outcome; the window's `last` as the
+/// request spelled it.
+fn limited_answer(outcome: &query::Limited, spelled: &str) -> (u16, serde_json::Value) {
     match outcome {
         query::Limited::Accepted(window) => {
+            let window = spelled_as(window, spelled);
             (200, serde_json::json!({"accepted": 1, "window": window}))
         }
         query::Limited::Refused {
@@ -258,6 +260,7 @@ fn limited_answer(outcome: &query::Limited) -> (u16, serde_json::Value) {
             max,
             retry_after,
         } => {
+            let window = &spelled_as(window, spelled);
             let when = match retry_after {
                 Some(s) => format!("retry in {s} s"),
                 None => "this increment alone is over the limit".to_owned(),
@@ -277,6 +280,14 @@ fn limited_answer(outcome: &query::Limited) -> (u16, serde_json::Value) {
                 }}),
             )
         }
+    }
+}
+
+/// A window count whose `last` is as the request spelled it (`24h`, not `1d`: SPEC §3).
+fn spelled_as(window: &query::WindowCount, spelled: &str) -> query::WindowCount {
+    query::WindowCount {
+        last: spelled.to_owned(),
+        ..window.clone()
     }
 }
 
@@ -342,7 +353,10 @@ pub async fn incr(
                 )
             }
             "window" => {
-                window = Some(Duration::new(v).map_err(|e| ApiError::from(e).field("window"))?)
+                window = Some((
+                    Duration::new(v).map_err(|e| ApiError::from(e).field("window"))?,
+                    v.clone(),
+                ))
             }
             "max" => max = Some(parse_max(v)?),
             _ => match k.strip_prefix("dim.") {
@@ -359,8 +373,8 @@ pub async fn incr(
             },
         }
     }
-    let limited = match (max, window) {
-        (Some(max), Some(last)) => Some((last, max)),
+    let limited = match (max, &window) {
+        (Some(max), Some(last)) => Some((last.clone(), max)),
         (Some(_), None) => {
             return Err(ApiError::new(
                 ErrorCode::MissingParameter,
@@ -388,7 +402,7 @@ pub async fn incr(
         return app
             .blocking(move |app| {
                 let _held = held;
-                apply_limited(app, raw, idem, last, max)
+                apply_limited(app, raw, idem, (last.0, &last.1), max)
             })
             .await;
     }
@@ -396,13 +410,11 @@ pub async fn incr(
         .blocking(move |app| {
             let _held = held;
             apply(app, vec![raw], idem, |app, batch| {
-                let window = match window {
-                    Some(last) => Some(query::window_after(
-                        app.store().as_ref(),
-                        app.now(),
-                        batch,
-                        last,
-                    )?),
+                let window = match &window {
+                    Some((last, spelled)) => Some(spelled_as(
+                        &query::window_after(app.store().as_ref(), app.now(), batch, *last)?,
+                        spelled,
+                    )),
                     None => None,
                 };
                 Ok(Accepted {

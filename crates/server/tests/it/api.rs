@@ -170,6 +170,30 @@ fn ndjson_incr_and_window() {
         (w["n"].as_i64(), w["resolution"].as_str()),
         (Some(9), Some("1m"))
     );
+    // `last` is echoed as spelled (SPEC §3's example: `"last": "24h"`), not as `1d`; so is
+    // incr's `window`, limited or not, and a window entry of `POST /v1/query`.
+    let (_, w) = s.get("/v1/ns/api/keys/k1/window?last=24h");
+    assert_eq!(
+        (w["last"].as_str(), w["n"].as_i64()),
+        (Some("24h"), Some(9))
+    );
+    let (_, v) = s.post("/v1/ns/api/keys/k1/incr?window=3600s", "");
+    assert_eq!(v["window"]["last"], "3600s");
+    let (st, v) = s.post("/v1/ns/api/keys/k1/incr?window=60m&max=100", "");
+    assert_eq!(
+        (st, v["window"]["last"].as_str()),
+        (200, Some("60m")),
+        "{v}"
+    );
+    let (st, v) = s.post("/v1/ns/api/keys/k1/incr?window=60m&max=1", "");
+    assert_eq!(
+        (st, v["error"]["window"]["last"].as_str()),
+        (429, Some("60m")),
+        "{v}"
+    );
+    let q = json!({"queries": [{"kind": "window", "ns": "api", "key": "k1", "last": "24h"}]});
+    let (_, v) = s.post("/v1/query", &q.to_string());
+    assert_eq!(v["results"][0]["last"], "24h", "{v}");
     // A key with a slash, through a percent-encoded path segment.
     assert_eq!(s.post("/v1/ns/api/keys/a%2Fb/incr", "").0, 200);
     assert_eq!(s.get("/v1/ns/api/keys?prefix=a").1["keys"], json!(["a/b"]));

@@ -170,6 +170,17 @@ fn bad_query_parameters() {
             400,
             "invalid_unit",
         ),
+        // A sign is no digit (a review found `%2B6` and `+5` taken).
+        (
+            format!("/v1/ns/clicks/keys/k/series?{r}&unit=hour&every=%2B6"),
+            400,
+            "invalid_unit",
+        ),
+        (
+            format!("/v1/ns/clicks/keys/k/breakdown?{r}&dim=country&limit=%2B5"),
+            400,
+            "invalid_limit",
+        ),
         (
             format!(
                 "/v1/ns/clicks/keys/k/series?from={NOW}&to={}&unit=hour",
