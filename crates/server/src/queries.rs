@@ -273,7 +273,7 @@ pub async fn keys(
 
 /// Many queries in one request; each succeeds or fails on its own.
 #[utoipa::path(post, path = "/v1/query", tag = "queries",
-    description = "`{\"queries\": [{\"kind\": \"series\", \"ns\": …, \"key\": …, <the GET parameters>}, …]}`, at most 1000.",
+    description = "`{\"queries\": [{\"kind\": \"series\", \"ns\": …, \"key\": …, <the GET parameters>}, …]}`, at most 1000; a parameter is a string or a number, and null means not given (as answers print one).",
     request_body(content = String, content_type = "application/json"),
     responses((status = 200, description = "`{\"results\": [<answer or {\"error\": …}>, …]}`"), (status = 413, description = "batch_too_large")))]
 pub async fn batch(
@@ -424,7 +424,7 @@ fn entry(app: &App, headers: &HeaderMap, e: &Value) -> Result<Entry, ApiError> {
         .ok_or_else(|| malformed("each query is a JSON object".into()))?;
     let text = |name: &'static str| -> Result<Option<String>, ApiError> {
         match obj.get(name) {
-            None => Ok(None),
+            None | Some(Value::Null) => Ok(None),
             Some(Value::String(s)) => Ok(Some(s.clone())),
             Some(Value::Number(n)) => Ok(Some(n.to_string())),
             Some(_) => Err(ApiError::new(
@@ -462,6 +462,8 @@ fn entry(app: &App, headers: &HeaderMap, e: &Value) -> Result<Entry, ApiError> {
         let v = match v {
             Value::String(s) => s.clone(),
             Value::Number(n) => n.to_string(),
+            // As answers print a parameter not given (`"dim": null`): not given.
+            Value::Null => continue,
             _ => {
                 return Err(ApiError::new(
                     ErrorCode::InvalidParameter,

@@ -266,6 +266,20 @@ fn batch_queries_succeed_or_fail_each_on_their_own() {
         NOW - 86_400
     ));
     assert_eq!(g, r[0]);
+    // A parameter given as null, as answers print one not given (`"dim": null`), is not
+    // given: an answer's fields sent back as a query ask the same question (a review
+    // found it refused).
+    let mut again = r[0].clone();
+    again["kind"] = json!("series");
+    for answer_only in ["total", "points", "from_t", "to_t", "resolution"] {
+        again.as_object_mut().unwrap().remove(answer_only);
+    }
+    assert_eq!(
+        (again["dim"].clone(), again["value"].clone()),
+        (json!(null), json!(null))
+    );
+    let (st, v) = s.post("/v1/query", &json!({"queries": [again]}).to_string());
+    assert_eq!((st, &v["results"][0]), (200, &r[0]), "{v}");
 }
 
 #[test]
