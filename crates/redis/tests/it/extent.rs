@@ -8,7 +8,7 @@ use tally_core::store::{Deadline, KeyRead, Scan, Store, Want};
 use tally_redis::RedisStore;
 use tally_redis::testing::RedisServer;
 
-use crate::{batch, raw, real_now, schema};
+use crate::{batch, raw, real_now, schema, with_reference};
 
 /// Hash reads Redis ran since the last `CONFIG RESETSTAT` (scripts' calls included).
 fn hash_reads(server: &RedisServer) -> u64 {
@@ -122,16 +122,8 @@ fn reads_of_all_time_name_only_the_windows_data_spans() {
 /// answers as the reference store does, by total and by value.
 #[test]
 fn a_scan_over_years_is_read_in_runs_and_answers_like_the_reference() {
-    use std::sync::Arc;
-
-    use tally_core::reference::MemStore;
-    use tally_core::store::ManualClock;
-
     let server = RedisServer::start();
-    let now = real_now();
-    let clock = Arc::new(ManualClock::new(now));
-    let redis = RedisStore::connect_with_clock(&server.url(), clock.clone()).unwrap();
-    let reference = MemStore::new(clock);
+    let (redis, reference, now) = with_reference(&server.url());
     let ns = Namespace::new("m").unwrap();
     let span = 14 * 365 * 86_400;
     let raws: Vec<_> = (0..30)

@@ -53,6 +53,20 @@ pub fn batch(store: &dyn Store, now: i64, raws: &[RawEvent], defaults: &Defaults
     ingest::prepare(store, raws, now, &Limits::default(), defaults).unwrap()
 }
 
+/// A Redis store on `url` and the reference store, sharing one clock stopped at now.
+pub fn with_reference(
+    url: &str,
+) -> (
+    tally_redis::RedisStore,
+    tally_core::reference::MemStore,
+    i64,
+) {
+    let now = real_now();
+    let clock = std::sync::Arc::new(tally_core::store::ManualClock::new(now));
+    let redis = tally_redis::RedisStore::connect_with_clock(url, clock.clone()).unwrap();
+    (redis, tally_core::reference::MemStore::new(clock), now)
+}
+
 /// A store on `url` whose namespace `api` keeps `1m:48h` and `1h:forever`.
 pub fn api_store(url: &str) -> tally_redis::RedisStore {
     let store = tally_redis::RedisStore::connect(url).unwrap();

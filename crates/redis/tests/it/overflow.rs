@@ -2,16 +2,12 @@
 //! store: `HINCRBY` refuses such an increment, and the script used to stop there, leaving
 //! the batch's later fields (a subtotal, the next key) unapplied.
 
-use std::sync::Arc;
-
 use tally_core::ingest::Defaults;
 use tally_core::model::Namespace;
-use tally_core::reference::MemStore;
-use tally_core::store::{ManualClock, Store};
-use tally_redis::RedisStore;
+use tally_core::store::Store;
 use tally_redis::testing::RedisServer;
 
-use crate::{batch, raw, read_all, real_now, schema};
+use crate::{batch, raw, read_all, schema, with_reference};
 
 /// The largest amount an event may carry.
 const MAX: i64 = (1 << 53) - 1;
@@ -19,10 +15,7 @@ const MAX: i64 = (1 << 53) - 1;
 #[test]
 fn a_counter_past_64_bits_wraps_and_the_batch_applies_whole() {
     let server = RedisServer::start();
-    let now = real_now();
-    let clock = Arc::new(ManualClock::new(now));
-    let redis = RedisStore::connect_with_clock(&server.url(), clock.clone()).unwrap();
-    let reference = MemStore::new(clock);
+    let (redis, reference, now) = with_reference(&server.url());
     let ns = Namespace::new("m").unwrap();
     let stores: [&dyn Store; 2] = [&redis, &reference];
     // 1 000 events of the largest amount: just under 2^63. Then 100 more push past it
