@@ -57,7 +57,7 @@ pub fn rollup(buckets: &[(i64, i64)], boundaries: &[i64]) -> Vec<i64> {
         if i == n {
             break;
         }
-        out[i] += count;
+        out[i] = out[i].wrapping_add(count);
     }
     out
 }
@@ -75,7 +75,13 @@ fn points(boundaries: &[i64], counts: &[i64], tz: &Tz) -> Vec<Point> {
 }
 
 pub(super) fn sum(buckets: &Buckets) -> i64 {
-    buckets.iter().map(|(_, n)| n).sum()
+    wrapping_sum(buckets.iter().map(|(_, n)| *n))
+}
+
+/// Counters are 64-bit and wrap (as every store keeps them): so do their sums, in a debug
+/// build too.
+pub(super) fn wrapping_sum(ns: impl Iterator<Item = i64>) -> i64 {
+    ns.fold(0, i64::wrapping_add)
 }
 
 /// Reads one key, giving up first if the query's time is already past (a read is bounded by
@@ -120,7 +126,7 @@ fn breakdown_of(
     limit: usize,
 ) -> BreakdownAnswer {
     values.retain(|v| v.n != 0);
-    let all: i64 = values.iter().map(|v| v.n).sum();
+    let all = wrapping_sum(values.iter().map(|v| v.n));
     let order = |a: &ValueCount, b: &ValueCount| {
         b.n.cmp(&a.n)
             .then_with(|| a.value.as_bytes().cmp(b.value.as_bytes()))
@@ -131,7 +137,7 @@ fn breakdown_of(
     if limit < values.len() {
         values.select_nth_unstable_by(limit, order);
     }
-    let rest: i64 = values.iter().skip(limit).map(|v| v.n).sum();
+    let rest = wrapping_sum(values.iter().skip(limit).map(|v| v.n));
     values.truncate(limit);
     values.sort_unstable_by(order);
     BreakdownAnswer {
@@ -143,7 +149,7 @@ fn breakdown_of(
         total,
         values,
         other: rest,
-        unset: total - all,
+        unset: total.wrapping_sub(all),
     }
 }
 
@@ -216,7 +222,7 @@ pub fn series(store: &dyn Store, ctx: Ctx, q: &SeriesQuery) -> Result<SeriesAnsw
         dim: q.filter.as_ref().map(|(d, _)| d.name().to_owned()),
         value: q.filter.as_ref().map(|(_, v)| v.clone()),
         span: Span::new(from, to, tz),
-        total: counts.iter().sum(),
+        total: wrapping_sum(counts.iter().copied()),
         points: points(&bounds, &counts, tz),
     })
 }

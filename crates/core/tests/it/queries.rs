@@ -674,3 +674,33 @@ fn auto_create_follows_defaults_and_a_refused_batch_creates_nothing() {
         ingest::prepare(&db.store, &two, db.ctx().now, &small, &Defaults::default()).unwrap_err();
     assert_eq!(e.code(), ErrorCode::BatchTooLarge);
 }
+
+/// Counters wrap past 64 bits in every store, and so do the sums of queries over them
+/// (a debug build panicked adding two hours of ~2^62 into a day): a day of two such hours
+/// answers their wrapping sum, in a series and in a breakdown (subtotals and unset still
+/// add up to the total, modulo 2^64).
+#[test]
+fn sums_of_counters_past_64_bits_wrap() {
+    const MAX: i64 = (1 << 53) - 1;
+    let db = Db::new("2026-11-20T00:00:00Z");
+    db.schema("big", &["1h:forever"], Some(&["1h"]), None);
+    for hour in ["2026-11-19T01:00:00Z", "2026-11-19T02:00:00Z"] {
+        let events: Vec<RawEvent> = (0..600)
+            .map(|_| Db::raw("big", "k", ts(hour), MAX, &[("country", "US")]))
+            .collect();
+        db.ingest(&events).unwrap();
+    }
+    let want = MAX.wrapping_mul(1200);
+    assert!(want < 0, "the day's sum wraps: {want}");
+    let day = [
+        ("from", "2026-11-19T00:00:00Z"),
+        ("to", "2026-11-20T00:00:00Z"),
+        ("unit", "day"),
+    ];
+    let s = db.series("big", "k", &day).unwrap();
+    assert_eq!((s.total, s.points[0].n), (want, want));
+    let b = db
+        .breakdown("big", "k", &[day[0], day[1], ("dim", "country")])
+        .unwrap();
+    assert_eq!((b.total, b.values[0].n, b.unset), (want, want, 0));
+}
