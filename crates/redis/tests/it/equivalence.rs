@@ -18,7 +18,7 @@ use tally_core::store::{
 use tally_redis::RedisStore;
 use tally_redis::testing::{RedisCluster, RedisServer};
 
-use crate::{batch, raw, real_now, schema};
+use crate::{batch, raw, real_now, scanned, schema};
 
 const NSS: [&str; 2] = ["m", "n.2"];
 const KEYS: [&str; 6] = ["a", "b", "a/b", "é", "x}y|z", "{t}"];
@@ -200,16 +200,9 @@ fn compare(
                     value,
                     deadline: &Deadline::none(),
                 };
-                let collect = |s: &dyn Store| {
-                    let mut v = Vec::new();
-                    s.scan(&scan, &mut |k, n| v.push((k.clone(), n))).unwrap();
-                    // A scan visits keys in no promised order.
-                    v.sort();
-                    v
-                };
                 prop_assert_eq!(
-                    collect(store),
-                    collect(reference),
+                    scanned(store, &scan),
+                    scanned(reference, &scan),
                     "scan {}s {:?}",
                     res,
                     value

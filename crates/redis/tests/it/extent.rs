@@ -8,7 +8,7 @@ use tally_core::store::{Deadline, KeyRead, Scan, Store, Want};
 use tally_redis::RedisStore;
 use tally_redis::testing::RedisServer;
 
-use crate::{batch, raw, real_now, schema, with_reference};
+use crate::{batch, raw, real_now, scanned, schema, with_reference};
 
 /// Hash reads Redis ran since the last `CONFIG RESETSTAT` (scripts' calls included).
 fn hash_reads(server: &RedisServer) -> u64 {
@@ -152,14 +152,8 @@ fn a_scan_over_years_is_read_in_runs_and_answers_like_the_reference() {
             value,
             deadline: &Deadline::none(),
         };
-        let collect = |s: &dyn Store| {
-            let mut v = Vec::new();
-            s.scan(&scan, &mut |k, n| v.push((k.clone(), n))).unwrap();
-            v.sort();
-            v
-        };
-        let want = collect(&reference);
+        let want = scanned(&reference, &scan);
         assert_eq!(want.len(), 30, "{value:?}: {want:?}");
-        assert_eq!(collect(&redis), want, "{value:?}");
+        assert_eq!(scanned(&redis, &scan), want, "{value:?}");
     }
 }

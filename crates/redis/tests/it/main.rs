@@ -67,6 +67,17 @@ pub fn with_reference(
     (redis, tally_core::reference::MemStore::new(clock), now)
 }
 
+/// What a scan (a `top`) of `store` visits, sorted: a scan visits keys in no promised
+/// order.
+pub fn scanned(store: &dyn Store, scan: &tally_core::store::Scan<'_>) -> Vec<(Key, i64)> {
+    let mut v = Vec::new();
+    store
+        .scan(scan, &mut |k, n| v.push((k.clone(), n)))
+        .unwrap();
+    v.sort();
+    v
+}
+
 /// A store on `url` whose namespace `api` keeps `1m:48h` and `1h:forever`.
 pub fn api_store(url: &str) -> tally_redis::RedisStore {
     let store = tally_redis::RedisStore::connect(url).unwrap();
