@@ -5,7 +5,7 @@
 //! cargo run --release -p tally-bench -- engine
 //! ```
 //!
-//! Subcommands: `engine`, `replay`, `compare`, `http`, `ratelimit`, `statsd`, `redis-backend`, `archive`, `archive-year`, `export`, `load`, and `soak`
+//! Subcommands: `engine`, `replay`, `compare`, `http`, `idempotency`, `ratelimit`, `statsd`, `redis-backend`, `archive`, `archive-year`, `export`, `load`, and `soak`
 //! and `soak-disk-full` (the crash soak of `scripts/soak.sh`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -13,6 +13,7 @@
 mod archive;
 mod export;
 mod http;
+mod idempotency;
 mod ratelimit;
 mod redis_backend;
 mod redis_peer;
@@ -380,6 +381,7 @@ fn main() {
         Some("export") => export::bench(rest),
         Some("load") => export::load_bench(rest),
         Some("ratelimit") => ratelimit::bench(rest),
+        Some("idempotency") => idempotency::bench(rest),
         Some("statsd") => statsd::bench(),
         Some("redis-backend") => redis_backend::bench(rest),
         Some("archive") => archive::bench(rest),
@@ -389,7 +391,7 @@ fn main() {
         Some("soak-disk-full") => soak::disk_full(rest),
         Some(other) => {
             eprintln!(
-                "unknown benchmark {other:?}; known: engine, compare, http, export, load, ratelimit, statsd, redis-backend, archive, archive-year, archive-queries, soak, soak-disk-full"
+                "unknown benchmark {other:?}; known: engine, replay, compare, http, idempotency, export, load, ratelimit, statsd, redis-backend, archive, archive-year, archive-queries, soak, soak-disk-full"
             );
             std::process::exit(2);
         }

@@ -865,7 +865,7 @@ impl Engine {
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             answers
                 .into_iter()
-                .map(|r| (r.key.clone(), idem.insert(r.key.clone(), r)))
+                .map(|r| (r.key.clone(), idem.insert(&r)))
                 .collect()
         };
         let policy = self.core.flush;
@@ -891,9 +891,11 @@ impl Engine {
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             for (k, before) in replaced {
                 match before {
-                    Some(r) => idem.insert(k, r),
+                    Some(r) => {
+                        idem.insert(&r);
+                    }
                     None => idem.remove(&k),
-                };
+                }
             }
         }
         done

@@ -223,7 +223,7 @@ impl Engine {
                 .idem
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            if idem.len() >= self.max_idempotency_answers && !idem.contains_key(&r.key) {
+            if idem.len() >= self.max_idempotency_answers && !idem.contains(&r.key) {
                 return Err(StoreError::unavailable(format!(
                     "{} idempotency answers are remembered, the most [limits] \
                      max_idempotency_keys allows; each is kept 24 h: retry later, or send \
@@ -571,7 +571,7 @@ impl Store for Engine {
             .idem
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        Ok(idem.get(key).filter(|r| r.expires > now).cloned())
+        Ok(idem.get(key).filter(|r| r.expires > now))
     }
 
     fn rebuild(

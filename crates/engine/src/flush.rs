@@ -418,15 +418,14 @@ impl Engine {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .as_of(wal_start.saturating_sub(1));
-            let idempotency = self
+            // Copied under the lock (writes with a key wait on it), made records after.
+            let copied = self
                 .core
                 .idem
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .values()
-                .filter(|r| r.expires > now)
-                .cloned()
-                .collect();
+                .unexpired(now);
+            let idempotency = copied.records();
             let cutoffs = {
                 let cat = self.core.read_cat();
                 cat.ns

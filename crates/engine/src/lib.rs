@@ -7,6 +7,7 @@
 //! - [`wal`]: the write-ahead log: format, group-commit writer, recovery scan.
 //! - [`io`]: the small file layer tests inject faults into.
 
+mod answers;
 pub mod archive;
 pub mod backup;
 pub mod bulk;

@@ -7,12 +7,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use tally_core::model::{Namespace, Retention, Schema};
-use tally_core::store::{IdemRecord, StoreError};
+use tally_core::store::StoreError;
 
 /// Timestamps a logged increment may carry: every one the API ever took (`MAX_TS` was
 /// 2^32 until 2026-11-27).
 const LOGGED_TS_END: i64 = 1 << 32;
 
+use crate::answers::Answers;
 use crate::archive::{Archive, FlushPolicy, store_error};
 use crate::catalog::{Catalog, KeyId, NsId, SeriesId, StrId, TierPlan};
 use crate::memtable::{Lane, Memtable, Shard, split_key};
@@ -60,7 +61,7 @@ pub(crate) struct Core {
     pub(crate) catalog: RwLock<Catalog>,
     pub(crate) mem: Memtable,
     /// Remembered answers by idempotency key (restored by replay, freed by sweep).
-    pub(crate) idem: Mutex<HashMap<String, IdemRecord>>,
+    pub(crate) idem: Mutex<Answers>,
     pub(crate) flush: FlushPolicy,
     /// The published archive. Readers hold it shared while they read memory (so what they
     /// see frozen in a shard and what they see archived never overlap); a flush swaps it.
@@ -142,7 +143,7 @@ impl Core {
         Core {
             catalog: RwLock::new(Catalog::default()),
             mem: Memtable::new(shards),
-            idem: Mutex::new(HashMap::new()),
+            idem: Mutex::new(Answers::default()),
             flush,
             archive: RwLock::new(Arc::new(archive)),
             dirty: Mutex::new(HashMap::new()),
@@ -240,7 +241,7 @@ impl Core {
         lock(&self.schemas).base = m.schemas.iter().cloned().collect();
         let mut idem = lock(&self.idem);
         for r in &m.idempotency {
-            idem.insert(r.key.clone(), r.clone());
+            idem.insert(r);
         }
         self.last_seq
             .fetch_max(m.wal_start.saturating_sub(1), Ordering::SeqCst);
@@ -404,7 +405,7 @@ impl Core {
             self.idem
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .insert(rec.key.clone(), rec.clone());
+                .insert(rec);
         }
         Ok(ResolvedBatch {
             seq,
@@ -534,7 +535,7 @@ impl Core {
         self.idem
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .retain(|_, r| r.expires > now);
+            .sweep(now);
         let cat = self.read_cat();
         // Per namespace and slot: the first bucket index still kept (None: keep all).
         let cutoffs: Vec<Vec<Option<Option<u32>>>> = cat
