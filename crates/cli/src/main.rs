@@ -47,8 +47,20 @@ enum Command {
     Bench(cmd::bench::BenchArgs),
 }
 
+/// Raises the soft limit on open files to the hard one. Every archive segment an engine has
+/// open holds a descriptor, and so does every connection: 1024, a common default soft limit,
+/// is soon reached by a server, or by `tally check` of a long archive (a backfill over three
+/// years of days made 1 100 segments), after which every flush fails. The hard limit is what
+/// the operator allows; `tally serve` logs the limit it runs with.
+fn raise_open_files_limit() {
+    // Failing leaves the limit as it was, which is all one can do.
+    let _ = rlimit::increase_nofile_limit(u64::MAX);
+}
+
 fn main() -> ExitCode {
-    let result = match Cli::parse().command {
+    let cli = Cli::parse();
+    raise_open_files_limit();
+    let result = match cli.command {
         Command::Serve(args) => cmd::serve::run(args),
         Command::Incr(args) => cmd::incr::run(args),
         Command::Query(query) => cmd::query::run(query),

@@ -876,3 +876,58 @@ fn serve_out_of_file_descriptors_logs_counts_and_recovers() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// A soft limit on open files below the hard one is raised to it: each archive segment holds
+/// a descriptor, and a backfill over three years of days (1 100 segments) made every flush
+/// fail under the common default of 1 024. The server logs the limit it runs with.
+#[test]
+fn serve_raises_the_soft_open_files_limit_to_the_hard_one() {
+    let limits = std::fs::read_to_string("/proc/self/limits").unwrap();
+    let hard: u64 = match limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .and_then(|l| l.split_whitespace().nth(4))
+        .and_then(|v| v.parse().ok())
+    {
+        Some(h) if h > 300 => h,
+        // Nothing to raise to on this machine.
+        _ => return,
+    };
+    let data = tempfile::tempdir().unwrap();
+    let bin = env!("CARGO_BIN_EXE_tally");
+    let mut child = Command::new("sh")
+        .args([
+            "-c",
+            &format!(
+                "ulimit -Sn 256 && exec '{bin}' serve --listen 127.0.0.1:0 --data '{}'",
+                data.path().display()
+            ),
+        ])
+        .env("RUST_LOG", "info")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut logged = None;
+    for line in stderr.lines().map_while(Result::ok) {
+        if line.contains("open files allowed") {
+            logged = Some(line.clone());
+        }
+        if line.contains("listening on") {
+            break;
+        }
+    }
+    let running = std::fs::read_to_string(format!("/proc/{}/limits", child.id())).unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let logged = logged.expect("the server logs its limit on open files");
+    assert!(logged.contains(&format!("limit={hard}")), "{logged}");
+    let soft: u64 = running
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .and_then(|l| l.split_whitespace().nth(3))
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    assert_eq!(soft, hard, "{running}");
+}

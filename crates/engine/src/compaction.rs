@@ -248,6 +248,15 @@ impl Engine {
     /// Compacts the archive until the policy has nothing left to do: segments past every
     /// namespace's retention are dropped, a period's base and deltas are merged.
     pub fn compact(&self) -> Result<CompactReport, StoreError> {
+        let r = self.compact_now();
+        if r.is_err() {
+            self.failed_compactions
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        r
+    }
+
+    fn compact_now(&self) -> Result<CompactReport, StoreError> {
         let _one = self
             .flush_lock
             .lock()

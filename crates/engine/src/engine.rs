@@ -155,6 +155,10 @@ pub struct Engine {
     pub(crate) rebuild_lock: Mutex<()>,
     /// Conditional writes (`apply_if`) of one key serialise on its stripe.
     conditional: Vec<Mutex<()>>,
+    /// Flushes and compactions that failed since open (`/metrics`): a flush failing for good
+    /// (out of descriptors, a full disk) lets memory and the log grow, though writes go on.
+    pub(crate) failed_flushes: std::sync::atomic::AtomicU64,
+    pub(crate) failed_compactions: std::sync::atomic::AtomicU64,
     _lock: File,
 }
 
@@ -336,6 +340,8 @@ impl Engine {
             failed_merges: Mutex::new(Vec::new()),
             rebuild_lock: Mutex::new(()),
             conditional: (0..CONDITIONAL_STRIPES).map(|_| Mutex::new(())).collect(),
+            failed_flushes: Default::default(),
+            failed_compactions: Default::default(),
             _lock: lock,
         };
         if !engine.recovery.lost.is_empty() {
@@ -535,6 +541,22 @@ impl Store for Engine {
                 help: "Records appended to the write-ahead log since start.",
                 kind: "counter",
                 value: s.wal.records as f64,
+            },
+            Gauge {
+                name: "tally_flush_failures_total",
+                help: "Flushes of closed periods into the archive that failed since start (each is retried; while they fail, memory and the log grow).",
+                kind: "counter",
+                value: self
+                    .failed_flushes
+                    .load(std::sync::atomic::Ordering::Relaxed) as f64,
+            },
+            Gauge {
+                name: "tally_compaction_failures_total",
+                help: "Compactions of the archive that failed since start (each is retried).",
+                kind: "counter",
+                value: self
+                    .failed_compactions
+                    .load(std::sync::atomic::Ordering::Relaxed) as f64,
             },
             Gauge {
                 name: "tally_log_fsyncs_total",

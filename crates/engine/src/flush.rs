@@ -119,9 +119,18 @@ impl Engine {
         self.flush_closed(self.clock.now())
     }
 
+    /// Counts a failed flush for `/metrics`.
+    fn counted(&self, r: Result<FlushReport, StoreError>) -> Result<FlushReport, StoreError> {
+        if r.is_err() {
+            self.failed_flushes
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        r
+    }
+
     /// Flushes every period that ends (plus the grace) at or before `now`.
     pub fn flush_closed(&self, now: i64) -> Result<FlushReport, StoreError> {
-        self.flush_until(now, now, false)
+        self.counted(self.flush_until(now, now, false))
     }
 
     /// After recovery accepted missing records: flushes every period in memory, open ones
@@ -135,7 +144,7 @@ impl Engine {
     /// Flushes every period in memory, open ones too, and publishes a manifest.
     pub(crate) fn flush_everything(&self) -> Result<FlushReport, StoreError> {
         let now = self.clock.now();
-        self.flush_until(i64::MAX / 2, now, true)
+        self.counted(self.flush_until(i64::MAX / 2, now, true))
     }
 
     /// Flushes the periods that end (plus the grace) at or before `until`; `now` decides

@@ -60,6 +60,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    open_files_limit();
     // Everything is validated before anything starts.
     let settings = match &args.config {
         None => Settings::default(),
@@ -276,6 +277,25 @@ impl Statsd {
     fn stopping(self) -> tokio::task::JoinHandle<()> {
         let _ = self.stop.send(());
         self.task
+    }
+}
+
+/// Below this many descriptors a server is soon short of them (see `raise_open_files_limit`
+/// in main.rs).
+const FEW_OPEN_FILES: u64 = 4096;
+
+/// Logs the limit on open files the server runs with (`main` raised it to the hard limit),
+/// and warns when it is low.
+fn open_files_limit() {
+    match rlimit::getrlimit(rlimit::Resource::NOFILE) {
+        Ok((soft, _)) if soft < FEW_OPEN_FILES => tracing::warn!(
+            limit = soft,
+            "few open files allowed: every archive segment and every connection holds one, and \
+             past the limit flushes fail and connections are refused; raise it (ulimit -n, \
+             LimitNOFILE=) to {FEW_OPEN_FILES} or more"
+        ),
+        Ok((soft, _)) => tracing::info!(limit = soft, "open files allowed"),
+        Err(e) => tracing::warn!(error = %e, "could not read the limit on open files"),
     }
 }
 

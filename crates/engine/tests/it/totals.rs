@@ -224,8 +224,17 @@ fn a_failed_flush_puts_totals_back_where_reads_and_tops_find_them() {
     both(&e, &r, NOW, &events("clicks", &keys, NOW, 0));
     same(&e, &r, NOW, "clicks", &keys, "before");
     let live = e.stats().live_counters;
+    let failures = |e: &tally_engine::Engine| {
+        use tally_core::store::Store;
+        e.gauges()
+            .iter()
+            .find(|g| g.name == "tally_flush_failures_total")
+            .map(|g| g.value)
+    };
+    assert_eq!(failures(&e), Some(0.0));
     fs.fail.store(true, Ordering::SeqCst);
     assert!(e.flush().is_err());
+    assert_eq!(failures(&e), Some(1.0), "a failed flush shows in /metrics");
     assert_eq!(e.stats().live_counters, live, "every counter thawed");
     same(&e, &r, NOW, "clicks", &keys, "after a failed flush");
     // Late adds to thawed counters, then the flush succeeds.
