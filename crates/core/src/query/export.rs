@@ -98,7 +98,13 @@ pub fn export_plan(
     }
     let r = res.secs_i64();
     let from = q.from.div_euclid(r) * r;
-    let to = q.to.div_euclid(r) * r + if q.to.rem_euclid(r) == 0 { 0 } else { r };
+    // The ends widened to whole buckets, as a series in that unit widens them; `from == to`
+    // gives no rows (SPEC §2), wherever the instant lies.
+    let to = if q.from == q.to {
+        from
+    } else {
+        q.to.div_euclid(r) * r + if q.to.rem_euclid(r) == 0 { 0 } else { r }
+    };
     let buckets = (to - from) / r;
     if usize::try_from(buckets).map_or(true, |b| b > max_points) {
         return Err(QueryError::Time {
