@@ -120,10 +120,20 @@ fn check_once(dir: &Path) -> Result<CheckReport, std::io::Error> {
         }
     };
     let mut wal_start = 1;
+    // The last log record the archive says the log reached (recovery's rule: every publish
+    // synced the log through it).
+    let mut reached = 0;
     match manifest::load(dir) {
         Ok(None) => {}
         Ok(Some(m)) => {
             wal_start = m.wal_start;
+            reached = m
+                .segments
+                .iter()
+                .map(|s| s.flushed_seq)
+                .max()
+                .unwrap_or(0)
+                .max(wal_start.saturating_sub(1));
             report.findings.push(Finding::Manifest {
                 path: manifest::file_name(dir, m.number),
                 segments: m.segments.len(),
@@ -158,10 +168,26 @@ fn check_once(dir: &Path) -> Result<CheckReport, std::io::Error> {
             .into(),
         );
     }
-    let mut next_seq = files.first().map_or(1, |(s, _)| *s);
+    let mut next_seq = files.first().map_or(wal_start, |(s, _)| *s);
     for (i, (named, path)) in files.iter().enumerate() {
         if *named != next_seq {
-            // A gap: check the file on its own terms.
+            // Records recovery needs (from wal_start on) are missing: it refuses to open the
+            // directory. A gap wholly before wal_start loses nothing (a truncation cut
+            // short by a crash can leave one). Either way the file is checked on its own
+            // terms.
+            let needed = next_seq.max(wal_start);
+            if *named > needed {
+                report.damage.push(
+                    WalError::BadFile {
+                        file: path.clone(),
+                        why: FileProblem::Gap {
+                            first: needed,
+                            last: named - 1,
+                        },
+                    }
+                    .into(),
+                );
+            }
             next_seq = *named;
         }
         let bytes = match std::fs::read(path) {
@@ -195,6 +221,23 @@ fn check_once(dir: &Path) -> Result<CheckReport, std::io::Error> {
                 });
             }
             Err(e) => report.damage.push(e.into()),
+        }
+    }
+    // The log ends before records the archive says it held: its newest files are gone, and
+    // recovery refuses the directory. Unless the log grew since it was listed (a running
+    // server's new file, holding what a publish since then flushed).
+    if reached >= next_seq.max(1) {
+        let grew = list_files(&wal_dir)
+            .is_ok_and(|now| now.last().map(|f| f.0) > files.last().map(|f| f.0));
+        if !grew {
+            report.damage.push(
+                WalError::MissingTail {
+                    dir: wal_dir,
+                    first: next_seq,
+                    last: reached,
+                }
+                .into(),
+            );
         }
     }
     Ok(report)
