@@ -808,6 +808,25 @@ fn serve_refuses_a_log_with_a_missing_file_unless_told_to_accept_the_loss() {
     sigterm_and_wait(s);
 }
 
+/// `tally serve` on a free port over `data`, started by `sh` after `ulimit <limit>`, logging
+/// at `info` to a piped stderr.
+fn serve_under_ulimit(limit: &str, data: &std::path::Path) -> std::process::Child {
+    let bin = env!("CARGO_BIN_EXE_tally");
+    Command::new("sh")
+        .args([
+            "-c",
+            &format!(
+                "ulimit {limit} && exec '{bin}' serve --listen 127.0.0.1:0 --data '{}'",
+                data.display()
+            ),
+        ])
+        .env("RUST_LOG", "info")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
 /// With its file descriptors exhausted, `tally serve` neither hangs nor stays silent: each
 /// failed accept is counted, logged (at most once a second) and backed off, and the server
 /// serves again once descriptors are free.
@@ -815,20 +834,7 @@ fn serve_refuses_a_log_with_a_missing_file_unless_told_to_accept_the_loss() {
 fn serve_out_of_file_descriptors_logs_counts_and_recovers() {
     use std::io::{Read, Write};
     let data = tempfile::tempdir().unwrap();
-    let bin = env!("CARGO_BIN_EXE_tally");
-    let mut child = Command::new("sh")
-        .args([
-            "-c",
-            &format!(
-                "ulimit -n 48 && exec '{bin}' serve --listen 127.0.0.1:0 --data '{}'",
-                data.path().display()
-            ),
-        ])
-        .env("RUST_LOG", "info")
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = serve_under_ulimit("-n 48", data.path());
     let (tx, rx) = std::sync::mpsc::channel::<String>();
     let stderr = child.stderr.take().unwrap();
     std::thread::spawn(move || {
@@ -894,20 +900,7 @@ fn serve_raises_the_soft_open_files_limit_to_the_hard_one() {
         _ => return,
     };
     let data = tempfile::tempdir().unwrap();
-    let bin = env!("CARGO_BIN_EXE_tally");
-    let mut child = Command::new("sh")
-        .args([
-            "-c",
-            &format!(
-                "ulimit -Sn 256 && exec '{bin}' serve --listen 127.0.0.1:0 --data '{}'",
-                data.path().display()
-            ),
-        ])
-        .env("RUST_LOG", "info")
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = serve_under_ulimit("-Sn 256", data.path());
     let stderr = BufReader::new(child.stderr.take().unwrap());
     let mut logged = None;
     for line in stderr.lines().map_while(Result::ok) {

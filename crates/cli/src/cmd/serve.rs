@@ -60,7 +60,6 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    open_files_limit();
     // Everything is validated before anything starts.
     let settings = match &args.config {
         None => Settings::default(),
@@ -108,6 +107,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("listening on {}", args.listen))?;
         let addr = listener.local_addr()?;
+        // Once the flags and the config are taken: a refusal stays one line.
+        open_files_limit();
         let mut statsd = tally_server::statsd::Sockets::default();
         if let Some(a) = args.statsd.or(statsd_listen) {
             statsd.udp = Some(
