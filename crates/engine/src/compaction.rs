@@ -508,6 +508,11 @@ impl Engine {
             .fs
             .remove(&manifest::file_name(&self.dir, old.manifest.number));
         for id in remove {
+            // A reader may still hold the archive that names it: its file stays open (and
+            // readable, removed) until the last holder drops it.
+            if let Some((_, seg)) = old.all().find(|(e, _)| e.id == *id) {
+                let _ = seg.pin();
+            }
             let _ = self.fs.remove(&segment_path(&self.segments_dir, *id));
         }
         Ok(())

@@ -8,8 +8,10 @@
 //! - [`writer`]: [`SegmentWriter`] writes keys in order, block by block.
 //! - [`reader`]: [`Segment`] keeps the footer and the key index in memory and reads blocks
 //!   on demand with positional reads, so one open segment serves many readers at once.
+//! - [`files`]: the segment files open at once, bounded per process.
 
 mod codec;
+pub mod files;
 pub mod layout;
 pub mod reader;
 mod sums;

@@ -2,7 +2,7 @@
 //! and keeps them in memory; blocks are read on demand with positional reads (no seek, no
 //! shared cursor), so one `Segment` behind an `Arc` serves any number of threads. No mmap
 //! in v1 (the workspace forbids `unsafe`): the index is in memory, blocks come from the page
-//! cache.
+//! cache, through a descriptor [`super::files`] may close and open again.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use fst::{IntoStreamer, Streamer};
 
 use super::codec::{Block, Dictionary, Period, total_sums};
+use super::files::Handle;
 use super::layout::{
     BLOCK_ENTRY_LEN, BlockEntry, CODEC_NONE, CODEC_ZSTD, DICT_HEADER_LEN, FOOTER_CRC_OFFSET,
     FOOTER_LEN, FOOTER_MAGIC_OFFSET, Footer, HEADER_LEN, MAX_BLOCK_RAW_LEN, MAX_DICT_RAW_LEN,
@@ -28,7 +29,8 @@ pub type BlockHandle = BlockEntry;
 #[derive(Debug)]
 pub struct Segment {
     path: PathBuf,
-    file: File,
+    /// The file, open while recently read (at most `files::max_open` at once, process-wide).
+    file: Arc<Handle>,
     len: u64,
     meta: SegmentMeta,
     period: Period,
@@ -411,7 +413,7 @@ impl Segment {
         }
         Ok(Segment {
             path: path.to_path_buf(),
-            file,
+            file: Handle::new(path, file),
             len,
             period: Period {
                 first: footer.meta.first_bucket(),
@@ -470,6 +472,12 @@ impl Segment {
         self.index.as_fst().as_bytes().len()
     }
 
+    /// Keeps the file open for as long as this segment lives, whatever the bound on open
+    /// segment files: call before removing the file while readers may hold the segment.
+    pub fn pin(&self) -> Result<(), SegmentError> {
+        self.file.pin().map_err(|e| SegmentError::io(&self.path, e))
+    }
+
     /// Block `block`'s uncompressed payload, after its checksum was checked.
     pub fn block_payload(&self, block: usize) -> Result<Vec<u8>, SegmentError> {
         let Some(b) = self.blocks.get(block) else {
@@ -481,7 +489,11 @@ impl Segment {
     /// A frame's stored bytes read, checked against their CRC32C and decompressed.
     fn frame(&self, b: &BlockEntry, what: Frame) -> Result<Vec<u8>, SegmentError> {
         let mut stored = vec![0u8; b.stored_len as usize];
-        read_exact_at(&self.file, &self.path, &mut stored, b.offset)?;
+        let file = self
+            .file
+            .file()
+            .map_err(|e| SegmentError::io(&self.path, e))?;
+        read_exact_at(&file, &self.path, &mut stored, b.offset)?;
         let got = crc32c::crc32c(&stored);
         if got != b.crc {
             return Err(match what {
