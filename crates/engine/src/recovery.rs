@@ -2,6 +2,7 @@
 //! drops a torn tail (logged), refuses any other damage with the file and offset, and
 //! hands the writer the file to append to.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -135,6 +136,47 @@ fn recreate_lost_namespaces(core: &Core, view: &mut BatchView<'_>) {
     }
 }
 
+/// The schema each namespace has at the end of the log, for those a record from
+/// `wal_start` on changed: a first pass over the log that decodes schema records only. A
+/// damaged file ends its pass quietly (the replay that follows reports it).
+///
+/// Replay checks each increment against the retention its tier has at the end of the log,
+/// not at the increment's record: a retention that grew after an increment keeps it, as the
+/// running engine did (it swept by the grown retention from then on). Checked against the
+/// retention of its time, an increment older than that was dropped again at every restart.
+fn final_schemas(files: &[(u64, PathBuf)], wal_start: u64) -> HashMap<String, Schema> {
+    let mut last = HashMap::new();
+    let mut next_seq = files.first().map_or(wal_start, |(s, _)| *s);
+    for (i, (named, path)) in files.iter().enumerate() {
+        next_seq = next_seq.max(*named);
+        let Ok(bytes) = std::fs::read(path) else {
+            break;
+        };
+        let mut visit = |seq: u64, p: &[u8]| -> Result<(), Corruption> {
+            if seq >= wal_start
+                && p.first() == Some(&payload::KIND_SCHEMA)
+                && let Ok(Payload::Schema(ns, schema)) = payload::decode(p)
+            {
+                last.insert(ns.as_str().to_owned(), schema);
+            }
+            Ok(())
+        };
+        let gaps = Gaps::Accept;
+        match reader::scan_with(
+            path,
+            &bytes,
+            next_seq,
+            i + 1 == files.len(),
+            gaps,
+            &mut visit,
+        ) {
+            Ok(end) => next_seq = end.next_seq,
+            Err(_) => break,
+        }
+    }
+    last
+}
+
 /// Replays the log in `wal_dir` into `core` from record `wal_start` on (the archive holds
 /// what came before); increments to periods the archive holds up to their record are
 /// skipped. Returns the file to append to, the next sequence number, and what was found
@@ -198,12 +240,13 @@ pub(crate) fn replay(
             },
         )?;
     }
+    core.set_replay_retentions(final_schemas(&files, wal_start));
     let mut next_seq = files.first().map_or(wal_start, |(s, _)| *s);
     let mut last_end = None;
     // Two threads: this one reads, decodes and resolves each batch to ids (the catalog's
     // work), the adder adds the batch before it to the counters, so replay uses both halves
     // of the apply path at once. A schema change waits until the adder has caught up.
-    std::thread::scope(|scope| -> Result<(), OpenError> {
+    let replayed = std::thread::scope(|scope| -> Result<(), OpenError> {
         let (to_adder, inbox) = std::sync::mpsc::sync_channel::<ToAdder>(REPLAY_QUEUE);
         scope.spawn(move || {
             for m in inbox {
@@ -318,7 +361,10 @@ pub(crate) fn replay(
         // Dropping the sender ends the adder; the scope waits for it.
         drop(to_adder);
         Ok(())
-    })?;
+    });
+    // Live writes check the retention of their time.
+    core.set_replay_retentions(HashMap::new());
+    replayed?;
     // The archive holds records up to the largest flushed_seq, so the log reached it.
     let archived = archive
         .manifest

@@ -75,6 +75,10 @@ pub(crate) struct Core {
     pub(crate) last_seq: AtomicU64,
     /// The first damage a read found in the archive: `/healthz` reports it until restart.
     pub(crate) damaged: Mutex<Option<StoreError>>,
+    /// While the log replays: the schema of each namespace a record from `wal_start` on
+    /// changed, as the log leaves it. Replay checks increments against these retentions
+    /// (see `recovery::final_schemas`); empty otherwise.
+    replay_retentions: Mutex<HashMap<String, Schema>>,
     /// What reads that sum over segments name subtotals by (see [`Core::names`]).
     names: Mutex<Arc<Names>>,
     /// The id in `names` of each catalog string met by such a read, `u32::MAX` for one not
@@ -150,6 +154,7 @@ impl Core {
             schemas: Mutex::new(SchemaLog::default()),
             last_seq: AtomicU64::new(0),
             damaged: Mutex::new(None),
+            replay_retentions: Mutex::default(),
             names: Mutex::default(),
             catalog_names: Mutex::default(),
         }
@@ -279,6 +284,31 @@ impl Core {
         Ok(())
     }
 
+    pub(crate) fn set_replay_retentions(&self, last: HashMap<String, Schema>) {
+        *lock(&self.replay_retentions) = last;
+    }
+
+    /// The tiers of namespace `id` as a batch is added with: while the log replays, with the
+    /// retention each has at the end of the log (see `recovery::final_schemas`).
+    fn replay_plan(&self, cat: &Catalog, id: NsId) -> Arc<[TierPlan]> {
+        let entry = &cat.ns[id as usize];
+        let last = lock(&self.replay_retentions);
+        let Some(schema) = last.get(entry.name.as_str()) else {
+            return entry.tiers.clone();
+        };
+        entry
+            .tiers
+            .iter()
+            .map(|t| {
+                let mut t = *t;
+                if let Some(at_end) = schema.tiers().iter().find(|e| e.resolution == t.resolution) {
+                    t.retention = at_end.retention;
+                }
+                t
+            })
+            .collect()
+    }
+
     /// The first half of [`Core::apply_view`]: the batch's strings resolved to ids in the
     /// catalog (keys and series made as needed), its remembered answer kept. Replay runs it
     /// on one thread while another adds the batch before (see `recovery`).
@@ -332,7 +362,7 @@ impl Core {
                             *slot = Some(id);
                         }
                         if !plans.iter().any(|(n, _)| *n == id) {
-                            plans.push((id, cat.ns[id as usize].tiers.clone()));
+                            plans.push((id, self.replay_plan(&cat, id)));
                         }
                         id
                     }
