@@ -437,11 +437,40 @@ impl Store for Engine {
     }
 
     fn put_schema(&self, ns: &Namespace, schema: &Schema) -> Result<(), StoreError> {
-        let _gate = self.gate.write().unwrap_or_else(PoisonError::into_inner);
-        let mut bytes = Vec::new();
-        payload::encode_schema(ns, schema, &mut bytes);
-        let seq = self.wal.append(bytes)?;
-        self.core.apply_schema(ns, schema, seq)
+        let retention_changed = {
+            let _gate = self.gate.write().unwrap_or_else(PoisonError::into_inner);
+            let before = self.schema(ns)?;
+            let mut bytes = Vec::new();
+            payload::encode_schema(ns, schema, &mut bytes);
+            let seq = self.wal.append(bytes)?;
+            self.core.apply_schema(ns, schema, seq)?;
+            before.is_some_and(|b| {
+                b.tiers().iter().any(|old| {
+                    schema.tiers().iter().any(|new| {
+                        new.resolution == old.resolution && new.retention != old.retention
+                    })
+                })
+            })
+        };
+        if retention_changed {
+            // What a retention keeps depends on when it changed, which the log does not
+            // say: replayed, a retention that shrank and grew back would show again counts
+            // the sweep had freed, and one that grew would show counts that had expired
+            // before. So memory, swept by the new retention, becomes the archive now, and
+            // the log is truncated past the change: a restart starts from this state. (If
+            // the flush fails, replay checks increments against the retention at the end of
+            // the log: see `recovery::final_schemas`.)
+            self.sweep();
+            if let Err(e) = self.flush_everything() {
+                tracing::warn!(
+                    error = %e.detail(),
+                    %ns,
+                    "could not archive memory after a retention change; a restart before \
+                     the next flush may show counts the change had hidden"
+                );
+            }
+        }
+        Ok(())
     }
 
     fn apply(&self, batch: &Batch) -> Result<(), StoreError> {
