@@ -462,7 +462,7 @@ impl Engine {
     /// the removed files.
     fn replace(
         &self,
-        old: &Archive,
+        old: &Arc<Archive>,
         remove: &[u64],
         add: Option<(SegmentEntry, Arc<Segment>)>,
     ) -> Result<(), StoreError> {
@@ -507,13 +507,19 @@ impl Engine {
         let _ = self
             .fs
             .remove(&manifest::file_name(&self.dir, old.manifest.number));
+        // A reader that still holds the old archive (or one of its segments) may read a
+        // removed segment, whose descriptor may have been closed to stay within the bound
+        // on open files: such a file is removed when its last holder drops it instead.
+        let archive_held = Arc::strong_count(old) > 1;
         for id in remove {
-            // A reader may still hold the archive that names it: its file stays open (and
-            // readable, removed) until the last holder drops it.
-            if let Some((_, seg)) = old.all().find(|(e, _)| e.id == *id) {
-                let _ = seg.pin();
+            match old.all().find(|(e, _)| e.id == *id) {
+                Some((_, seg)) if archive_held || Arc::strong_count(seg) > 1 => {
+                    seg.remove_when_dropped();
+                }
+                _ => {
+                    let _ = self.fs.remove(&segment_path(&self.segments_dir, *id));
+                }
             }
-            let _ = self.fs.remove(&segment_path(&self.segments_dir, *id));
         }
         Ok(())
     }

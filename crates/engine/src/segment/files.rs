@@ -7,9 +7,11 @@
 //! the one read least recently, and a read of a closed one opens it again (a few
 //! microseconds: nothing but the descriptor is lost).
 //!
-//! A segment whose file is about to be removed (compaction merged or dropped it, and a
-//! reader may still hold the archive that names it) is *pinned*: kept open, outside the
-//! bound, until its last holder drops it, so its reads never meet a missing file.
+//! A segment whose file compaction removes while a reader may still hold the archive that
+//! names it is marked instead: its file is removed when the segment's last holder drops it,
+//! so a read never meets a missing file, and no descriptor is held meanwhile (a retention
+//! drop of a thousand segments must not open them all). A crash before that leaves the
+//! file to the next open, which removes what the manifest does not name.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -28,7 +30,7 @@ const MIN_OPEN: usize = 16;
 static MAX_SET: AtomicUsize = AtomicUsize::new(0);
 /// Ticks at every read: when a handle was read last.
 static CLOCK: AtomicU64 = AtomicU64::new(0);
-/// Segment files open now, pinned ones included.
+/// Segment files open now.
 static OPEN_COUNT: AtomicUsize = AtomicUsize::new(0);
 static OPEN: OnceLock<Open> = OnceLock::new();
 
@@ -55,7 +57,7 @@ pub fn set_max_open(n: usize) {
     MAX_SET.store(n.max(1), Ordering::Relaxed);
 }
 
-/// Segment files open now (pinned ones included).
+/// Segment files open now.
 pub fn open_now() -> usize {
     OPEN_COUNT.load(Ordering::Relaxed)
 }
@@ -78,7 +80,8 @@ pub(crate) struct Handle {
     path: PathBuf,
     file: Mutex<Option<Arc<File>>>,
     last_read: AtomicU64,
-    pinned: AtomicBool,
+    /// Remove the file when the handle is dropped (compaction no longer lists it).
+    remove_on_drop: AtomicBool,
 }
 
 impl Handle {
@@ -90,7 +93,7 @@ impl Handle {
             path: path.to_path_buf(),
             file: Mutex::new(Some(Arc::new(file))),
             last_read: AtomicU64::new(CLOCK.fetch_add(1, Ordering::Relaxed)),
-            pinned: AtomicBool::new(false),
+            remove_on_drop: AtomicBool::new(false),
         });
         OPEN_COUNT.fetch_add(1, Ordering::Relaxed);
         o.handles
@@ -128,13 +131,9 @@ impl Handle {
         Ok(got)
     }
 
-    /// Keeps the file open until the handle is dropped, whatever the bound: its file is about
-    /// to be removed while readers may still hold the segment.
-    pub(crate) fn pin(&self) -> io::Result<()> {
-        self.file()?;
-        self.pinned.store(true, Ordering::Relaxed);
-        // Closed between the two steps: open it again, now pinned.
-        self.file().map(drop)
+    /// Removes the file when the handle is dropped.
+    pub(crate) fn remove_when_dropped(&self) {
+        self.remove_on_drop.store(true, Ordering::Relaxed);
     }
 
     /// Closes its file if open; says whether it was.
@@ -151,8 +150,8 @@ impl Handle {
         was
     }
 
-    /// Past [`max_open`] open files, closes the least recently read unpinned ones (never
-    /// this one) down to 7/8 of it, so that the walk over every handle this takes comes
+    /// Past [`max_open`] open files, closes the least recently read ones (never this one)
+    /// down to 7/8 of it, so that the walk over every handle this takes comes
     /// once per eighth of the bound reopened, not at every reopen.
     fn make_room(&self) {
         let max = max_open();
@@ -167,21 +166,20 @@ impl Handle {
             .values()
             .filter_map(Weak::upgrade)
             .collect();
-        let mut candidates: Vec<&Arc<Handle>> = handles
+        // When each was read last, taken once: reads go on meanwhile, and a sort whose keys
+        // change under it may panic (the standard sort checks its order).
+        let mut candidates: Vec<(u64, &Arc<Handle>)> = handles
             .iter()
-            .filter(|h| h.is_open() && !h.pinned.load(Ordering::Relaxed))
+            .filter(|h| h.is_open())
+            .map(|h| (h.last_read.load(Ordering::Relaxed), h))
             .collect();
-        let pinned = handles
-            .iter()
-            .filter(|h| h.is_open() && h.pinned.load(Ordering::Relaxed))
-            .count();
-        let excess = (candidates.len() + pinned).saturating_sub(target);
+        let excess = candidates.len().saturating_sub(target);
         if excess == 0 {
             return;
         }
-        candidates.retain(|h| h.id != self.id);
-        candidates.sort_by_key(|h| h.last_read.load(Ordering::Relaxed));
-        for h in candidates.into_iter().take(excess) {
+        candidates.retain(|(_, h)| h.id != self.id);
+        candidates.sort_unstable_by_key(|(at, h)| (*at, h.id));
+        for (_, h) in candidates.into_iter().take(excess) {
             // A reader holding the file keeps it until done; the descriptor closes then.
             h.close();
         }
@@ -196,5 +194,15 @@ impl Drop for Handle {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&self.id);
+        if self.remove_on_drop.load(Ordering::Relaxed)
+            && let Err(e) = std::fs::remove_file(&self.path)
+            && e.kind() != io::ErrorKind::NotFound
+        {
+            tracing::warn!(
+                file = %self.path.display(),
+                error = %e,
+                "could not remove a compacted segment; the next open removes it"
+            );
+        }
     }
 }

@@ -472,10 +472,10 @@ impl Segment {
         self.index.as_fst().as_bytes().len()
     }
 
-    /// Keeps the file open for as long as this segment lives, whatever the bound on open
-    /// segment files: call before removing the file while readers may hold the segment.
-    pub fn pin(&self) -> Result<(), SegmentError> {
-        self.file.pin().map_err(|e| SegmentError::io(&self.path, e))
+    /// Removes the file once this segment is dropped by its last holder: how compaction
+    /// removes a segment a reader may still be reading.
+    pub fn remove_when_dropped(&self) {
+        self.file.remove_when_dropped();
     }
 
     /// Block `block`'s uncompressed payload, after its checksum was checked.
