@@ -1312,3 +1312,41 @@ fn an_offline_load_follows_the_server_s_config() {
         "{said}"
     );
 }
+
+/// The same bytes loaded again within 24 hours count once (the batches' keys are made from
+/// them), which a recurring file of events without `ts` ("now") does not want: the summary
+/// says so, and `--again` counts them again (found by a review).
+#[test]
+fn again_counts_a_file_loaded_before_once_more() {
+    let tmp = tempfile::tempdir().unwrap();
+    let csv = tmp.path().join("counts.csv");
+    std::fs::write(&csv, "ns,key,ts,n\nnots,a,,1\n").unwrap();
+    let s = serve_cmd(tally().env("TALLY_DATA", tmp.path().join("data")), &[]);
+    let url = s.url.trim_end_matches('/').to_owned();
+    let count = || -> i64 {
+        let mut r = http_agent()
+            .get(format!("{url}/v1/ns/nots/keys/a/window?last=1h"))
+            .call()
+            .unwrap();
+        let v: Value = serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap();
+        v["n"].as_i64().unwrap()
+    };
+    let file = csv.to_str().unwrap();
+    let o = load(&[file, "--server", &url]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = load(&[file, "--server", &url]);
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(said.contains("1 of them were loaded before"), "{said}");
+    assert!(said.contains("--again counts them again"), "{said}");
+    assert_eq!(count(), 1);
+    for expect in [2, 3] {
+        let o = load(&[file, "--server", &url, "--again"]);
+        let said = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            o.status.success() && !said.contains("loaded before"),
+            "{said}"
+        );
+        assert_eq!(count(), expect);
+    }
+    sigterm_and_wait(s);
+}

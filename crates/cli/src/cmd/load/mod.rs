@@ -93,6 +93,11 @@ pub struct LoadArgs {
     /// Count and skip bad lines instead of refusing the load.
     #[arg(long)]
     skip_bad: bool,
+    /// Count the input again even if a load of the same bytes counted it within 24 hours
+    /// (a recurring file of events without `ts`, each meaning "now"): its batches get keys
+    /// of this run alone, so this load, if interrupted, cannot be run again exactly once.
+    #[arg(long)]
+    again: bool,
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
@@ -328,6 +333,14 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
     let checker = Checker::of(&target, limits, &rules, now)?;
     let start = Instant::now();
     let mut digests = HashSet::new();
+    // With --again, what makes this run's keys its own.
+    let run = a.again.then(|| {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
+        format!("again {t} {}", std::process::id())
+    });
     for s in &mut sources {
         let mut d = digest(&s.path).with_context(|| format!("reading {}", s.name))?;
         // Two files with the same bytes under different names are two loads; the path as
@@ -336,6 +349,10 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
         if let Some(file_name) = &s.file_name {
             d.update(b"\0");
             d.update(file_name.as_bytes());
+        }
+        if let Some(run) = &run {
+            d.update(b"\0");
+            d.update(run.as_bytes());
         }
         s.digest = d.value();
         s.repeat = !digests.insert(s.digest);
@@ -650,7 +667,10 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
         sources.len(),
         loaded as f64 / secs.max(1e-9),
         if already > 0 {
-            format!("; {already} of them were loaded before (the same file's batches count once)")
+            format!(
+                "; {already} of them were loaded before (the same file's batches count once \
+                 in 24 hours; --again counts them again)"
+            )
         } else {
             String::new()
         },

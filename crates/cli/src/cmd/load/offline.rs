@@ -730,7 +730,8 @@ pub(super) fn run(
         },
         if found.already > 0 {
             format!(
-                "; {} of them were loaded before (the same file's batches count once)",
+                "; {} of them were loaded before (the same file's batches count once in 24 \
+                 hours; --again counts them again)",
                 found.already
             )
         } else {
