@@ -643,7 +643,7 @@ fn compact_archives_history_and_check_names_damage() {
     );
     refused(
         &run(&["check", "--data", dir.path().join("nope").to_str().unwrap()]),
-        "reading",
+        "is not a tally data directory",
     );
 }
 
@@ -806,6 +806,49 @@ fn serve_refuses_a_log_with_a_missing_file_unless_told_to_accept_the_loss() {
     let s = serve(&data);
     assert_eq!(left(&s.url), kept);
     sigterm_and_wait(s);
+}
+
+/// The commands that read or maintain a data directory refuse a path that is not one, and
+/// create nothing there (found by a review: `export` and `compact` made a fresh directory,
+/// `check` of an empty one passed, and a failed `backup` left a partial copy behind).
+#[test]
+fn data_commands_refuse_a_path_that_is_not_a_data_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let missing = tmp.path().join("typo");
+    let empty = tmp.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    for dir in [&missing, &empty] {
+        let d = dir.to_str().unwrap();
+        let dest = tmp.path().join("copy");
+        let out_dir = tmp.path().join("out");
+        let runs: [Vec<&str>; 4] = [
+            vec!["check", "--data", d],
+            vec!["compact", "--data", d],
+            vec![
+                "export",
+                "--ns",
+                "clicks",
+                "--from",
+                "0",
+                "--to",
+                "3600",
+                "--resolution",
+                "1h",
+                "--data",
+                d,
+                "--out",
+                out_dir.to_str().unwrap(),
+            ],
+            vec!["backup", dest.to_str().unwrap(), "--data", d],
+        ];
+        for args in runs {
+            let o = run(&args);
+            refused(&o, "is not a tally data directory");
+            assert!(!dest.exists(), "{args:?} left a copy");
+        }
+        assert!(!dir.join("wal").exists() && !dir.join("LOCK").exists());
+    }
+    assert!(!missing.exists(), "a mistyped path was created");
 }
 
 /// `tally serve` on a free port over `data`, started by `sh` after `ulimit <limit>`, logging

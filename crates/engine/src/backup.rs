@@ -60,8 +60,14 @@ pub fn backup(src: &Path, dest: &Path) -> Result<BackupReport, BackupError> {
     }
     for attempt in 1..=ATTEMPTS {
         let _ = std::fs::remove_dir_all(dest);
-        if let Some(report) = try_once(src, dest)? {
-            return Ok(report);
+        match try_once(src, dest) {
+            Ok(Some(report)) => return Ok(report),
+            Ok(None) => {}
+            Err(e) => {
+                // A failed backup leaves nothing behind: run again, it finds an empty place.
+                let _ = std::fs::remove_dir_all(dest);
+                return Err(e);
+            }
         }
         tracing::info!(
             attempt,

@@ -17,6 +17,7 @@ pub struct BackupArgs {
 }
 
 pub fn run(args: BackupArgs) -> anyhow::Result<()> {
+    super::existing_data_dir(&args.data)?;
     let r = backup(&args.data, &args.dest).with_context(|| {
         format!(
             "backing up {} to {}",

@@ -15,6 +15,7 @@ pub struct CheckArgs {
 }
 
 pub fn run(args: CheckArgs) -> anyhow::Result<()> {
+    super::existing_data_dir(&args.data)?;
     let report = check(&args.data).with_context(|| format!("reading {}", args.data.display()))?;
     for f in &report.findings {
         match f {

@@ -34,6 +34,7 @@ pub fn run(args: CompactArgs) -> anyhow::Result<()> {
             .post::<Maintenance>(&Route::admin("compact"))?;
         return write_stdout(&answer.typed()?.render());
     }
+    super::existing_data_dir(&args.data)?;
     let mut cfg = Config::new(&args.data);
     cfg.flush = FlushPolicy {
         grace: 0,

@@ -342,6 +342,7 @@ fn from_server(
 /// Runs the export in process on a stopped server's data directory.
 fn from_data(a: &ExportArgs, parts: &mut Parts, progress: &Progress) -> anyhow::Result<()> {
     let dir = a.data.as_deref().unwrap_or(Path::new("tally-data"));
+    super::existing_data_dir(dir)?;
     let engine = Engine::open(Config::new(dir))
         .with_context(|| format!("opening data directory {}", dir.display()))?;
     let (from, to, res) = range(a)?;

@@ -10,3 +10,18 @@ pub mod keys;
 pub mod load;
 pub mod query;
 pub mod serve;
+
+/// Refuses a `--data` path that is not a data directory a server made (it has a `wal/`):
+/// the commands that read or maintain one must not create one where a path was mistyped
+/// (`tally load --data` may make a new one: loading history into it is what it is for).
+pub(crate) fn existing_data_dir(dir: &std::path::Path) -> anyhow::Result<()> {
+    if dir.join("wal").is_dir() {
+        Ok(())
+    } else {
+        anyhow::bail!(
+            "{} is not a tally data directory (it has no wal/): give the directory `tally \
+             serve --data` uses",
+            dir.display()
+        )
+    }
+}

@@ -456,6 +456,34 @@ fn offline_refusals_name_the_reason_and_change_nothing() {
         .map(|d| d.count())
         .unwrap_or(0);
     assert_eq!(segments, 0, "a refused load writes no segment");
+    // A rebuild of a namespace that does not exist, as a server refuses it (404), rather
+    // than one made with the default tiers (found by a review).
+    let small = tmp.path().join("small.csv");
+    std::fs::write(&small, format!("ns,key,ts,n\nrbnew,a,{},5\n", hour + 30)).unwrap();
+    let o = load(&[
+        small.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+        "--replace",
+        "--ns",
+        "rbnew",
+        "--from",
+        &from,
+        "--to",
+        &to,
+    ]);
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && said.contains("unknown_namespace: namespace rbnew does not exist"),
+        "{said}"
+    );
+    let s = serve_dir(&dir);
+    let r = http_agent()
+        .get(format!("{}/v1/ns/rbnew", s.url.trim_end_matches('/')))
+        .call()
+        .unwrap();
+    assert_eq!(r.status(), 404, "the refused rebuild made the namespace");
+    sigterm_and_wait(s);
 }
 
 #[test]

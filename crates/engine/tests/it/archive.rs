@@ -1571,6 +1571,9 @@ fn a_backup_of_a_directory_whose_current_manifest_is_missing_reports_it() {
         }
         other => panic!("expected the missing manifest reported, got {other:?}"),
     }
+    // A failed backup leaves nothing behind, so running it again finds an empty place
+    // (found by a review: the partial copy made the retry refuse).
+    assert!(!copy.exists(), "a failed backup left a partial copy");
 }
 
 /// A retention that grows keeps what the shorter one still held, after a restart too: replay

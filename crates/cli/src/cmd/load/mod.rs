@@ -313,6 +313,19 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
         (true, Some(ns), Some(from), Some(to)) => Some(Rebuild::parse(ns, from, to, now)?),
         _ => None,
     };
+    // As a server answers (404): a rebuild replaces what a namespace holds, and must not
+    // make one with the default tiers as a load would.
+    if let (Target::Engine(engine), Some(r)) = (&target, &rebuild) {
+        let known = tally_core::store::Store::schema(engine.as_ref(), &r.ns)
+            .map_err(|e| anyhow::anyhow!("{}", e.detail()))?;
+        if known.is_none() {
+            bail!(
+                "unknown_namespace: namespace {} does not exist; a rebuild replaces what a \
+                 namespace holds (load without --replace to create it)",
+                r.ns
+            );
+        }
+    }
     // Through a server, the server checks every batch too (a dry run): it alone knows its
     // config, the token's scopes, the namespaces the token cannot read and its clock.
     let dry = match (&target, &rebuild) {
