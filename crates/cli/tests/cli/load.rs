@@ -1378,3 +1378,46 @@ fn again_counts_a_file_loaded_before_once_more() {
     }
     sigterm_and_wait(s);
 }
+
+/// A `--skip-bad` load run again after the server's verdict on a line changed (here: a
+/// dimension it refused is allowed now) sends a batch of other lines under the same key:
+/// the server refuses it (`idempotency_key_reused`), and the error says why and what to do
+/// (found by a review: it said only that the key was reused).
+#[test]
+fn a_rerun_whose_kept_lines_changed_says_why_its_key_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let csv = tmp.path().join("verdicts.csv");
+    std::fs::write(
+        &csv,
+        format!("ns,key,ts,n,device\nclicks,a,{DAY0},1,\nclicks,b,{DAY0},1,phone\n"),
+    )
+    .unwrap();
+    let s = serve_dir(tmp.path());
+    let url = s.url.trim_end_matches('/').to_owned();
+    let file = csv.to_str().unwrap();
+    let o = load(&[file, "--server", &url, "--skip-bad"]);
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.success() && said.contains("skipped 1 bad line"),
+        "{said}"
+    );
+    let r = http_agent()
+        .put(format!("{url}/v1/ns/clicks"))
+        .header("content-type", "application/json")
+        .send(
+            json!({"tiers": ["1m:30d", "1h:forever"], "breakdown_tiers": ["1h"],
+                   "dimensions": ["country", "referrer", "device"]})
+            .to_string(),
+        )
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let o = load(&[file, "--server", &url, "--skip-bad"]);
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success()
+            && said.contains("idempotency_key_reused")
+            && said.contains("a line's verdict changed since"),
+        "{said}"
+    );
+    sigterm_and_wait(s);
+}

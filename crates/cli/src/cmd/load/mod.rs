@@ -914,6 +914,15 @@ fn send_batch(client: &Client, body: &[u8], key: &str) -> anyhow::Result<bool> {
     let route = Route::fixed("/v1/events");
     match send(client, &route, body, &[("Idempotency-Key", key)])? {
         (200, _, replayed) => Ok(replayed),
+        (422, text, _) if text.contains("idempotency_key_reused") => {
+            Err(anyhow::anyhow!(server_error(422, &text)).context(
+                "a load of these lines with the same --batch counted a different set of \
+                 them within 24 hours: a line's verdict changed since (a timestamp then \
+                 in the future, a limit or a schema), or --skip-bad was not given then. \
+                 What that load counted stays counted; a --batch of another size makes new \
+                 keys, and counts its lines again",
+            ))
+        }
         (status, text, _) => Err(server_error(status, &text).into()),
     }
 }
