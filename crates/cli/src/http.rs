@@ -6,6 +6,8 @@
 
 use std::fmt;
 use std::marker::PhantomData;
+use std::path::Path;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -109,6 +111,30 @@ impl fmt::Debug for Client {
     }
 }
 
+/// The certificates an `https` server's chain must lead to, when given (`--ca-cert`): a
+/// server with a private CA or a self-signed certificate. Otherwise Mozilla's roots.
+static CA_CERTS: OnceLock<Vec<ureq::tls::Certificate<'static>>> = OnceLock::new();
+
+/// Reads `--ca-cert` (PEM, one certificate or more) for every client made after.
+pub fn trust_ca_certs(path: &Path) -> anyhow::Result<()> {
+    let pem = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut certs = Vec::new();
+    for item in ureq::tls::parse_pem(&pem) {
+        if let ureq::tls::PemItem::Certificate(c) =
+            item.with_context(|| format!("{}: not PEM", path.display()))?
+        {
+            certs.push(c);
+        }
+    }
+    anyhow::ensure!(
+        !certs.is_empty(),
+        "{}: no PEM certificate in it",
+        path.display()
+    );
+    let _ = CA_CERTS.set(certs);
+    Ok(())
+}
+
 impl Client {
     pub fn new(server: &str, token: Option<&str>) -> Client {
         Client::with_timeout(server, token, None)
@@ -118,11 +144,19 @@ impl Client {
     pub fn with_timeout(server: &str, token: Option<&str>, timeout: Option<Duration>) -> Client {
         Client {
             // Error statuses are answers too: their body says what went wrong.
-            agent: ureq::Agent::config_builder()
-                .http_status_as_error(false)
-                .timeout_global(timeout)
-                .build()
-                .into(),
+            agent: {
+                let mut config = ureq::Agent::config_builder()
+                    .http_status_as_error(false)
+                    .timeout_global(timeout);
+                if let Some(certs) = CA_CERTS.get() {
+                    config = config.tls_config(
+                        ureq::tls::TlsConfig::builder()
+                            .root_certs(ureq::tls::RootCerts::new_with_certs(certs))
+                            .build(),
+                    );
+                }
+                config.build().into()
+            },
             server: server.to_owned(),
             authorization: token.map(|t| format!("Bearer {t}")),
         }

@@ -20,6 +20,11 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// For the commands that talk to an https server: trust the certificates in this PEM
+    /// file (a private CA, or the server's self-signed certificate) instead of the usual
+    /// public roots.
+    #[arg(long, global = true, env = "TALLY_CA_CERT", value_name = "PEM")]
+    ca_cert: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -60,6 +65,12 @@ fn raise_open_files_limit() {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     raise_open_files_limit();
+    if let Some(path) = &cli.ca_cert
+        && let Err(e) = http::trust_ca_certs(path)
+    {
+        eprintln!("tally: --ca-cert: {e:#}");
+        return ExitCode::FAILURE;
+    }
     let result = match cli.command {
         Command::Serve(args) => cmd::serve::run(args),
         Command::Incr(args) => cmd::incr::run(args),

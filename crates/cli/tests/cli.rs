@@ -221,6 +221,27 @@ fn serve_refuses_half_or_bad_tls_flags_and_says_https_when_ready() {
     };
     std::thread::spawn(move || for _ in lines {});
     assert!(url.starts_with("https://127.0.0.1:"), "{url}");
+    // The client commands speak https (found by a review: built without TLS, they could
+    // not): trusting the server's self-signed certificate with --ca-cert, and refusing it
+    // without, saying why.
+    let url = url.trim_end_matches('/').to_owned();
+    let o = run(&["incr", "clicks", "k", "--server", &url, "--ca-cert", cert]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = tally()
+        .args(["keys", "clicks", "--server", &url, "--json"])
+        .env("TALLY_CA_CERT", cert)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success() && said.contains("\"k\""), "{said}");
+    refused(
+        &run(&["keys", "clicks", "--server", &url]),
+        "cannot reach the server",
+    );
+    refused(
+        &run(&["keys", "clicks", "--server", &url, "--ca-cert", garbage]),
+        "--ca-cert",
+    );
     sigterm_and_wait(Serving { child, url });
 }
 
