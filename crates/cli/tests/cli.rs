@@ -768,6 +768,22 @@ fn bench_loads_a_server_and_every_acknowledged_event_is_counted() {
         &client(&s.url, &["bench", "--duration", "1w"]),
         "--duration must be at most 1h",
     );
+    // A run in which every request failed (a namespace that does not exist: 404) prints
+    // its report and exits non-zero (found by a review: it exited 0).
+    let o = client(
+        &s.url,
+        &[
+            "bench",
+            "--duration",
+            "1s",
+            "--mix",
+            "window=1",
+            "--ns",
+            "nothing_here",
+        ],
+    );
+    refused(&o, "no request succeeded");
+    assert!(String::from_utf8_lossy(&o.stdout).contains("404"));
     sigterm_and_wait(s);
     refused(
         &client("http://127.0.0.1:9", &["bench", "--duration", "1s"]),

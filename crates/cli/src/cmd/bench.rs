@@ -240,7 +240,14 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     } else {
         report.render()
     };
-    write_stdout(&text)
+    write_stdout(&text)?;
+    // A run in which nothing succeeded measured nothing: a script must not read it as a
+    // result (the report above says what the server answered).
+    let answered: u64 = tally.ops.values().map(|o| o.ok).sum();
+    if answered == 0 {
+        bail!("no request succeeded (the errors column says what the server answered)");
+    }
+    Ok(())
 }
 
 /// What one connection saw, per operation.
