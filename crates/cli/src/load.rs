@@ -411,7 +411,7 @@ impl<R: Read> Read for LineBound<R> {
         let read = buf.get(..n).unwrap_or_default();
         // The bytes before the first line end go on with the current line; each end (a
         // `\r\n` counting once) starts one.
-        let (mut from, mut longest) = (0, 0);
+        let (mut from, mut longest, mut longest_at) = (0, 0, self.line);
         for end in memchr::memchr2_iter(b'\n', b'\r', read).chain(std::iter::once(n)) {
             if end > from {
                 if self.run == 0 {
@@ -419,7 +419,9 @@ impl<R: Read> Read for LineBound<R> {
                 }
                 self.run += end - from;
                 self.after_cr = false;
-                longest = longest.max(self.run);
+                if self.run > longest {
+                    (longest, longest_at) = (self.run, self.line);
+                }
             }
             let Some(&b) = read.get(end) else {
                 break;
@@ -435,7 +437,7 @@ impl<R: Read> Read for LineBound<R> {
         if longest > MAX_LINE_BYTES {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
-                format!("a line is longer than {MAX_LINE_BYTES} bytes"),
+                format!("line {longest_at} is longer than {MAX_LINE_BYTES} bytes"),
             ));
         }
         // The csv reader holds a record until it ends: one whose quoted field never closes
@@ -596,7 +598,10 @@ mod tests {
         std::fs::write(&p, text).unwrap();
         let input = Input::open(&p, "x.csv", None, &indicatif::ProgressBar::hidden()).unwrap();
         let err = input.events(&mut |_, _| Ok(())).unwrap_err();
-        assert!(format!("{err:#}").contains("longer than"), "{err:#}");
+        assert!(
+            format!("{err:#}").contains("line 2 is longer than"),
+            "{err:#}"
+        );
         // Exactly the bound is a line.
         let ok = format!("ns,key,ts,n\nc,{},1,1\n", "k".repeat(MAX_LINE_BYTES - 7));
         std::fs::write(&p, ok).unwrap();
