@@ -37,8 +37,14 @@ fn engine(dir: &Path, clock: &Arc<ManualClock>) -> Engine {
 /// Hourly counts forever: each UTC day a segment of its own once flushed.
 fn setup(dir: &Path, clock: &Arc<ManualClock>) -> Engine {
     let e = engine(dir, clock);
+    fill(&e, "1h:forever");
+    e
+}
+
+/// `DAYS` days of one hourly tier (`tier`) flushed: a segment a day.
+fn fill(e: &Engine, tier: &str) {
     let schema = Schema::from_doc(&SchemaDoc {
-        tiers: vec!["1h:forever".into()],
+        tiers: vec![tier.into()],
         breakdown_tiers: None,
         dimensions: None,
     })
@@ -54,11 +60,10 @@ fn setup(dir: &Path, clock: &Arc<ManualClock>) -> Engine {
             dims: vec![("country".into(), "NZ".into())],
         })
         .collect();
-    let b = ingest::prepare(&e, &raws, NOW, &Limits::default(), &Defaults::default()).unwrap();
+    let b = ingest::prepare(e, &raws, NOW, &Limits::default(), &Defaults::default()).unwrap();
     e.apply(&b).unwrap();
     let report = e.flush().unwrap();
     assert_eq!(report.segments, DAYS as usize, "{report:?}");
-    e
 }
 
 fn total(e: &Engine) -> i64 {
@@ -244,26 +249,7 @@ fn a_retention_drop_stays_within_the_bound() {
     c.fsync = FsyncPolicy::Never;
     c.fs = fs.clone();
     let e = Engine::open(c).unwrap();
-    let schema = Schema::from_doc(&SchemaDoc {
-        tiers: vec!["1h:60d".into()],
-        breakdown_tiers: None,
-        dimensions: None,
-    })
-    .unwrap();
-    e.put_schema(&Namespace::new("clicks").unwrap(), &schema)
-        .unwrap();
-    let raws: Vec<RawEvent> = (1..=DAYS)
-        .map(|d| RawEvent {
-            ns: "clicks".into(),
-            key: "k".into(),
-            ts: Some(NOW - (d + 1) * DAY),
-            n: Some(d),
-            dims: Vec::new(),
-        })
-        .collect();
-    let b = ingest::prepare(&e, &raws, NOW, &Limits::default(), &Defaults::default()).unwrap();
-    e.apply(&b).unwrap();
-    assert_eq!(e.flush().unwrap().segments, DAYS as usize);
+    fill(&e, "1h:60d");
     clock.set(NOW + 365 * DAY);
     let report = e.compact().unwrap();
     assert_eq!(report.dropped, DAYS as usize, "{report:?}");

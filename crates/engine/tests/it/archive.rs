@@ -1576,6 +1576,16 @@ fn a_backup_of_a_directory_whose_current_manifest_is_missing_reports_it() {
     assert!(!copy.exists(), "a failed backup left a partial copy");
 }
 
+/// A schema of one tier (`1m:2h`), no breakdowns.
+fn one_tier(t: &str) -> Schema {
+    Schema::from_doc(&SchemaDoc {
+        tiers: vec![t.into()],
+        breakdown_tiers: None,
+        dimensions: None,
+    })
+    .unwrap()
+}
+
 /// A retention that grows keeps what the shorter one still held, after a restart too: replay
 /// used to check each logged increment against the retention of its time, so counts the
 /// running engine showed under the longer retention were gone once it restarted.
@@ -1584,18 +1594,10 @@ fn a_grown_retention_keeps_its_counts_across_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let clock = crate::clock(NOW);
     let ns = Namespace::new("clicks").unwrap();
-    let tiers = |t: &str| {
-        Schema::from_doc(&SchemaDoc {
-            tiers: vec![t.into()],
-            breakdown_tiers: None,
-            dimensions: None,
-        })
-        .unwrap()
-    };
     let e = open(dir.path(), &clock);
-    e.put_schema(&ns, &tiers("1m:2h")).unwrap();
+    e.put_schema(&ns, &one_tier("1m:2h")).unwrap();
     write(&e, NOW, &[raw("clicks", "k", NOW - 3600, 5, &[])]).unwrap();
-    e.put_schema(&ns, &tiers("1m:2d")).unwrap();
+    e.put_schema(&ns, &one_tier("1m:2d")).unwrap();
     clock.advance(3 * 3600);
     e.sweep();
     assert_eq!(crate::total(&e, "clicks", "k", 60), 5, "kept under 2 d");
@@ -1603,12 +1605,12 @@ fn a_grown_retention_keeps_its_counts_across_a_restart() {
     let e = open(dir.path(), &clock);
     assert_eq!(crate::total(&e, "clicks", "k", 60), 5, "after a restart");
     // A count that expired (and was swept) before the retention grew stays gone.
-    e.put_schema(&ns, &tiers("1m:2h")).unwrap();
+    e.put_schema(&ns, &one_tier("1m:2h")).unwrap();
     let at = NOW + 3 * 3600;
     write(&e, at, &[raw("clicks", "old", at - 3600, 7, &[])]).unwrap();
     clock.advance(2 * 3600);
     e.sweep();
-    e.put_schema(&ns, &tiers("1m:2d")).unwrap();
+    e.put_schema(&ns, &one_tier("1m:2d")).unwrap();
     assert_eq!(crate::total(&e, "clicks", "old", 60), 0);
     drop(e);
     let e = open(dir.path(), &clock);
@@ -1623,21 +1625,13 @@ fn a_retention_shrunk_and_grown_back_answers_the_same_after_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let clock = crate::clock(NOW);
     let ns = Namespace::new("clicks").unwrap();
-    let tiers = |t: &str| {
-        Schema::from_doc(&SchemaDoc {
-            tiers: vec![t.into()],
-            breakdown_tiers: None,
-            dimensions: None,
-        })
-        .unwrap()
-    };
     let e = open(dir.path(), &clock);
-    e.put_schema(&ns, &tiers("1m:2d")).unwrap();
+    e.put_schema(&ns, &one_tier("1m:2d")).unwrap();
     write(&e, NOW, &[raw("clicks", "k", NOW - 3 * 3600, 5, &[])]).unwrap();
     write(&e, NOW, &[raw("clicks", "k", NOW - 60, 1, &[])]).unwrap();
-    e.put_schema(&ns, &tiers("1m:2h")).unwrap();
+    e.put_schema(&ns, &one_tier("1m:2h")).unwrap();
     e.sweep();
-    e.put_schema(&ns, &tiers("1m:2d")).unwrap();
+    e.put_schema(&ns, &one_tier("1m:2d")).unwrap();
     let before = crate::read_all(&e, "clicks", "k", 60);
     assert_eq!(crate::sums(&before).0, 1, "the sweep freed the older count");
     drop(e);
