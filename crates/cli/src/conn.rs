@@ -32,12 +32,12 @@ pub struct Conn {
 impl Conn {
     /// GETs `route` and prints the answer, read as a `T`.
     pub(crate) fn get<T: DeserializeOwned + Render>(&self, route: &Route) -> anyhow::Result<()> {
-        self.print(self.client().get::<T>(route)?)
+        self.print(self.client().get::<T>(route))
     }
 
     /// POSTs to `route` and prints the answer, read as a `T`.
     pub(crate) fn post<T: DeserializeOwned + Render>(&self, route: &Route) -> anyhow::Result<()> {
-        self.print(self.client().post::<T>(route)?)
+        self.print(self.client().post::<T>(route))
     }
 
     pub(crate) fn client(&self) -> Client {
@@ -59,11 +59,25 @@ impl Conn {
         self.json
     }
 
-    /// With `--json` the server's JSON as it came (pretty-printed), else a table.
+    /// With `--json` the server's JSON as it came (pretty-printed), an error answer's too
+    /// (then the error is still returned: its line on stderr, its exit status), else a table.
     pub(crate) fn print<T: DeserializeOwned + Render>(
         &self,
-        answer: Answer<T>,
+        answer: anyhow::Result<Answer<T>>,
     ) -> anyhow::Result<()> {
+        let answer = match answer {
+            Ok(a) => a,
+            Err(e) => {
+                if self.json
+                    && let Some(refused) = e.downcast_ref::<crate::http::ServerError>()
+                {
+                    let mut text = serde_json::to_string_pretty(&refused.body)?;
+                    text.push('\n');
+                    write_stdout(&text)?;
+                }
+                return Err(e);
+            }
+        };
         let text = if self.json {
             let mut text = serde_json::to_string_pretty(answer.json())?;
             text.push('\n');

@@ -313,6 +313,8 @@ pub struct ServerError {
     pub message: String,
     /// The 0-based index of the event at fault in a batch of events.
     pub index: Option<usize>,
+    /// The answer as the server sent it (`--json` prints it).
+    pub body: Value,
 }
 
 impl ServerError {
@@ -328,7 +330,9 @@ impl ServerError {
             message: Option<String>,
             index: Option<usize>,
         }
-        let detail = serde_json::from_value::<Body>(json).ok().map(|b| b.error);
+        let detail = serde_json::from_value::<Body>(json.clone())
+            .ok()
+            .map(|b| b.error);
         let (code, message, index) =
             detail.map_or((None, None, None), |d| (d.code, d.message, d.index));
         ServerError {
@@ -336,6 +340,7 @@ impl ServerError {
             code: code.unwrap_or_else(|| "error".to_owned()),
             message: message.unwrap_or_default(),
             index,
+            body: json,
         }
     }
 }

@@ -358,6 +358,14 @@ fn serve_answers_the_client_and_stops_cleanly_on_sigterm() {
         err.contains("limit_exceeded: 1 of 1 in the last 1h"),
         "{err}"
     );
+    // With --json, the refusal's JSON as the server sent it, on stdout (found by a review:
+    // nothing was printed), and still exit 3 with the line on stderr.
+    let full = client(&s.url, &[&limited[..], &["--json"]].concat());
+    assert_eq!(full.status.code(), Some(3), "{full:?}");
+    let refusal: serde_json::Value = serde_json::from_slice(&full.stdout).unwrap();
+    assert_eq!(refusal["error"]["code"], "limit_exceeded", "{refusal}");
+    assert_eq!(refusal["error"]["max"], 1, "{refusal}");
+    assert!(String::from_utf8_lossy(&full.stderr).contains("limit_exceeded"));
     let no_window = client(&s.url, &["incr", "api", "lim", "--max", "1"]);
     assert_eq!(
         no_window.status.code(),
