@@ -114,9 +114,16 @@ impl Input {
             );
         };
         let mut file = File::open(path).with_context(|| format!("opening {name}"))?;
-        let compression = match named {
-            Compression::None => sniff(&mut file).with_context(|| format!("reading {name}"))?,
-            told => told,
+        let sniffed = sniff(&mut file).with_context(|| format!("reading {name}"))?;
+        let compression = match (named, sniffed) {
+            (Compression::None, sniffed) => sniffed,
+            // Named so, but not: say that, not what decompressing it makes of it.
+            (told, sniffed) if told != sniffed => bail!(
+                "{name}: not {} data (its first bytes are not the {} magic number)",
+                told.label(),
+                told.label()
+            ),
+            (told, _) => told,
         };
         let raw = Counted {
             inner: file,
@@ -161,6 +168,16 @@ impl Input {
 }
 
 /// The compression `file`'s first bytes say, the file left at its start.
+impl Compression {
+    fn label(self) -> &'static str {
+        match self {
+            Compression::None => "plain",
+            Compression::Gzip => "gzip",
+            Compression::Zstd => "zstd",
+        }
+    }
+}
+
 fn sniff(file: &mut File) -> io::Result<Compression> {
     let mut head = Vec::with_capacity(4);
     (&mut *file).take(4).read_to_end(&mut head)?;
@@ -584,6 +601,24 @@ mod tests {
         assert_eq!(got.len(), rows);
         assert!(got.iter().all(|(_, e)| e.is_ok()));
         assert_eq!(got.last().map(|(l, _)| *l), Some(rows as u64 + 1));
+    }
+
+    /// A file named .gz or .zst that is not: said so, rather than what decompressing it
+    /// makes of it ("unexpected end of file", found by a review).
+    #[test]
+    fn a_file_named_compressed_that_is_not_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, what) in [
+            ("x.csv.gz", "not gzip data"),
+            ("x.csv.zst", "not zstd data"),
+        ] {
+            let p = dir.path().join(name);
+            std::fs::write(&p, "ns,key,ts,n\nclicks,k,1,1\n").unwrap();
+            let err = Input::open(&p, name, None, &indicatif::ProgressBar::hidden())
+                .err()
+                .map(|e| format!("{e:#}"));
+            assert!(err.as_deref().is_some_and(|e| e.contains(what)), "{err:?}");
+        }
     }
 
     #[test]
