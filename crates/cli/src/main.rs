@@ -65,7 +65,13 @@ fn raise_open_files_limit() {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     raise_open_files_limit();
-    if let Some(path) = &cli.ca_cert
+    // Only where an https server may be asked: a bad TALLY_CA_CERT in the environment must
+    // not stop a server or a check of a data directory.
+    let local = matches!(
+        cli.command,
+        Command::Serve(_) | Command::Check(_) | Command::Backup(_)
+    );
+    if let Some(path) = cli.ca_cert.as_ref().filter(|_| !local)
         && let Err(e) = http::trust_ca_certs(path)
     {
         eprintln!("tally: --ca-cert: {e:#}");

@@ -891,7 +891,32 @@ fn data_commands_refuse_a_path_that_is_not_a_data_directory() {
             refused(&o, "is not a tally data directory");
             assert!(!dest.exists(), "{args:?} left a copy");
         }
+        // A rebuild (`load --replace --data`) too; a plain load may make a new directory.
+        let csv = tmp.path().join("r.csv");
+        std::fs::write(&csv, "ns,key,ts,n\nclicks,k,10,1\n").unwrap();
+        let o = run(&[
+            "load",
+            csv.to_str().unwrap(),
+            "--data",
+            d,
+            "--replace",
+            "--ns",
+            "clicks",
+            "--from",
+            "0",
+            "--to",
+            "3600",
+            "--quiet",
+        ]);
+        refused(&o, "is not a tally data directory");
         assert!(!dir.join("wal").exists() && !dir.join("LOCK").exists());
+        // A bad TALLY_CA_CERT does not stop the commands that ask no server.
+        let o = tally()
+            .args(["check", "--data", d])
+            .env("TALLY_CA_CERT", tmp.path().join("no-such.pem"))
+            .output()
+            .unwrap();
+        refused(&o, "is not a tally data directory");
     }
     assert!(!missing.exists(), "a mistyped path was created");
 }

@@ -465,8 +465,8 @@ impl Store for Engine {
                 tracing::warn!(
                     error = %e.detail(),
                     %ns,
-                    "could not archive memory after a retention change; a restart before \
-                     the next flush may show counts the change had hidden"
+                    "could not archive memory after a retention change; until the periods \
+                     open now are flushed, a restart may show counts the change had hidden"
                 );
             }
         }

@@ -79,6 +79,8 @@ pub(crate) struct Core {
     /// changed, as the log leaves it. Replay checks increments against these retentions
     /// (see `recovery::final_schemas`); empty otherwise.
     replay_retentions: Mutex<HashMap<String, Schema>>,
+    /// Whether `replay_retentions` holds any: live writes then skip its lock.
+    replaying: std::sync::atomic::AtomicBool,
     /// What reads that sum over segments name subtotals by (see [`Core::names`]).
     names: Mutex<Arc<Names>>,
     /// The id in `names` of each catalog string met by such a read, `u32::MAX` for one not
@@ -155,6 +157,7 @@ impl Core {
             last_seq: AtomicU64::new(0),
             damaged: Mutex::new(None),
             replay_retentions: Mutex::default(),
+            replaying: Default::default(),
             names: Mutex::default(),
             catalog_names: Mutex::default(),
         }
@@ -285,6 +288,7 @@ impl Core {
     }
 
     pub(crate) fn set_replay_retentions(&self, last: HashMap<String, Schema>) {
+        self.replaying.store(!last.is_empty(), Ordering::SeqCst);
         *lock(&self.replay_retentions) = last;
     }
 
@@ -292,6 +296,9 @@ impl Core {
     /// retention each has at the end of the log (see `recovery::final_schemas`).
     fn replay_plan(&self, cat: &Catalog, id: NsId) -> Arc<[TierPlan]> {
         let entry = &cat.ns[id as usize];
+        if !self.replaying.load(Ordering::SeqCst) {
+            return entry.tiers.clone();
+        }
         let last = lock(&self.replay_retentions);
         let Some(schema) = last.get(entry.name.as_str()) else {
             return entry.tiers.clone();

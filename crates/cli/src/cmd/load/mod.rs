@@ -302,10 +302,15 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
     let total: u64 = sources.iter().map(|s| s.bytes).sum();
     let target = match (&a.server, &a.data) {
         (Some(server), _) => Target::Server(Client::new(server, a.token.as_deref())),
-        (None, Some(dir)) => Target::Engine(Box::new(
+        (None, Some(dir)) => Target::Engine(Box::new({
+            // A rebuild replaces what a directory holds: a mistyped path must not become a
+            // fresh one (a plain load may make one; loading history into it is its use).
+            if a.replace {
+                crate::cmd::existing_data_dir(dir)?;
+            }
             Engine::open(Config::new(dir))
-                .with_context(|| format!("opening data directory {}", dir.display()))?,
-        )),
+                .with_context(|| format!("opening data directory {}", dir.display()))?
+        })),
         (None, None) => bail!("give --server URL or --data DIR"),
     };
     let now = SystemClock.now();
