@@ -866,50 +866,41 @@ fn data_commands_refuse_a_path_that_is_not_a_data_directory() {
         let d = dir.to_str().unwrap();
         let dest = tmp.path().join("copy");
         let out_dir = tmp.path().join("out");
-        let runs: [Vec<&str>; 4] = [
+        // A rebuild (`load --replace --data`) too; a plain load may make a new directory.
+        let csv = tmp.path().join("r.csv");
+        std::fs::write(&csv, "ns,key,ts,n\nclicks,k,10,1\n").unwrap();
+        let range = ["--from", "0", "--to", "3600"];
+        let runs: [Vec<&str>; 5] = [
             vec!["check", "--data", d],
             vec!["compact", "--data", d],
-            vec![
-                "export",
-                "--ns",
-                "clicks",
-                "--from",
-                "0",
-                "--to",
-                "3600",
-                "--resolution",
-                "1h",
-                "--data",
-                d,
-                "--out",
-                out_dir.to_str().unwrap(),
-            ],
+            [
+                &[
+                    "export",
+                    "--ns",
+                    "clicks",
+                    "--resolution",
+                    "1h",
+                    "--data",
+                    d,
+                ][..],
+                &range,
+                &["--out", out_dir.to_str().unwrap()],
+            ]
+            .concat(),
             vec!["backup", dest.to_str().unwrap(), "--data", d],
+            [
+                &["load", csv.to_str().unwrap(), "--data", d, "--quiet"][..],
+                &["--replace", "--ns", "clicks"],
+                &range,
+            ]
+            .concat(),
         ];
         for args in runs {
             let o = run(&args);
             refused(&o, "is not a tally data directory");
             assert!(!dest.exists(), "{args:?} left a copy");
+            assert!(!dir.join("wal").exists() && !dir.join("LOCK").exists());
         }
-        // A rebuild (`load --replace --data`) too; a plain load may make a new directory.
-        let csv = tmp.path().join("r.csv");
-        std::fs::write(&csv, "ns,key,ts,n\nclicks,k,10,1\n").unwrap();
-        let o = run(&[
-            "load",
-            csv.to_str().unwrap(),
-            "--data",
-            d,
-            "--replace",
-            "--ns",
-            "clicks",
-            "--from",
-            "0",
-            "--to",
-            "3600",
-            "--quiet",
-        ]);
-        refused(&o, "is not a tally data directory");
-        assert!(!dir.join("wal").exists() && !dir.join("LOCK").exists());
         // A bad TALLY_CA_CERT does not stop the commands that ask no server.
         let o = tally()
             .args(["check", "--data", d])

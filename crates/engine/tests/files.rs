@@ -66,6 +66,17 @@ fn fill(e: &Engine, tier: &str) {
     assert_eq!(report.segments, DAYS as usize, "{report:?}");
 }
 
+/// The segment files of [`setup`]'s archive in `dir`, by name; no engine left open.
+fn segment_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    drop(setup(dir, &Arc::new(ManualClock::new(NOW))));
+    let mut paths: Vec<_> = std::fs::read_dir(dir.join("segments"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    paths.sort();
+    paths
+}
+
 fn total(e: &Engine) -> i64 {
     let (ns, key) = (Namespace::new("clicks").unwrap(), Key::new("k").unwrap());
     let read = KeyRead {
@@ -144,13 +155,7 @@ fn a_segment_marked_for_removal_reads_until_its_last_holder_drops_it() {
     use tally_engine::segment::Segment;
     let _one = bound(4);
     let dir = tempfile::tempdir().unwrap();
-    let clock = Arc::new(ManualClock::new(NOW));
-    drop(setup(dir.path(), &clock));
-    let mut paths: Vec<_> = std::fs::read_dir(dir.path().join("segments"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    paths.sort();
+    let paths = segment_files(dir.path());
     let segs: Vec<Segment> = paths[..10]
         .iter()
         .map(|p| Segment::open(p).unwrap())
@@ -176,13 +181,7 @@ fn making_room_while_others_read_does_not_panic() {
     use tally_engine::segment::Segment;
     let _one = bound(64);
     let dir = tempfile::tempdir().unwrap();
-    let clock = Arc::new(ManualClock::new(NOW));
-    drop(setup(dir.path(), &clock));
-    let path = std::fs::read_dir(dir.path().join("segments"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .next()
-        .unwrap();
+    let path = segment_files(dir.path()).swap_remove(0);
     let segs: Arc<Vec<Segment>> =
         Arc::new((0..256).map(|_| Segment::open(&path).unwrap()).collect());
     let started = std::time::Instant::now();
