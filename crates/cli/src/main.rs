@@ -52,11 +52,11 @@ enum Command {
     Bench(cmd::bench::BenchArgs),
 }
 
-/// Raises the soft limit on open files to the hard one. Every archive segment an engine has
-/// open holds a descriptor, and so does every connection: 1024, a common default soft limit,
-/// is soon reached by a server, or by `tally check` of a long archive (a backfill over three
-/// years of days made 1 100 segments), after which every flush fails. The hard limit is what
-/// the operator allows; `tally serve` logs the limit it runs with.
+/// Raises the soft limit on open files to the hard one. Every connection holds a descriptor,
+/// and so do the archive segment files an engine keeps open (at most a quarter of the
+/// limit: `segment::files`, which reads the limit once, after this): 1024, a common default
+/// soft limit, makes a small server. The hard limit is what the operator allows; `tally
+/// serve` logs the limit it runs with.
 fn raise_open_files_limit() {
     // Failing leaves the limit as it was, which is all one can do.
     let _ = rlimit::increase_nofile_limit(u64::MAX);

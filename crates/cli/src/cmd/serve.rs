@@ -291,9 +291,9 @@ fn open_files_limit() {
     match rlimit::getrlimit(rlimit::Resource::NOFILE) {
         Ok((soft, _)) if soft < FEW_OPEN_FILES => tracing::warn!(
             limit = soft,
-            "few open files allowed: every archive segment and every connection holds one, and \
-             past the limit flushes fail and connections are refused; raise it (ulimit -n, \
-             LimitNOFILE=) to {FEW_OPEN_FILES} or more"
+            "few open files allowed: every connection holds one, and archive segments keep at \
+             most a quarter of them (reopening files past that); past the limit connections \
+             are refused; raise it (ulimit -n, LimitNOFILE=) to {FEW_OPEN_FILES} or more"
         ),
         Ok((soft, _)) => tracing::info!(limit = soft, "open files allowed"),
         Err(e) => tracing::warn!(error = %e, "could not read the limit on open files"),

@@ -3,9 +3,9 @@
 //! hundreds of segments (a `15m:forever` tier's history, thousands), so holding one
 //! descriptor each ran a server out of them (a review: 1 100 segments under the common
 //! limit of 1 024 open files made every flush fail). So at most [`max_open`] segment files
-//! are open at once, process-wide (descriptors are the process's): opening one more closes
-//! the one read least recently, and a read of a closed one opens it again (a few
-//! microseconds: nothing but the descriptor is lost).
+//! are open at once, process-wide (descriptors are the process's): past it the least
+//! recently read are closed, and a read of a closed one opens it again (only the descriptor
+//! was lost: the segment's index stays in memory).
 //!
 //! A segment whose file compaction removes while a reader may still hold the archive that
 //! names it is marked instead: its file is removed when the segment's last holder drops it,
