@@ -115,9 +115,21 @@ impl fmt::Debug for Client {
 /// server with a private CA or a self-signed certificate. Otherwise Mozilla's roots.
 static CA_CERTS: OnceLock<Vec<ureq::tls::Certificate<'static>>> = OnceLock::new();
 
+/// The most a `--ca-cert` file may hold: a bundle of every public root is ~200 KiB.
+const MAX_CA_CERT_BYTES: u64 = 4 << 20;
+
 /// Reads `--ca-cert` (PEM, one certificate or more) for every client made after.
 pub fn trust_ca_certs(path: &Path) -> anyhow::Result<()> {
-    let pem = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    use std::io::Read;
+    let mut pem = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_CA_CERT_BYTES + 1).read_to_end(&mut pem))
+        .with_context(|| format!("reading {}", path.display()))?;
+    anyhow::ensure!(
+        pem.len() as u64 <= MAX_CA_CERT_BYTES,
+        "{}: more than {MAX_CA_CERT_BYTES} bytes, not a certificate file",
+        path.display()
+    );
     let mut certs = Vec::new();
     for item in ureq::tls::parse_pem(&pem) {
         if let ureq::tls::PemItem::Certificate(c) =

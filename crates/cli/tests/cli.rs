@@ -242,6 +242,23 @@ fn serve_refuses_half_or_bad_tls_flags_and_says_https_when_ready() {
         &run(&["keys", "clicks", "--server", &url, "--ca-cert", garbage]),
         "--ca-cert",
     );
+    // A file far larger than any certificate bundle is refused unread.
+    let huge = dir.path().join("huge.pem");
+    std::fs::File::create(&huge)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    refused(
+        &run(&[
+            "keys",
+            "clicks",
+            "--server",
+            &url,
+            "--ca-cert",
+            huge.to_str().unwrap(),
+        ]),
+        "not a certificate file",
+    );
     sigterm_and_wait(Serving { child, url });
 }
 
