@@ -89,6 +89,14 @@ impl Conn {
     }
 }
 
+/// A command's own report as pretty JSON on stdout: what `--json` prints for the commands
+/// that look after data or move it (`check`, `compact`, `backup`, `load`, `export`).
+pub(crate) fn write_json(report: &impl serde::Serialize) -> anyhow::Result<()> {
+    let mut text = serde_json::to_string_pretty(report)?;
+    text.push('\n');
+    write_stdout(&text)
+}
+
 /// Stdout's reader went away before the answer was written (`tally query … | head`). It has
 /// what it wanted, so this is success, not an error: `main` exits 0 without a word.
 #[derive(Debug)]

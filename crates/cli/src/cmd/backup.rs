@@ -7,6 +7,8 @@ use std::path::PathBuf;
 use anyhow::Context;
 use tally_engine::backup::backup;
 
+use crate::conn::write_json;
+
 #[derive(Debug, clap::Args)]
 pub struct BackupArgs {
     /// Data directory to copy.
@@ -14,6 +16,9 @@ pub struct BackupArgs {
     pub data: PathBuf,
     /// Where to put the copy (created; must be empty or absent).
     pub dest: PathBuf,
+    /// Print what was copied as JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 pub fn run(args: BackupArgs) -> anyhow::Result<()> {
@@ -25,6 +30,16 @@ pub fn run(args: BackupArgs) -> anyhow::Result<()> {
             args.dest.display()
         )
     })?;
+    if args.json {
+        return write_json(&serde_json::json!({
+            "data": args.data.display().to_string(),
+            "dest": args.dest.display().to_string(),
+            "segments": r.segments,
+            "segments_copied": r.segments_copied,
+            "log_files": r.log_files,
+            "bytes_copied": r.bytes_copied,
+        }));
+    }
     println!(
         "backed up {} to {}: {} segment(s) ({} copied, the rest hard-linked), {} log file(s), {} bytes copied",
         args.data.display(),

@@ -1,22 +1,45 @@
 //! `tally check --data DIR`: verifies every checksum of a data directory (manifest, every
 //! segment block and index, every log record) and names each damaged file and block. Exits
-//! non-zero on damage. It only reads, so it may run beside a server.
+//! non-zero on damage. It only reads, so it may run beside a server. `--json` prints the same
+//! report as one object: `{"whole", "files": [{"kind", "path", …}], "damage": [message…]}`.
 
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
-use tally_engine::check::{Finding, check};
+use serde_json::{Value, json};
+use tally_engine::check::{CheckReport, Finding, check};
+
+use crate::conn::write_json;
 
 #[derive(Debug, clap::Args)]
 pub struct CheckArgs {
     /// Data directory to check.
     #[arg(long, env = "TALLY_DATA", default_value = "tally-data")]
     pub data: PathBuf,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 pub fn run(args: CheckArgs) -> anyhow::Result<()> {
     super::existing_data_dir(&args.data)?;
     let report = check(&args.data).with_context(|| format!("reading {}", args.data.display()))?;
+    if args.json {
+        write_json(&as_json(&report))?;
+    } else {
+        print_table(&report);
+    }
+    if !report.is_whole() {
+        bail!(
+            "{} damaged or missing file(s) in {}",
+            report.damage.len(),
+            args.data.display()
+        );
+    }
+    Ok(())
+}
+
+fn print_table(report: &CheckReport) {
     for f in &report.findings {
         match f {
             Finding::Manifest {
@@ -52,14 +75,47 @@ pub fn run(args: CheckArgs) -> anyhow::Result<()> {
     for d in &report.damage {
         println!("BAD  {}", chain(d));
     }
-    if !report.is_whole() {
-        bail!(
-            "{} damaged or missing file(s) in {}",
-            report.damage.len(),
-            args.data.display()
-        );
-    }
-    Ok(())
+}
+
+fn as_json(report: &CheckReport) -> Value {
+    let files: Vec<Value> = report
+        .findings
+        .iter()
+        .map(|f| match f {
+            Finding::Manifest {
+                path,
+                segments,
+                wal_start,
+            } => json!({
+                "kind": "manifest",
+                "path": path.display().to_string(),
+                "segments": segments,
+                "wal_start": wal_start,
+            }),
+            Finding::Segment { path, stats } => json!({
+                "kind": "segment",
+                "path": path.display().to_string(),
+                "keys": stats.keys,
+                "data_points": stats.data_points,
+                "bytes": stats.bytes,
+            }),
+            Finding::Log {
+                path,
+                records,
+                torn,
+            } => json!({
+                "kind": "log",
+                "path": path.display().to_string(),
+                "records": records,
+                "torn": torn.as_ref().map(|t| json!({
+                    "offset": t.offset,
+                    "dropped_bytes": t.dropped_bytes,
+                })),
+            }),
+        })
+        .collect();
+    let damage: Vec<String> = report.damage.iter().map(|d| chain(d)).collect();
+    json!({"whole": report.is_whole(), "files": files, "damage": damage})
 }
 
 /// An error with its causes on one line.

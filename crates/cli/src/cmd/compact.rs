@@ -4,6 +4,8 @@
 //!   refused (its lock).
 //! - `--server URL`: asks a running server to do its minute's housekeeping now
 //!   (`POST /v1/admin/compact`, which needs an `admin:*` token when tokens are configured).
+//!
+//! It prints what was done; with `--json`, as the server's answer to that request is shaped.
 
 use std::path::PathBuf;
 
@@ -11,7 +13,7 @@ use anyhow::Context;
 use tally_core::store::{Maintenance, Store};
 use tally_engine::{Config, Engine, FlushPolicy};
 
-use crate::conn::write_stdout;
+use crate::conn::{write_json, write_stdout};
 use crate::http::{Client, Route};
 use crate::table::Render;
 
@@ -26,13 +28,20 @@ pub struct CompactArgs {
     /// Bearer token for --server (needs the admin:* scope).
     #[arg(long, env = "TALLY_TOKEN", requires = "server")]
     pub token: Option<String>,
+    /// Print what was done as JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 pub fn run(args: CompactArgs) -> anyhow::Result<()> {
     if let Some(server) = &args.server {
         let answer = Client::new(server, args.token.as_deref())
             .post::<Maintenance>(&Route::admin("compact"))?;
-        return write_stdout(&answer.typed()?.render());
+        return if args.json {
+            write_json(answer.json())
+        } else {
+            write_stdout(&answer.typed()?.render())
+        };
     }
     super::existing_data_dir(&args.data)?;
     let mut cfg = Config::new(&args.data);
@@ -49,5 +58,9 @@ pub fn run(args: CompactArgs) -> anyhow::Result<()> {
     engine
         .sync()
         .map_err(|e| anyhow::anyhow!("{}", e.detail()))?;
-    write_stdout(&done.render())
+    if args.json {
+        write_json(&done)
+    } else {
+        write_stdout(&done.render())
+    }
 }

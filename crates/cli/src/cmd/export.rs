@@ -58,6 +58,9 @@ pub struct ExportArgs {
     /// No progress line.
     #[arg(long)]
     quiet: bool,
+    /// Print the summary as JSON on stdout (instead of a line on stderr).
+    #[arg(long)]
+    json: bool,
 }
 
 pub fn run(a: ExportArgs) -> anyhow::Result<()> {
@@ -88,10 +91,18 @@ pub fn run(a: ExportArgs) -> anyhow::Result<()> {
         let _ = dir.sync_all();
     }
     progress.finish();
+    let secs = progress.start.elapsed().as_secs_f64();
+    if a.json {
+        return crate::conn::write_json(&serde_json::json!({
+            "rows": rows,
+            "files": files,
+            "dir": done.display().to_string(),
+            "seconds": secs,
+        }));
+    }
     eprintln!(
-        "exported {rows} rows into {files} files under {} in {:.1} s",
+        "exported {rows} rows into {files} files under {} in {secs:.1} s",
         done.display(),
-        progress.start.elapsed().as_secs_f64()
     );
     Ok(())
 }

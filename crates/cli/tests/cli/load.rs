@@ -1421,3 +1421,164 @@ fn a_rerun_whose_kept_lines_changed_says_why_its_key_is_refused() {
     );
     sigterm_and_wait(s);
 }
+
+/// Runs `tally args…` and reads its stdout as one JSON object (SPEC §4: `--json` for scripts).
+#[track_caller]
+fn json_of(args: &[&str]) -> Value {
+    let o = tally().args(args).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+        panic!("{e}: {:?}", String::from_utf8_lossy(&o.stdout));
+    })
+}
+
+/// The commands that look after data or move it print their summary as one JSON object on
+/// stdout with `--json`: load (offline and online, rebuild too), export, compact, check and
+/// backup.
+#[test]
+fn data_commands_print_json_summaries() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = stopped_dir(tmp.path(), "d");
+    let data = dir.join("data");
+    let d = data.to_str().unwrap();
+    let csv = tmp.path().join("clicks.csv");
+    write_csv(&csv, &events(500, 9));
+    let mut text = std::fs::read_to_string(&csv).unwrap();
+    text.push_str("clicks,k,not-a-time,1,US,\n");
+    std::fs::write(&csv, text).unwrap();
+    let c = csv.to_str().unwrap();
+
+    let v = json_of(&["load", c, "--data", d, "--quiet", "--skip-bad", "--json"]);
+    assert_eq!(
+        (&v["loaded"], &v["files"], &v["skipped"], &v["passes"]),
+        (&json!(500), &json!(1), &json!(1), &json!(1)),
+        "{v}"
+    );
+    assert!(
+        v["skipped_lines"][0]
+            .as_str()
+            .unwrap()
+            .contains("clicks.csv:502:"),
+        "{v}"
+    );
+    let v = json_of(&["load", c, "--data", d, "--quiet", "--skip-bad", "--json"]);
+    assert_eq!(v["loaded_before"], json!(500), "{v}");
+
+    // A rebuild of one hour that held nothing.
+    let (from, to) = ((DAY0 - 86_400).to_string(), (DAY0 - 82_800).to_string());
+    let empty = tmp.path().join("one.csv");
+    std::fs::write(&empty, format!("ns,key,ts,n\nclicks,k,{from},1\n")).unwrap();
+    let v = json_of(&[
+        "load",
+        empty.to_str().unwrap(),
+        "--data",
+        d,
+        "--replace",
+        "--ns",
+        "clicks",
+        "--from",
+        &from,
+        "--to",
+        &to,
+        "--quiet",
+        "--json",
+    ]);
+    assert_eq!(
+        (&v["replaced"]["ns"], &v["loaded"], &v["held_before"]),
+        (&json!("clicks"), &json!(1), &json!(0)),
+        "{v}"
+    );
+
+    let v = json_of(&["compact", "--data", d, "--json"]);
+    // (The offline loads wrote segments: compaction merges them.)
+    assert!(v["merged"].as_u64().unwrap() > 0, "{v}");
+    let v = json_of(&["check", "--data", d, "--json"]);
+    assert_eq!(
+        (&v["whole"], &v["damage"]),
+        (&json!(true), &json!([])),
+        "{v}"
+    );
+    let kinds: Vec<&str> = v["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["kind"].as_str().unwrap())
+        .collect();
+    assert!(
+        ["manifest", "segment", "log"]
+            .iter()
+            .all(|k| kinds.contains(k)),
+        "{v}"
+    );
+    let copy = tmp.path().join("copy");
+    let v = json_of(&["backup", "--data", d, copy.to_str().unwrap(), "--json"]);
+    assert!(v["segments"].as_u64().unwrap() > 0, "{v}");
+    let out = tmp.path().join("out");
+    let v = json_of(&[
+        "export",
+        "--data",
+        d,
+        "--ns",
+        "clicks",
+        "--from",
+        &(DAY0 - 86_400).to_string(),
+        "--to",
+        &(DAY0 + 4 * 86_400).to_string(),
+        "--resolution",
+        "1h",
+        "--format",
+        "csv",
+        "--out",
+        out.to_str().unwrap(),
+        "--quiet",
+        "--json",
+    ]);
+    assert!(v["rows"].as_u64().unwrap() > 100, "{v}");
+    assert!(v["files"].as_u64().unwrap() >= 3, "{v}");
+
+    // Online: a load and a compaction through a server.
+    let s = serve_dir(&dir);
+    let url = s.url.trim_end_matches('/').to_owned();
+    let v = json_of(&[
+        "load",
+        c,
+        "--server",
+        &url,
+        "--quiet",
+        "--skip-bad",
+        "--again",
+        "--json",
+    ]);
+    assert_eq!(
+        (&v["loaded"], &v["skipped"]),
+        (&json!(500), &json!(1)),
+        "{v}"
+    );
+    let v = json_of(&["compact", "--server", &url, "--json"]);
+    assert!(v["flushed_segments"].is_u64(), "{v}");
+    sigterm_and_wait(s);
+
+    // Damage: the report says so, and the exit is still non-zero.
+    let seg = std::fs::read_dir(data.join("segments"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "tls"))
+        .unwrap();
+    let mut bytes = std::fs::read(&seg).unwrap();
+    bytes[6] ^= 0xff;
+    std::fs::write(&seg, bytes).unwrap();
+    let o = tally()
+        .args(["check", "--data", d, "--json"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["whole"], json!(false), "{v}");
+    assert!(
+        v["damage"][0]
+            .as_str()
+            .unwrap()
+            .contains(seg.to_str().unwrap()),
+        "{v}"
+    );
+}

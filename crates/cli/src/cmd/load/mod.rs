@@ -41,6 +41,7 @@ use tally_core::reference::MemStore;
 use tally_core::store::{Batch, Clock, Store, SystemClock};
 use tally_engine::{Config, Engine};
 
+use crate::conn::write_json;
 use crate::http::{Client, Route};
 use crate::load::{Digest, Format, Input, spool_stdin};
 
@@ -101,6 +102,9 @@ pub struct LoadArgs {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+    /// Print the summary as JSON on stdout (instead of a line on stderr).
+    #[arg(long)]
+    json: bool,
 }
 
 /// One input: where its bytes are, the name it is shown by, its digest.
@@ -667,6 +671,15 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
             return Err(e.into());
         }
         let v: Value = serde_json::from_str(&text).unwrap_or_default();
+        if a.json {
+            return write_json(&json!({
+                "replaced": {"ns": r.ns.as_str(), "from": r.from, "to": r.to},
+                "loaded": loaded,
+                "sent": rebuilt.len(),
+                "seconds": start.elapsed().as_secs_f64(),
+                "held_before": v["held_before"],
+            }));
+        }
         eprintln!(
             "replaced [{}, {}) of namespace {} with {loaded} events ({} sent aggregated) in {:.1} s ({} counters held before)",
             r.from,
@@ -679,6 +692,19 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let secs = start.elapsed().as_secs_f64();
+    if a.json {
+        return write_json(&json!({
+            "loaded": loaded,
+            "files": sources.len(),
+            "seconds": secs,
+            "events_per_sec": loaded as f64 / secs.max(1e-9),
+            "checking_seconds": checked,
+            "loaded_before": already,
+            "skipped": bad_lines.get(),
+            "refused_by_server": server_refused,
+            "skipped_lines": shown.iter().map(|(_, _, s)| s).collect::<Vec<_>>(),
+        }));
+    }
     eprintln!(
         "loaded {loaded} events from {} file(s) in {secs:.1} s ({:.0} events/s; {checked:.1} s \
          of it checking){}{}",

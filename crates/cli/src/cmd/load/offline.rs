@@ -41,6 +41,7 @@ use tally_core::store::{IdemRecord, Store};
 use tally_engine::{Bulk, Engine, SubId};
 
 use super::{Checker, LoadArgs, Rebuild, Source, progress};
+use crate::conn::write_json;
 use crate::load::{Format, Input, csv_event};
 
 type Fast = foldhash::fast::FixedState;
@@ -685,6 +686,14 @@ pub(super) fn run(
             .context("installing the rebuild")?;
         engine.sync().map_err(|e| anyhow::anyhow!(e.detail()))?;
         engine.close();
+        if a.json {
+            return write_json(&json!({
+                "replaced": {"ns": r.ns.as_str(), "from": r.from, "to": r.to},
+                "loaded": found.events,
+                "seconds": start.elapsed().as_secs_f64(),
+                "held_before": changed,
+            }));
+        }
         eprintln!(
             "replaced [{}, {}) of namespace {} with {} events in {:.1} s ({changed} counters held before)",
             r.from,
@@ -719,6 +728,18 @@ pub(super) fn run(
     engine.close();
     let secs = start.elapsed().as_secs_f64();
     let loaded = found.events + found.already;
+    if a.json {
+        return write_json(&json!({
+            "loaded": loaded,
+            "files": sources.len(),
+            "seconds": secs,
+            "events_per_sec": loaded as f64 / secs.max(1e-9),
+            "passes": if found.overflowed { 2 } else { 1 },
+            "loaded_before": found.already,
+            "skipped": found.bad,
+            "skipped_lines": found.shown,
+        }));
+    }
     eprintln!(
         "loaded {loaded} events from {} file(s) in {secs:.1} s ({:.0} events/s){}{}{}",
         sources.len(),
