@@ -325,6 +325,95 @@ fn dashboard_pages_show_the_apis_numbers_in_a_browser() {
         }
     }
 
+    // The keys `.` and `..` cannot be URL path segments (dot segments are dropped, even
+    // percent-encoded): the page asks for them through POST /v1/query and shows its answers.
+    let resp = agent
+        .post(format!("{base}/v1/events"))
+        .header("Content-Type", "application/json")
+        .send(
+            r#"[{"ns": "clicks", "key": ".", "ts": "2025-11-02T10:00:00Z", "n": 3},
+                {"ns": "clicks", "key": "..", "ts": "2025-11-02T11:00:00Z", "n": 4,
+                 "dims": {"country": "FR"}}]"#,
+        )
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    for (key, total) in [(".", "3"), ("..", "4")] {
+        let dom = dump_dom(
+            &chrome,
+            &profile,
+            &format!("{base}/#/key/clicks/{key}?{UTC_DAY}"),
+        );
+        assert!(by_testid(&dom, "error").is_empty(), "{key}: {dom}");
+        assert_eq!(by_testid(&dom, "total")[0].text, total, "{key}");
+        assert_eq!(by_testid(&dom, "bucket").len(), 24, "{key}");
+        assert_eq!(by_testid(&dom, "window").len(), 3, "{key}");
+    }
+    let dom = dump_dom(
+        &chrome,
+        &profile,
+        &format!("{base}/#/key/clicks/..?{UTC_DAY}"),
+    );
+    let fr = by_testid(&dom, "breakdown-n");
+    assert_eq!(
+        one(&fr, &[("data-dim", "country"), ("data-value", "FR")]).text,
+        "4"
+    );
+
+    // Hours over more than one day are labelled with their date.
+    let two_days = UTC_DAY.replace("2025-11-03T", "2025-11-04T");
+    let dom = dump_dom(
+        &chrome,
+        &profile,
+        &format!("{base}/#/key/clicks/lnk_1?{two_days}"),
+    );
+    let bars = by_testid(&dom, "bucket");
+    assert_eq!(bars.len(), 48);
+    assert!(
+        bars[5].attrs["data-t"].starts_with("2025-11-02T05:00")
+            && bars[5].attrs["data-label"] == "11-02 05:00",
+        "{:?}",
+        bars[5]
+    );
+
+    // "This month" by the hour starts at local midnight of the 1st (by the offset then: in
+    // New York, November's 1st is often still on summer time).
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let (status, month) = get(
+        &base,
+        &format!(
+            "/v1/ns/clicks/keys/lnk_1/series?from={now}&to={}&unit=month&tz=America%2FNew_York",
+            now + 1
+        ),
+        None,
+    );
+    assert_eq!(status, 200, "{month}");
+    let dom = dump_dom(
+        &chrome,
+        &profile,
+        &format!("{base}/#/key/clicks/lnk_1?range=month&unit=hour&tz=America/New_York"),
+    );
+    assert_eq!(
+        by_testid(&dom, "from")[0].attrs["datetime"],
+        month["from_t"].as_str().unwrap(),
+        "{dom}"
+    );
+
+    // Too many buckets for one bar each: the page says so and draws none; the total stays.
+    let months = "range=custom&from=2025-08-01T00:00:00Z&to=2025-12-01T00:00:00Z&unit=hour&tz=UTC";
+    let dom = dump_dom(
+        &chrome,
+        &profile,
+        &format!("{base}/#/key/clicks/lnk_1?{months}"),
+    );
+    let note = by_testid(&dom, "too-many");
+    assert_eq!(note.len(), 1, "{dom}");
+    assert_eq!(note[0].attrs["data-buckets"], "2928");
+    assert!(by_testid(&dom, "bucket").is_empty());
+    assert_eq!(by_testid(&dom, "total")[0].text, "2,234");
+
     // A range no tier covers at this unit: the page shows the API's own message.
     let minutes = UTC_DAY.replace("unit=hour", "unit=minute");
     let (status, err) = get(
@@ -396,6 +485,26 @@ fn dashboard_pages_show_the_apis_numbers_in_a_browser() {
         .map(|e| e.text)
         .collect();
     assert_eq!(links, ["lnk_2", "lnk_big"]);
+    sigterm_and_wait(s);
+
+    // Many namespaces: the overview asks for the top keys of the first 24 by itself (each
+    // is a scan of its namespace) and gives the others a button.
+    let dir = tempfile::tempdir().unwrap();
+    let s = serve_config(dir.path(), "");
+    let base = s.url.trim_end_matches('/').to_owned();
+    let events: Vec<String> = (0..26)
+        .map(|i| format!(r#"{{"ns": "n{i:02}", "key": "k", "ts": "2025-11-02T10:00:00Z"}}"#))
+        .collect();
+    let resp = agent
+        .post(format!("{base}/v1/events"))
+        .header("Content-Type", "application/json")
+        .send(format!("[{}]", events.join(",")))
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let dom = dump_dom(&chrome, &profile, &format!("{base}/#/?{UTC_DAY}"));
+    assert_eq!(by_testid(&dom, "namespace").len(), 26);
+    assert_eq!(by_testid(&dom, "top-n").len(), 24);
+    assert_eq!(by_testid(&dom, "load-top").len(), 2);
     sigterm_and_wait(s);
 
     // With tokens configured the page asks for one, with the API's 401 message.

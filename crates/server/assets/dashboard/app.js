@@ -79,31 +79,54 @@
     try { return sessionStorage.getItem(TOKEN_KEY) || ""; } catch { return ""; }
   }
 
-  async function api(path, params) {
+  const given = (params) =>
+    Object.entries(params || {}).filter(([, v]) => v !== "" && v !== null && v !== undefined);
+
+  /** GETs `path` with `params`, or POSTs `body` as JSON when there is one. */
+  async function api(path, params, body) {
     const url = new URL(path, location.origin);
-    for (const [k, v] of Object.entries(params || {})) {
-      if (v !== "" && v !== null && v !== undefined) url.searchParams.set(k, v);
-    }
+    for (const [k, v] of given(params)) url.searchParams.set(k, v);
     const headers = { Accept: "application/json" };
     const t = token();
     if (t) headers.Authorization = `Bearer ${t}`;
+    const init = { headers, cache: "no-store" };
+    if (body !== undefined) {
+      init.method = "POST";
+      headers["Content-Type"] = "application/json";
+      init.body = JSON.stringify(body);
+    }
     let resp;
     try {
-      resp = await fetch(url, { headers, cache: "no-store" });
+      resp = await fetch(url, init);
     } catch (e) {
       throw new ApiError(0, "unreachable", `the server could not be reached (${e.message})`);
     }
-    let body = null;
-    try { body = await resp.json(); } catch { body = null; }
+    let answer = null;
+    try { answer = await resp.json(); } catch { answer = null; }
     if (!resp.ok) {
-      const e = (body && body.error) || {};
+      const e = (answer && answer.error) || {};
       throw new ApiError(resp.status, e.code || `http_${resp.status}`, e.message || resp.statusText);
     }
-    return body;
+    return answer;
   }
 
   const keyPath = (ns, key) =>
     `/v1/ns/${encodeURIComponent(ns)}/keys/${encodeURIComponent(key)}`;
+
+  /** One query of a key (`kind`: series, dashboard, window…). The keys `.` and `..` cannot
+   *  be path segments (a URL drops dot segments, percent-encoded or not), so they are asked
+   *  through `POST /v1/query`, which takes any key (SPEC §3). */
+  async function keyApi(ns, key, kind, params) {
+    if (key !== "." && key !== "..") return api(`${keyPath(ns, key)}/${kind}`, params);
+    const q = { kind, ns, key, ...Object.fromEntries(given(params)) };
+    const r = (await api("/v1/query", null, { queries: [q] })).results[0];
+    if (r && r.error) {
+      // An entry's error carries no status; these two change what the page does.
+      const status = { unauthorized: 401, forbidden: 403 }[r.error.code] || 0;
+      throw new ApiError(status, r.error.code, r.error.message);
+    }
+    return r;
+  }
 
   // ---- routes and the view in the URL ---------------------------------------------------
 
@@ -146,13 +169,16 @@
     }
   }
 
-  /** An instant on the 1st of this month in `zone`: the API's `unit=day` floors it to
-   *  that day's local midnight, so the server's tz database decides where it is. */
+  /** Local midnight of the 1st of this month in `zone` (whatever the unit: an hourly
+   *  timeline of the month starts there too), by the zone's offset at that midnight, not
+   *  now's: a DST change may lie between. */
   function monthStart(zone, now) {
     const off = offsetAt(zone, now);
     if (off === null) return now;
     const local = new Date((now + off) * 1000);
-    return Date.UTC(local.getUTCFullYear(), local.getUTCMonth(), 1, 12) / 1000 - off;
+    const wall = Date.UTC(local.getUTCFullYear(), local.getUTCMonth(), 1) / 1000;
+    const then = offsetAt(zone, wall - off);
+    return wall - (then === null ? off : then);
   }
 
   function viewOf(params) {
@@ -214,7 +240,9 @@
     const tz = h("input", { name: "tz", value: v.tz, list: "zones", size: 18, autocomplete: "off" });
     const refresh = h("select", { name: "refresh" },
       REFRESH.map(([val, label]) => h("option", { value: val, selected: v.refresh === val }, label)));
-    const apply = (custom) => {
+    // `custom`: the from/to fields make the range; `preset`: a preset was just picked, and
+    // brings its own unit (a change of unit, zone or refresh keeps the unit chosen).
+    const apply = (custom, preset) => {
       const next = new URLSearchParams(params);
       const rangeId = custom ? "custom" : range.value;
       next.set("range", rangeId);
@@ -226,8 +254,7 @@
         next.delete("to");
       }
       if (withUnit) next.set("unit", unit.value); else next.delete("unit");
-      if (custom === false && withUnit) {
-        // A new preset brings its own unit.
+      if (preset && withUnit) {
         const p = PRESETS.find((x) => x.id === rangeId);
         if (p) next.set("unit", p.unit);
       }
@@ -241,13 +268,13 @@
         to.value = to.value || form.dataset.to || "";
         from.focus();
       } else {
-        apply(false);
+        apply(false, true);
       }
     });
-    for (const sel of [unit, refresh]) sel.addEventListener("change", () => apply(range.value === "custom"));
+    for (const sel of [unit, refresh]) sel.addEventListener("change", () => apply(range.value === "custom", false));
     form.addEventListener("submit", (e) => {
       e.preventDefault();
-      apply(range.value === "custom" || from.value.trim() !== "" || to.value.trim() !== "");
+      apply(range.value === "custom" || from.value.trim() !== "" || to.value.trim() !== "", false);
     });
     form.append(
       field("Range", range), field("From", from), field("To", to),
@@ -279,11 +306,33 @@
     }
     const grid = h("div", { class: "grid" });
     page.append(grid);
-    await Promise.all(list.namespaces.map((ns) => namespaceCard(grid, ns, params, v, form)));
+    const loads = list.namespaces.map((ns) => namespaceCard(grid, ns, params, v, form));
+    // Each top is an exact scan of its namespace: the first few load by themselves, a few
+    // at a time; the others when asked (their card's button).
+    const queue = loads.slice(0, AUTO_TOP);
+    for (const load of loads.slice(AUTO_TOP)) load.deferred();
+    await Promise.all(Array.from({ length: TOPS_AT_ONCE }, async () => {
+      while (queue.length > 0) await queue.shift()();
+    }));
   }
 
-  async function namespaceCard(grid, ns, params, v, form) {
+  /** Namespaces whose top keys the overview asks for by itself, and how many at once. */
+  const AUTO_TOP = 24;
+  const TOPS_AT_ONCE = 4;
+
+  /** A namespace's card; answers the function that loads its top keys (with `deferred`,
+   *  which puts a button there instead). */
+  function namespaceCard(grid, ns, params, v, form) {
     const body = h("div", {}, loading("top keys"));
+    const load = () => namespaceTop(body, ns, params, v, form);
+    load.deferred = () => {
+      const button = h("button", { type: "button", "data-testid": "load-top" }, "Show top keys");
+      button.addEventListener("click", () => {
+        body.replaceChildren(loading("top keys"));
+        load().catch((e) => body.replaceChildren(errorBox(e)));
+      });
+      body.replaceChildren(button);
+    };
     grid.append(h("section", { class: "card", "data-testid": "namespace", "data-ns": ns.name },
       h("h2", {}, ns.name),
       h("dl", { class: "schema" },
@@ -292,6 +341,10 @@
         h("dt", {}, "Dimensions"), h("dd", {}, ns.dimensions ? ns.dimensions.join(", ") || "none" : "any")),
       h("p", {}, h("a", { href: link(["keys", ns.name], carry(params)) }, "Search keys")),
       body));
+    return load;
+  }
+
+  async function namespaceTop(body, ns, params, v, form) {
     let top;
     try {
       top = await api(`/v1/ns/${encodeURIComponent(ns.name)}/top`, { ...rangeQuery(v), limit: 10 });
@@ -341,7 +394,7 @@
     let dash = null;
     let dashErr = null;
     try {
-      dash = await api(`${keyPath(ns, key)}/dashboard`, q);
+      dash = await keyApi(ns, key, "dashboard", q);
     } catch (e) {
       if (e.status === 401) throw e;
       dashErr = e;
@@ -350,7 +403,7 @@
     if (!dash) {
       // Breakdowns read only the breakdown tiers: the series may still have a tier.
       try {
-        const sa = await api(`${keyPath(ns, key)}/series`, rangeQuery(v));
+        const sa = await keyApi(ns, key, "series", rangeQuery(v));
         series = { ...sa, timeline: sa.points };
       } catch (e) {
         if (e.status === 401) throw e;
@@ -405,27 +458,45 @@
           h("td", { class: "n", "data-testid": "breakdown-total", "data-dim": b.dim }, num(b.total))))));
   }
 
-  /** A bucket's label from the API's own local time (`t`), never recomputed here. */
-  function bucketLabel(t, unit) {
+  /** A bucket's label from the API's own local time (`t`), never recomputed here; times of
+   *  day carry their date (`MM-DD HH:MM`) when the timeline spans more than one day. */
+  function bucketLabel(t, unit, manyDays) {
     const date = t.slice(0, 10);
     const time = t.slice(11, 16);
     if (unit === "second") return t.slice(11, 19);
-    if (unit === "minute" || unit === "hour") return time;
+    if (unit === "minute" || unit === "hour") return manyDays ? `${t.slice(5, 10)} ${time}` : time;
     if (unit === "month" || unit === "quarter") return t.slice(0, 7);
     if (unit === "year") return t.slice(0, 4);
     return date;
   }
 
-  /** The timeline as SVG bars, one per bucket the API returned. */
+  /** The most buckets drawn as bars: each is a few SVG nodes, and the API answers up to
+   *  `max_points` (100 000 by default) — more than a browser lays out quickly, or than a
+   *  chart 1 100 pixels wide can show. */
+  const MAX_BARS = 2000;
+
+  /** The timeline as SVG bars, one per bucket the API returned (or, past `MAX_BARS`, a
+   *  note saying to pick a coarser unit: a bar is never a sum made here). */
   function chart(series) {
     const points = series.timeline;
+    if (points.length > MAX_BARS) {
+      return h("p", { class: "state", "data-testid": "too-many", "data-buckets": points.length },
+        `${num(points.length)} buckets by ${series.unit}: too many to draw one bar each ` +
+        `(at most ${num(MAX_BARS)}). Pick a coarser unit or a shorter range.`);
+    }
     // Drawn at the width it will have, so its text keeps its size on a phone.
     const room = document.getElementById("main").clientWidth - 48;
     const W = Math.max(300, Math.min(1100, room || 800)), H = 240;
     const left = 56, right = 8, top = 10, bottom = 34;
     const plotW = W - left - right, plotH = H - top - bottom;
-    const max = Math.max(1, ...points.map((p) => p.n));
-    const min = Math.min(0, ...points.map((p) => p.n));
+    // (A loop, not Math.max(...points): a call takes a bounded number of arguments.)
+    let max = 1, min = 0;
+    for (const p of points) {
+      if (p.n > max) max = p.n;
+      if (p.n < min) min = p.n;
+    }
+    const manyDays = points.length > 1 &&
+      points[0].t.slice(0, 10) !== points[points.length - 1].t.slice(0, 10);
     const span = max - min;
     const y = (n) => top + plotH - ((n - min) / span) * plotH;
     const bw = plotW / Math.max(1, points.length);
@@ -443,7 +514,7 @@
     points.forEach((p, i) => {
       const x = left + i * bw;
       const y0 = y(Math.max(0, p.n)), y1 = y(Math.min(0, p.n));
-      const label = bucketLabel(p.t, series.unit);
+      const label = bucketLabel(p.t, series.unit, manyDays);
       svg.append(s("rect", {
         x: (x + bw * 0.1).toFixed(2), width: Math.max(0.5, bw * 0.8).toFixed(2),
         y: y0.toFixed(2), height: Math.max(0, y1 - y0).toFixed(2),
@@ -475,7 +546,7 @@
   async function keyWindows(box, ns, key) {
     const cells = WINDOWS.map(([last, label]) => {
       const cell = h("div", { class: "window" }, h("h3", {}, label), loading(last));
-      const done = api(`${keyPath(ns, key)}/window`, { last }).then(
+      const done = keyApi(ns, key, "window", { last }).then(
         (w) => cell.replaceChildren(h("h3", {}, label),
           h("p", { class: "big", "data-testid": "window", "data-last": last }, num(w.n)),
           h("p", { class: "muted" }, `since ${w.from_t}, ${w.resolution} buckets`)),
@@ -539,8 +610,16 @@
         "). It is kept in this tab only (sessionStorage) and sent as Authorization: Bearer."),
       h("label", {}, h("span", {}, "Token"), input),
       h("button", { type: "submit" }, "Use token"));
+    input.addEventListener("input", () => input.setCustomValidity(""));
     form.addEventListener("submit", (e) => {
       e.preventDefault();
+      // An HTTP header carries printable ASCII only: fetch would refuse anything else, and
+      // the page would say the server could not be reached.
+      if (!/^[\x21-\x7e]+$/.test(input.value)) {
+        input.setCustomValidity("A token is printable ASCII, with no spaces.");
+        input.reportValidity();
+        return;
+      }
       try { sessionStorage.setItem(TOKEN_KEY, input.value); } catch { /* private mode: no token kept */ }
       render();
     });
@@ -582,7 +661,16 @@
     if (focus) focus.focus();
     document.body.dataset.state = "ready";
     const every = Number(params.get("refresh"));
-    if (every > 0 && !focus) refreshTimer = setTimeout(render, every * 1000);
+    if (every > 0 && !focus) refreshTimer = setTimeout(() => refresh(every), every * 1000);
+  }
+
+  /** An auto-refresh: put off while a control of the page has the focus, since the page
+   *  (its form included) is built anew and what is being typed there would be lost. */
+  function refresh(every) {
+    const active = document.activeElement;
+    const typing = active && active.closest && active.closest("#main form");
+    if (typing) refreshTimer = setTimeout(() => refresh(every), every * 1000);
+    else render();
   }
 
   document.getElementById("forget-token").addEventListener("click", () => {
