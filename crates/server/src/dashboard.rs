@@ -5,16 +5,13 @@
 //! limits it exactly as it limits any other client.
 //!
 //! These routes are outside `/v1`: admission lets them through without a token (the page
-//! asks for one itself, and keeps it in the tab's `sessionStorage`), they read no body and
-//! answer only these fixed bytes, and they are added to the router after the OpenAPI
-//! document is collected, so they are not part of the documented API. A Content-Security-
-//! Policy allows only the server's own scripts, styles and requests: no inline script, no
-//! third-party origin, no framing.
+//! asks for one itself, and keeps it in the tab's `sessionStorage`), and they read no body
+//! and answer only these fixed bytes. Like every route they are in the OpenAPI document
+//! (SPEC §3), tagged `dashboard`. A Content-Security-Policy allows only the server's own
+//! scripts, styles and requests: no inline script, no third-party origin, no framing.
 
-use axum::Router;
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 
 const INDEX_HTML: &str = include_str!("../assets/dashboard/index.html");
 const APP_JS: &str = include_str!("../assets/dashboard/app.js");
@@ -26,21 +23,25 @@ pub(crate) const CSP: &str = "default-src 'none'; script-src 'self'; style-src '
      connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'self'; \
      frame-ancestors 'none'";
 
-/// The dashboard's routes, to be merged into the API router.
-pub(crate) fn routes() -> Router {
-    Router::new()
-        .route(
-            "/",
-            get(|| async { asset("text/html; charset=utf-8", INDEX_HTML) }),
-        )
-        .route(
-            "/ui/app.js",
-            get(|| async { asset("text/javascript; charset=utf-8", APP_JS) }),
-        )
-        .route(
-            "/ui/style.css",
-            get(|| async { asset("text/css; charset=utf-8", STYLE_CSS) }),
-        )
+/// The dashboard's page.
+#[utoipa::path(get, path = "/", tag = "dashboard",
+    responses((status = 200, description = "the web dashboard (HTML), built only on the /v1 routes", content_type = "text/html")))]
+pub(crate) async fn index() -> Response {
+    asset("text/html; charset=utf-8", INDEX_HTML)
+}
+
+/// The dashboard's script.
+#[utoipa::path(get, path = "/ui/app.js", tag = "dashboard",
+    responses((status = 200, description = "the dashboard's script", content_type = "text/javascript")))]
+pub(crate) async fn app_js() -> Response {
+    asset("text/javascript; charset=utf-8", APP_JS)
+}
+
+/// The dashboard's style sheet.
+#[utoipa::path(get, path = "/ui/style.css", tag = "dashboard",
+    responses((status = 200, description = "the dashboard's style sheet", content_type = "text/css")))]
+pub(crate) async fn style_css() -> Response {
+    asset("text/css; charset=utf-8", STYLE_CSS)
 }
 
 /// One static file with the headers every dashboard answer carries. `no-cache` makes a

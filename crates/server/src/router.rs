@@ -1,6 +1,6 @@
 //! The router: every route with its OpenAPI entry (collected by utoipa from the handlers, so
-//! the document cannot drift from them), the dashboard's static routes (`dashboard.rs`, outside
-//! the document), the fallback, the admission middleware (see
+//! the document cannot drift from them; the dashboard's static files of `dashboard.rs`
+//! included), the fallback, the admission middleware (see
 //! `admission.rs`) and the one that makes every error JSON and counts responses.
 
 use std::sync::Arc;
@@ -35,6 +35,9 @@ pub fn router(app: App) -> (Router, utoipa::openapi::OpenApi) {
         .routes(routes!(ops::openapi))
         .routes(routes!(ops::compact))
         .routes(routes!(rebuild::rebuild))
+        .routes(routes!(dashboard::index))
+        .routes(routes!(dashboard::app_js))
+        .routes(routes!(dashboard::style_css))
         .with_state(app.clone())
         .split_for_parts();
     api.info.title = "tally".into();
@@ -47,9 +50,7 @@ pub fn router(app: App) -> (Router, utoipa::openapi::OpenApi) {
     app.set_openapi(json);
     let app2 = app.clone();
     let admission = Arc::new(Admission::new(app.clone()));
-    // The dashboard joins after the document is collected: it is not part of the API.
     let router = router
-        .merge(dashboard::routes())
         .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such route") })
         .layer(axum::middleware::from_fn(
             move |req: axum::extract::Request, next: axum::middleware::Next| {

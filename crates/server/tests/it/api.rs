@@ -397,6 +397,9 @@ fn health_metrics_openapi() {
         ("/openapi.json", "get"),
         ("/v1/admin/compact", "post"),
         ("/v1/ns/{ns}/rebuild", "post"),
+        ("/", "get"),
+        ("/ui/app.js", "get"),
+        ("/ui/style.css", "get"),
     ] {
         let op = paths.get(path).and_then(|p| p.get(method));
         assert!(
@@ -448,7 +451,7 @@ fn health_metrics_openapi() {
     );
     assert_eq!(
         paths.len(),
-        17,
+        20,
         "a route in the document that the test does not know: {:?}",
         paths.keys().collect::<Vec<_>>()
     );

@@ -1,6 +1,6 @@
 //! The dashboard's routes: served without a token even when tokens are configured (the page
 //! asks for one), static bytes with a Content-Security-Policy of the server's own origin,
-//! JSON errors around them as everywhere, and absent from the OpenAPI document. What the
+//! JSON errors around them as everywhere, and in the OpenAPI document like every route. What the
 //! page shows is tested in a real browser by crates/cli/tests/cli/dashboard.rs.
 
 use crate::Server;
@@ -48,17 +48,23 @@ fn the_dashboard_needs_no_token_and_allows_only_its_own_origin() {
     assert!(body.contains(r#""code":"not_found""#), "{body}");
 }
 
+/// SPEC §3: the OpenAPI document covers every route, the dashboard's too.
 #[test]
-fn the_dashboard_is_not_in_the_openapi_document() {
+fn the_dashboard_is_in_the_openapi_document() {
     let s = Server::start(tally_server::Settings::default());
     let (status, doc) = s.get("/openapi.json");
     assert_eq!(status, 200);
     let paths = doc["paths"].as_object().unwrap();
-    assert!(
-        paths.contains_key("/v1/ns/{ns}/keys/{key}/dashboard"),
-        "{paths:?}"
-    );
-    for p in paths.keys() {
-        assert!(p != "/" && !p.starts_with("/ui"), "{p} is documented");
+    for (path, ctype) in [
+        ("/", "text/html"),
+        ("/ui/app.js", "text/javascript"),
+        ("/ui/style.css", "text/css"),
+    ] {
+        let op = &paths[path]["get"];
+        assert_eq!(op["tags"][0], "dashboard", "{path}: {op}");
+        assert!(
+            op["responses"]["200"]["content"].get(ctype).is_some(),
+            "{path}: {op}"
+        );
     }
 }
