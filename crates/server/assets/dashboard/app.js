@@ -48,7 +48,9 @@
   }
   const h = (tag, attrs, ...children) => build(document.createElement(tag), attrs, children);
   const s = (tag, attrs, ...children) => build(document.createElementNS(SVG_NS, tag), attrs, children);
-  const num = (n) => numbers.format(n);
+  /** A count as the page shows it. JSON numbers become doubles here, exact only up to 2^53:
+   *  a count beyond (counters are 64-bit) may have lost its last digits, and says so. */
+  const num = (n) => (Number.isSafeInteger(n) || !Number.isInteger(n) ? "" : "≈") + numbers.format(n);
 
   function loading(what) {
     return h("p", { class: "state", role: "status", "aria-busy": "true" }, `Loading ${what}…`);
