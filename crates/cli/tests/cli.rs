@@ -607,6 +607,19 @@ fn data_with_history(dir: &Path) {
     engine.apply(&batch).unwrap();
 }
 
+/// Flips a byte in the first block of one archive segment of `data`; answers its path.
+fn damage_a_segment(data: &Path) -> std::path::PathBuf {
+    let seg = std::fs::read_dir(data.join("segments"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "tls"))
+        .unwrap();
+    let mut bytes = std::fs::read(&seg).unwrap();
+    bytes[6] ^= 0xff;
+    std::fs::write(&seg, bytes).unwrap();
+    seg
+}
+
 #[test]
 fn compact_archives_history_and_check_names_damage() {
     let dir = tempfile::tempdir().unwrap();
@@ -661,14 +674,7 @@ fn compact_archives_history_and_check_names_damage() {
     );
 
     // Damage one block of one segment: check names it and fails.
-    let seg = std::fs::read_dir(data.join("segments"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| p.extension().is_some_and(|x| x == "tls"))
-        .unwrap();
-    let mut bytes = std::fs::read(&seg).unwrap();
-    bytes[6] ^= 0xff;
-    std::fs::write(&seg, bytes).unwrap();
+    let seg = damage_a_segment(&data);
     let out = run(&["check", "--data", d]);
     refused(&out, "1 damaged or missing file(s)");
     let said = String::from_utf8_lossy(&out.stdout);

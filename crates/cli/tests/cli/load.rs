@@ -1559,14 +1559,7 @@ fn data_commands_print_json_summaries() {
     sigterm_and_wait(s);
 
     // Damage: the report says so, and the exit is still non-zero.
-    let seg = std::fs::read_dir(data.join("segments"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| p.extension().is_some_and(|x| x == "tls"))
-        .unwrap();
-    let mut bytes = std::fs::read(&seg).unwrap();
-    bytes[6] ^= 0xff;
-    std::fs::write(&seg, bytes).unwrap();
+    let seg = super::damage_a_segment(&data);
     let o = tally()
         .args(["check", "--data", d, "--json"])
         .output()

@@ -693,17 +693,18 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
     }
     let secs = start.elapsed().as_secs_f64();
     if a.json {
-        return write_json(&json!({
-            "loaded": loaded,
-            "files": sources.len(),
-            "seconds": secs,
-            "events_per_sec": loaded as f64 / secs.max(1e-9),
+        return json_summary(
+            loaded,
+            sources.len(),
+            secs,
+            json!({
             "checking_seconds": checked,
             "loaded_before": already,
             "skipped": bad_lines.get(),
             "refused_by_server": server_refused,
             "skipped_lines": shown.iter().map(|(_, _, s)| s).collect::<Vec<_>>(),
-        }));
+            }),
+        );
     }
     eprintln!(
         "loaded {loaded} events from {} file(s) in {secs:.1} s ({:.0} events/s; {checked:.1} s \
@@ -730,6 +731,21 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
         eprintln!("  skipped {s}");
     }
     Ok(())
+}
+
+/// A load's summary as `--json` prints it: what both modes report, then `more` (each
+/// mode's own figures).
+fn json_summary(loaded: u64, files: usize, secs: f64, more: Value) -> anyhow::Result<()> {
+    let mut v = json!({
+        "loaded": loaded,
+        "files": files,
+        "seconds": secs,
+        "events_per_sec": loaded as f64 / secs.max(1e-9),
+    });
+    if let (Value::Object(v), Value::Object(more)) = (&mut v, more) {
+        v.extend(more);
+    }
+    write_json(&v)
 }
 
 /// A rebuild's range: what it replaces, and which events belong to it.

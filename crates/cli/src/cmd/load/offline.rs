@@ -729,16 +729,17 @@ pub(super) fn run(
     let secs = start.elapsed().as_secs_f64();
     let loaded = found.events + found.already;
     if a.json {
-        return write_json(&json!({
-            "loaded": loaded,
-            "files": sources.len(),
-            "seconds": secs,
-            "events_per_sec": loaded as f64 / secs.max(1e-9),
-            "passes": if found.overflowed { 2 } else { 1 },
-            "loaded_before": found.already,
-            "skipped": found.bad,
-            "skipped_lines": found.shown,
-        }));
+        return super::json_summary(
+            loaded as u64,
+            sources.len(),
+            secs,
+            json!({
+                "passes": if found.overflowed { 2 } else { 1 },
+                "loaded_before": found.already,
+                "skipped": found.bad,
+                "skipped_lines": found.shown,
+            }),
+        );
     }
     eprintln!(
         "loaded {loaded} events from {} file(s) in {secs:.1} s ({:.0} events/s){}{}{}",
