@@ -96,6 +96,12 @@ impl Shard {
         }
     }
 
+    /// The lowest and highest bucket index of a slot's frozen counters (a flush is writing
+    /// them to a segment not yet published), or an empty range (`lo > hi`).
+    pub fn frozen_bounds(&self, slot: usize) -> (u32, u32) {
+        self.frozen_extent.get(slot).copied().unwrap_or(EMPTY)
+    }
+
     /// The `[lo, hi)` bucket indexes of a slot that can hold counters, live or frozen:
     /// every counter of the slot lies inside it.
     pub fn extent(&self, slot: usize) -> (u32, u32) {

@@ -574,6 +574,21 @@ impl Core {
             .unwrap_or_else(PoisonError::into_inner)
             .sweep(now);
         let cat = self.read_cat();
+        // An expired counter of a period the archive holds (or a flush is writing) stays
+        // until a flush writes it as a delta: the archive drops a period's buckets only with
+        // its whole segment, and memory must not drop part of a bucket the archive keeps, or
+        // a retention that grows later would show that bucket's archived part alone.
+        let mut held: BTreeMap<u32, Vec<(i64, i64)>> = BTreeMap::new();
+        for (e, _) in self.archive().all() {
+            held.entry(e.resolution)
+                .or_default()
+                .push((e.period_start, e.period_end));
+        }
+        let archived = |res: u32, b: i64| {
+            held.get(&res)
+                .is_some_and(|ps| ps.iter().any(|&(start, end)| start <= b && b < end))
+        };
+        let slot_res: Vec<u32> = cat.slots.iter().map(|d| d.secs() as u32).collect();
         // Per namespace and slot: the first bucket index still kept (None: keep all).
         let cutoffs: Vec<Vec<Option<Option<u32>>>> = cat
             .ns
@@ -598,17 +613,24 @@ impl Core {
         let mut removed = 0;
         for s in 0..self.mem.shards() {
             let mut shard = self.mem.lock(s);
+            let frozen: Vec<(u32, u32)> = (0..slot_res.len())
+                .map(|slot| shard.frozen_bounds(slot))
+                .collect();
             for (i, map) in shard.maps.iter_mut().enumerate() {
                 let slot = Shard::slot_of_map(i);
+                let res = slot_res.get(slot).copied().unwrap_or(0);
+                let (lo, hi) = frozen.get(slot).copied().unwrap_or((1, 0));
+                let frozen = |idx: u32| lo <= idx && idx <= hi;
                 let before = map.len();
                 map.retain(|k, _| {
                     let (sid, idx) = split_key(*k);
                     let ns = cat.ns_of_series(sid).unwrap_or(u32::MAX);
-                    match cutoffs.get(ns as usize).and_then(|c| c.get(slot)) {
-                        Some(Some(Some(first))) => idx >= *first,
-                        Some(Some(None)) => true,
-                        _ => false,
-                    }
+                    let expired = match cutoffs.get(ns as usize).and_then(|c| c.get(slot)) {
+                        Some(Some(Some(first))) => idx < *first,
+                        Some(Some(None)) => false,
+                        _ => return false,
+                    };
+                    !expired || frozen(idx) || archived(res, i64::from(idx) * i64::from(res))
                 });
                 removed += before - map.len();
             }
