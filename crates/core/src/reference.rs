@@ -51,6 +51,28 @@ impl MemStore {
         }
     }
 
+    /// Whether `ns` holds a count (total or subtotal, zero too: the sum of several writes) of
+    /// the tier of `resolution` in a bucket starting in `[from, to)`, shown or not: what a
+    /// retention that grows would show again (tests use it to keep to what every backend
+    /// answers alike).
+    #[doc(hidden)]
+    pub fn holds_between(&self, ns: &Namespace, resolution: Duration, from: i64, to: i64) -> bool {
+        let Ok(inner) = self.lock() else { return false };
+        inner
+            .data
+            .iter()
+            .filter(|((n, _), _)| n == ns)
+            .any(|(_, s)| {
+                std::iter::once(&s.totals)
+                    .chain(s.subtotals.values())
+                    .any(|c| {
+                        c.range((resolution, from)..(resolution, to))
+                            .next()
+                            .is_some()
+                    })
+            })
+    }
+
     fn lock(&self) -> Result<MutexGuard<'_, Inner>, StoreError> {
         self.inner
             .lock()
@@ -234,6 +256,56 @@ impl Store for MemStore {
             }
         }
         Ok(())
+    }
+
+    /// Every shown count of the range, every tier, totals and subtotals, removed; then the
+    /// batch applied as a write.
+    fn rebuild(
+        &self,
+        ns: &Namespace,
+        from: i64,
+        to: i64,
+        batch: &Batch,
+    ) -> Result<u64, StoreError> {
+        let now = self.clock.now();
+        let mut held = 0u64;
+        {
+            let mut inner = self.lock()?;
+            let Some(schema) = inner.schemas.get(ns).cloned() else {
+                return Err(StoreError::internal(format!("namespace {ns} is unknown")));
+            };
+            let shown = |r: Duration, b: i64| {
+                (from..to).contains(&b)
+                    && schema
+                        .tiers()
+                        .iter()
+                        .find(|t| t.resolution == r)
+                        .is_some_and(|t| t.retention.keeps_bucket(b, r, now))
+            };
+            for ((n, _), series) in inner.data.iter_mut() {
+                if n != ns {
+                    continue;
+                }
+                series.totals.retain(|&(r, b), v| {
+                    let gone = shown(r, b);
+                    held += u64::from(gone && *v != 0);
+                    !gone
+                });
+                for counts in series.subtotals.values_mut() {
+                    counts.retain(|&(r, b), v| {
+                        let gone = shown(r, b) && schema.is_breakdown(r);
+                        held += u64::from(gone && *v != 0);
+                        !gone
+                    });
+                }
+            }
+        }
+        self.apply(&Batch {
+            create: Vec::new(),
+            increments: batch.increments.clone(),
+            idempotency: None,
+        })?;
+        Ok(held)
     }
 
     fn idempotency(&self, key: &str) -> Result<Option<IdemRecord>, StoreError> {
