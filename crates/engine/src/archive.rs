@@ -162,6 +162,14 @@ impl Archive {
             .unwrap_or(0)
     }
 
+    /// Whether a segment of `resolution` (a base, a delta, a merged month) holds bucket
+    /// `b`'s period: its buckets then expire only with that whole segment.
+    pub fn holds(&self, resolution: u32, b: i64) -> bool {
+        self.segments
+            .iter()
+            .any(|(e, _)| e.resolution == resolution && e.period_start <= b && b < e.period_end)
+    }
+
     /// Whether a base segment exists for this period (a new one is then a delta).
     pub fn has_period(&self, resolution: u32, period_start: i64) -> bool {
         self.starts.contains(&(resolution, period_start))
