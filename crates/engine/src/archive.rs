@@ -67,6 +67,40 @@ impl FlushPolicy {
     }
 }
 
+/// What [`Archive::held`] answers.
+#[derive(Debug, Default)]
+pub struct Held(BTreeMap<u32, Vec<(i64, i64)>>);
+
+impl Held {
+    /// Of `(resolution, start, end)` periods, in any order, overlapping or not.
+    pub fn of(periods: impl Iterator<Item = (u32, i64, i64)>) -> Held {
+        let mut by_res: BTreeMap<u32, Vec<(i64, i64)>> = BTreeMap::new();
+        for (res, start, end) in periods {
+            by_res.entry(res).or_default().push((start, end));
+        }
+        for ranges in by_res.values_mut() {
+            ranges.sort_unstable();
+            let mut merged: Vec<(i64, i64)> = Vec::with_capacity(ranges.len());
+            for &(start, end) in ranges.iter() {
+                match merged.last_mut() {
+                    Some(last) if start <= last.1 => last.1 = last.1.max(end),
+                    _ => merged.push((start, end)),
+                }
+            }
+            *ranges = merged;
+        }
+        Held(by_res)
+    }
+
+    /// Whether a segment of `resolution` holds the bucket starting at `b`.
+    pub fn holds(&self, resolution: u32, b: i64) -> bool {
+        self.0.get(&resolution).is_some_and(|ranges| {
+            let i = ranges.partition_point(|&(start, _)| start <= b);
+            i > 0 && b < ranges[i - 1].1
+        })
+    }
+}
+
 /// The segment file of id `id`.
 pub fn segment_path(dir: &Path, id: u64) -> PathBuf {
     dir.join(format!("{id:020}.tls"))
@@ -162,12 +196,15 @@ impl Archive {
             .unwrap_or(0)
     }
 
-    /// Whether a segment of `resolution` (a base, a delta, a merged month) holds bucket
-    /// `b`'s period: its buckets then expire only with that whole segment.
-    pub fn holds(&self, resolution: u32, b: i64) -> bool {
-        self.segments
-            .iter()
-            .any(|(e, _)| e.resolution == resolution && e.period_start <= b && b < e.period_end)
+    /// The time the segments hold, per resolution (bases, deltas, merged months alike):
+    /// sorted, disjoint `[start, end)` ranges. A bucket inside one expires only with every
+    /// segment holding it ([`crate::compaction::choose`]).
+    pub fn held(&self) -> Held {
+        Held::of(
+            self.segments
+                .iter()
+                .map(|(e, _)| (e.resolution, e.period_start, e.period_end)),
+        )
     }
 
     /// Whether a base segment exists for this period (a new one is then a delta).
@@ -348,6 +385,34 @@ fn add_record(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn held_periods_merge_and_answer_by_resolution() {
+        // A day, an hour delta inside it, a later hour, and another resolution.
+        let held = super::Held::of(
+            [
+                (3600, 0, 86_400),
+                (3600, 7200, 10_800),
+                (3600, 90_000, 93_600),
+                (60, 0, 3600),
+            ]
+            .into_iter(),
+        );
+        for (res, b, want) in [
+            (3600, 0, true),
+            (3600, 86_399, true),
+            (3600, 86_400, false),
+            (3600, 89_999, false),
+            (3600, 90_000, true),
+            (3600, 93_600, false),
+            (3600, -1, false),
+            (60, 3540, true),
+            (60, 3600, false),
+            (900, 0, false),
+        ] {
+            assert_eq!(held.holds(res, b), want, "{res} {b}");
+        }
+    }
+
     use super::*;
 
     #[test]

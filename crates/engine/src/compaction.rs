@@ -77,12 +77,26 @@ pub fn choose_avoiding(
     };
     // A bucket [b, b + r) is kept while b + r > now - retention (Retention::keeps_bucket),
     // so a period's last bucket, and the period, is gone once its end <= now - retention.
+    // A segment goes only with every segment of its resolution that overlaps it: a late
+    // delta flushed as an hour inside a merged day (or a day inside a month) holds part of
+    // buckets whose rest the longer segment holds, and a bucket is kept or dropped whole.
+    let reach = |e: &SegmentEntry| {
+        segments
+            .iter()
+            .filter(|o| {
+                o.resolution == e.resolution
+                    && o.period_start < e.period_end
+                    && e.period_start < o.period_end
+            })
+            .map(|o| o.period_end)
+            .fold(e.period_end, i64::max)
+    };
     let dead: Vec<u64> = segments
         .iter()
         .filter(|e| match keeps(e.resolution) {
             None => true,
             Some(Retention::Forever) => false,
-            Some(Retention::For(d)) => e.period_end <= now.saturating_sub(d.secs_i64()),
+            Some(Retention::For(d)) => reach(e) <= now.saturating_sub(d.secs_i64()),
         })
         .map(|e| e.id)
         .collect();
@@ -600,7 +614,9 @@ mod tests {
                     seg(9, 60, NOW - 2 * DAY - 1800, 3600, 5),
                 ],
                 10,
-                Choice::Drop(vec![5, 7]),
+                // 7 is past retention, but 9 (kept) overlaps it: they share buckets, which
+                // go whole, so 7 waits for 9.
+                Choice::Drop(vec![5]),
             ),
             (
                 "a resolution no namespace keeps any more goes",
@@ -612,6 +628,22 @@ mod tests {
         for (what, segments, wal_start, want) in table {
             assert_eq!(choose(&segments, wal_start, &keeps, NOW), want, "{what}");
         }
+    }
+
+    #[test]
+    fn a_delta_inside_a_longer_segment_goes_only_with_it() {
+        let two_days = Retention::For(Duration::from_secs(2 * DAY as u64).unwrap());
+        let keeps = |_: u32| Some(two_days);
+        // A day of 15-minute buckets merged into one segment, and a late delta flushed as
+        // its last hour: past retention, the hour alone would go and leave its buckets'
+        // base in the day.
+        let day = NOW - 3 * DAY + 3600;
+        let segments = vec![seg(1, 900, day, DAY, 5), seg(2, 900, day + 3600, 3600, 8)];
+        assert_eq!(choose(&segments, 10, &keeps, NOW), Choice::Nothing);
+        assert_eq!(
+            choose(&segments, 10, &keeps, NOW + 3600),
+            Choice::Drop(vec![1, 2])
+        );
     }
 
     #[test]

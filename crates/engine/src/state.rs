@@ -578,12 +578,14 @@ impl Core {
         // until a flush writes it as a delta: the archive drops a period's buckets only with
         // its whole segment, and memory must not drop part of a bucket the archive keeps, or
         // a retention that grows later would show that bucket's archived part alone.
-        // (A snapshot, not the lock held through the walk, which would hold up a flush's
-        // publication and the reads queued behind it. A flush published during the walk
-        // could see a late, expired delta to its period freed: the minute's housekeeping
-        // flushes after its sweep, so only a flush asked for at that moment could.)
-        let archive = Arc::clone(&self.archive());
-        let archived = |res: u32, b: i64| archive.holds(res, b);
+        // (Taken from the archive as it is now, not under its lock held through the walk,
+        // which would hold up a flush's publication and the reads queued behind it. A
+        // flush published during the walk could see a late, expired delta to its period
+        // freed: the minute's housekeeping flushes after its sweep, and the other flushes
+        // — a retention change's, an install's, `POST /v1/admin/compact` — would have to
+        // meet a late delta expiring in the same moment.)
+        let held = self.archive().held();
+        let archived = |res: u32, b: i64| held.holds(res, b);
         let slot_res: Vec<u32> = cat.slots.iter().map(|d| d.secs() as u32).collect();
         // Per namespace and slot: the first bucket index still kept (None: keep all).
         let cutoffs: Vec<Vec<Option<Option<u32>>>> = cat
