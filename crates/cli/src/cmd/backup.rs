@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use tally_engine::backup::backup;
 
-use crate::conn::write_json;
+use crate::conn::{write_json, write_stdout};
 
 #[derive(Debug, clap::Args)]
 pub struct BackupArgs {
@@ -40,14 +40,13 @@ pub fn run(args: BackupArgs) -> anyhow::Result<()> {
             "bytes_copied": r.bytes_copied,
         }));
     }
-    println!(
-        "backed up {} to {}: {} segment(s) ({} copied, the rest hard-linked), {} log file(s), {} bytes copied",
+    write_stdout(&format!(
+        "backed up {} to {}: {} segment(s) ({} copied, the rest hard-linked), {} log file(s), {} bytes copied\n",
         args.data.display(),
         args.dest.display(),
         r.segments,
         r.segments_copied,
         r.log_files,
         r.bytes_copied
-    );
-    Ok(())
+    ))
 }

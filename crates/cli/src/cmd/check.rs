@@ -9,7 +9,7 @@ use anyhow::{Context, bail};
 use serde_json::{Value, json};
 use tally_engine::check::{CheckReport, Finding, check};
 
-use crate::conn::write_json;
+use crate::conn::{write_json, write_stdout};
 
 #[derive(Debug, clap::Args)]
 pub struct CheckArgs {
@@ -24,11 +24,13 @@ pub struct CheckArgs {
 pub fn run(args: CheckArgs) -> anyhow::Result<()> {
     super::existing_data_dir(&args.data)?;
     let report = check(&args.data).with_context(|| format!("reading {}", args.data.display()))?;
-    if args.json {
-        write_json(&as_json(&report))?;
+    // Damage decides the exit status even when the report could not be written (a reader
+    // that closed stdout early makes that a success otherwise).
+    let written = if args.json {
+        write_json(&as_json(&report))
     } else {
-        print_table(&report);
-    }
+        write_stdout(&table(&report))
+    };
     if !report.is_whole() {
         bail!(
             "{} damaged or missing file(s) in {}",
@@ -36,21 +38,26 @@ pub fn run(args: CheckArgs) -> anyhow::Result<()> {
             args.data.display()
         );
     }
-    Ok(())
+    written
 }
 
-fn print_table(report: &CheckReport) {
+/// The report as lines of text: `ok` per whole file, `BAD` per damage.
+fn table(report: &CheckReport) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
     for f in &report.findings {
-        match f {
+        let _ = match f {
             Finding::Manifest {
                 path,
                 segments,
                 wal_start,
-            } => println!(
+            } => writeln!(
+                out,
                 "ok   {} ({segments} segments, log needed from record {wal_start})",
                 path.display()
             ),
-            Finding::Segment { path, stats } => println!(
+            Finding::Segment { path, stats } => writeln!(
+                out,
                 "ok   {} ({} keys, {} data points, {} bytes)",
                 path.display(),
                 stats.keys,
@@ -62,19 +69,21 @@ fn print_table(report: &CheckReport) {
                 records,
                 torn,
             } => match torn {
-                None => println!("ok   {} ({records} records)", path.display()),
-                Some(t) => println!(
+                None => writeln!(out, "ok   {} ({records} records)", path.display()),
+                Some(t) => writeln!(
+                    out,
                     "ok   {} ({records} records; a torn write of {} bytes at offset {} is dropped on open)",
                     path.display(),
                     t.dropped_bytes,
                     t.offset
                 ),
             },
-        }
+        };
     }
     for d in &report.damage {
-        println!("BAD  {}", chain(d));
+        let _ = writeln!(out, "BAD  {}", chain(d));
     }
+    out
 }
 
 fn as_json(report: &CheckReport) -> Value {

@@ -1567,6 +1567,19 @@ fn data_commands_print_json_summaries() {
     assert!(!o.status.success());
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["whole"], json!(false), "{v}");
+    // A reader that closes stdout early does not turn damage into success.
+    for json in [false, true] {
+        let mut child = tally()
+            .args(["check", "--data", d])
+            .args(json.then_some("--json"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let o = child.wait_with_output().unwrap();
+        assert_eq!(o.status.code(), Some(1), "json {json}: {o:?}");
+    }
     assert!(
         v["damage"][0]
             .as_str()

@@ -313,8 +313,10 @@
     // at a time; the others when asked (their card's button).
     const queue = loads.slice(0, AUTO_TOP);
     for (const load of loads.slice(AUTO_TOP)) load.deferred();
+    // (Asked no more once the page is left: its answers would go nowhere.)
+    const gen = generation;
     await Promise.all(Array.from({ length: TOPS_AT_ONCE }, async () => {
-      while (queue.length > 0) await queue.shift()();
+      while (queue.length > 0 && gen === generation) await queue.shift()();
     }));
   }
 
@@ -331,7 +333,11 @@
       const button = h("button", { type: "button", "data-testid": "load-top" }, "Show top keys");
       button.addEventListener("click", () => {
         body.replaceChildren(loading("top keys"));
-        load().catch((e) => body.replaceChildren(errorBox(e)));
+        load().catch((e) => {
+          // A token that stopped working: the page asks for one, as everywhere.
+          if (e.status === 401) render();
+          else body.replaceChildren(errorBox(e));
+        });
       });
       body.replaceChildren(button);
     };
@@ -617,6 +623,7 @@
       e.preventDefault();
       // An HTTP header carries printable ASCII only: fetch would refuse anything else, and
       // the page would say the server could not be reached.
+      input.value = input.value.trim();
       if (!/^[\x21-\x7e]+$/.test(input.value)) {
         input.setCustomValidity("A token is printable ASCII, with no spaces.");
         input.reportValidity();
