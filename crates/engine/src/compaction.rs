@@ -325,6 +325,9 @@ impl Engine {
                             report.merged += ids.len();
                             report.written += 1;
                         }
+                        // Closed under it (the server is stopping): not a failure of the
+                        // merge, nor one to pass over next time.
+                        Err(e) if self.wal.is_closed() => return Err(e),
                         Err(e) => {
                             tracing::warn!(segments = ?ids, "a compaction merge failed (tried again in {MERGE_RETRY_SECS} s): {e}");
                             first_error.get_or_insert(e);

@@ -378,6 +378,11 @@ impl Engine {
         self.wal.close();
     }
 
+    /// Whether [`Engine::close`] has run.
+    pub fn is_closed(&self) -> bool {
+        self.wal.is_closed()
+    }
+
     /// The first I/O failure, once the log writer is poisoned.
     pub fn poisoned(&self) -> Option<StoreError> {
         self.wal.poisoned()

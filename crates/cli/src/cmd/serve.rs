@@ -324,9 +324,20 @@ fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
 /// archive (and the log truncated behind them), then compaction (deltas merged, segments
 /// past retention dropped). A failed step changes nothing and is tried again a minute
 /// later; it is logged, never fatal.
+///
+/// A step cut short because the server is stopping (the engine closed under it) is not
+/// a failure: it says so once, at debug level, and the rest is skipped.
 fn maintain(engine: &Engine) {
+    let stopping = || {
+        let closed = engine.is_closed();
+        if closed {
+            tracing::debug!("housekeeping stopped: the server is shutting down");
+        }
+        closed
+    };
     engine.sweep();
     match engine.flush() {
+        Err(_) if stopping() => return,
         Ok(r) if r.segments > 0 => tracing::info!(
             segments = r.segments,
             keys = r.keys,
@@ -339,6 +350,7 @@ fn maintain(engine: &Engine) {
         Err(e) => tracing::warn!(error = %e.detail(), "flush failed; will retry"),
     }
     match engine.compact() {
+        Err(_) if stopping() => {}
         Ok(r) if r.dropped + r.merged > 0 => tracing::info!(
             dropped = r.dropped,
             merged = r.merged,

@@ -135,6 +135,11 @@ impl Writer {
         *lock(&self.stats)
     }
 
+    /// Whether [`Writer::close`] has run: nothing more can be logged or published.
+    pub fn is_closed(&self) -> bool {
+        lock(&self.tx).is_none()
+    }
+
     /// Stops the thread after it has written and fsynced everything sent before.
     pub fn close(&self) {
         lock(&self.tx).take();
