@@ -91,6 +91,47 @@ fn slice(counts: &Counts, schema: &Schema, r: Duration, from: i64, to: i64, now:
         .collect()
 }
 
+/// Adds increments to the reference's counts, in every tier whose retention keeps them,
+/// under the caller's lock.
+fn add(
+    inner: &mut Inner,
+    increments: &[crate::store::Increment],
+    now: i64,
+) -> Result<(), StoreError> {
+    for inc in increments {
+        let Some(schema) = inner.schemas.get(&inc.ns).cloned() else {
+            return Err(StoreError::internal(format!(
+                "namespace {} vanished",
+                inc.ns
+            )));
+        };
+        let series = inner
+            .data
+            .entry((inc.ns.clone(), inc.key.clone()))
+            .or_default();
+        for tier in schema.tiers() {
+            let r = tier.resolution;
+            let b = bucket_start(inc.ts, r.secs_i64());
+            if !tier.retention.keeps_bucket(b, r, now) {
+                continue;
+            }
+            let t = series.totals.entry((r, b)).or_default();
+            *t = t.wrapping_add(inc.n);
+            if schema.is_breakdown(r) {
+                for s in &inc.subtotals {
+                    let counts = series
+                        .subtotals
+                        .entry((s.dim.clone(), s.value.clone()))
+                        .or_default();
+                    let c = counts.entry((r, b)).or_default();
+                    *c = c.wrapping_add(inc.n);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 impl Store for MemStore {
     fn apply_if(
         &self,
@@ -143,38 +184,7 @@ impl Store for MemStore {
         if let Some(rec) = &batch.idempotency {
             inner.idempotency.insert(rec.key.clone(), rec.clone());
         }
-        for inc in &batch.increments {
-            let Some(schema) = inner.schemas.get(&inc.ns).cloned() else {
-                return Err(StoreError::internal(format!(
-                    "namespace {} vanished",
-                    inc.ns
-                )));
-            };
-            let series = inner
-                .data
-                .entry((inc.ns.clone(), inc.key.clone()))
-                .or_default();
-            for tier in schema.tiers() {
-                let r = tier.resolution;
-                let b = bucket_start(inc.ts, r.secs_i64());
-                if !tier.retention.keeps_bucket(b, r, now) {
-                    continue;
-                }
-                let t = series.totals.entry((r, b)).or_default();
-                *t = t.wrapping_add(inc.n);
-                if schema.is_breakdown(r) {
-                    for s in &inc.subtotals {
-                        let counts = series
-                            .subtotals
-                            .entry((s.dim.clone(), s.value.clone()))
-                            .or_default();
-                        let c = counts.entry((r, b)).or_default();
-                        *c = c.wrapping_add(inc.n);
-                    }
-                }
-            }
-        }
-        Ok(())
+        add(&mut inner, &batch.increments, now)
     }
 
     fn read(&self, reads: &[KeyRead<'_>]) -> Result<Vec<KeyData>, StoreError> {
@@ -269,8 +279,10 @@ impl Store for MemStore {
     ) -> Result<u64, StoreError> {
         let now = self.clock.now();
         let mut held = 0u64;
+        // One critical section, as the engine's rebuild is one publication: a reader sees
+        // the old counts or the new, never the range emptied.
+        let mut inner = self.lock()?;
         {
-            let mut inner = self.lock()?;
             let Some(schema) = inner.schemas.get(ns).cloned() else {
                 return Err(StoreError::internal(format!("namespace {ns} is unknown")));
             };
@@ -300,11 +312,7 @@ impl Store for MemStore {
                 }
             }
         }
-        self.apply(&Batch {
-            create: Vec::new(),
-            increments: batch.increments.clone(),
-            idempotency: None,
-        })?;
+        add(&mut inner, &batch.increments, now)?;
         Ok(held)
     }
 
