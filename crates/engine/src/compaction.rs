@@ -96,7 +96,11 @@ pub fn choose_avoiding(
         .filter(|e| match keeps(e.resolution) {
             None => true,
             Some(Retention::Forever) => false,
-            Some(Retention::For(d)) => reach(e) <= now.saturating_sub(d.secs_i64()),
+            // (Its own end first: only the few segments past it pay for the scan.)
+            Some(Retention::For(d)) => {
+                let cutoff = now.saturating_sub(d.secs_i64());
+                e.period_end <= cutoff && reach(e) <= cutoff
+            }
         })
         .map(|e| e.id)
         .collect();
