@@ -1,5 +1,6 @@
 //! What remembered `Idempotency-Key` answers cost the embedded engine: memory per answer, and
-//! the time and bytes of a manifest publish (each publish checkpoints every unexpired answer).
+//! the time and bytes of a publish (the answers given since the last one go to an answers
+//! file; before manifest format 2, each publish rewrote every unexpired answer).
 //!
 //! ```sh
 //! cargo run --release -p tally-bench --features heap -- idempotency answers=1000000
@@ -8,7 +9,8 @@
 //! Each batch is one increment with an answer shaped like the server's: a token-scoped key
 //! (`t` + 24 hex digits + `:` + a 36-character UUID-like key), a 24-digit fingerprint and the
 //! body `{"accepted":5000}`. The increments fall in a period closed three days ago, so one
-//! flush archives them and publishes a manifest holding every answer.
+//! flush archives them and publishes every answer; a later flush after 1 000 more shows what
+//! a publish writes once the answers are on disk.
 
 use std::time::Instant;
 
@@ -26,7 +28,7 @@ pub fn bench(args: &[String]) {
     let dir = tempfile::tempdir().unwrap();
     let mut c = Config::new(dir.path());
     c.fsync = FsyncPolicy::Never;
-    c.max_idempotency_answers = answers;
+    c.max_idempotency_answers = answers + 1_000;
     let engine = Engine::open(c).unwrap();
     let now = SystemClock.now();
     let ns = Namespace::new("bench").unwrap();
@@ -65,6 +67,7 @@ pub fn bench(args: &[String]) {
     let report = engine.flush().unwrap();
     let publish = t.elapsed().as_secs_f64();
     assert!(report.segments > 0, "the closed period was flushed");
+    // The manifest, and the answers files beside the segments (format 2).
     let manifest: u64 = std::fs::read_dir(dir.path())
         .unwrap()
         .filter_map(Result::ok)
@@ -72,7 +75,14 @@ pub fn bench(args: &[String]) {
         .filter_map(|e| e.metadata().ok())
         .map(|m| m.len())
         .max()
-        .unwrap_or(0);
+        .unwrap_or(0)
+        + std::fs::read_dir(dir.path().join("segments"))
+            .unwrap()
+            .filter_map(Result::ok)
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".tla"))
+            .filter_map(|e| e.metadata().ok())
+            .map(|m| m.len())
+            .sum::<u64>();
     let probe = format!("t{:024x}:{:08x}-0000-4000-8000-{:012x}", 0x5eed_u128, 7, 7);
     assert!(
         engine.idempotency(&probe).unwrap().is_some(),
@@ -92,15 +102,43 @@ pub fn bench(args: &[String]) {
     }
     println!("| flush that publishes every answer | {publish:.2} s |");
     println!(
-        "| manifest bytes per answer | {:.0} B ({:.1} MB) |",
+        "| manifest and answers files, bytes per answer | {:.0} B ({:.1} MB) |",
         manifest as f64 / answers as f64,
         manifest as f64 / 1e6
+    );
+    // A later publish, with a few new answers: what it writes (files it creates).
+    let files = |dir: &std::path::Path| -> Vec<(std::path::PathBuf, u64)> {
+        let mut out = Vec::new();
+        for d in [dir.to_owned(), dir.join("segments")] {
+            for e in std::fs::read_dir(&d).unwrap().filter_map(Result::ok) {
+                let len = e.metadata().map_or(0, |m| m.len());
+                out.push((e.path(), len));
+            }
+        }
+        out
+    };
+    let before = files(dir.path());
+    let more = 1_000.min(answers);
+    for i in answers..answers + more {
+        engine.apply(&batch(i)).unwrap();
+    }
+    let t = Instant::now();
+    engine.flush().unwrap();
+    let later = t.elapsed().as_secs_f64();
+    let written: u64 = files(dir.path())
+        .into_iter()
+        .filter(|(p, _)| !before.iter().any(|(b, _)| b == p))
+        .map(|(_, len)| len)
+        .sum();
+    println!(
+        "| a later flush, {more} new answers: time, bytes of the files it writes | {later:.3} s, {:.2} MB |",
+        written as f64 / 1e6
     );
     let t = Instant::now();
     drop(engine);
     let mut c = Config::new(dir.path());
     c.fsync = FsyncPolicy::Never;
-    c.max_idempotency_answers = answers;
+    c.max_idempotency_answers = answers + 1_000;
     let engine = Engine::open(c).unwrap();
     println!(
         "| reopen (manifest with every answer, empty log tail) | {:.2} s |",

@@ -5,8 +5,9 @@
 //! (`tally-bench idempotency`).
 //!
 //! Bytes of one answer: expiry (8, little-endian `i64`), status (2), key length (4),
-//! fingerprint length (4), then the key, the fingerprint and the body. In memory only; the
-//! log and the manifest keep their own encodings (docs/format.md).
+//! fingerprint length (4), generation (8, little-endian `u64`: see [`Answers::unwritten`]),
+//! then the key, the fingerprint and the body. In memory only; the log and the answers files
+//! keep their own encodings (docs/format.md).
 
 use std::borrow::Borrow;
 use std::collections::HashSet;
@@ -19,14 +20,15 @@ const EXPIRES: usize = 0;
 const STATUS: usize = 8;
 const KEY_LEN: usize = 10;
 const FP_LEN: usize = 14;
-const HEAD: usize = 18;
+const GEN: usize = 18;
+const HEAD: usize = 26;
 
 /// One answer's bytes (see the module doc).
 #[derive(Clone)]
 struct Packed(Box<[u8]>);
 
 impl Packed {
-    fn new(r: &IdemRecord) -> Self {
+    fn new(r: &IdemRecord, generation: u64) -> Self {
         let mut b = Vec::with_capacity(HEAD + r.key.len() + r.fingerprint.len() + r.body.len());
         b.extend_from_slice(&r.expires.to_le_bytes());
         b.extend_from_slice(&r.status.to_le_bytes());
@@ -34,6 +36,7 @@ impl Packed {
         // 256 bytes; a log record is at most a few MiB).
         b.extend_from_slice(&(r.key.len() as u32).to_le_bytes());
         b.extend_from_slice(&(r.fingerprint.len() as u32).to_le_bytes());
+        b.extend_from_slice(&generation.to_le_bytes());
         b.extend_from_slice(r.key.as_bytes());
         b.extend_from_slice(r.fingerprint.as_bytes());
         b.extend_from_slice(r.body.as_bytes());
@@ -50,6 +53,12 @@ impl Packed {
         let mut w = [0u8; 8];
         w.copy_from_slice(&self.0[EXPIRES..EXPIRES + 8]);
         i64::from_le_bytes(w)
+    }
+
+    fn generation(&self) -> u64 {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&self.0[GEN..GEN + 8]);
+        u64::from_le_bytes(w)
     }
 
     fn key(&self) -> &[u8] {
@@ -91,67 +100,109 @@ impl Borrow<[u8]> for Packed {
     }
 }
 
-/// The remembered answers, by key.
-#[derive(Default)]
-pub(crate) struct Answers(HashSet<Packed, FixedState>);
+/// The remembered answers, by key, each tagged with the generation it was inserted in, so
+/// that a publish writes only the answers no answers file holds yet.
+pub(crate) struct Answers {
+    set: HashSet<Packed, FixedState>,
+    /// The generation new answers are tagged with; each [`Answers::unwritten`] starts a new one.
+    generation: u64,
+    /// Answers of an older generation are in a published answers file (or were loaded
+    /// from one).
+    written_below: u64,
+}
+
+impl Default for Answers {
+    fn default() -> Self {
+        Answers {
+            set: HashSet::default(),
+            generation: 1,
+            written_below: 1,
+        }
+    }
+}
 
 impl std::fmt::Debug for Answers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Answers({} remembered)", self.0.len())
+        write!(f, "Answers({} remembered)", self.set.len())
     }
 }
 
 /// Answers copied out under the lock, to be made records after it is released (a publish
-/// takes a million of them: one copy of bytes each, not three strings).
-pub(crate) struct Copied(Vec<Packed>);
+/// can take a million of them: one copy of bytes each, not three strings).
+pub(crate) struct Copied {
+    answers: Vec<Packed>,
+    /// The generation the copy closed (see [`Answers::written`]).
+    pub(crate) generation: u64,
+}
 
 impl Copied {
     pub(crate) fn records(self) -> Vec<IdemRecord> {
-        self.0.iter().map(Packed::record).collect()
+        self.answers.iter().map(Packed::record).collect()
     }
 }
 
 impl Answers {
     pub(crate) fn len(&self) -> usize {
-        self.0.len()
+        self.set.len()
     }
 
     pub(crate) fn contains(&self, key: &str) -> bool {
-        self.0.contains(key.as_bytes())
+        self.set.contains(key.as_bytes())
     }
 
     /// The answer under `key`, expired or not.
     pub(crate) fn get(&self, key: &str) -> Option<IdemRecord> {
-        self.0.get(key.as_bytes()).map(Packed::record)
+        self.set.get(key.as_bytes()).map(Packed::record)
     }
 
-    /// Remembers `r` under its key; returns the answer it replaced.
+    /// Remembers `r` under its key, for the next publish to write; returns the answer it
+    /// replaced.
     pub(crate) fn insert(&mut self, r: &IdemRecord) -> Option<IdemRecord> {
-        self.0.replace(Packed::new(r)).map(|p| p.record())
+        self.set
+            .replace(Packed::new(r, self.generation))
+            .map(|p| p.record())
+    }
+
+    /// Remembers `r`, read from a published answers file: no publish writes it again.
+    pub(crate) fn insert_written(&mut self, r: &IdemRecord) {
+        self.set.replace(Packed::new(r, self.written_below - 1));
     }
 
     pub(crate) fn remove(&mut self, key: &str) {
-        self.0.remove(key.as_bytes());
+        self.set.remove(key.as_bytes());
     }
 
     /// Forgets every answer expired at `now`.
     pub(crate) fn sweep(&mut self, now: i64) {
-        self.0.retain(|p| p.expires() > now);
+        self.set.retain(|p| p.expires() > now);
         // A day's peak need not stay allocated once its answers expired.
-        if self.0.len() < self.0.capacity() / 4 {
-            self.0.shrink_to_fit();
+        if self.set.len() < self.set.capacity() / 4 {
+            self.set.shrink_to_fit();
         }
     }
 
-    /// The answers not expired at `now`, in no particular order.
-    pub(crate) fn unexpired(&self, now: i64) -> Copied {
-        Copied(
-            self.0
+    /// The answers not expired at `now` that no published answers file holds, in no
+    /// particular order; closes the current generation, so answers inserted from now on
+    /// are left for the next copy. Until [`Answers::written`] says the copy was published,
+    /// every later copy includes these answers again.
+    pub(crate) fn unwritten(&mut self, now: i64) -> Copied {
+        let closed = self.generation;
+        self.generation += 1;
+        let from = self.written_below;
+        Copied {
+            answers: self
+                .set
                 .iter()
-                .filter(|p| p.expires() > now)
+                .filter(|p| p.expires() > now && p.generation() >= from)
                 .cloned()
                 .collect(),
-        )
+            generation: closed,
+        }
+    }
+
+    /// The answers of `copy` (and every earlier one) are in a published answers file.
+    pub(crate) fn written(&mut self, generation: u64) {
+        self.written_below = self.written_below.max(generation + 1);
     }
 }
 
@@ -202,22 +253,46 @@ mod tests {
     }
 
     #[test]
-    fn sweep_and_unexpired_keep_answers_that_expire_after_now() {
+    fn sweep_and_unwritten_keep_answers_that_expire_after_now() {
         let mut a = Answers::default();
         for (k, e) in [("a", 99), ("b", 100), ("c", 101)] {
             a.insert(&rec(k, e, "{}"));
         }
-        let mut kept: Vec<String> = a
-            .unexpired(100)
-            .records()
-            .into_iter()
-            .map(|r| r.key)
-            .collect();
-        kept.sort();
-        assert_eq!(kept, ["c"]);
+        assert_eq!(keys(a.unwritten(100)), ["c"]);
         assert_eq!(a.len(), 3, "copying out forgets nothing");
         a.sweep(99);
         assert_eq!(a.len(), 2);
         assert!(a.contains("b") && a.contains("c"));
+    }
+
+    fn keys(c: Copied) -> Vec<String> {
+        let mut k: Vec<String> = c.records().into_iter().map(|r| r.key).collect();
+        k.sort();
+        k
+    }
+
+    #[test]
+    fn a_copy_holds_what_no_published_copy_held() {
+        let mut a = Answers::default();
+        a.insert(&rec("a", 500, "{}"));
+        a.insert_written(&rec("loaded", 500, "{}"));
+        let first = a.unwritten(0);
+        a.insert(&rec("b", 500, "{}"));
+        // The first copy was not published (a failed flush): the next one holds it again.
+        assert_eq!(keys(a.unwritten(0)), ["a", "b"]);
+        let second = a.unwritten(0);
+        assert_eq!(keys(second), ["a", "b"]);
+        a.written(first.generation);
+        assert_eq!(keys(a.unwritten(0)), ["b"]);
+        a.insert(&rec("c", 500, "{}"));
+        // Replacing an answer makes it unwritten again.
+        a.insert(&rec("a", 600, "{}"));
+        let third = a.unwritten(0);
+        a.written(third.generation);
+        assert_eq!(keys(a.unwritten(0)), Vec::<String>::new());
+        // An older generation published late moves nothing back.
+        a.written(first.generation);
+        assert_eq!(keys(a.unwritten(0)), Vec::<String>::new());
+        assert_eq!(a.len(), 4);
     }
 }

@@ -1,6 +1,6 @@
 //! `tally backup`: a consistent copy of a data directory, taken while a server may be
-//! writing to it. The archive is immutable, so the segments the live manifest names are
-//! hard-linked (copied across file systems); the log files from the manifest's `wal_start` on
+//! writing to it. The archive is immutable, so the segments and answers files the live
+//! manifest names are hard-linked (copied across file systems); the log files from the manifest's `wal_start` on
 //! are copied, oldest first — a log only grows at its end, so what is copied is a prefix of
 //! it, and a record cut short at the very end is a torn tail recovery drops. If a flush or a
 //! compaction publishes a new manifest meanwhile and removes a file the copy needs, the copy
@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use crate::archive::segment_path;
 use crate::io::sync_dir;
-use crate::manifest::{self, CURRENT, Manifest, ManifestError};
+use crate::manifest::{self, CURRENT, Manifest, ManifestError, answers_path};
 use crate::wal::list_files;
 
 /// What a backup copied.
@@ -20,6 +20,8 @@ pub struct BackupReport {
     pub segments: usize,
     /// Segments that could not be hard-linked and were copied.
     pub segments_copied: usize,
+    /// Idempotency answers files (hard-linked or copied as segments are).
+    pub answers_files: usize,
     pub log_files: usize,
     pub bytes_copied: u64,
 }
@@ -118,6 +120,20 @@ fn try_once(src: &Path, dest: &Path) -> Result<Option<BackupReport>, BackupError
             }
         }
         report.segments += 1;
+    }
+    // Answers files likewise (immutable; one whose answers all expired may be removed by a
+    // publish meanwhile: start over).
+    for a in m.iter().flat_map(|m| &m.answers) {
+        let from = answers_path(&src.join("segments"), a.id);
+        let to = answers_path(&dest_segs, a.id);
+        if std::fs::hard_link(&from, &to).is_err() {
+            match std::fs::copy(&from, &to) {
+                Ok(n) => report.bytes_copied += n,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                Err(e) => return Err(io(&from)(e)),
+            }
+        }
+        report.answers_files += 1;
     }
     let files = list_files(&src.join("wal")).map_err(io(&src.join("wal")))?;
     let needed: Vec<&(u64, PathBuf)> = files

@@ -1,5 +1,5 @@
 //! `tally check`: reads every byte of a data directory that carries a checksum — the
-//! manifest, every block and index of every archive segment it lists, every record of every
+//! manifest, every block and index of every archive segment it lists, every answers file, every record of every
 //! log file — and says, per file, whether it is whole. It changes nothing, so it can run
 //! beside a server (the last log file may then end in a write in progress: a torn tail,
 //! reported but not counted as damage).
@@ -24,6 +24,11 @@ pub enum Finding {
     Segment {
         path: PathBuf,
         stats: SegmentStats,
+    },
+    /// An idempotency answers file.
+    Answers {
+        path: PathBuf,
+        answers: usize,
     },
     Log {
         path: PathBuf,
@@ -148,6 +153,37 @@ fn check_once(dir: &Path) -> Result<CheckReport, std::io::Error> {
                         if not_found(&err)
                             && current(dir)
                                 .is_some_and(|now| !now.segments.iter().any(|s| s.id == e.id)) => {}
+                    Err(err) => report.damage.push(err.into()),
+                }
+            }
+            for a in &m.answers {
+                let path = manifest::answers_path(&dir.join("segments"), a.id);
+                let read = std::fs::read(&path).map_err(|source| ManifestError::Io {
+                    path: path.clone(),
+                    source,
+                });
+                match read.and_then(|b| manifest::decode_answers(&path, &b)) {
+                    Ok(got) if got.len() as u64 == a.answers => {
+                        report.findings.push(Finding::Answers {
+                            path,
+                            answers: got.len(),
+                        });
+                    }
+                    Ok(got) => report.damage.push(
+                        ManifestError::Answers {
+                            path,
+                            why: format!(
+                                "holds {} answers, the manifest says {}",
+                                got.len(),
+                                a.answers
+                            ),
+                        }
+                        .into(),
+                    ),
+                    // Dropped since the manifest was read (its answers expired): not damage.
+                    Err(ManifestError::Io { source, .. })
+                        if source.kind() == std::io::ErrorKind::NotFound
+                            && current(dir).is_some_and(|now| !now.answers.contains(a)) => {}
                     Err(err) => report.damage.push(err.into()),
                 }
             }

@@ -290,8 +290,9 @@ impl Engine {
             None => (Archive::default(), 1),
         };
         recovery::remove_leftovers(&dir, &segments_dir, &archive.manifest).map_err(io_at(&dir))?;
+        let written = manifest::load_answers(&segments_dir, &archive.manifest)?;
         let core = Core::new(config.shards, config.flush, Archive::default());
-        core.restore_checkpoint(&archive.manifest)
+        core.restore_checkpoint(&archive.manifest, &written)
             .map_err(|e| OpenError::Manifest(ManifestError::Checkpoint { source: e }))?;
         let (file, next_seq, mut recovery) = recovery::replay(
             &wal_dir,

@@ -26,7 +26,7 @@ use tally_core::store::StoreError;
 use crate::archive::{Archive, segment_path};
 use crate::catalog::{Bits, KeyId, SeriesId, TOTAL, is_total};
 use crate::engine::Engine;
-use crate::manifest::{self, Manifest, SegmentEntry};
+use crate::manifest::{self, AnswersEntry, Manifest, SegmentEntry};
 use crate::memtable::{Frozen, split_key};
 use crate::segment::{
     Buckets, DimRecord, KeyRecord, Segment, SegmentKind, SegmentMeta, SegmentWriter,
@@ -407,7 +407,7 @@ impl Engine {
             .sync_dir(&self.segments_dir)
             .map_err(io("syncing the segment directory"))?;
         // 4. The manifest, with the log position and checkpoint taken under the write gate.
-        let mut m = {
+        let (mut m, copied) = {
             let _gate = self.gate.write().unwrap_or_else(PoisonError::into_inner);
             let wal_start = {
                 let dirty = self
@@ -427,14 +427,14 @@ impl Engine {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .as_of(wal_start.saturating_sub(1));
-            // Copied under the lock (writes with a key wait on it), made records after.
+            // Copied under the lock (writes with a key wait on it), made records after:
+            // only the answers no published answers file holds yet.
             let copied = self
                 .core
                 .idem
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .unexpired(now);
-            let idempotency = copied.records();
+                .unwritten(now);
             let cutoffs = {
                 let cat = self.core.read_cat();
                 cat.ns
@@ -442,23 +442,62 @@ impl Engine {
                     .flat_map(|e| e.cutoffs.iter().map(|(r, c)| (e.name.clone(), *r, *c)))
                     .collect()
             };
-            Manifest {
+            let m = Manifest {
                 cutoffs,
                 number: self.fresh.number_after(&old.manifest),
                 next_segment_id: next_id,
                 wal_start: wal_start.max(old.manifest.wal_start),
                 segments: old.manifest.segments.clone(),
                 schemas: schemas.into_iter().collect(),
-                idempotency,
-            }
+                // Answers a format-1 manifest held are in `copied`, written to a file below.
+                idempotency: Vec::new(),
+                answers: old
+                    .manifest
+                    .answers
+                    .iter()
+                    .filter(|a| a.newest_expiry > now)
+                    .copied()
+                    .collect(),
+            };
+            (m, copied)
         };
         m.segments.extend(added.iter().map(|(e, _)| *e));
+        // The answers given since the last publish, in a file of their own: each answer is
+        // written once, not by every publish while it is remembered.
+        let generation = copied.generation;
+        let answers = copied.records();
+        if !answers.is_empty() {
+            let id = m.next_segment_id;
+            m.next_segment_id += 1;
+            let path = manifest::answers_path(&self.segments_dir, id);
+            // A failed flush may have left a file under this id; no manifest names it.
+            self.fs
+                .remove(&path)
+                .map_err(io("writing an answers file"))?;
+            self.fs
+                .write_new(&path, &manifest::encode_answers(&answers))
+                .map_err(io("writing an answers file"))?;
+            self.fs
+                .sync_dir(&self.segments_dir)
+                .map_err(io("syncing the segment directory"))?;
+            m.answers.push(AnswersEntry {
+                id,
+                answers: answers.len() as u64,
+                newest_expiry: answers.iter().map(|r| r.expires).max().unwrap_or(now),
+            });
+        }
+        drop(answers);
         // The log first: a manifest says the log held records up to `seq`, and recovery
         // refuses a log that ends before (its newest file lost), so they must be durable.
         self.wal.sync()?;
         self.fresh.use_up(&m);
         manifest::publish(&*self.fs, &self.dir, &m).map_err(io("publishing the manifest"))?;
         report.wal_start = m.wal_start;
+        self.core
+            .idem
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .written(generation);
         // 5. Swap.
         let mut segments: Vec<(SegmentEntry, Arc<Segment>)> = old.segments.clone();
         segments.extend(added);
@@ -480,10 +519,18 @@ impl Engine {
             .unwrap_or_else(PoisonError::into_inner)
             .advance(m.wal_start.saturating_sub(1));
         if old.manifest.number > 0 {
-            // The previous manifest is no longer named by CURRENT.
+            // The previous manifest is no longer named by CURRENT, nor are the answers files
+            // whose every answer expired.
             let _ = self
                 .fs
                 .remove(&manifest::file_name(&self.dir, old.manifest.number));
+            for a in &old.manifest.answers {
+                if !m.answers.contains(a) {
+                    let _ = self
+                        .fs
+                        .remove(&manifest::answers_path(&self.segments_dir, a.id));
+                }
+            }
         }
         Ok(report)
     }

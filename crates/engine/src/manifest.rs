@@ -14,8 +14,13 @@ use crate::catalog::Cutoff;
 use crate::io::Fs;
 use crate::wal::payload::{PayloadError, Reader, put_bytes, put_schema, put_varint};
 
-/// Magic bytes of a manifest file, with the format version in the last byte.
+/// Magic bytes of a manifest file, with the format version in the last byte. Format 1 kept
+/// every remembered idempotency answer in the manifest itself; format 2 (what this build
+/// writes) keeps them in answers files the manifest lists, each written once.
 pub const MANIFEST_MAGIC_V1: [u8; 4] = *b"TLM\x01";
+pub const MANIFEST_MAGIC_V2: [u8; 4] = *b"TLM\x02";
+/// Magic bytes of an answers file (format 1), then the same header as a manifest's.
+pub const ANSWERS_MAGIC_V1: [u8; 4] = *b"TLA\x01";
 /// Bytes before the payload: magic (4), payload length (4), CRC32C of the payload (4).
 pub const MANIFEST_HEADER_LEN: usize = 12;
 pub const MANIFEST_MAGIC_OFFSET: usize = 0;
@@ -39,6 +44,17 @@ pub struct SegmentEntry {
     pub flushed_seq: u64,
 }
 
+/// One published answers file: idempotency answers written once, by the publish after the
+/// batches that gave them, so that a publish writes only the answers new since the last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AnswersEntry {
+    /// Shares the segments' numbering (`next_segment_id`); the file is `<id>.tla` beside them.
+    pub id: u64,
+    pub answers: u64,
+    /// The latest expiry of any answer in the file: once past, the file is dropped whole.
+    pub newest_expiry: i64,
+}
+
 /// A published archive state.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Manifest {
@@ -50,8 +66,11 @@ pub struct Manifest {
     pub segments: Vec<SegmentEntry>,
     /// Every namespace's schema as of record `wal_start - 1`.
     pub schemas: Vec<(Namespace, Schema)>,
-    /// Idempotency answers that had not expired when this manifest was written.
+    /// Idempotency answers held in the manifest itself: all of them in format 1; in format
+    /// 2 only those a format-1 manifest carried until a flush writes them to a file.
     pub idempotency: Vec<IdemRecord>,
+    /// The answers files (format 2) holding the other remembered answers.
+    pub answers: Vec<AnswersEntry>,
     /// Per namespace and tier resolution, the log records before which archived data is
     /// hidden (the tier, or its subtotals, was removed then).
     pub cutoffs: Vec<(Namespace, u32, Cutoff)>,
@@ -68,7 +87,7 @@ pub enum ManifestError {
     },
     #[error("{}: not a tally manifest (bad magic bytes)", path.display())]
     BadMagic { path: PathBuf },
-    #[error("{}: manifest format version {got} is not supported by this build (it reads version 1)", path.display())]
+    #[error("{}: manifest format version {got} is not supported by this build (it reads versions 1 and 2)", path.display())]
     UnsupportedVersion { path: PathBuf, got: u8 },
     #[error("{}: manifest checksum mismatch (expected {expected:#010x}, got {got:#010x})", path.display())]
     Checksum {
@@ -80,6 +99,9 @@ pub enum ManifestError {
     Corrupt { path: PathBuf, why: PayloadError },
     #[error("{}: {why}", path.display())]
     BadCurrent { path: PathBuf, why: &'static str },
+    /// An answers file the manifest lists is damaged.
+    #[error("{}: damaged idempotency answers file: {why}", path.display())]
+    Answers { path: PathBuf, why: String },
     /// The checkpoint does not apply (a schema the catalog refuses).
     #[error("the manifest's checkpoint does not apply")]
     Checkpoint {
@@ -115,11 +137,7 @@ impl Manifest {
         }
         put_varint(&mut p, self.idempotency.len() as u64);
         for r in &self.idempotency {
-            put_bytes(&mut p, r.key.as_bytes());
-            put_bytes(&mut p, r.fingerprint.as_bytes());
-            put_varint(&mut p, r.expires as u64);
-            put_varint(&mut p, u64::from(r.status));
-            put_bytes(&mut p, r.body.as_bytes());
+            put_answer(&mut p, r);
         }
         put_varint(&mut p, self.cutoffs.len() as u64);
         for (ns, res, c) in &self.cutoffs {
@@ -128,12 +146,13 @@ impl Manifest {
             put_varint(&mut p, c.all);
             put_varint(&mut p, c.subtotals);
         }
-        let mut out = Vec::with_capacity(MANIFEST_HEADER_LEN + p.len());
-        out.extend_from_slice(&MANIFEST_MAGIC_V1);
-        out.extend_from_slice(&(p.len() as u32).to_le_bytes());
-        out.extend_from_slice(&crc32c::crc32c(&p).to_le_bytes());
-        out.extend_from_slice(&p);
-        out
+        put_varint(&mut p, self.answers.len() as u64);
+        for a in &self.answers {
+            put_varint(&mut p, a.id);
+            put_varint(&mut p, a.answers);
+            put_varint(&mut p, a.newest_expiry as u64);
+        }
+        framed(MANIFEST_MAGIC_V2, &p)
     }
 
     /// Decodes a manifest file's bytes; never panics, whatever the bytes.
@@ -145,30 +164,24 @@ impl Manifest {
                 why: PayloadError::Truncated,
             });
         }
-        match bytes[..4] {
-            [b'T', b'L', b'M', 1] => {}
+        let version = match bytes[..4] {
+            [b'T', b'L', b'M', v @ (1 | 2)] => v,
             [b'T', b'L', b'M', got] => {
                 return Err(ManifestError::UnsupportedVersion { path: path(), got });
             }
             _ => return Err(ManifestError::BadMagic { path: path() }),
-        }
-        let u32_at =
-            |o: usize| u32::from_le_bytes([bytes[o], bytes[o + 1], bytes[o + 2], bytes[o + 3]]);
-        let len = u32_at(MANIFEST_LEN_OFFSET) as usize;
-        let expected = u32_at(MANIFEST_CRC_OFFSET);
-        let payload = &bytes[MANIFEST_HEADER_LEN..];
-        let got = crc32c::crc32c(payload);
-        if payload.len() != len || got != expected {
-            return Err(ManifestError::Checksum {
+        };
+        let payload =
+            checked_payload(bytes).map_err(|(expected, got)| ManifestError::Checksum {
                 path: path(),
                 expected,
                 got,
-            });
-        }
-        Self::decode_payload(payload).map_err(|why| ManifestError::Corrupt { path: path(), why })
+            })?;
+        Self::decode_payload(payload, version)
+            .map_err(|why| ManifestError::Corrupt { path: path(), why })
     }
 
-    fn decode_payload(payload: &[u8]) -> Result<Manifest, PayloadError> {
+    fn decode_payload(payload: &[u8], version: u8) -> Result<Manifest, PayloadError> {
         let mut r = Reader::new(payload);
         let mut m = Manifest {
             number: r.varint()?,
@@ -195,13 +208,7 @@ impl Manifest {
             m.schemas.push((ns, r.schema()?));
         }
         for _ in 0..r.len()? {
-            m.idempotency.push(IdemRecord {
-                key: r.str()?.to_owned(),
-                fingerprint: r.str()?.to_owned(),
-                expires: r.varint()? as i64,
-                status: u16::try_from(r.varint()?).map_err(|_| PayloadError::BadVarint)?,
-                body: r.str()?.to_owned(),
-            });
+            m.idempotency.push(read_answer(&mut r)?);
         }
         for _ in 0..r.len()? {
             let name = r.str()?;
@@ -213,11 +220,142 @@ impl Manifest {
             };
             m.cutoffs.push((ns, res, c));
         }
+        if version >= 2 {
+            for _ in 0..r.len()? {
+                m.answers.push(AnswersEntry {
+                    id: r.varint()?,
+                    answers: r.varint()?,
+                    newest_expiry: r.varint()? as i64,
+                });
+            }
+        }
         match r.left() {
             0 => Ok(m),
             n => Err(PayloadError::Trailing(n)),
         }
     }
+}
+
+/// Magic, payload length, CRC32C of the payload, then the payload: the frame of manifests
+/// and answers files.
+fn framed(magic: [u8; 4], payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(MANIFEST_HEADER_LEN + payload.len());
+    out.extend_from_slice(&magic);
+    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    out.extend_from_slice(&crc32c::crc32c(payload).to_le_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// The payload of a frame at least `MANIFEST_HEADER_LEN` long, if its length and checksum
+/// hold; else the checksum expected and the one found.
+fn checked_payload(bytes: &[u8]) -> Result<&[u8], (u32, u32)> {
+    let u32_at =
+        |o: usize| u32::from_le_bytes([bytes[o], bytes[o + 1], bytes[o + 2], bytes[o + 3]]);
+    let len = u32_at(MANIFEST_LEN_OFFSET) as usize;
+    let expected = u32_at(MANIFEST_CRC_OFFSET);
+    let payload = &bytes[MANIFEST_HEADER_LEN..];
+    let got = crc32c::crc32c(payload);
+    if payload.len() != len || got != expected {
+        return Err((expected, got));
+    }
+    Ok(payload)
+}
+
+fn put_answer(p: &mut Vec<u8>, r: &IdemRecord) {
+    put_bytes(p, r.key.as_bytes());
+    put_bytes(p, r.fingerprint.as_bytes());
+    put_varint(p, r.expires as u64);
+    put_varint(p, u64::from(r.status));
+    put_bytes(p, r.body.as_bytes());
+}
+
+fn read_answer(r: &mut Reader<'_>) -> Result<IdemRecord, PayloadError> {
+    Ok(IdemRecord {
+        key: r.str()?.to_owned(),
+        fingerprint: r.str()?.to_owned(),
+        expires: r.varint()? as i64,
+        status: u16::try_from(r.varint()?).map_err(|_| PayloadError::BadVarint)?,
+        body: r.str()?.to_owned(),
+    })
+}
+
+/// The path of answers file `id`: 20 digits and `.tla`, in the segments directory.
+pub fn answers_path(segments_dir: &Path, id: u64) -> PathBuf {
+    segments_dir.join(format!("{id:020}.tla"))
+}
+
+/// The bytes of an answers file holding `answers` (docs/format.md, "Answers files").
+pub fn encode_answers(answers: &[IdemRecord]) -> Vec<u8> {
+    let mut p = Vec::new();
+    put_varint(&mut p, answers.len() as u64);
+    for r in answers {
+        put_answer(&mut p, r);
+    }
+    framed(ANSWERS_MAGIC_V1, &p)
+}
+
+/// Decodes an answers file's bytes; never panics, whatever the bytes.
+pub fn decode_answers(path: &Path, bytes: &[u8]) -> Result<Vec<IdemRecord>, ManifestError> {
+    let bad = |why: String| ManifestError::Answers {
+        path: path.to_owned(),
+        why,
+    };
+    if bytes.len() < MANIFEST_HEADER_LEN {
+        return Err(bad("truncated".into()));
+    }
+    match bytes[..4] {
+        [b'T', b'L', b'A', 1] => {}
+        [b'T', b'L', b'A', v] => {
+            return Err(bad(format!(
+                "format version {v} is not supported by this build (it reads version 1)"
+            )));
+        }
+        _ => return Err(bad("not a tally answers file (bad magic bytes)".into())),
+    }
+    let payload = checked_payload(bytes).map_err(|(expected, got)| {
+        bad(format!(
+            "checksum mismatch (expected {expected:#010x}, got {got:#010x})"
+        ))
+    })?;
+    let mut r = Reader::new(payload);
+    let mut out = Vec::new();
+    let decoded = (|| {
+        for _ in 0..r.len()? {
+            out.push(read_answer(&mut r)?);
+        }
+        match r.left() {
+            0 => Ok(()),
+            n => Err(PayloadError::Trailing(n)),
+        }
+    })();
+    decoded.map_err(|why| bad(why.to_string()))?;
+    Ok(out)
+}
+
+/// Reads every answers file `m` lists, checked whole.
+pub fn load_answers(segments_dir: &Path, m: &Manifest) -> Result<Vec<IdemRecord>, ManifestError> {
+    let mut out = Vec::new();
+    for a in &m.answers {
+        let path = answers_path(segments_dir, a.id);
+        let bytes = std::fs::read(&path).map_err(|source| ManifestError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let got = decode_answers(&path, &bytes)?;
+        if got.len() as u64 != a.answers {
+            return Err(ManifestError::Answers {
+                path,
+                why: format!(
+                    "holds {} answers, the manifest says {}",
+                    got.len(),
+                    a.answers
+                ),
+            });
+        }
+        out.extend(got);
+    }
+    Ok(out)
 }
 
 /// Reads the manifest `CURRENT` names; `None` when there is no `CURRENT` (a directory that
@@ -309,6 +447,11 @@ mod tests {
                     subtotals: 9,
                 },
             )],
+            answers: vec![AnswersEntry {
+                id: 10,
+                answers: 2,
+                newest_expiry: 1_795_400_000,
+            }],
         }
     }
 
@@ -339,12 +482,66 @@ mod tests {
         for cut in 0..bytes.len() {
             assert!(Manifest::decode(p, &bytes[..cut]).is_err(), "cut at {cut}");
         }
-        let mut v2 = bytes.clone();
-        v2[3] = 2;
+        let mut v3 = bytes.clone();
+        v3[3] = 3;
         assert!(matches!(
-            Manifest::decode(p, &v2),
-            Err(ManifestError::UnsupportedVersion { got: 2, .. })
+            Manifest::decode(p, &v3),
+            Err(ManifestError::UnsupportedVersion { got: 3, .. })
         ));
+    }
+
+    /// A format-1 manifest (answers inline, no answers files) still decodes: the payload of
+    /// format 2 without its last section.
+    #[test]
+    fn format_1_manifests_still_decode() {
+        let m = Manifest {
+            answers: Vec::new(),
+            ..sample()
+        };
+        let v2 = m.encode();
+        // Drop the answers-files count (one zero byte) and frame it as format 1.
+        let payload = &v2[MANIFEST_HEADER_LEN..v2.len() - 1];
+        let v1 = framed(MANIFEST_MAGIC_V1, payload);
+        assert_eq!(Manifest::decode(Path::new("m"), &v1).unwrap(), m);
+        // Format 1 with a trailing answers section is refused, not half read.
+        let v1_long = framed(MANIFEST_MAGIC_V1, &v2[MANIFEST_HEADER_LEN..]);
+        assert!(Manifest::decode(Path::new("m"), &v1_long).is_err());
+    }
+
+    #[test]
+    fn answers_files_round_trip_and_refuse_damage() {
+        let p = Path::new("x.tla");
+        let answers = sample().idempotency;
+        let bytes = encode_answers(&answers);
+        assert_eq!(decode_answers(p, &bytes).unwrap(), answers);
+        assert_eq!(decode_answers(p, &encode_answers(&[])).unwrap(), []);
+        for i in 0..bytes.len() {
+            let mut b = bytes.clone();
+            b[i] ^= 0x10;
+            assert!(decode_answers(p, &b).is_err(), "flip at {i} went unnoticed");
+        }
+        for cut in 0..bytes.len() {
+            assert!(decode_answers(p, &bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        let err = decode_answers(p, &sample().encode()).unwrap_err();
+        assert!(err.to_string().contains("bad magic"), "{err}");
+    }
+
+    #[test]
+    fn a_listed_answers_file_that_is_missing_or_short_stops_recovery() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = sample();
+        assert!(matches!(
+            load_answers(dir.path(), &m),
+            Err(ManifestError::Io { .. })
+        ));
+        // The manifest says 2; the file holds 1.
+        std::fs::write(answers_path(dir.path(), 10), encode_answers(&m.idempotency)).unwrap();
+        let err = load_answers(dir.path(), &m).unwrap_err();
+        assert!(err.to_string().contains("holds 1 answers"), "{err}");
+        let two = [m.idempotency.clone(), m.idempotency.clone()].concat();
+        std::fs::write(answers_path(dir.path(), 10), encode_answers(&two)).unwrap();
+        assert_eq!(load_answers(dir.path(), &m).unwrap(), two);
     }
 
     #[test]

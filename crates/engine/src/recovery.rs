@@ -48,8 +48,8 @@ pub struct Recovery {
     pub lost: Vec<(u64, u64)>,
 }
 
-/// Removes what a crash or a compaction left behind: segment files (and temporary ones) the
-/// manifest does not list, manifests other than the current one, a half-written `CURRENT`.
+/// Removes what a crash or a compaction left behind: segment and answers files (and
+/// temporary ones) the manifest does not list, manifests other than the current one, a half-written `CURRENT`.
 /// Only names this engine writes are touched.
 pub(crate) fn remove_leftovers(
     dir: &Path,
@@ -60,12 +60,18 @@ pub(crate) fn remove_leftovers(
         .segments
         .iter()
         .map(|e| segment_path(segments_dir, e.id))
+        .chain(
+            current
+                .answers
+                .iter()
+                .map(|a| manifest::answers_path(segments_dir, a.id)),
+        )
         .collect();
     for entry in std::fs::read_dir(segments_dir)? {
         let path = entry?.path();
         let ours = matches!(
             path.extension().and_then(|e| e.to_str()),
-            Some("tls" | "tmp")
+            Some("tls" | "tla" | "tmp")
         );
         if ours && !listed.contains(&path) {
             tracing::info!(file = %path.display(), "removing a segment no manifest lists");

@@ -232,10 +232,12 @@ impl Core {
     }
 
     /// Loads a manifest's checkpoint: the schemas as of its `wal_start` and the remembered
-    /// answers. Runs before replay.
+    /// answers, the manifest's own and `written` (read from the answers files it lists).
+    /// Runs before replay.
     pub(crate) fn restore_checkpoint(
         &self,
         m: &crate::manifest::Manifest,
+        written: &[tally_core::store::IdemRecord],
     ) -> Result<(), StoreError> {
         let mut cat = self.write_cat();
         for (ns, schema) in &m.schemas {
@@ -248,6 +250,10 @@ impl Core {
         }
         lock(&self.schemas).base = m.schemas.iter().cloned().collect();
         let mut idem = lock(&self.idem);
+        for r in written {
+            idem.insert_written(r);
+        }
+        // A format-1 manifest's answers: the next publish writes them to a file.
         for r in &m.idempotency {
             idem.insert(r);
         }

@@ -36,12 +36,17 @@ pub fn run(args: BackupArgs) -> anyhow::Result<()> {
             "dest": args.dest.display().to_string(),
             "segments": r.segments,
             "segments_copied": r.segments_copied,
+            "answers_files": r.answers_files,
             "log_files": r.log_files,
             "bytes_copied": r.bytes_copied,
         }));
     }
+    let answers = match r.answers_files {
+        0 => String::new(),
+        n => format!(", {n} idempotency answers file(s)"),
+    };
     write_stdout(&format!(
-        "backed up {} to {}: {} segment(s) ({} copied, the rest hard-linked), {} log file(s), {} bytes copied\n",
+        "backed up {} to {}: {} segment(s) ({} copied, the rest hard-linked){answers}, {} log file(s), {} bytes copied\n",
         args.data.display(),
         args.dest.display(),
         r.segments,

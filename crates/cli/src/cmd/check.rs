@@ -64,6 +64,11 @@ fn table(report: &CheckReport) -> String {
                 stats.data_points,
                 stats.bytes
             ),
+            Finding::Answers { path, answers } => writeln!(
+                out,
+                "ok   {} ({answers} idempotency answers)",
+                path.display()
+            ),
             Finding::Log {
                 path,
                 records,
@@ -107,6 +112,11 @@ fn as_json(report: &CheckReport) -> Value {
                 "keys": stats.keys,
                 "data_points": stats.data_points,
                 "bytes": stats.bytes,
+            }),
+            Finding::Answers { path, answers } => json!({
+                "kind": "answers",
+                "path": path.display().to_string(),
+                "answers": answers,
             }),
             Finding::Log {
                 path,

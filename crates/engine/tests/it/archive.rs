@@ -319,6 +319,73 @@ fn schemas_and_remembered_answers_survive_log_truncation() {
     assert_eq!(crate::total(&e, "api", "k", 3600), 3);
 }
 
+/// The `.tla` files of a data directory, by name, with the answers each holds.
+fn answers_files(dir: &Path) -> Vec<(String, Vec<String>)> {
+    let segs = dir.join("segments");
+    let mut out: Vec<(String, Vec<String>)> = std::fs::read_dir(&segs)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "tla"))
+        .map(|p| {
+            let bytes = std::fs::read(&p).unwrap();
+            let mut keys: Vec<String> = tally_engine::manifest::decode_answers(&p, &bytes)
+                .unwrap()
+                .into_iter()
+                .map(|r| r.key)
+                .collect();
+            keys.sort();
+            (p.file_name().unwrap().to_string_lossy().into_owned(), keys)
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn each_answer_is_written_once_and_a_file_of_expired_answers_goes() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = crate::clock(NOW);
+    let e = open(dir.path(), &clock);
+    let keyed = |key: &str, expires: i64, ts: i64| {
+        let mut batch = crate::prepared(&e, NOW, &[raw("clicks", "k", ts, 1, &[])]);
+        batch.idempotency = Some(IdemRecord {
+            key: key.into(),
+            fingerprint: "fp".into(),
+            expires,
+            status: 200,
+            body: "{\"accepted\":1}".into(),
+        });
+        e.apply(&batch).unwrap();
+    };
+    keyed("a", NOW + 3600, NOW - 3 * DAY);
+    e.flush().unwrap();
+    let first = answers_files(dir.path());
+    assert_eq!(first.len(), 1, "{first:?}");
+    assert_eq!(first[0].1, ["a"]);
+    // The next publish writes only the new answer; the first file stays as it was.
+    keyed("b", NOW + 10 * DAY, NOW - 2 * DAY);
+    e.flush().unwrap();
+    let second = answers_files(dir.path());
+    assert_eq!(second.len(), 2, "{second:?}");
+    assert_eq!(second[0], first[0]);
+    assert_eq!(second[1].1, ["b"]);
+    // A publish with no new answer writes no file.
+    write(&e, NOW, &[raw("clicks", "k", NOW - 3 * DAY + 1, 1, &[])]).unwrap();
+    e.flush().unwrap();
+    assert_eq!(answers_files(dir.path()), second);
+    // Once "a" has expired, its file is dropped by the next publish.
+    clock.advance(2 * 3600);
+    write(&e, NOW, &[raw("clicks", "k", NOW - 3 * DAY + 2, 1, &[])]).unwrap();
+    e.flush().unwrap();
+    assert_eq!(answers_files(dir.path()), second[1..]);
+    drop(e);
+    let e = open(dir.path(), &clock);
+    assert!(e.idempotency("b").unwrap().is_some());
+    assert_eq!(e.idempotency("a").unwrap(), None);
+    assert_eq!(crate::total(&e, "clicks", "k", 3600), 4);
+    assert!(tally_engine::check::check(dir.path()).unwrap().is_whole());
+}
+
 #[test]
 fn keys_of_a_tier_the_sweep_empties_are_forgotten_too() {
     // A rate-limit namespace: one minute tier kept 30 minutes, so the retention sweep empties

@@ -199,7 +199,19 @@ fn run(crash_at: usize) -> bool {
     let events = three_days();
     write(&e, NOW, &events).unwrap();
     write(&reference, NOW, &events).unwrap();
+    // Remembered answers: one kept for days, one that expires before the last flush (its
+    // answers file is then dropped), one given between the flushes.
+    let keyed = |key: &str, expires: i64, at: i64| {
+        let event = [raw("clicks", "keyed", at, 1, &[])];
+        let mut batch = crate::prepared(&e, NOW, &event);
+        batch.idempotency = Some(answer(key, expires));
+        tally_core::store::Store::apply(&e, &batch).unwrap();
+        write(&reference, NOW, &event).unwrap();
+    };
+    keyed("keep", NOW + 30 * 86_400, NOW - 2 * 86_400);
+    keyed("short", NOW + 3600, NOW - 3600);
     let mut crashed = e.flush().is_err();
+    let mut late_given = false;
     if !crashed {
         let late = [
             raw(
@@ -213,6 +225,8 @@ fn run(crash_at: usize) -> bool {
         ];
         write(&e, NOW, &late).unwrap();
         write(&reference, NOW, &late).unwrap();
+        keyed("late", NOW + 30 * 86_400, NOW - 2 * 86_400 + 9);
+        late_given = true;
         clock.advance(86_400);
         crashed = e.flush().is_err();
     }
@@ -231,8 +245,19 @@ fn run(crash_at: usize) -> bool {
     }
     drop(e);
     fs.lose_unsynced();
+    let answers = |e: &Engine| {
+        let known = |k: &str| {
+            tally_core::store::Store::idempotency(e, k)
+                .unwrap()
+                .is_some()
+        };
+        assert!(known("keep"), "crash at {crash_at}");
+        assert_eq!(known("short"), now < NOW + 3600, "crash at {crash_at}");
+        assert_eq!(known("late"), late_given, "crash at {crash_at}");
+    };
     let e = open(dir.path(), &clock, Arc::new(OsFs));
     same(&e, &reference, now);
+    answers(&e);
     // The recovered engine flushes and compacts on: its archive is whole.
     e.flush().unwrap();
     e.compact().unwrap();
@@ -240,7 +265,19 @@ fn run(crash_at: usize) -> bool {
     drop(e);
     let e = open(dir.path(), &clock, Arc::new(OsFs));
     same(&e, &reference, now);
+    answers(&e);
+    assert!(tally_engine::check::check(dir.path()).unwrap().is_whole());
     crashed
+}
+
+fn answer(key: &str, expires: i64) -> tally_core::store::IdemRecord {
+    tally_core::store::IdemRecord {
+        key: key.into(),
+        fingerprint: format!("fp-{key}"),
+        expires,
+        status: 200,
+        body: "{\"accepted\":1}".into(),
+    }
 }
 
 #[test]

@@ -125,14 +125,13 @@ fn format_v1_fixture_still_opens() {
     );
 }
 
-fn archive_fixture_dir() -> PathBuf {
-    PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/archive-v1"
-    ))
+fn archive_fixture_dir(name: &str) -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures")).join(name)
 }
 
-/// A whole data directory of manifest format 1 and segment format 1: three days of events
+/// A whole data directory as this build writes it (`archive-v1`, frozen, was written by
+/// manifest format 1 and segment format 1; `archive-v2` by manifest format 2, which keeps the
+/// answer in an answers file, and segment format 2): three days of events
 /// flushed into base segments, a late event flushed into a delta, a schema and a remembered
 /// answer known only from the manifest's checkpoint (their log records are truncated), and
 /// a log tail not yet flushed.
@@ -217,15 +216,51 @@ fn copy_tree(from: &Path, to: &Path) {
 
 #[test]
 fn archive_v1_fixture_still_opens() {
-    let dir = archive_fixture_dir();
+    // Frozen: no build writes format 1 any more.
+    let dir = archive_fixture_dir("archive-v1");
+    let bytes = std::fs::read(dir.join("MANIFEST-00000000000000000002")).unwrap();
+    assert_eq!(&bytes[..4], b"TLM\x01");
+    opens_archive_fixture(&dir);
+    // Its answer, held in the manifest, moves to an answers file at the next publish, and
+    // stays remembered.
+    let copy = tempfile::tempdir().unwrap();
+    copy_tree(&dir, copy.path());
+    let c = clock(NOW + 3 * 86_400);
+    let mut cfg = Config::new(copy.path());
+    cfg.clock = c.clone();
+    let e = Engine::open(cfg).unwrap();
+    e.flush().unwrap();
+    drop(e);
+    let m = tally_engine::manifest::load(copy.path()).unwrap().unwrap();
+    assert!(m.idempotency.is_empty(), "{m:?}");
+    assert_eq!(m.answers.len(), 1, "{m:?}");
+    assert!(tally_engine::check::check(copy.path()).unwrap().is_whole());
+    let mut cfg = Config::new(copy.path());
+    cfg.clock = c;
+    let e = Engine::open(cfg).unwrap();
+    assert_eq!(
+        e.idempotency("archive-1").unwrap().map(|r| r.body),
+        Some("{\"accepted\":1}".to_owned())
+    );
+}
+
+#[test]
+fn archive_v2_fixture_still_opens() {
+    let dir = archive_fixture_dir("archive-v2");
     if std::env::var("TALLY_WRITE_FIXTURES").is_ok() {
         let _ = std::fs::remove_dir_all(&dir);
         write_archive_fixture(&dir);
         let _ = std::fs::remove_file(dir.join("LOCK"));
     }
-    assert!(tally_engine::check::check(&dir).unwrap().is_whole());
+    let m = tally_engine::manifest::load(&dir).unwrap().unwrap();
+    assert!(m.idempotency.is_empty() && m.answers.len() == 1, "{m:?}");
+    opens_archive_fixture(&dir);
+}
+
+fn opens_archive_fixture(dir: &Path) {
+    assert!(tally_engine::check::check(dir).unwrap().is_whole());
     let copy = tempfile::tempdir().unwrap();
-    copy_tree(&dir, copy.path());
+    copy_tree(dir, copy.path());
     let mut cfg = Config::new(copy.path());
     cfg.clock = clock(NOW + 7200);
     let e = Engine::open(cfg).unwrap();

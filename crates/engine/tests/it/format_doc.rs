@@ -159,7 +159,7 @@ pub fn crc32c_of(b: &[u8]) -> u32 {
 fn manifest_header_table_matches_the_code() {
     use tally_engine::manifest::{
         MANIFEST_CRC_OFFSET, MANIFEST_HEADER_LEN, MANIFEST_LEN_OFFSET, MANIFEST_MAGIC_OFFSET,
-        MANIFEST_MAGIC_V1,
+        MANIFEST_MAGIC_V1, MANIFEST_MAGIC_V2,
     };
     let rows = table(&doc(), "### Manifest header");
     let l = layout(&rows);
@@ -172,6 +172,39 @@ fn manifest_header_table_matches_the_code() {
             (MANIFEST_HEADER_LEN, None),
         ]
     );
-    assert!(rows[0][2].contains("`TLM`") && MANIFEST_MAGIC_V1.starts_with(b"TLM"));
-    assert_eq!(MANIFEST_MAGIC_V1[3], 1);
+    assert!(rows[0][2].contains("`TLM`") && MANIFEST_MAGIC_V2.starts_with(b"TLM"));
+    assert!(rows[0][2].contains("(`0x02`; `0x01` is still read)"));
+    assert_eq!((MANIFEST_MAGIC_V1[3], MANIFEST_MAGIC_V2[3]), (1, 2));
+}
+
+#[test]
+fn a_real_answers_file_has_the_documented_layout() {
+    use tally_core::store::IdemRecord;
+    use tally_engine::manifest::{ANSWERS_MAGIC_V1, encode_answers};
+    let doc = doc();
+    assert!(doc.contains("magic `TLA` then the version byte `0x01`"));
+    let r = IdemRecord {
+        key: "k".into(),
+        fingerprint: "f".into(),
+        expires: 300,
+        status: 200,
+        body: "{}".into(),
+    };
+    let b = encode_answers(std::slice::from_ref(&r));
+    assert_eq!(b[..4], ANSWERS_MAGIC_V1);
+    assert_eq!(&ANSWERS_MAGIC_V1, b"TLA\x01");
+    let payload = &b[12..];
+    assert_eq!(
+        u32::from_le_bytes(b[4..8].try_into().unwrap()) as usize,
+        payload.len()
+    );
+    assert_eq!(
+        u32::from_le_bytes(b[8..12].try_into().unwrap()),
+        crc32c_of(payload)
+    );
+    // count 1; "k"; "f"; expiry 300 (varint ac 02); status 200 (c8 01); "{}".
+    assert_eq!(
+        payload,
+        [1, 1, b'k', 1, b'f', 0xac, 0x02, 0xc8, 0x01, 2, b'{', b'}']
+    );
 }
