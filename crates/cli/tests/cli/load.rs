@@ -1504,8 +1504,9 @@ fn data_commands_print_json_summaries() {
         .iter()
         .map(|f| f["kind"].as_str().unwrap())
         .collect();
+    // (The loads' answers, which tell a re-run what is loaded, are in an answers file.)
     assert!(
-        ["manifest", "segment", "log"]
+        ["manifest", "segment", "answers", "log"]
             .iter()
             .all(|k| kinds.contains(k)),
         "{v}"
@@ -1513,6 +1514,9 @@ fn data_commands_print_json_summaries() {
     let copy = tmp.path().join("copy");
     let v = json_of(&["backup", "--data", d, copy.to_str().unwrap(), "--json"]);
     assert!(v["segments"].as_u64().unwrap() > 0, "{v}");
+    assert!(v["answers_files"].as_u64().unwrap() > 0, "{v}");
+    let v = json_of(&["check", "--data", copy.to_str().unwrap(), "--json"]);
+    assert_eq!(v["whole"], json!(true), "{v}");
     let out = tmp.path().join("out");
     let v = json_of(&[
         "export",
