@@ -105,6 +105,15 @@ fn add(
                 inc.ns
             )));
         };
+        // An increment that adds to no counter makes no key (as in the engine).
+        let adds = inc.n != 0
+            && schema.tiers().iter().any(|t| {
+                let b = bucket_start(inc.ts, t.resolution.secs_i64());
+                t.retention.keeps_bucket(b, t.resolution, now)
+            });
+        if !adds {
+            continue;
+        }
         let series = inner
             .data
             .entry((inc.ns.clone(), inc.key.clone()))

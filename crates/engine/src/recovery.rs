@@ -325,7 +325,7 @@ pub(crate) fn replay(
                             recreate_lost_namespaces(core, &mut view);
                         }
                         recovery.events += view.incs.len() as u64;
-                        let batch = core.resolve(&view, seq).map_err(Corruption::Apply)?;
+                        let batch = core.resolve(&view, seq, now).map_err(Corruption::Apply)?;
                         if let Err(std::sync::mpsc::SendError(ToAdder::Batch(batch))) =
                             to_adder.send(ToAdder::Batch(batch))
                         {

@@ -288,7 +288,7 @@ impl Core {
         seq: u64,
         archived: Option<&Archive>,
     ) -> Result<(), StoreError> {
-        let batch = self.resolve(view, seq)?;
+        let batch = self.resolve(view, seq, now)?;
         self.add_resolved(batch, now, archived);
         Ok(())
     }
@@ -325,10 +325,16 @@ impl Core {
     /// The first half of [`Core::apply_view`]: the batch's strings resolved to ids in the
     /// catalog (keys and series made as needed), its remembered answer kept. Replay runs it
     /// on one thread while another adds the batch before (see `recovery`).
+    /// Names a batch's increments by the catalog's ids, making keys and subtotal series that
+    /// are new. An increment that can add to no counter at `now` — an amount of 0, or a time
+    /// every tier of its namespace has let go — is left out, so it makes no key: `keys`
+    /// would list it only until a flush forgot it (and again after a restart), and an
+    /// offline load, which holds only counts, never lists it.
     pub(crate) fn resolve(
         &self,
         view: &BatchView<'_>,
         seq: u64,
+        now: i64,
     ) -> Result<ResolvedBatch, StoreError> {
         let mut resolved = Vec::with_capacity(view.incs.len());
         let mut sids: Vec<SeriesId> = Vec::with_capacity(view.subs.len());
@@ -354,6 +360,7 @@ impl Core {
             // and names; then (touched ahead in one pass, see `Catalog::touch_subs`) its
             // subtotal series.
             let mut nss: Vec<NsId> = Vec::with_capacity(view.incs.len());
+            let mut incs = Vec::with_capacity(view.incs.len());
             let mut todo: Vec<(u32, NsId)> = Vec::new();
             for inc in &view.incs {
                 // Logs written before `MAX_TS` came down from 2^32 may hold later seconds:
@@ -380,6 +387,18 @@ impl Core {
                         id
                     }
                 };
+                let adds = inc.n != 0
+                    && plans.iter().any(|(n, tiers)| {
+                        *n == ns
+                            && tiers.iter().any(|t| {
+                                let b = inc.ts.div_euclid(t.res) * t.res;
+                                t.retention.keeps_bucket(b, t.resolution, now)
+                            })
+                    });
+                if !adds {
+                    continue;
+                }
+                incs.push(inc);
                 nss.push(ns);
                 if let Some(slot @ None) = key_cache.get_mut(inc.key as usize) {
                     *slot = Some((ns, KeyId::MAX));
@@ -389,9 +408,9 @@ impl Core {
             for (s, ns) in todo {
                 key_cache[s as usize] = cat.key_id(ns, view.str(s)).map(|k| (ns, k));
             }
-            let mut keys: Vec<KeyId> = Vec::with_capacity(view.incs.len());
+            let mut keys: Vec<KeyId> = Vec::with_capacity(incs.len());
             let mut wanted: Vec<(KeyId, StrId, StrId)> = Vec::with_capacity(view.subs.len());
-            for (inc, &ns) in view.incs.iter().zip(&nss) {
+            for (&inc, &ns) in incs.iter().zip(&nss) {
                 // Zipf traffic repeats keys and values within a batch: resolve each string of
                 // the record's table once.
                 let key = match key_cache.get(inc.key as usize).copied().flatten() {
@@ -431,7 +450,7 @@ impl Core {
             }
             cat.touch_subs(&wanted);
             let mut at = wanted.iter();
-            for ((inc, r), &key) in view.incs.iter().zip(&mut resolved).zip(&keys) {
+            for ((&inc, r), &key) in incs.iter().zip(&mut resolved).zip(&keys) {
                 let start = sids.len();
                 for &(k, d, v) in at.by_ref().take(view.subs_of(inc).len()) {
                     sids.push(cat.sub_ids_or_insert(k, d, v)?);

@@ -204,7 +204,8 @@ struct HashPlan {
 struct SeriesPlan {
     tag: String,
     hashes: BTreeMap<String, HashPlan>,
-    /// When its last bucket stops being shown; `None` if no tier kept any of its events.
+    /// When its last bucket stops being shown; `None` if no tier kept any of its events
+    /// with an amount other than 0 (then the key is not indexed for it).
     until: Option<Until>,
 }
 
@@ -401,8 +402,11 @@ fn plan(
             let w = layout::window_of(b, r);
             let off = layout::offset_of(b, w, r);
             let expire_at = layout::window_expiry(w, r, tier.retention);
-            let until = Until::of(layout::bucket_expiry(b, r, tier.retention));
-            plan.until = Some(plan.until.map_or(until, |u| u.max(until)));
+            // An amount of 0 adds to no counter: it makes no key (as in the engine).
+            if inc.n != 0 {
+                let until = Until::of(layout::bucket_expiry(b, r, tier.retention));
+                plan.until = Some(plan.until.map_or(until, |u| u.max(until)));
+            }
             let h = plan
                 .hashes
                 .entry(layout::window_key(&plan.tag, gen_, r, w))

@@ -387,6 +387,53 @@ fn each_answer_is_written_once_and_a_file_of_expired_answers_goes() {
 }
 
 #[test]
+fn an_event_that_adds_to_no_counter_makes_no_key() {
+    // Found by a review: `keys` listed a key whose only events had n = 0, or were older
+    // than every tier keeps, until a flush forgot it — and again after a restart replayed
+    // the log; an offline load of the same events never listed it.
+    let dir = tempfile::tempdir().unwrap();
+    let clock = crate::clock(NOW);
+    let e = open(dir.path(), &clock);
+    let ns = Namespace::new("short").unwrap();
+    let schema = Schema::from_doc(&SchemaDoc {
+        tiers: vec!["1m:1d".into(), "1h:30d".into()],
+        breakdown_tiers: None,
+        dimensions: None,
+    })
+    .unwrap();
+    e.put_schema(&ns, &schema).unwrap();
+    let events = [
+        raw("short", "zero", NOW - 60, 0, &[("country", "US")]),
+        raw("short", "old", NOW - 40 * DAY, 5, &[]),
+        raw("short", "kept", NOW - 60, 1, &[]),
+        // Kept by the hourly tier alone.
+        raw("short", "hourly", NOW - 3 * DAY, 2, &[]),
+    ];
+    let batch = crate::prepared(&e, NOW, &events);
+    assert_eq!(batch.increments.len(), 4, "the API accepts all four");
+    e.apply(&batch).unwrap();
+    let keys = |e: &Engine| -> Vec<String> {
+        e.keys(&KeyList {
+            ns: &ns,
+            prefix: "",
+            after: None,
+            limit: 100,
+        })
+        .unwrap()
+        .into_iter()
+        .map(|k| k.as_str().to_owned())
+        .collect()
+    };
+    assert_eq!(keys(&e), ["hourly", "kept"]);
+    drop(e);
+    let e = open(dir.path(), &clock);
+    assert_eq!(keys(&e), ["hourly", "kept"], "after replay");
+    e.flush().unwrap();
+    assert_eq!(keys(&e), ["hourly", "kept"], "after a flush");
+    assert_eq!(crate::total(&e, "short", "hourly", 3600), 2);
+}
+
+#[test]
 fn keys_of_a_tier_the_sweep_empties_are_forgotten_too() {
     // A rate-limit namespace: one minute tier kept 30 minutes, so the retention sweep empties
     // each hour before it is flushed. The flush then takes no counter from memory, and the

@@ -963,11 +963,12 @@ fn send_batch(client: &Client, body: &[u8], key: &str) -> anyhow::Result<bool> {
         (200, _, replayed) => Ok(replayed),
         (422, text, _) if text.contains("idempotency_key_reused") => {
             Err(anyhow::anyhow!(server_error(422, &text)).context(
-                "a load of these lines with the same --batch counted a different set of \
-                 them within 24 hours: a line's verdict changed since (a timestamp then \
-                 in the future, a limit or a schema), or --skip-bad was not given then. \
-                 What that load counted stays counted; a --batch of another size makes new \
-                 keys, and counts its lines again",
+                "a load of the same file within 24 hours counted these lines another way. \
+                 Either it was an offline load into the server's data directory (tally load \
+                 --data), and the lines are counted; or it counted a different set of them \
+                 with the same --batch: a line's verdict changed since (a timestamp then in \
+                 the future, a limit or a schema), or --skip-bad was not given then. What \
+                 that load counted stays counted; --again counts the file again",
             ))
         }
         (status, text, _) => Err(server_error(status, &text).into()),
