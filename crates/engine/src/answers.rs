@@ -61,6 +61,11 @@ impl Packed {
         u64::from_le_bytes(w)
     }
 
+    /// Whether both hold the same answer (their generations aside).
+    fn same_answer(&self, other: &Packed) -> bool {
+        self.0[..GEN] == other.0[..GEN] && self.0[HEAD..] == other.0[HEAD..]
+    }
+
     fn key(&self) -> &[u8] {
         &self.0[HEAD..HEAD + self.u32_at(KEY_LEN)]
     }
@@ -155,12 +160,18 @@ impl Answers {
         self.set.get(key.as_bytes()).map(Packed::record)
     }
 
-    /// Remembers `r` under its key, for the next publish to write; returns the answer it
-    /// replaced.
+    /// Remembers `r` under its key, for the next publish to write — unless the same answer
+    /// is already remembered (replay meets, in the log's tail, answers an answers file
+    /// already holds: they keep their generation, so a restart writes none of them again);
+    /// returns the answer it replaced.
     pub(crate) fn insert(&mut self, r: &IdemRecord) -> Option<IdemRecord> {
-        self.set
-            .replace(Packed::new(r, self.generation))
-            .map(|p| p.record())
+        let mut p = Packed::new(r, self.generation);
+        if let Some(old) = self.set.get(r.key.as_bytes())
+            && old.same_answer(&p)
+        {
+            p.0[GEN..GEN + 8].copy_from_slice(&old.generation().to_le_bytes());
+        }
+        self.set.replace(p).map(|p| p.record())
     }
 
     /// Remembers `r`, read from a published answers file: no publish writes it again.
@@ -294,5 +305,12 @@ mod tests {
         a.written(first.generation);
         assert_eq!(keys(a.unwritten(0)), Vec::<String>::new());
         assert_eq!(a.len(), 4);
+        // The same answer again (replay of a record a file holds) stays written; another
+        // answer under a written key does not.
+        a.insert(&rec("loaded", 500, "{}"));
+        a.insert(&rec("b", 500, "{}"));
+        assert_eq!(keys(a.unwritten(0)), Vec::<String>::new());
+        a.insert(&rec("b", 500, "other"));
+        assert_eq!(keys(a.unwritten(0)), ["b"]);
     }
 }

@@ -47,8 +47,8 @@ pub struct Config {
     /// numbering): the missing range is logged as an error and lost for good. Without it
     /// (the default) such a log stops recovery with an error naming the range.
     pub accept_data_loss: bool,
-    /// Idempotency answers remembered at once (each for 24 h, in memory and in every
-    /// manifest): a batch with a new key past it is refused, nothing logged.
+    /// Idempotency answers remembered at once (each for 24 h, in memory and once in an
+    /// answers file): a batch with a new key past it is refused, nothing logged.
     pub max_idempotency_answers: usize,
 }
 

@@ -9,7 +9,10 @@
 //!    fsync it, rename it into place, sync the directory.
 //! 4. Publish a manifest: the segments, each flushed through `S`; `wal_start` = the first log
 //!    record still needed (the smallest first record of a dirty period, computed under the
-//!    write gate); schemas as of `wal_start - 1`; unexpired idempotency answers.
+//!    write gate); schemas as of `wal_start - 1`; the answers files still holding unexpired
+//!    answers, plus one new file of the idempotency answers no file holds yet (written and
+//!    synced before the manifest); then the files of expired answers, and any a failed
+//!    publish left, are removed.
 //! 5. Swap the archive in and drop the frozen counters, under the archive's write lock, so a
 //!    reader sees them in memory or in the archive, never both or neither.
 //! 6. Rotate the log and delete the files that end before `wal_start`.
@@ -18,6 +21,7 @@
 //! log was not truncated, so nothing is lost, and the next flush tries again.
 
 use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError};
 
@@ -532,6 +536,11 @@ impl Engine {
                 }
             }
         }
+        remove_unpublished(
+            &self.segments_dir,
+            &m,
+            old.manifest.next_segment_id..m.next_segment_id,
+        );
         Ok(report)
     }
 
@@ -716,5 +725,22 @@ impl Engine {
                 .map_err(io("syncing the log directory"))?;
         }
         Ok(removed)
+    }
+}
+
+/// Removes the segment and answers files numbered in `ids` that `m`, just published, does
+/// not list: only a publish that failed can have written them (one publisher at a time,
+/// under the flush lock, and ids from `Fresh`, so a failed publish's ids are not used
+/// again), and `m` supersedes whatever it published. Without this they stayed until the
+/// next open, and a publish failing every minute (a full disk) wrote its answers again
+/// each time. Best effort: what is left is removed on the next open.
+pub(crate) fn remove_unpublished(segments_dir: &Path, m: &Manifest, ids: std::ops::Range<u64>) {
+    for id in ids {
+        if !m.segments.iter().any(|e| e.id == id) {
+            let _ = std::fs::remove_file(segment_path(segments_dir, id));
+        }
+        if !m.answers.iter().any(|a| a.id == id) {
+            let _ = std::fs::remove_file(manifest::answers_path(segments_dir, id));
+        }
     }
 }

@@ -1,6 +1,6 @@
 //! The manifest: which archive segments make up the archive, from which log record recovery
 //! must replay, and the checkpoint of what truncated log records carried (schemas as of that
-//! record, unexpired idempotency answers). A new manifest is published by writing a new
+//! record, and the answers files holding the unexpired idempotency answers). A new manifest is published by writing a new
 //! numbered file and then atomically replacing `CURRENT`, the one-line file that names it
 //! (docs/format.md, "Manifest"). Whatever `CURRENT` names is the archive; every other
 //! segment or manifest file is left over from a crash or a compaction and may be removed.

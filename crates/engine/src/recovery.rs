@@ -74,7 +74,7 @@ pub(crate) fn remove_leftovers(
             Some("tls" | "tla" | "tmp")
         );
         if ours && !listed.contains(&path) {
-            tracing::info!(file = %path.display(), "removing a segment no manifest lists");
+            tracing::info!(file = %path.display(), "removing a file no manifest lists");
             std::fs::remove_file(&path)?;
         }
     }

@@ -387,6 +387,47 @@ fn each_answer_is_written_once_and_a_file_of_expired_answers_goes() {
 }
 
 #[test]
+fn a_restart_writes_no_answer_again() {
+    // Found by a review: replay met, in the log's tail, the answers an answers file
+    // already held, and the next publish wrote them all again (up to a day of them, each
+    // restart).
+    let dir = tempfile::tempdir().unwrap();
+    let clock = crate::clock(NOW);
+    let keyed = |e: &Engine, key: &str| {
+        let mut batch = crate::prepared(e, NOW, &[raw("clicks", "k", NOW - 60, 1, &[])]);
+        batch.idempotency = Some(IdemRecord {
+            key: key.into(),
+            fingerprint: "fp".into(),
+            expires: NOW + DAY,
+            status: 200,
+            body: "{\"accepted\":1}".into(),
+        });
+        e.apply(&batch).unwrap();
+    };
+    let e = open(dir.path(), &clock);
+    // In the open hour: their log records stay past wal_start.
+    keyed(&e, "a");
+    keyed(&e, "b");
+    write(&e, NOW, &[raw("clicks", "old", NOW - 3 * DAY, 1, &[])]).unwrap();
+    e.flush().unwrap();
+    let files = answers_files(dir.path());
+    assert_eq!(files.len(), 1, "{files:?}");
+    drop(e);
+    for restart in 1..=3 {
+        let e = open(dir.path(), &clock);
+        assert!(e.idempotency("a").unwrap().is_some());
+        write(
+            &e,
+            NOW,
+            &[raw("clicks", "old", NOW - 3 * DAY + restart, 1, &[])],
+        )
+        .unwrap();
+        e.flush().unwrap();
+    }
+    assert_eq!(answers_files(dir.path()), files);
+}
+
+#[test]
 fn an_event_that_adds_to_no_counter_makes_no_key() {
     // Found by a review: `keys` listed a key whose only events had n = 0, or were older
     // than every tier keeps, until a flush forgot it — and again after a restart replayed

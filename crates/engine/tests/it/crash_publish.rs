@@ -393,6 +393,11 @@ fn run_after_a_failed_publish(fail: usize, crash_at: usize) -> bool {
     let events = a_few_hours();
     write(&e, NOW, &events).unwrap();
     write(&reference, NOW, &events).unwrap();
+    let keyed = [raw("clicks", "keyed", NOW - 2 * 86_400, 1, &[])];
+    let mut batch = crate::prepared(&e, NOW, &keyed);
+    batch.idempotency = Some(answer("k1", NOW + 86_400));
+    tally_core::store::Store::apply(&e, &batch).unwrap();
+    write(&reference, NOW, &keyed).unwrap();
     fs.fail_once
         .store(fs.ops.load(Ordering::SeqCst) + fail, Ordering::SeqCst);
     let _ = e.flush();
@@ -407,10 +412,33 @@ fn run_after_a_failed_publish(fail: usize, crash_at: usize) -> bool {
     write(&reference, NOW, &late).unwrap();
     fs.arm(crash_at);
     let crashed = e.flush().is_err();
+    if !crashed {
+        // What the failed publish wrote and no manifest lists is gone.
+        let m = tally_engine::manifest::load(dir.path()).unwrap().unwrap();
+        let listed: Vec<u64> = m
+            .segments
+            .iter()
+            .map(|s| s.id)
+            .chain(m.answers.iter().map(|a| a.id))
+            .collect();
+        for f in std::fs::read_dir(dir.path().join("segments")).unwrap() {
+            let p = f.unwrap().path();
+            let id: u64 = p.file_stem().unwrap().to_str().unwrap().parse().unwrap();
+            assert!(
+                listed.contains(&id),
+                "failing at {fail}: {p:?} is left over"
+            );
+        }
+    }
     drop(e);
     fs.lose_unsynced();
     let e = open(dir.path(), &clock, Arc::new(OsFs));
     same(&e, &reference, NOW);
+    assert!(
+        tally_core::store::Store::idempotency(&e, "k1")
+            .unwrap()
+            .is_some()
+    );
     e.flush().unwrap();
     e.compact().unwrap();
     same(&e, &reference, NOW);
