@@ -232,6 +232,10 @@ pub enum StoreError {
     /// tally servers share, when the server's own look-up did not): nothing was applied.
     #[error("{what}")]
     Claimed { what: String },
+    /// The request needs more than a bound allows (a rebuild's range holding more than its
+    /// memory budget): asking again will not help; nothing was changed.
+    #[error("{what}")]
+    TooLarge { what: String },
 }
 
 impl StoreError {
@@ -271,6 +275,7 @@ impl StoreError {
             StoreError::Internal { what } => StoreError::Internal { what },
             StoreError::Unsupported { what } => StoreError::Unsupported { what },
             StoreError::Claimed { what } => StoreError::Claimed { what },
+            StoreError::TooLarge { what } => StoreError::TooLarge { what },
         }
     }
 
@@ -284,6 +289,7 @@ impl StoreError {
             StoreError::Internal { .. } => ErrorCode::Internal,
             StoreError::Unsupported { .. } => ErrorCode::NotFound,
             StoreError::Claimed { .. } => ErrorCode::IdempotencyKeyReused,
+            StoreError::TooLarge { .. } => ErrorCode::TooManyPoints,
         }
     }
 

@@ -773,11 +773,14 @@ impl Engine {
             // budget `bulk` was given (none: no bound), or the rebuild stops, changing
             // nothing.
             if !bulk.has_room(0, 0) {
-                return Err(StoreError::unavailable(format!(
-                    "the range holds more than the rebuild's memory budget ({} MiB) after \
-                     {held} counters: rebuild a shorter range",
-                    bulk.budget >> 20
-                )));
+                return Err(StoreError::TooLarge {
+                    what: format!(
+                        "the range holds more than the rebuild's memory budget ({} MiB) \
+                         after {held} counters: rebuild a shorter range, or give it more \
+                         memory (--memory-mb)",
+                        bulk.budget >> 20
+                    ),
+                });
             }
             if page.len() < 1000 {
                 break;

@@ -47,7 +47,11 @@ pub fn parse_timestamp(s: &str) -> Result<i64, ModelError> {
     let parsed: jiff::Timestamp = s
         .parse()
         .map_err(|_| bad("not a date and time of the calendar (RFC 3339)"))?;
-    timestamp(parsed.as_second())
+    // Out of range, the error quotes what was written, not the seconds it means.
+    timestamp(parsed.as_second()).map_err(|e| match e {
+        ModelError::InvalidTimestamp { why, .. } => bad(why),
+        other => other,
+    })
 }
 
 /// Checks that `s` has exactly RFC 3339's `date-time` shape (§5.6) before a calendar parser
@@ -330,6 +334,7 @@ mod tests {
             "2026-02-30T00:00:00Z",
             "2026-10-01T24:00:00Z",
             "２０２６-10-01T00:00:00Z",
+            "1969-12-31T23:00:00Z",
         ] {
             assert_eq!(
                 parse_timestamp(bad).unwrap_err().code(),
@@ -337,5 +342,13 @@ mod tests {
                 "{bad}"
             );
         }
+        // A date out of range is quoted as written, not as the seconds it means.
+        let e = parse_timestamp("1969-12-31T23:00:00Z")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("invalid timestamp \"1969-12-31T23:00:00Z\": outside"),
+            "{e}"
+        );
     }
 }

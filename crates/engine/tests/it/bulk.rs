@@ -352,6 +352,9 @@ fn a_rebuild_past_its_memory_budget_stops_and_changes_nothing() {
     bulk.set_budget(64 << 10);
     let err = e.rebuild_bulk(&ns, day, day + 3600, bulk).unwrap_err();
     assert!(err.detail().contains("memory budget"), "{err:?}");
+    // A bound, not an outage: no "backend unavailable", and a 4xx code.
+    assert!(!err.detail().contains("unavailable"), "{err:?}");
+    assert_eq!(err.code(), tally_core::ErrorCode::TooManyPoints);
     for k in ["k0000", "k2999"] {
         assert_eq!(crate::total(&e, "clicks", k, 3600), 1, "{k}");
     }
