@@ -776,8 +776,7 @@ impl Engine {
                 return Err(StoreError::TooLarge {
                     what: format!(
                         "the range holds more than the rebuild's memory budget ({} MiB) \
-                         after {held} counters: rebuild a shorter range, or give it more \
-                         memory (--memory-mb)",
+                         after {held} counters: rebuild a shorter range",
                         bulk.budget >> 20
                     ),
                 });

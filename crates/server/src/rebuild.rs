@@ -35,6 +35,7 @@ use crate::params;
         (status = 401, description = "unauthorized"), (status = 403, description = "forbidden: admin on the namespace is needed"),
         (status = 404, description = "unknown_namespace, or not_found: this backend does not rebuild"),
         (status = 413, description = "body_too_large, batch_too_large"),
+        (status = 422, description = "too_many_points: what the range holds does not fit the rebuild's memory (1 GiB); nothing changed"),
         (status = 503, description = "backend_unavailable"),
     ))]
 pub async fn rebuild(

@@ -668,6 +668,12 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
                     rebuilt.len()
                 ));
             }
+            if status == 422 && text.contains("too_many_points") {
+                return Err(anyhow::anyhow!(e)).context(
+                    "what the range holds does not fit the server's rebuild memory (1 GiB): \
+                     rebuild a shorter range, or offline with --data and --memory-mb",
+                );
+            }
             return Err(e.into());
         }
         let v: Value = serde_json::from_str(&text).unwrap_or_default();

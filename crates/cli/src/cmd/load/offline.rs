@@ -682,7 +682,14 @@ pub(super) fn run(
         agg.create(engine)?;
         let changed = engine
             .rebuild_bulk(&r.ns, r.from, r.to, std::mem::take(&mut agg.bulk))
-            .map_err(|e| anyhow::anyhow!(e.detail()))
+            .map_err(|e| match e.code() {
+                tally_core::ErrorCode::TooManyPoints => anyhow::anyhow!(
+                    "{}, or give the load more memory (--memory-mb; a rebuild holds the \
+                     range in up to two thirds of it)",
+                    e.detail()
+                ),
+                _ => anyhow::anyhow!(e.detail()),
+            })
             .context("installing the rebuild")?;
         engine.sync().map_err(|e| anyhow::anyhow!(e.detail()))?;
         engine.close();
