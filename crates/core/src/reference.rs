@@ -105,13 +105,7 @@ fn add(
                 inc.ns
             )));
         };
-        // An increment that adds to no counter makes no key (as in the engine).
-        let adds = inc.n != 0
-            && schema.tiers().iter().any(|t| {
-                let b = bucket_start(inc.ts, t.resolution.secs_i64());
-                t.retention.keeps_bucket(b, t.resolution, now)
-            });
-        if !adds {
+        if !schema.counts(inc.ts, inc.n, now) {
             continue;
         }
         let series = inner

@@ -325,11 +325,11 @@ impl Core {
     /// The first half of [`Core::apply_view`]: the batch's strings resolved to ids in the
     /// catalog (keys and series made as needed), its remembered answer kept. Replay runs it
     /// on one thread while another adds the batch before (see `recovery`).
-    /// Names a batch's increments by the catalog's ids, making keys and subtotal series that
-    /// are new. An increment that can add to no counter at `now` — an amount of 0, or a time
-    /// every tier of its namespace has let go — is left out, so it makes no key: `keys`
-    /// would list it only until a flush forgot it (and again after a restart), and an
-    /// offline load, which holds only counts, never lists it.
+    ///
+    /// An increment that adds to no counter at `now` (`Schema::counts`: an amount of 0, or
+    /// a time every tier has let go) is left out, so it makes no key: `keys` would list it
+    /// only until a flush forgot it (and again after a restart), and an offline load, which
+    /// holds only counts, never lists it.
     pub(crate) fn resolve(
         &self,
         view: &BatchView<'_>,
@@ -387,15 +387,16 @@ impl Core {
                         id
                     }
                 };
-                let adds = inc.n != 0
+                // `Schema::counts`, on the plan's retentions (in replay, those at the log's
+                // end, as `add_resolved` uses).
+                let counts = inc.n != 0
                     && plans.iter().any(|(n, tiers)| {
                         *n == ns
-                            && tiers.iter().any(|t| {
-                                let b = inc.ts.div_euclid(t.res) * t.res;
-                                t.retention.keeps_bucket(b, t.resolution, now)
-                            })
+                            && tiers
+                                .iter()
+                                .any(|t| t.retention.keeps_time(inc.ts, t.resolution, now))
                     });
-                if !adds {
+                if !counts {
                     continue;
                 }
                 incs.push(inc);

@@ -377,6 +377,9 @@ fn plan(
                 inc.ns
             )));
         };
+        // An increment that adds to no counter makes no key (`Schema::counts`): its series
+        // still names the batch's marker, but it indexes nothing.
+        let counts = st.schema.counts(inc.ts, inc.n, now);
         let plan = series
             .entry((inc.ns.clone(), inc.key.clone()))
             .or_insert_with(|| SeriesPlan {
@@ -402,8 +405,7 @@ fn plan(
             let w = layout::window_of(b, r);
             let off = layout::offset_of(b, w, r);
             let expire_at = layout::window_expiry(w, r, tier.retention);
-            // An amount of 0 adds to no counter: it makes no key (as in the engine).
-            if inc.n != 0 {
+            if counts {
                 let until = Until::of(layout::bucket_expiry(b, r, tier.retention));
                 plan.until = Some(plan.until.map_or(until, |u| u.max(until)));
             }

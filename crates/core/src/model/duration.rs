@@ -99,6 +99,13 @@ impl Retention {
         }
     }
 
+    /// Whether the bucket of `resolution` holding instant `ts` is still (partly) kept at
+    /// `now`.
+    pub fn keeps_time(self, ts: i64, resolution: Duration, now: i64) -> bool {
+        let r = resolution.secs_i64();
+        self.keeps_bucket(ts.div_euclid(r) * r, resolution, now)
+    }
+
     /// Whether this retention is at least `d` long.
     pub fn at_least(self, d: Duration) -> bool {
         match self {

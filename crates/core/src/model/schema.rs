@@ -141,6 +141,17 @@ impl Schema {
         &self.tiers
     }
 
+    /// Whether an increment of `n` at `ts` adds to some counter at `now`: an amount other
+    /// than 0, at a time some tier still keeps. One that does not is not counted and makes
+    /// no key, in every store (else `keys` would list a key no count stands behind).
+    pub fn counts(&self, ts: i64, n: i64, now: i64) -> bool {
+        n != 0
+            && self
+                .tiers
+                .iter()
+                .any(|t| t.retention.keeps_time(ts, t.resolution, now))
+    }
+
     /// The resolutions that keep subtotals, finest first.
     pub fn breakdown_resolutions(&self) -> &[Duration] {
         &self.breakdown
@@ -231,6 +242,39 @@ mod tests {
     use super::*;
     use crate::error::ErrorCode;
     use crate::model::{Event, RawEvent};
+
+    #[test]
+    fn an_increment_counts_if_some_tier_keeps_its_time_and_its_amount_is_not_0() {
+        let doc = SchemaDoc {
+            tiers: vec!["1m:1d".into(), "1h:30d".into()],
+            breakdown_tiers: None,
+            dimensions: None,
+        };
+        let s = Schema::from_doc(&doc).unwrap();
+        let now = 1_790_827_200;
+        let day = 86_400;
+        for (ts, n, counts) in [
+            (now - 60, 1, true),
+            (now - 60, -3, true),
+            (now - 60, 0, false),
+            // The hourly tier alone keeps it.
+            (now - 3 * day, 2, true),
+            // The hour holding the last kept second is kept (a bucket goes whole).
+            (now - 30 * day + 1, 1, true),
+            (now - 30 * day - 3600, 1, false),
+            (now - 40 * day, 5, false),
+        ] {
+            assert_eq!(s.counts(ts, n, now), counts, "ts {ts}, n {n}");
+        }
+        let forever = Schema::from_doc(&SchemaDoc {
+            tiers: vec!["1h:forever".into()],
+            breakdown_tiers: None,
+            dimensions: None,
+        })
+        .unwrap();
+        assert!(forever.counts(0, 1, now));
+        assert!(!forever.counts(0, 0, now));
+    }
 
     #[test]
     fn schema_defaults_and_checks() {
