@@ -80,6 +80,27 @@ pub fn backup(src: &Path, dest: &Path) -> Result<BackupReport, BackupError> {
     Err(BackupError::Unstable { attempts: ATTEMPTS })
 }
 
+/// What [`link_or_copy`] did.
+enum Placed {
+    Linked,
+    /// Copied, this many bytes (across file systems).
+    Copied(u64),
+    /// The source is gone.
+    Gone,
+}
+
+/// Hard-links `from` to `to`, else copies it.
+fn link_or_copy(from: &Path, to: &Path) -> Result<Placed, BackupError> {
+    if std::fs::hard_link(from, to).is_ok() {
+        return Ok(Placed::Linked);
+    }
+    match std::fs::copy(from, to) {
+        Ok(n) => Ok(Placed::Copied(n)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Placed::Gone),
+        Err(e) => Err(io(from)(e)),
+    }
+}
+
 /// One attempt; `None` when the source changed in a way that spoils it.
 fn try_once(src: &Path, dest: &Path) -> Result<Option<BackupReport>, BackupError> {
     let (dest_wal, dest_segs) = (dest.join("wal"), dest.join("segments"));
@@ -105,33 +126,34 @@ fn try_once(src: &Path, dest: &Path) -> Result<Option<BackupReport>, BackupError
         ..BackupReport::default()
     };
     let wal_start = m.as_ref().map_or(1, |m| m.wal_start);
+    // Segments and answers files, immutable both: hard-linked, else copied. One the
+    // manifest names may be gone since it was read (compacted away, or all its answers
+    // expired): start over.
+    let src_segs = src.join("segments");
     for e in m.iter().flat_map(|m| &m.segments) {
-        let from = segment_path(&src.join("segments"), e.id);
-        let to = segment_path(&dest_segs, e.id);
-        if std::fs::hard_link(&from, &to).is_err() {
-            match std::fs::copy(&from, &to) {
-                Ok(n) => {
-                    report.segments_copied += 1;
-                    report.bytes_copied += n;
-                }
-                // Compacted away after we read the manifest: start over.
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-                Err(e) => return Err(io(&from)(e)),
+        let (from, to) = (
+            segment_path(&src_segs, e.id),
+            segment_path(&dest_segs, e.id),
+        );
+        match link_or_copy(&from, &to)? {
+            Placed::Gone => return Ok(None),
+            Placed::Linked => {}
+            Placed::Copied(n) => {
+                report.segments_copied += 1;
+                report.bytes_copied += n;
             }
         }
         report.segments += 1;
     }
-    // Answers files likewise (immutable; one whose answers all expired may be removed by a
-    // publish meanwhile: start over).
     for a in m.iter().flat_map(|m| &m.answers) {
-        let from = answers_path(&src.join("segments"), a.id);
-        let to = answers_path(&dest_segs, a.id);
-        if std::fs::hard_link(&from, &to).is_err() {
-            match std::fs::copy(&from, &to) {
-                Ok(n) => report.bytes_copied += n,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-                Err(e) => return Err(io(&from)(e)),
-            }
+        let (from, to) = (
+            answers_path(&src_segs, a.id),
+            answers_path(&dest_segs, a.id),
+        );
+        match link_or_copy(&from, &to)? {
+            Placed::Gone => return Ok(None),
+            Placed::Linked => {}
+            Placed::Copied(n) => report.bytes_copied += n,
         }
         report.answers_files += 1;
     }

@@ -157,29 +157,11 @@ fn check_once(dir: &Path) -> Result<CheckReport, std::io::Error> {
                 }
             }
             for a in &m.answers {
-                let path = manifest::answers_path(&dir.join("segments"), a.id);
-                let read = std::fs::read(&path).map_err(|source| ManifestError::Io {
-                    path: path.clone(),
-                    source,
-                });
-                match read.and_then(|b| manifest::decode_answers(&path, &b)) {
-                    Ok(got) if got.len() as u64 == a.answers => {
-                        report.findings.push(Finding::Answers {
-                            path,
-                            answers: got.len(),
-                        });
-                    }
-                    Ok(got) => report.damage.push(
-                        ManifestError::Answers {
-                            path,
-                            why: format!(
-                                "holds {} answers, the manifest says {}",
-                                got.len(),
-                                a.answers
-                            ),
-                        }
-                        .into(),
-                    ),
+                match manifest::read_answers(&dir.join("segments"), a) {
+                    Ok(got) => report.findings.push(Finding::Answers {
+                        path: manifest::answers_path(&dir.join("segments"), a.id),
+                        answers: got.len(),
+                    }),
                     // Dropped since the manifest was read (its answers expired): not damage.
                     Err(ManifestError::Io { source, .. })
                         if source.kind() == std::io::ErrorKind::NotFound

@@ -337,25 +337,34 @@ pub fn decode_answers(path: &Path, bytes: &[u8]) -> Result<Vec<IdemRecord>, Mani
 pub fn load_answers(segments_dir: &Path, m: &Manifest) -> Result<Vec<IdemRecord>, ManifestError> {
     let mut out = Vec::new();
     for a in &m.answers {
-        let path = answers_path(segments_dir, a.id);
-        let bytes = std::fs::read(&path).map_err(|source| ManifestError::Io {
-            path: path.clone(),
-            source,
-        })?;
-        let got = decode_answers(&path, &bytes)?;
-        if got.len() as u64 != a.answers {
-            return Err(ManifestError::Answers {
-                path,
-                why: format!(
-                    "holds {} answers, the manifest says {}",
-                    got.len(),
-                    a.answers
-                ),
-            });
-        }
-        out.extend(got);
+        out.extend(read_answers(segments_dir, a)?);
     }
     Ok(out)
+}
+
+/// Reads the answers file `a` names, checked whole and against the count the manifest
+/// gives (recovery and `check` both).
+pub fn read_answers(
+    segments_dir: &Path,
+    a: &AnswersEntry,
+) -> Result<Vec<IdemRecord>, ManifestError> {
+    let path = answers_path(segments_dir, a.id);
+    let bytes = std::fs::read(&path).map_err(|source| ManifestError::Io {
+        path: path.clone(),
+        source,
+    })?;
+    let got = decode_answers(&path, &bytes)?;
+    if got.len() as u64 != a.answers {
+        return Err(ManifestError::Answers {
+            path,
+            why: format!(
+                "holds {} answers, the manifest says {}",
+                got.len(),
+                a.answers
+            ),
+        });
+    }
+    Ok(got)
 }
 
 /// Reads the manifest `CURRENT` names; `None` when there is no `CURRENT` (a directory that

@@ -319,6 +319,19 @@ fn schemas_and_remembered_answers_survive_log_truncation() {
     assert_eq!(crate::total(&e, "api", "k", 3600), 3);
 }
 
+/// Applies one event of `clicks/k` at `ts` with an idempotency answer under `key`.
+fn keyed(e: &Engine, key: &str, expires: i64, ts: i64) {
+    let mut batch = crate::prepared(e, NOW, &[raw("clicks", "k", ts, 1, &[])]);
+    batch.idempotency = Some(IdemRecord {
+        key: key.into(),
+        fingerprint: "fp".into(),
+        expires,
+        status: 200,
+        body: "{\"accepted\":1}".into(),
+    });
+    e.apply(&batch).unwrap();
+}
+
 /// The `.tla` files of a data directory, by name, with the answers each holds.
 fn answers_files(dir: &Path) -> Vec<(String, Vec<String>)> {
     let segs = dir.join("segments");
@@ -346,24 +359,13 @@ fn each_answer_is_written_once_and_a_file_of_expired_answers_goes() {
     let dir = tempfile::tempdir().unwrap();
     let clock = crate::clock(NOW);
     let e = open(dir.path(), &clock);
-    let keyed = |key: &str, expires: i64, ts: i64| {
-        let mut batch = crate::prepared(&e, NOW, &[raw("clicks", "k", ts, 1, &[])]);
-        batch.idempotency = Some(IdemRecord {
-            key: key.into(),
-            fingerprint: "fp".into(),
-            expires,
-            status: 200,
-            body: "{\"accepted\":1}".into(),
-        });
-        e.apply(&batch).unwrap();
-    };
-    keyed("a", NOW + 3600, NOW - 3 * DAY);
+    keyed(&e, "a", NOW + 3600, NOW - 3 * DAY);
     e.flush().unwrap();
     let first = answers_files(dir.path());
     assert_eq!(first.len(), 1, "{first:?}");
     assert_eq!(first[0].1, ["a"]);
     // The next publish writes only the new answer; the first file stays as it was.
-    keyed("b", NOW + 10 * DAY, NOW - 2 * DAY);
+    keyed(&e, "b", NOW + 10 * DAY, NOW - 2 * DAY);
     e.flush().unwrap();
     let second = answers_files(dir.path());
     assert_eq!(second.len(), 2, "{second:?}");
@@ -387,27 +389,55 @@ fn each_answer_is_written_once_and_a_file_of_expired_answers_goes() {
 }
 
 #[test]
+fn a_damaged_or_missing_answers_file_is_named_by_check_and_stops_recovery() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = crate::clock(NOW);
+    let e = open(dir.path(), &clock);
+    keyed(&e, "a", NOW + DAY, NOW - 3 * DAY);
+    e.flush().unwrap();
+    drop(e);
+    let files = answers_files(dir.path());
+    let path = dir.path().join("segments").join(&files[0].0);
+    let whole = std::fs::read(&path).unwrap();
+    let mut bad = whole.clone();
+    let last = bad.len() - 1;
+    bad[last] ^= 0x01;
+    for (damage, why) in [(Some(bad), "checksum mismatch"), (None, "No such file")] {
+        match damage {
+            Some(b) => std::fs::write(&path, b).unwrap(),
+            None => std::fs::remove_file(&path).unwrap(),
+        }
+        let report = tally_engine::check::check(dir.path()).unwrap();
+        let said: Vec<String> = report.damage.iter().map(|d| format!("{d:#}")).collect();
+        assert!(said.len() == 1 && said[0].contains(&files[0].0), "{said:?}");
+        let mut c = Config::new(dir.path());
+        c.clock = clock.clone();
+        let err = Engine::open(c).unwrap_err();
+        let text = format!("{err:#}");
+        assert!(text.contains(&files[0].0), "{text}");
+        let chain = std::error::Error::source(&err).map(|s| s.to_string());
+        assert!(
+            text.contains(why) || chain.is_some_and(|c| c.contains(why)),
+            "{text}"
+        );
+    }
+    // Put back, the directory opens and the answer is there.
+    std::fs::write(&path, whole).unwrap();
+    let e = open(dir.path(), &clock);
+    assert!(e.idempotency("a").unwrap().is_some());
+}
+
+#[test]
 fn a_restart_writes_no_answer_again() {
     // Found by a review: replay met, in the log's tail, the answers an answers file
     // already held, and the next publish wrote them all again (up to a day of them, each
     // restart).
     let dir = tempfile::tempdir().unwrap();
     let clock = crate::clock(NOW);
-    let keyed = |e: &Engine, key: &str| {
-        let mut batch = crate::prepared(e, NOW, &[raw("clicks", "k", NOW - 60, 1, &[])]);
-        batch.idempotency = Some(IdemRecord {
-            key: key.into(),
-            fingerprint: "fp".into(),
-            expires: NOW + DAY,
-            status: 200,
-            body: "{\"accepted\":1}".into(),
-        });
-        e.apply(&batch).unwrap();
-    };
     let e = open(dir.path(), &clock);
     // In the open hour: their log records stay past wal_start.
-    keyed(&e, "a");
-    keyed(&e, "b");
+    keyed(&e, "a", NOW + DAY, NOW - 60);
+    keyed(&e, "b", NOW + DAY, NOW - 60);
     write(&e, NOW, &[raw("clicks", "old", NOW - 3 * DAY, 1, &[])]).unwrap();
     e.flush().unwrap();
     let files = answers_files(dir.path());
