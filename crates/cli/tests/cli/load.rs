@@ -806,7 +806,18 @@ fn a_file_loaded_again_by_another_path_counts_once() {
     assert!(o.status.success(), "{said}");
     assert!(said.contains("300 of them were loaded before"), "{said}");
     let s = serve_dir(&dir);
-    assert_eq!(total(s.url.trim_end_matches('/')), expected);
+    let url = s.url.trim_end_matches('/').to_owned();
+    assert_eq!(total(&url), expected);
+    // The same file online, after the offline load into the server's directory: refused,
+    // naming that likely cause, and nothing counted twice.
+    let o = load(&[f.to_str().unwrap(), "--server", &url]);
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{said}");
+    assert!(
+        said.contains("an offline load into the server's data directory"),
+        "{said}"
+    );
+    assert_eq!(total(&url), expected);
     sigterm_and_wait(s);
 }
 
