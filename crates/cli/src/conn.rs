@@ -18,13 +18,15 @@ pub struct Conn {
         long,
         env = "TALLY_SERVER",
         default_value = "http://127.0.0.1:7070",
-        global = true
+        global = true,
+        value_parser = crate::http::server_url
     )]
     server: String,
     /// Bearer token, when the server requires one.
-    #[arg(long, env = "TALLY_TOKEN", global = true)]
+    #[arg(long, env = "TALLY_TOKEN", global = true, value_parser = crate::http::token)]
     token: Option<String>,
-    /// Print the server's JSON answer instead of a table.
+    /// Print JSON instead of a table: the server's answer as it came (for `bench`, its
+    /// report).
     #[arg(long, global = true)]
     json: bool,
 }

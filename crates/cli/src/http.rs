@@ -147,6 +147,47 @@ pub fn trust_ca_certs(path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `--server`: an `http://` or `https://` URL with a host. Checked before anything is sent,
+/// so a missing scheme is not reported as a server that cannot be reached.
+pub fn server_url(s: &str) -> Result<String, String> {
+    let lower = s.to_ascii_lowercase();
+    let host = lower
+        .strip_prefix("http://")
+        .or_else(|| lower.strip_prefix("https://"));
+    match host {
+        Some(h) if !h.is_empty() && !h.starts_with('/') => Ok(s.to_owned()),
+        _ => Err(format!(
+            "{s:?} is not a server URL: expected http://HOST:PORT or https://HOST:PORT"
+        )),
+    }
+}
+
+/// `--token`: what an `Authorization: Bearer` header can carry (visible ASCII, no spaces).
+/// Checked up front: a newline or a non-ASCII letter in it made the request fail before it
+/// was sent, which read as a server that cannot be reached.
+pub fn token(s: &str) -> Result<String, String> {
+    if !s.is_empty() && s.bytes().all(|b| b.is_ascii_graphic()) {
+        Ok(s.to_owned())
+    } else {
+        Err("a token is one or more visible ASCII characters: no spaces, control characters or non-ASCII letters".to_owned())
+    }
+}
+
+/// "cannot reach the server at …", with a hint when the answer suggests the wrong scheme:
+/// rustls reading plain HTTP (an `https://` URL for an http server), or an HTTP parser
+/// reading a TLS record (an `http://` URL for an https server).
+pub fn unreachable(server: &str, e: ureq::Error) -> anyhow::Error {
+    let https = server.to_ascii_lowercase().starts_with("https://");
+    let hint = if https && e.to_string().contains("InvalidContentType") {
+        " (it answers plain http, not https: use an http:// URL)"
+    } else if !https && matches!(e, ureq::Error::Protocol(_)) {
+        " (it did not answer in plain http: if it serves https, use an https:// URL)"
+    } else {
+        ""
+    };
+    anyhow::Error::new(e).context(format!("cannot reach the server at {server}{hint}"))
+}
+
 impl Client {
     pub fn new(server: &str, token: Option<&str>) -> Client {
         Client::with_timeout(server, token, None)
@@ -188,8 +229,7 @@ impl Client {
         if let Some(a) = &self.authorization {
             req = req.header("Authorization", a);
         }
-        req.call()
-            .with_context(|| format!("cannot reach the server at {}", self.server))
+        req.call().map_err(|e| unreachable(&self.server, e))
     }
 
     /// A POST of `body` with extra `headers`: the status, the answer's text, and whether the
@@ -211,9 +251,7 @@ impl Client {
         for (k, v) in headers {
             req = req.header(*k, *v);
         }
-        let mut resp = req
-            .send(body)
-            .with_context(|| format!("cannot reach the server at {}", self.server))?;
+        let mut resp = req.send(body).map_err(|e| unreachable(&self.server, e))?;
         let status = resp.status().as_u16();
         let replayed = resp
             .headers()
@@ -274,8 +312,7 @@ impl Client {
         &self,
         sent: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
     ) -> anyhow::Result<Answer<T>> {
-        let mut resp =
-            sent.with_context(|| format!("cannot reach the server at {}", self.server))?;
+        let mut resp = sent.map_err(|e| unreachable(&self.server, e))?;
         let status = resp.status().as_u16();
         let text = resp
             .body_mut()

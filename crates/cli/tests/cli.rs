@@ -93,7 +93,7 @@ fn serve_refuses_bad_flags_configs_and_data_dirs() {
             "--listen",
             "127.0.0.1:0",
         ]),
-        "opening data directory",
+        "a-file is not a directory",
     );
     refused(
         &run(&[
@@ -237,6 +237,17 @@ fn serve_refuses_half_or_bad_tls_flags_and_says_https_when_ready() {
     refused(
         &run(&["keys", "clicks", "--server", &url]),
         "cannot reach the server",
+    );
+    // http:// to an https server: the message says which scheme it likely wants (found by
+    // a review: "http parse fail: invalid HTTP version" alone).
+    refused(
+        &run(&[
+            "keys",
+            "clicks",
+            "--server",
+            &url.replacen("https://", "http://", 1),
+        ]),
+        "use an https:// URL",
     );
     refused(
         &run(&["keys", "clicks", "--server", &url, "--ca-cert", garbage]),
@@ -790,6 +801,26 @@ fn bench_loads_a_server_and_every_acknowledged_event_is_counted() {
         "{out}"
     );
 
+    // A namespace the run creates: its first reads do not race the first write to a 404
+    // (found by a review: they did in 7 runs of 8).
+    let out = stdout(&client(
+        &s.url,
+        &[
+            "bench",
+            "--duration",
+            "1s",
+            "--connections",
+            "8",
+            "--ns",
+            "fresh",
+            "--json",
+        ],
+    ));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    for (op, o) in v["ops"].as_object().unwrap() {
+        assert_eq!(o["errors"], serde_json::json!({}), "{op}: {out}");
+    }
+
     // Silly values and a missing server are clear errors.
     refused(
         &client(&s.url, &["bench", "--connections", "100000"]),
@@ -820,6 +851,72 @@ fn bench_loads_a_server_and_every_acknowledged_event_is_counted() {
         &client("http://127.0.0.1:9", &["bench", "--duration", "1s"]),
         "cannot reach the server",
     );
+}
+
+#[test]
+fn a_bench_whose_every_write_is_refused_fails() {
+    // Found by a review: writes all refused (403, 413), reads answered, exit 0.
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("tally.toml");
+    std::fs::write(&config, "[limits]\nmax_batch_events = 3\n").unwrap();
+    let s = serve_with(
+        &dir.path().join("d"),
+        &["--config", config.to_str().unwrap()],
+    );
+    stdout(&client(&s.url, &["incr", "bench", "k"]));
+    let o = client(
+        &s.url,
+        &[
+            "bench",
+            "--duration",
+            "1s",
+            "--mix",
+            "ingest=1,window=1",
+            "--batch",
+            "10",
+        ],
+    );
+    refused(&o, "no ingest request succeeded");
+    let report = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        report.contains("window "),
+        "the report is printed: {report}"
+    );
+    sigterm_and_wait(s);
+}
+
+#[test]
+fn client_urls_and_tokens_are_checked_before_anything_is_sent() {
+    // Found by a review: each was reported as "cannot reach the server".
+    for server in ["127.0.0.1:7070", "ftp://127.0.0.1", "http://", "https:///x"] {
+        let o = client(server, &["keys", "clicks"]);
+        assert_eq!(o.status.code(), Some(2), "{server}: {o:?}");
+        refused(&o, "is not a server URL");
+    }
+    refused(
+        &run(&["load", "x.csv", "--server", "localhost:7070"]),
+        "is not a server URL",
+    );
+    let o = run(&["keys", "clicks", "--token", "two\nlines"]);
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    refused(&o, "visible ASCII");
+    let o = tally()
+        .args(["keys", "clicks"])
+        .env("TALLY_TOKEN", "tökén")
+        .output()
+        .unwrap();
+    refused(&o, "visible ASCII");
+    // https:// to a plain http server.
+    let data = tempfile::tempdir().unwrap();
+    let s = serve(data.path());
+    refused(
+        &client(
+            &s.url.replacen("http://", "https://", 1),
+            &["keys", "clicks"],
+        ),
+        "use an http:// URL",
+    );
+    sigterm_and_wait(s);
 }
 
 #[test]

@@ -97,6 +97,8 @@ pub enum OpenError {
     },
     #[error("{} is in use by another tally process", path.display())]
     Locked { path: PathBuf },
+    #[error("{} is not a directory", path.display())]
+    NotADirectory { path: PathBuf },
     #[error(transparent)]
     Wal(#[from] WalError),
     #[error(transparent)]
@@ -257,6 +259,10 @@ impl Engine {
     pub fn open(config: Config) -> Result<Engine, OpenError> {
         let started = Instant::now();
         let dir = config.dir.clone();
+        // `create_dir_all` on a file says only "File exists".
+        if dir.exists() && !dir.is_dir() {
+            return Err(OpenError::NotADirectory { path: dir });
+        }
         std::fs::create_dir_all(&dir).map_err(io_at(&dir))?;
         let lock_path = dir.join("LOCK");
         let lock = File::options()

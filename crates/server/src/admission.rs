@@ -224,6 +224,37 @@ fn check_head(req: &Request) -> Result<(), ApiError> {
         .iter()
         .map(|(k, v)| k.as_str().len() + v.len() + 4)
         .sum();
+    // Axum decodes a malformed escape (`%G1`) as the text it is, so `%G1` and `%25G1` would
+    // name one key; a query string's is refused, and so is a path's.
+    let path = req.uri().path().as_bytes();
+    if let Some(at) = path.iter().enumerate().position(|(i, &b)| {
+        b == b'%'
+            && !path
+                .get(i + 1..i + 3)
+                .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit))
+    }) {
+        return Err(ApiError::new(
+            ErrorCode::InvalidParameter,
+            format!(
+                "the path has a malformed percent-escape at byte {at}: a % is followed by two hex digits (%25 for a % itself)"
+            ),
+        ));
+    }
+    // A compressed body would be read as the bytes it is (a gzip body as "not JSON", a
+    // `br` label on plain JSON accepted): no coding is taken, so one is refused by name.
+    if let Some(coding) = req
+        .headers()
+        .get_all(header::CONTENT_ENCODING)
+        .iter()
+        .flat_map(|v| v.to_str().unwrap_or("?").split(','))
+        .map(str::trim)
+        .find(|c| !c.is_empty() && !c.eq_ignore_ascii_case("identity"))
+    {
+        return Err(ApiError::new(
+            ErrorCode::MalformedBody,
+            format!("Content-Encoding {coding:?} is not taken: send the body uncompressed"),
+        ));
+    }
     if fields > MAX_HEADER_FIELDS || bytes > MAX_HEADER_BYTES {
         return Err(ApiError::new(
             ErrorCode::HeadersTooLarge,

@@ -43,6 +43,10 @@ pub enum ConfigError {
     },
     #[error("[[tokens]] #{number}: the token is empty")]
     EmptyToken { number: usize },
+    #[error(
+        "[[tokens]] #{number}: a token is visible ASCII only (no spaces, control characters or non-ASCII letters): no client could send this one in an Authorization header"
+    )]
+    UnsendableToken { number: usize },
     /// Two entries with one secret: which scopes it has would depend on their order.
     #[error("[[tokens]] #{number}: the same token as #{first} (give one entry all its scopes)")]
     RepeatedToken { number: usize, first: usize },
@@ -420,6 +424,9 @@ impl Settings {
             if t.token.is_empty() {
                 return Err(ConfigError::EmptyToken { number: i + 1 });
             }
+            if !t.token.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(ConfigError::UnsendableToken { number: i + 1 });
+            }
             if let Some(first) = s.tokens.iter().position(|seen| seen.secret == t.token) {
                 return Err(ConfigError::RepeatedToken {
                     number: i + 1,
@@ -589,6 +596,14 @@ dimensions = ["status"]
             (
                 "[[tokens]]\ntoken = \"\"\nscopes = []",
                 "#1: the token is empty",
+            ),
+            (
+                "[[tokens]]\ntoken = \"two words\"\nscopes = []",
+                "#1: a token is visible ASCII only",
+            ),
+            (
+                "[[tokens]]\ntoken = \"t\"\nscopes = []\n[[tokens]]\ntoken = \"tökén\"\nscopes = []",
+                "#2: a token is visible ASCII only",
             ),
             (
                 "[[tokens]]\ntoken = \"t\"\nscopes = [\"read:*\"]\n[[tokens]]\ntoken = \"u\"\nscopes = []\n[[tokens]]\ntoken = \"t\"\nscopes = [\"admin:*\"]",

@@ -99,7 +99,15 @@ impl IntoResponse for ApiError {
         if self.status().is_server_error() {
             tracing::error!(code = %self.code, message = %self.message, "request failed");
         }
-        (self.status(), Json(self.to_json())).into_response()
+        let mut response = (self.status(), Json(self.to_json())).into_response();
+        if self.code == ErrorCode::Unauthorized {
+            // RFC 9110 §11.6.1: a 401 names the scheme that would be accepted.
+            response.headers_mut().insert(
+                axum::http::header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer"),
+            );
+        }
+        response
     }
 }
 

@@ -29,6 +29,9 @@ const DURATION: &str = "^[0-9]{1,19}[smhdw]$";
 const TIER: &str = "^[0-9]{1,19}[smhdw]:([0-9]{1,19}[smhdw]|forever)$";
 /// A dimension name, or a compound `a+b` (a `+` in a query string may arrive as a space).
 const DIMENSION: &str = "^[a-z0-9_]{1,64}([+ ][a-z0-9_]{1,64}){0,15}$";
+/// The same in a JSON body, where a `+` is a `+` (found by a review: the query string's
+/// pattern, space and all, was given for a schema's `dimensions`).
+const DIMENSION_IN_BODY: &str = "^[a-z0-9_]{1,64}(\\+[a-z0-9_]{1,64}){0,15}$";
 /// An Idempotency-Key: 1–256 visible ASCII characters, spaces and tabs inside allowed.
 /// HTTP drops spaces and tabs around a header's value before the server sees it, so the
 /// pattern allows them there too.
@@ -132,7 +135,7 @@ fn schemas(limits: &Limits) -> Value {
             "properties": {
                 "tiers": {"type": "array", "minItems": 1, "items": {"type": "string", "pattern": TIER}},
                 "breakdown_tiers": {"type": ["array", "null"], "items": {"type": "string", "pattern": DURATION}},
-                "dimensions": {"type": ["array", "null"], "items": {"type": "string", "pattern": DIMENSION}}
+                "dimensions": {"type": ["array", "null"], "items": {"type": "string", "pattern": DIMENSION_IN_BODY}}
             }
         }
     })

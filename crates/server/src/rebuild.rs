@@ -14,7 +14,7 @@ use axum::http::HeaderMap;
 use serde_json::{Value, json};
 use tally_core::ErrorCode;
 use tally_core::ingest;
-use tally_core::model::{self, Namespace};
+use tally_core::model::Namespace;
 
 use crate::app::App;
 use crate::auth;
@@ -63,8 +63,7 @@ pub async fn rebuild(
             )
             .field(field)
         })?;
-        model::parse_timestamp(&tally_core::query::plus(v))
-            .map_err(|e| ApiError::from(e).field(field))
+        tally_core::query::timestamp_plus(v).map_err(|e| ApiError::from(e).field(field))
     };
     let (from, to) = (at("from")?, at("to")?);
     let now = app.now();

@@ -23,10 +23,15 @@ pub struct CompactArgs {
     #[arg(long, env = "TALLY_DATA", default_value = "tally-data")]
     pub data: PathBuf,
     /// Ask this running server instead.
-    #[arg(long, conflicts_with = "data")]
+    #[arg(long, conflicts_with = "data", value_parser = crate::http::server_url)]
     pub server: Option<String>,
     /// Bearer token for --server (needs the admin:* scope).
-    #[arg(long, env = "TALLY_TOKEN", requires = "server")]
+    #[arg(
+        long,
+        env = "TALLY_TOKEN",
+        requires = "server",
+        value_parser = crate::http::token
+    )]
     pub token: Option<String>,
     /// Print what was done as JSON.
     #[arg(long)]

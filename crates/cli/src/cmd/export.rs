@@ -50,10 +50,15 @@ pub struct ExportArgs {
     #[arg(long)]
     data: Option<PathBuf>,
     /// Read from this running server.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::http::server_url)]
     server: Option<String>,
     /// Bearer token for --server (needs read on the namespace).
-    #[arg(long, env = "TALLY_TOKEN", requires = "server")]
+    #[arg(
+        long,
+        env = "TALLY_TOKEN",
+        requires = "server",
+        value_parser = crate::http::token
+    )]
     token: Option<String>,
     /// No progress line.
     #[arg(long)]

@@ -42,12 +42,28 @@ pub fn plus(s: &str) -> std::borrow::Cow<'_, str> {
     }
 }
 
+/// A timestamp from a query string, its spaces read back as `+` ([`plus`]). When that does
+/// not make it valid either, the error quotes it as sent (a review saw
+/// `"2026-11-20+00:00:00Z"` for a space the user typed).
+pub fn timestamp_plus(sent: &str) -> Result<i64, ModelError> {
+    m::parse_timestamp(&plus(sent)).or_else(|e| match sent.contains(' ') {
+        true => m::parse_timestamp(sent),
+        false => Err(e),
+    })
+}
+
 pub(super) fn instant(p: &(impl Params + ?Sized), field: &'static str) -> Result<i64, QueryError> {
-    m::parse_timestamp(&plus(required(p, field)?)).map_err(model(field))
+    timestamp_plus(required(p, field)?).map_err(model(field))
 }
 
 fn tz(p: &(impl Params + ?Sized)) -> Result<Tz, QueryError> {
-    Tz::get(&plus(p.get("tz").unwrap_or("UTC"))).map_err(time("tz"))
+    let sent = p.get("tz").unwrap_or("UTC");
+    Tz::get(&plus(sent))
+        .or_else(|e| match sent.contains(' ') {
+            true => Tz::get(sent),
+            false => Err(e),
+        })
+        .map_err(time("tz"))
 }
 
 /// `unit`, `every` and `tz` as a calendar; `None` when `unit` is absent.

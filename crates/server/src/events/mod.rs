@@ -25,11 +25,14 @@ use crate::error::ApiError;
 use crate::idempotency::{self, Held, Idem, Ticket};
 use crate::params;
 
-/// Validates, remembers the answer if asked to, and applies — on the blocking pool.
+/// Validates, remembers the answer if asked to, and applies — on the blocking pool. A
+/// refusal of the events is told by `refused` (a batch names the event's index, `incr` the
+/// parameter).
 fn apply(
     app: &App,
     raws: Vec<RawEvent>,
     idem: Option<Ticket>,
+    refused: fn(ingest::IngestError) -> ApiError,
     answer: impl FnOnce(&App, &tally_core::store::Batch) -> Result<Accepted, ApiError>,
 ) -> Result<Accepted, ApiError> {
     let now = app.now();
@@ -40,7 +43,8 @@ fn apply(
         now,
         &app.settings().limits,
         &app.settings().defaults,
-    )?;
+    )
+    .map_err(refused)?;
     let body = answer(app, &batch)?;
     if let Some(ticket) = idem {
         batch.idempotency = Some(ticket.record(now, &body)?);
@@ -158,7 +162,7 @@ pub async fn post_events(
             // The key stays claimed until the store is done, even if the client hangs up
             // and this handler is dropped: a retry meanwhile gets 409, not a second apply.
             let _held = held;
-            apply(app, raws, idem, |_, _| {
+            apply(app, raws, idem, ApiError::from, |_, _| {
                 Ok(Accepted {
                     accepted: n,
                     window: None,
@@ -212,7 +216,8 @@ fn apply_limited(
             now,
             &app.settings().limits,
             &app.settings().defaults,
-        )?;
+        )
+        .map_err(incr_refused)?;
         let decided =
             query::incr_limited(&**app.store(), now, &clock, &batch, last, max, &mut |o| {
                 let Some(ticket) = &idem else {
@@ -301,6 +306,34 @@ pub(crate) fn is_ndjson(headers: &HeaderMap) -> bool {
         .is_some_and(|media| media.trim().eq_ignore_ascii_case("application/x-ndjson"))
 }
 
+/// `incr`'s event refused: named by the parameter at fault, as a bad `n=abc` is, not as
+/// "event 0" of a batch (found by a review: `n=2^53` answered `index: 0`).
+fn incr_refused(e: ingest::IngestError) -> ApiError {
+    use tally_core::model::ModelError as M;
+    let ingest::IngestError::Event { source, .. } = e else {
+        return match e {
+            ingest::IngestError::UnknownNamespace { ns, .. } => ApiError::new(
+                ErrorCode::UnknownNamespace,
+                format!("namespace {ns} does not exist (auto_create is off)"),
+            ),
+            other => other.into(),
+        };
+    };
+    let field = match &source {
+        M::InvalidAmount { .. } => Some("n".to_owned()),
+        M::InvalidTimestamp { .. } | M::TimestampInFuture { .. } => Some("ts".to_owned()),
+        M::UnknownDimension { name } => Some(format!("dim.{name}")),
+        M::InvalidName { .. } => Some("ns".to_owned()),
+        M::InvalidKey { .. } => Some("key".to_owned()),
+        _ => None,
+    };
+    let a = ApiError::from(source);
+    match field {
+        Some(f) => a.field(f),
+        None => a,
+    }
+}
+
 /// Increment one key from query parameters.
 #[utoipa::path(post, path = "/v1/ns/{ns}/keys/{key}/incr", tag = "events",
     description = "One event from query parameters `n` (default 1), `ts` (default now), `dim.<name>=<value>`. `window=<duration>` adds the rolling count after the increment; with `max=<n>` too, the increment happens only if that count stays at most `max`, atomically, else `429 limit_exceeded` (count, max, retry_after and a Retry-After header) and nothing is counted; a limited increment's `ts` must fall inside the window (else `400 invalid_parameter`).",
@@ -347,10 +380,7 @@ pub async fn incr(
                 })?)
             }
             "ts" => {
-                raw.ts = Some(
-                    model::parse_timestamp(&query::plus(v))
-                        .map_err(|e| ApiError::from(e).field("ts"))?,
-                )
+                raw.ts = Some(query::timestamp_plus(v).map_err(|e| ApiError::from(e).field("ts"))?)
             }
             "window" => {
                 window = Some((
@@ -409,7 +439,7 @@ pub async fn incr(
     let body = app
         .blocking(move |app| {
             let _held = held;
-            apply(app, vec![raw], idem, |app, batch| {
+            apply(app, vec![raw], idem, incr_refused, |app, batch| {
                 let window = match &window {
                     Some((last, spelled)) => Some(spelled_as(
                         &query::window_after(app.store().as_ref(), app.now(), batch, *last)?,

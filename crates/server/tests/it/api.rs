@@ -240,6 +240,24 @@ fn a_plus_in_a_timestamp_or_zone_of_a_query_string_is_a_plus() {
     );
     assert_eq!(st, 200, "{csv}");
     assert!(csv.contains("\nclicks,lnk_3,1795172400,1h,,,1\n"), "{csv}");
+    // A space that is no `+` (the repair leaves it invalid) is quoted as it was sent, not
+    // as the repair made it (found by a review: `"2026-11-20+00:00:00Z"`).
+    for (query, quoted) in [
+        (
+            "from=2026-11-20%2000:00:00Z&to=2026-11-21T00:00:00Z",
+            "\"2026-11-20 00:00:00Z\"",
+        ),
+        (
+            "from=2026-11-20T00:00:00Z&to=2026-11-21T00:00:00Z&tz=New%20York",
+            "New York",
+        ),
+    ] {
+        let (st, v) = s.get(&format!(
+            "/v1/ns/clicks/keys/lnk_1/series?{query}&unit=hour"
+        ));
+        let said = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(st == 400 && said.contains(quoted), "{query}: {st} {v}");
+    }
 }
 
 #[test]
@@ -441,6 +459,15 @@ fn health_metrics_openapi() {
     let unit = param("/v1/ns/{ns}/keys/{key}/series", "get", "unit");
     assert_eq!(unit["enum"].as_array().unwrap().len(), 9);
     assert!(param("/v1/ns/{ns}/keys/{key}/window", "get", "last")["pattern"].is_string());
+    // A schema's dimensions are in a JSON body: `+` joins a compound, a space is refused.
+    assert_eq!(
+        doc["components"]["schemas"]["Schema"]["properties"]["dimensions"]["items"]["pattern"],
+        "^[a-z0-9_]{1,64}(\\+[a-z0-9_]{1,64}){0,15}$"
+    );
+    assert_eq!(
+        param("/v1/ns/{ns}/keys/{key}/breakdown", "get", "dim")["pattern"],
+        "^[a-z0-9_]{1,64}([+ ][a-z0-9_]{1,64}){0,15}$"
+    );
     assert_eq!(
         paths["/v1/events"]["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"],
         "#/components/schemas/Events"

@@ -109,20 +109,26 @@ fn bad_events_are_refused_whole_and_name_their_index() {
 fn bad_incr_parameters() {
     let s = server();
     let before = s.state();
-    for (q, code) in [
-        ("n=1.5", "invalid_amount"),
-        ("n=9007199254740992", "invalid_amount"),
-        ("ts=later", "invalid_timestamp"),
-        ("window=0s", "invalid_duration"),
-        ("window=5y", "invalid_duration"),
-        ("dim.Bad=x", "invalid_dimension"),
-        ("colour=red", "invalid_parameter"),
-        ("n=1&n=2", "invalid_parameter"),
+    // Each names its parameter, as a batch's refusal names its event (found by a review:
+    // `n=2^53` and a future `ts` answered "event 0: …" with `index: 0`).
+    for (q, code, field) in [
+        ("n=1.5", "invalid_amount", Some("n")),
+        ("n=9007199254740992", "invalid_amount", Some("n")),
+        ("ts=later", "invalid_timestamp", Some("ts")),
+        ("ts=4000000000", "timestamp_in_future", Some("ts")),
+        ("window=0s", "invalid_duration", Some("window")),
+        ("window=5y", "invalid_duration", Some("window")),
+        ("dim.Bad=x", "invalid_dimension", None),
+        ("colour=red", "invalid_parameter", Some("colour")),
+        ("n=1&n=2", "invalid_parameter", Some("n")),
     ] {
-        err(
-            s.post(&format!("/v1/ns/clicks/keys/k/incr?{q}"), ""),
-            400,
-            code,
+        let got = s.post(&format!("/v1/ns/clicks/keys/k/incr?{q}"), "");
+        let e = &err(got, 400, code)["error"];
+        assert_eq!(e["field"].as_str(), field, "{q}: {e}");
+        assert!(e.get("index").is_none(), "{q}: {e}");
+        assert!(
+            !e["message"].as_str().unwrap().contains("event 0"),
+            "{q}: {e}"
         );
         assert_eq!(s.state(), before, "{q}");
     }
@@ -393,6 +399,23 @@ scopes = ["admin:*", "read:*", "write:*"]
     let state = |s: &Server| s.req("GET", "/v1/ns/clicks/keys", None, &a).1;
     let before = state(&s);
     err(s.post("/v1/events", &e), 401, "unauthorized");
+    // RFC 9110 §11.6.1: a 401 names the scheme it wants (found by a review: it did not).
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into();
+    for token in [None, Some("Bearer nobody")] {
+        let mut req = agent.get(s.url("/v1/ns/clicks/keys"));
+        if let Some(t) = token {
+            req = req.header("Authorization", t);
+        }
+        let resp = req.call().unwrap();
+        assert_eq!(resp.status().as_u16(), 401);
+        assert_eq!(
+            resp.headers().get("www-authenticate").map(|v| v.as_bytes()),
+            Some(&b"Bearer"[..])
+        );
+    }
     err(
         s.req(
             "POST",
@@ -631,4 +654,60 @@ fn megabytes_of_tiny_entries_are_counted_and_refused() {
     let got = err(s.post("/v1/query", &queries), 413, "batch_too_large");
     assert_eq!(got["error"]["message"], "at most 1000 queries, got 1000000");
     assert_eq!(s.state(), before);
+}
+
+/// Found by a review: a `Content-Encoding` was ignored, so `br` on plain JSON was accepted
+/// and a real gzip body was "not JSON". No coding is taken: any but `identity` is refused by
+/// name, and nothing is applied.
+#[test]
+fn a_content_encoding_is_refused_by_name() {
+    let s = server();
+    let before = s.state();
+    let e = json!([{"ns": "clicks", "key": "k", "ts": NOW - 10}]).to_string();
+    for coding in ["gzip", "br", "identity, gzip"] {
+        let got = s.req(
+            "POST",
+            "/v1/events",
+            Some(&e),
+            &[("Content-Encoding", coding)],
+        );
+        let v = err(got, 400, "malformed_body");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("Content-Encoding"),
+            "{v}"
+        );
+        assert_eq!(s.state(), before, "{coding}");
+    }
+    let got = s.req(
+        "POST",
+        "/v1/events",
+        Some(&e),
+        &[("Content-Encoding", "identity")],
+    );
+    assert_eq!(got.0, 200, "{}", got.1);
+}
+
+/// Found by a review: a path's malformed escape was read as text (`%G1` the same key as
+/// `%25G1`), where a query string's was refused.
+#[test]
+fn a_malformed_escape_in_a_path_is_refused() {
+    let s = server();
+    let before = s.state();
+    for path in [
+        "/v1/ns/clicks/keys/%G1/incr",
+        "/v1/ns/clicks/keys/k%2/incr",
+        "/v1/ns/clicks/keys/k%/incr",
+    ] {
+        err(s.post(path, ""), 400, "invalid_parameter");
+    }
+    err(
+        s.get("/v1/ns/clicks/keys/%G1/series?from=0&to=3600"),
+        400,
+        "invalid_parameter",
+    );
+    assert_eq!(s.state(), before);
+    assert_eq!(s.post("/v1/ns/clicks/keys/%25G1/incr", "").0, 200);
 }

@@ -58,10 +58,15 @@ pub struct LoadArgs {
     #[arg(long, value_enum)]
     format: Option<Format>,
     /// Load into this running server.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::http::server_url)]
     server: Option<String>,
     /// Bearer token for --server (needs write on the namespaces).
-    #[arg(long, env = "TALLY_TOKEN", requires = "server")]
+    #[arg(
+        long,
+        env = "TALLY_TOKEN",
+        requires = "server",
+        value_parser = crate::http::token
+    )]
     token: Option<String>,
     /// Load into a stopped server's data directory.
     #[arg(long)]
