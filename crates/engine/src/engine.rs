@@ -488,11 +488,13 @@ impl Store for Engine {
     fn apply(&self, batch: &Batch) -> Result<(), StoreError> {
         let _gate = self.gate_shared();
         self.check_before_logging(batch)?;
-        let view = BatchView::from_batch(batch);
+        let now = self.clock.now();
+        let mut view = BatchView::from_batch(batch);
+        view.at = Some(now);
         let mut bytes = Vec::with_capacity(64 + 16 * batch.increments.len());
         view.encode(&mut bytes);
         let seq = self.wal.append(bytes)?;
-        self.core.apply_view(&view, self.clock.now(), seq, None)
+        self.core.apply_view(&view, now, seq, None)
     }
 
     fn read(&self, reads: &[KeyRead<'_>]) -> Result<Vec<KeyData>, StoreError> {

@@ -252,12 +252,17 @@ pub(crate) fn replay(
     // Two threads: this one reads, decodes and resolves each batch to ids (the catalog's
     // work), the adder adds the batch before it to the counters, so replay uses both halves
     // of the apply path at once. A schema change waits until the adder has caught up.
+    let held = archive.held();
+    let replayed_against = crate::state::Replayed {
+        archive,
+        held: &held,
+    };
     let replayed = std::thread::scope(|scope| -> Result<(), OpenError> {
         let (to_adder, inbox) = std::sync::mpsc::sync_channel::<ToAdder>(REPLAY_QUEUE);
         scope.spawn(move || {
             for m in inbox {
                 match m {
-                    ToAdder::Batch(b) => core.add_resolved(b, now, Some(archive)),
+                    ToAdder::Batch(b) => core.add_resolved(b, now, Some(replayed_against)),
                     ToAdder::Barrier(done) => {
                         let _ = done.send(());
                     }
@@ -325,12 +330,14 @@ pub(crate) fn replay(
                             recreate_lost_namespaces(core, &mut view);
                         }
                         recovery.events += view.incs.len() as u64;
-                        let batch = core.resolve(&view, seq, now).map_err(Corruption::Apply)?;
+                        let batch = core
+                            .resolve(&view, seq, now, Some(&held))
+                            .map_err(Corruption::Apply)?;
                         if let Err(std::sync::mpsc::SendError(ToAdder::Batch(batch))) =
                             to_adder.send(ToAdder::Batch(batch))
                         {
                             // The adder is gone (it panicked): add here.
-                            core.add_resolved(batch, now, Some(archive));
+                            core.add_resolved(batch, now, Some(replayed_against));
                         }
                         Ok(())
                     }

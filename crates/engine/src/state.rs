@@ -14,7 +14,7 @@ use tally_core::store::StoreError;
 const LOGGED_TS_END: i64 = 1 << 32;
 
 use crate::answers::Answers;
-use crate::archive::{Archive, FlushPolicy, store_error};
+use crate::archive::{Archive, FlushPolicy, Held, store_error};
 use crate::catalog::{Catalog, KeyId, NsId, SeriesId, StrId, TierPlan};
 use crate::memtable::{Lane, Memtable, Shard, split_key};
 use crate::names::{MAX_NAMES, Names};
@@ -103,11 +103,34 @@ struct CatalogNames {
 #[derive(Debug)]
 pub(crate) struct ResolvedBatch {
     seq: u64,
+    /// When its record was written, if the record says (see [`holds_bucket`]).
+    at: Option<i64>,
     resolved: Vec<Resolved>,
     /// The subtotal series of every increment (each names its range).
     sids: Vec<SeriesId>,
     /// The tiers of each namespace the batch writes to.
     plans: Vec<(NsId, Arc<[TierPlan]>)>,
+}
+
+/// What replay adds a log record against: the archive it opened with, and the time its
+/// segments hold ([`Archive::held`], worked out once).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Replayed<'a> {
+    pub archive: &'a Archive,
+    pub held: &'a Held,
+}
+
+/// Whether memory holds an increment to bucket `b` of tier `t` at `now`: whether the tier
+/// keeps the bucket, and in replay (`held`, the time the archive holds) also a bucket it no
+/// longer keeps whose period the archive holds, if the tier kept it when the record was
+/// written (`at`, which records of format 1 lack). The running engine holds such a count:
+/// [`Core::sweep`] keeps an expired counter of an archived period until a flush writes it as
+/// a delta, so that a retention that grows later shows no bucket in part. Replay dropping
+/// it did show one (found by a review).
+fn holds_bucket(t: &TierPlan, b: i64, now: i64, at: Option<i64>, held: Option<&Held>) -> bool {
+    t.retention.keeps_bucket(b, t.resolution, now)
+        || held.is_some_and(|h| h.holds(t.res as u32, b))
+            && at.is_some_and(|at| t.retention.keeps_bucket(b, t.resolution, at))
 }
 
 /// One counter update of a batch: what [`Core::add_resolved`] works out before it locks.
@@ -286,9 +309,9 @@ impl Core {
         view: &BatchView<'_>,
         now: i64,
         seq: u64,
-        archived: Option<&Archive>,
+        archived: Option<Replayed<'_>>,
     ) -> Result<(), StoreError> {
-        let batch = self.resolve(view, seq, now)?;
+        let batch = self.resolve(view, seq, now, archived.map(|r| r.held))?;
         self.add_resolved(batch, now, archived);
         Ok(())
     }
@@ -335,6 +358,7 @@ impl Core {
         view: &BatchView<'_>,
         seq: u64,
         now: i64,
+        replay: Option<&Held>,
     ) -> Result<ResolvedBatch, StoreError> {
         let mut resolved = Vec::with_capacity(view.incs.len());
         let mut sids: Vec<SeriesId> = Vec::with_capacity(view.subs.len());
@@ -388,13 +412,20 @@ impl Core {
                     }
                 };
                 // `Schema::counts`, on the plan's retentions (in replay, those at the log's
-                // end, as `add_resolved` uses).
+                // end, as `add_resolved` uses), with replay's expired buckets of archived
+                // periods ([`holds_bucket`]).
                 let counts = inc.n != 0
                     && plans.iter().any(|(n, tiers)| {
                         *n == ns
-                            && tiers
-                                .iter()
-                                .any(|t| t.retention.keeps_time(inc.ts, t.resolution, now))
+                            && tiers.iter().any(|t| {
+                                holds_bucket(
+                                    t,
+                                    inc.ts.div_euclid(t.res) * t.res,
+                                    now,
+                                    view.at,
+                                    replay,
+                                )
+                            })
                     });
                 if !counts {
                     continue;
@@ -472,6 +503,7 @@ impl Core {
         }
         Ok(ResolvedBatch {
             seq,
+            at: view.at,
             resolved,
             sids,
             plans,
@@ -480,9 +512,15 @@ impl Core {
 
     /// The second half of [`Core::apply_view`]: adds a resolved batch to the counters, one
     /// critical section per shard, and notes the periods it added to.
-    pub(crate) fn add_resolved(&self, batch: ResolvedBatch, now: i64, archived: Option<&Archive>) {
+    pub(crate) fn add_resolved(
+        &self,
+        batch: ResolvedBatch,
+        now: i64,
+        archived: Option<Replayed<'_>>,
+    ) {
         let ResolvedBatch {
             seq,
+            at,
             mut resolved,
             sids,
             plans,
@@ -502,10 +540,10 @@ impl Core {
             };
             for t in tiers.iter() {
                 let b = r.ts.div_euclid(t.res) * t.res;
-                if !t.retention.keeps_bucket(b, t.resolution, now) {
+                if !holds_bucket(t, b, now, at, archived.map(|r| r.held)) {
                     continue;
                 }
-                if archived.is_some_and(|a| a.flushed_at(t.res as u32, b) >= seq) {
+                if archived.is_some_and(|a| a.archive.flushed_at(t.res as u32, b) >= seq) {
                     continue;
                 }
                 let period = self.flush.period_of(t.res, b);

@@ -12,6 +12,10 @@ use tally_core::store::{Batch, IdemRecord};
 pub const KIND_BATCH: u8 = 1;
 /// Payload kind: a namespace's schema set.
 pub const KIND_SCHEMA: u8 = 2;
+/// Payload kind: a batch of increments with the time it was written (a varint of unix
+/// seconds after the kind byte, then as [`KIND_BATCH`]). Replay needs that time to tell an
+/// increment its tier kept when it came from one it did not (see `state::holds_bucket`).
+pub const KIND_BATCH_AT: u8 = 3;
 
 /// Why a payload could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -54,6 +58,9 @@ pub struct BatchView<'a> {
     pub subs: Vec<(u32, u32)>,
     /// The answer remembered under an idempotency key, with the batch.
     pub idempotency: Option<IdemRecord>,
+    /// When the batch was written (unix seconds): every record since [`KIND_BATCH_AT`]
+    /// says; older ones do not.
+    pub at: Option<i64>,
 }
 
 impl<'a> BatchView<'a> {
@@ -103,9 +110,15 @@ impl<'a> BatchView<'a> {
             .unwrap_or(&[])
     }
 
-    /// Appends the batch payload.
+    /// Appends the batch payload: [`KIND_BATCH_AT`] when it says when it was written.
     pub fn encode(&self, out: &mut Vec<u8>) {
-        out.push(KIND_BATCH);
+        match self.at {
+            Some(at) => {
+                out.push(KIND_BATCH_AT);
+                put_varint(out, at as u64);
+            }
+            None => out.push(KIND_BATCH),
+        }
         put_varint(out, self.strings.len() as u64);
         for s in &self.strings {
             put_bytes(out, s.as_bytes());
@@ -160,8 +173,11 @@ pub fn encode_schema(ns: &Namespace, schema: &Schema, out: &mut Vec<u8>) {
 pub fn decode(bytes: &[u8]) -> Result<Payload<'_>, PayloadError> {
     let mut r = Reader { bytes, pos: 0 };
     let payload = match r.u8()? {
-        KIND_BATCH => {
+        kind @ (KIND_BATCH | KIND_BATCH_AT) => {
             let mut view = BatchView::default();
+            if kind == KIND_BATCH_AT {
+                view.at = Some(r.varint()? as i64);
+            }
             let n = r.len()?;
             view.strings.reserve(n);
             for _ in 0..n {
@@ -404,7 +420,20 @@ mod tests {
         );
         let mut bytes = Vec::new();
         view.encode(&mut bytes);
-        assert_eq!(decode(&bytes).unwrap(), Payload::Batch(view));
+        assert_eq!(bytes[0], KIND_BATCH, "no time: format 1's kind");
+        assert_eq!(decode(&bytes).unwrap(), Payload::Batch(view.clone()));
+        // With the time it was written: kind 3, the time, then the same bytes.
+        let mut timed = view.clone();
+        timed.at = Some(1_795_132_800);
+        let mut with_at = Vec::new();
+        timed.encode(&mut with_at);
+        assert_eq!(with_at[0], KIND_BATCH_AT);
+        let mut at = Vec::new();
+        put_varint(&mut at, 1_795_132_800);
+        assert_eq!(&with_at[1..1 + at.len()], &at[..]);
+        assert_eq!(&with_at[1 + at.len()..], &bytes[1..]);
+        assert_eq!(decode(&with_at).unwrap(), Payload::Batch(timed));
+        assert_eq!(decode(&with_at[..3]), Err(PayloadError::Truncated));
     }
 
     #[test]

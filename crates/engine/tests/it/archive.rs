@@ -1823,3 +1823,35 @@ fn a_retention_shrunk_and_grown_back_answers_the_same_after_a_restart() {
     let e = open(dir.path(), &clock);
     assert_eq!(crate::read_all(&e, "clicks", "k", 60), before);
 }
+
+/// Found by a review: a late increment to an archived period, counted while its tier kept
+/// it, that expired before a restart. The running engine keeps such a count (the sweep keeps
+/// an expired counter whose period the archive holds, until a flush writes it as a delta),
+/// but replay dropped it, so a retention that grew later showed the bucket's archived part
+/// alone. An increment its tier did not keep when it came stays uncounted after a restart.
+#[test]
+fn a_late_count_that_expires_before_a_restart_keeps_its_bucket_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = crate::clock(NOW);
+    let ns = Namespace::new("clicks").unwrap();
+    let e = open(dir.path(), &clock);
+    e.put_schema(&ns, &one_tier("1s:15m")).unwrap();
+    let ts = NOW - 580;
+    write(&e, NOW, &[raw("clicks", "k", ts, 2, &[])]).unwrap();
+    // A shorter retention archives memory: the 2 goes to a segment.
+    e.put_schema(&ns, &one_tier("1s:10m")).unwrap();
+    // A late delta to that archived second, 9 min 40 s old: counted.
+    write(&e, NOW, &[raw("clicks", "k", ts, 4, &[])]).unwrap();
+    // 11 min old: the tier does not keep it, so it is not counted.
+    write(&e, NOW, &[raw("clicks", "k", NOW - 660, 8, &[])]).unwrap();
+    drop(e);
+    // Restarted once the second has expired too.
+    clock.advance(30);
+    let e = open(dir.path(), &clock);
+    e.put_schema(&ns, &one_tier("1s:20m")).unwrap();
+    let d = crate::read_all(&e, "clicks", "k", 1);
+    assert_eq!(d.totals, vec![(ts, 6)], "the second whole, nothing else");
+    drop(e);
+    let e = open(dir.path(), &clock);
+    assert_eq!(crate::read_all(&e, "clicks", "k", 1).totals, vec![(ts, 6)]);
+}

@@ -133,10 +133,22 @@ fn a_real_log_file_has_the_documented_layout() {
         u32::from_le_bytes(f[16..20].try_into().unwrap()),
         crc32c_of(&f[..16])
     );
-    // Kind 1, a string table of [clicks, k, country, US], one namespace created.
+    // Kind 3: the time it was written (a varint of NOW), then as kind 1: a string table of
+    // [clicks, k, country, US], one namespace created.
     let p = &f[20..];
-    assert_eq!(&p[..3], &[1, 4, 6]);
-    assert_eq!(&p[3..9], b"clicks");
+    assert_eq!(p[0], 3);
+    let mut at = 0u64;
+    let mut i = 1;
+    loop {
+        at |= u64::from(p[i] & 0x7f) << (7 * (i - 1));
+        i += 1;
+        if p[i - 1] & 0x80 == 0 {
+            break;
+        }
+    }
+    assert_eq!(at, NOW as u64);
+    assert_eq!(&p[i..i + 2], &[4, 6]);
+    assert_eq!(&p[i + 2..i + 8], b"clicks");
 }
 
 pub fn crc32c_of(b: &[u8]) -> u32 {
