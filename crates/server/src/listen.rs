@@ -199,7 +199,18 @@ impl Routes {
                     )
                 }),
             )
-            .fallback(|| async { retry_after(unavailable().into_response()) });
+            // Built here rather than by `ApiError::into_response`, which logs every 5xx at
+            // ERROR: a restart's expected refusals are not errors (a review saw the log
+            // fill with them).
+            .fallback(|| async {
+                retry_after(
+                    (
+                        axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                        axum::Json(unavailable().to_json()),
+                    )
+                        .into_response(),
+                )
+            });
         Routes(Arc::new(RoutesInner {
             current: RwLock::new(router),
             connections: Arc::new(Connections::default()),
