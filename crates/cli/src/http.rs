@@ -162,14 +162,16 @@ pub fn server_url(s: &str) -> Result<String, String> {
     }
 }
 
-/// `--token`: what an `Authorization: Bearer` header can carry (visible ASCII, no spaces).
-/// Checked up front: a newline or a non-ASCII letter in it made the request fail before it
-/// was sent, which read as a server that cannot be reached.
+/// `--token`: what an `Authorization: Bearer` header can carry to the server's comparison
+/// (`tally_server`'s config check is the same rule): printable ASCII, spaces inside but not
+/// at either end (HTTP drops those). Checked up front: a newline or a non-ASCII letter made
+/// the request fail before it was sent, which read as a server that cannot be reached.
 pub fn token(s: &str) -> Result<String, String> {
-    if !s.is_empty() && s.bytes().all(|b| b.is_ascii_graphic()) {
+    let printable = s.bytes().all(|b| b == b' ' || b.is_ascii_graphic());
+    if printable && !s.is_empty() && s.trim() == s {
         Ok(s.to_owned())
     } else {
-        Err("a token is one or more visible ASCII characters: no spaces, control characters or non-ASCII letters".to_owned())
+        Err("a token is printable ASCII, with no space at either end: no control characters or non-ASCII letters".to_owned())
     }
 }
 

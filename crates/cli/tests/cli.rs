@@ -897,15 +897,17 @@ fn client_urls_and_tokens_are_checked_before_anything_is_sent() {
         &run(&["load", "x.csv", "--server", "localhost:7070"]),
         "is not a server URL",
     );
-    let o = run(&["keys", "clicks", "--token", "two\nlines"]);
-    assert_eq!(o.status.code(), Some(2), "{o:?}");
-    refused(&o, "visible ASCII");
+    for token in ["two\nlines", " leading", "trailing "] {
+        let o = run(&["keys", "clicks", "--token", token]);
+        assert_eq!(o.status.code(), Some(2), "{o:?}");
+        refused(&o, "printable ASCII");
+    }
     let o = tally()
         .args(["keys", "clicks"])
         .env("TALLY_TOKEN", "tökén")
         .output()
         .unwrap();
-    refused(&o, "visible ASCII");
+    refused(&o, "printable ASCII");
     // https:// to a plain http server.
     let data = tempfile::tempdir().unwrap();
     let s = serve(data.path());

@@ -26,6 +26,10 @@ pub struct TierPlan {
     pub res: i64,
     pub resolution: Duration,
     pub retention: Retention,
+    /// The retention the schema of its time gives: `retention` too, except while the log
+    /// replays, where `retention` is the one at the log's end and this the one the records
+    /// being replayed were written under (see `state::holds_bucket`).
+    pub written_with: Retention,
     pub breakdown: bool,
 }
 
@@ -391,6 +395,7 @@ impl Catalog {
                 res: t.resolution.secs_i64(),
                 resolution: t.resolution,
                 retention: t.retention,
+                written_with: t.retention,
                 breakdown: schema.is_breakdown(t.resolution),
             })
             .collect()

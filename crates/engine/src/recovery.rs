@@ -331,7 +331,7 @@ pub(crate) fn replay(
                         }
                         recovery.events += view.incs.len() as u64;
                         let batch = core
-                            .resolve(&view, seq, now, Some(&held))
+                            .resolve(&view, seq, now, Some(replayed_against))
                             .map_err(Corruption::Apply)?;
                         if let Err(std::sync::mpsc::SendError(ToAdder::Batch(batch))) =
                             to_adder.send(ToAdder::Batch(batch))

@@ -123,14 +123,15 @@ pub(crate) struct Replayed<'a> {
 /// Whether memory holds an increment to bucket `b` of tier `t` at `now`: whether the tier
 /// keeps the bucket, and in replay (`held`, the time the archive holds) also a bucket it no
 /// longer keeps whose period the archive holds, if the tier kept it when the record was
-/// written (`at`, which records of format 1 lack). The running engine holds such a count:
+/// written (at `at`, which records of format 1 lack, under the retention of that time,
+/// `written_with`: the running engine counted with both). The running engine holds such a count:
 /// [`Core::sweep`] keeps an expired counter of an archived period until a flush writes it as
 /// a delta, so that a retention that grows later shows no bucket in part. Replay dropping
 /// it did show one (found by a review).
 fn holds_bucket(t: &TierPlan, b: i64, now: i64, at: Option<i64>, held: Option<&Held>) -> bool {
     t.retention.keeps_bucket(b, t.resolution, now)
         || held.is_some_and(|h| h.holds(t.res as u32, b))
-            && at.is_some_and(|at| t.retention.keeps_bucket(b, t.resolution, at))
+            && at.is_some_and(|at| t.written_with.keeps_bucket(b, t.resolution, at))
 }
 
 /// One counter update of a batch: what [`Core::add_resolved`] works out before it locks.
@@ -311,7 +312,7 @@ impl Core {
         seq: u64,
         archived: Option<Replayed<'_>>,
     ) -> Result<(), StoreError> {
-        let batch = self.resolve(view, seq, now, archived.map(|r| r.held))?;
+        let batch = self.resolve(view, seq, now, archived)?;
         self.add_resolved(batch, now, archived);
         Ok(())
     }
@@ -358,7 +359,7 @@ impl Core {
         view: &BatchView<'_>,
         seq: u64,
         now: i64,
-        replay: Option<&Held>,
+        replay: Option<Replayed<'_>>,
     ) -> Result<ResolvedBatch, StoreError> {
         let mut resolved = Vec::with_capacity(view.incs.len());
         let mut sids: Vec<SeriesId> = Vec::with_capacity(view.subs.len());
@@ -413,18 +414,18 @@ impl Core {
                 };
                 // `Schema::counts`, on the plan's retentions (in replay, those at the log's
                 // end, as `add_resolved` uses), with replay's expired buckets of archived
-                // periods ([`holds_bucket`]).
+                // periods ([`holds_bucket`]) that `add_resolved` will add to: not those a
+                // flush after this record holds (a key is made only for a counter).
                 let counts = inc.n != 0
                     && plans.iter().any(|(n, tiers)| {
                         *n == ns
                             && tiers.iter().any(|t| {
-                                holds_bucket(
-                                    t,
-                                    inc.ts.div_euclid(t.res) * t.res,
-                                    now,
-                                    view.at,
-                                    replay,
-                                )
+                                let b = inc.ts.div_euclid(t.res) * t.res;
+                                t.retention.keeps_bucket(b, t.resolution, now)
+                                    || holds_bucket(t, b, now, view.at, replay.map(|r| r.held))
+                                        && !replay.is_some_and(|r| {
+                                            r.archive.flushed_at(t.res as u32, b) >= seq
+                                        })
                             })
                     });
                 if !counts {

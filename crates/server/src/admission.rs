@@ -7,7 +7,10 @@
 //!    more than [`MAX_HEADER_FIELDS`] header fields or [`MAX_HEADER_BYTES`] of them is
 //!    `431 headers_too_large` — JSON, like every error. (hyper itself still answers a bare
 //!    414 past 64 KiB of target and a bare 431 past its ~400 KiB read buffer or 1,024
-//!    fields: those heads never reach us.)
+//!    fields: those heads never reach us.) Then, for `/v1` routes, the head's form: a
+//!    malformed percent-escape in the path is `400 invalid_parameter` (axum would read it
+//!    as text), and a `Content-Encoding` other than `identity` is `400 malformed_body` (no
+//!    coding is taken).
 //! 2. Routes outside `/v1` (`/healthz`, `/metrics`, `/openapi.json`, the dashboard) go
 //!    straight on: they read no body and take no permit, so a flood of `/v1` traffic
 //!    cannot hide the server's health.
@@ -224,9 +227,13 @@ fn check_head(req: &Request) -> Result<(), ApiError> {
         .iter()
         .map(|(k, v)| k.as_str().len() + v.len() + 4)
         .sum();
+    // The API's own checks: routes outside `/v1` keep only the size bounds above.
+    let path = req.uri().path().as_bytes();
+    if !(path.starts_with(b"/v1/") || path == b"/v1") {
+        return Ok(());
+    }
     // Axum decodes a malformed escape (`%G1`) as the text it is, so `%G1` and `%25G1` would
     // name one key; a query string's is refused, and so is a path's.
-    let path = req.uri().path().as_bytes();
     if let Some(at) = path.iter().enumerate().position(|(i, &b)| {
         b == b'%'
             && !path

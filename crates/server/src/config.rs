@@ -44,7 +44,7 @@ pub enum ConfigError {
     #[error("[[tokens]] #{number}: the token is empty")]
     EmptyToken { number: usize },
     #[error(
-        "[[tokens]] #{number}: a token is visible ASCII only (no spaces, control characters or non-ASCII letters): no client could send this one in an Authorization header"
+        "[[tokens]] #{number}: a token is printable ASCII with no space at either end (no control characters or non-ASCII letters): no request could match this one"
     )]
     UnsendableToken { number: usize },
     /// Two entries with one secret: which scopes it has would depend on their order.
@@ -424,7 +424,11 @@ impl Settings {
             if t.token.is_empty() {
                 return Err(ConfigError::EmptyToken { number: i + 1 });
             }
-            if !t.token.bytes().all(|b| b.is_ascii_graphic()) {
+            // What an `Authorization: Bearer` header can bring to the comparison: HTTP
+            // drops spaces at either end of a value, and clients refuse control characters
+            // and non-ASCII bytes (the CLI's `--token` check is the same rule).
+            let printable = t.token.bytes().all(|b| b == b' ' || b.is_ascii_graphic());
+            if !printable || t.token.trim() != t.token {
                 return Err(ConfigError::UnsendableToken { number: i + 1 });
             }
             if let Some(first) = s.tokens.iter().position(|seen| seen.secret == t.token) {
@@ -554,6 +558,10 @@ export_min_bytes_per_sec = 16384
 token = "s3cret"
 scopes = ["write:clicks", "read:*"]
 
+[[tokens]]
+token = "spaces inside are fine"
+scopes = ["read:*"]
+
 [statsd]
 listen = "127.0.0.1:8125"
 listen_tcp = "127.0.0.1:8125"
@@ -577,7 +585,7 @@ dimensions = ["status"]
         assert_eq!(s.statsd.map.fallback().namespace, "statsd");
         assert_eq!(s.statsd.map.rule("api.hits").namespace, "api");
         assert_eq!(s.server, ServerLimits::default());
-        assert_eq!(s.tokens.len(), 1);
+        assert_eq!(s.tokens.len(), 2, "a token may hold spaces inside");
         assert!(s.tokens[0].allows(Action::Read, "anything"));
         assert!(s.tokens[0].allows(Action::Write, "clicks"));
         assert!(!s.tokens[0].allows(Action::Write, "other"));
@@ -598,12 +606,16 @@ dimensions = ["status"]
                 "#1: the token is empty",
             ),
             (
-                "[[tokens]]\ntoken = \"two words\"\nscopes = []",
-                "#1: a token is visible ASCII only",
+                "[[tokens]]\ntoken = \"ends with a space \"\nscopes = []",
+                "#1: a token is printable ASCII",
             ),
             (
                 "[[tokens]]\ntoken = \"t\"\nscopes = []\n[[tokens]]\ntoken = \"tökén\"\nscopes = []",
-                "#2: a token is visible ASCII only",
+                "#2: a token is printable ASCII",
+            ),
+            (
+                "[[tokens]]\ntoken = \"tab\\there\"\nscopes = []",
+                "#1: a token is printable ASCII",
             ),
             (
                 "[[tokens]]\ntoken = \"t\"\nscopes = [\"read:*\"]\n[[tokens]]\ntoken = \"u\"\nscopes = []\n[[tokens]]\ntoken = \"t\"\nscopes = [\"admin:*\"]",

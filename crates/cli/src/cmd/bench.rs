@@ -4,7 +4,9 @@
 //! queries (series, breakdown, top and window over the last hour) for `--duration`, and it
 //! prints, per operation, requests/s, events/s, latency percentiles from an HdrHistogram and
 //! the error answers by status. An error answer is counted, not fatal; a server that cannot
-//! be reached at the start is.
+//! be reached at the start is. With writes in the mix, one is sent before the clock starts
+//! (a new namespace exists once written to). The report is printed whatever happened, and
+//! the exit status is non-zero if an operation of the mix never succeeded.
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -1762,7 +1762,7 @@ fn a_backup_of_a_directory_whose_current_manifest_is_missing_reports_it() {
 }
 
 /// A schema of one tier (`1m:2h`), no breakdowns.
-fn one_tier(t: &str) -> Schema {
+pub fn one_tier(t: &str) -> Schema {
     Schema::from_doc(&SchemaDoc {
         tiers: vec![t.into()],
         breakdown_tiers: None,

@@ -519,3 +519,40 @@ fn a_failed_install_gives_back_the_answer_it_replaced() {
         assert!(fail_at < 400, "the install never finished");
     }
 }
+
+/// Found by a review: replay judged whether a tier kept an expired bucket of an archived
+/// period when the record came by the retention at the log's end, not the one of that time.
+/// A late count, kept under a retention that a later change shrank, was then lost if that
+/// change's flush did not publish (a crash): the running engine held it (the sweep keeps an
+/// expired counter of an archived period), so a retention grown afterwards showed the
+/// bucket's archived part alone.
+#[test]
+fn a_late_count_survives_a_shrink_whose_flush_crashed() {
+    use tally_core::model::Namespace;
+    use tally_core::store::Store;
+    let dir = tempfile::tempdir().unwrap();
+    let clock = crate::clock(NOW);
+    let ns = Namespace::new("clicks").unwrap();
+    let tier = crate::archive::one_tier;
+    let fs = Arc::new(CrashFs::new(usize::MAX));
+    let e = open(dir.path(), &clock, fs.clone());
+    e.put_schema(&ns, &tier("1s:15m")).unwrap();
+    let ts = NOW - 580;
+    write(&e, NOW, &[raw("clicks", "k", ts, 2, &[])]).unwrap();
+    // A change of retention archives memory (the 2) and truncates the log.
+    e.put_schema(&ns, &tier("1s:14m")).unwrap();
+    // A late delta to that archived second, kept under 14m.
+    write(&e, NOW, &[raw("clicks", "k", ts, 4, &[])]).unwrap();
+    // Shrunk to 5m: the sweep keeps the 4 (its period is archived); its flush crashes.
+    fs.arm(0);
+    e.put_schema(&ns, &tier("1s:5m")).unwrap();
+    drop(e);
+    fs.lose_unsynced();
+    let e = open(dir.path(), &clock, Arc::new(OsFs));
+    e.put_schema(&ns, &tier("1s:20m")).unwrap();
+    assert_eq!(
+        crate::read_all(&e, "clicks", "k", 1).totals,
+        vec![(ts, 6)],
+        "the second whole"
+    );
+}
