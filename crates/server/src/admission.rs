@@ -227,6 +227,15 @@ fn check_head(req: &Request) -> Result<(), ApiError> {
         .iter()
         .map(|(k, v)| k.as_str().len() + v.len() + 4)
         .sum();
+    if fields > MAX_HEADER_FIELDS || bytes > MAX_HEADER_BYTES {
+        return Err(ApiError::new(
+            ErrorCode::HeadersTooLarge,
+            format!(
+                "the request has {fields} header fields in {bytes} bytes; at most \
+                 {MAX_HEADER_FIELDS} fields in {MAX_HEADER_BYTES} bytes are taken"
+            ),
+        ));
+    }
     // The API's own checks: routes outside `/v1` keep only the size bounds above.
     let path = req.uri().path().as_bytes();
     if !(path.starts_with(b"/v1/") || path == b"/v1") {
@@ -260,15 +269,6 @@ fn check_head(req: &Request) -> Result<(), ApiError> {
         return Err(ApiError::new(
             ErrorCode::MalformedBody,
             format!("Content-Encoding {coding:?} is not taken: send the body uncompressed"),
-        ));
-    }
-    if fields > MAX_HEADER_FIELDS || bytes > MAX_HEADER_BYTES {
-        return Err(ApiError::new(
-            ErrorCode::HeadersTooLarge,
-            format!(
-                "the request has {fields} header fields in {bytes} bytes; at most \
-                 {MAX_HEADER_FIELDS} fields in {MAX_HEADER_BYTES} bytes are taken"
-            ),
         ));
     }
     Ok(())
