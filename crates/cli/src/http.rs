@@ -163,12 +163,11 @@ pub fn server_url(s: &str) -> Result<String, String> {
 }
 
 /// `--token`: what an `Authorization: Bearer` header can carry to the server's comparison
-/// (`tally_server`'s config check is the same rule): printable ASCII, spaces inside but not
-/// at either end (HTTP drops those). Checked up front: a newline or a non-ASCII letter made
-/// the request fail before it was sent, which read as a server that cannot be reached.
+/// ([`tally_server::config::sendable_token`], the rule the server's config is held to).
+/// Checked up front: a newline or a non-ASCII letter made the request fail before it was
+/// sent, which read as a server that cannot be reached.
 pub fn token(s: &str) -> Result<String, String> {
-    let printable = s.bytes().all(|b| b == b' ' || b.is_ascii_graphic());
-    if printable && !s.is_empty() && s.trim() == s {
+    if tally_server::config::sendable_token(s) {
         Ok(s.to_owned())
     } else {
         Err("a token is printable ASCII, with no space at either end: no control characters or non-ASCII letters".to_owned())

@@ -134,6 +134,21 @@ fn holds_bucket(t: &TierPlan, b: i64, now: i64, at: Option<i64>, held: Option<&H
             && at.is_some_and(|at| t.written_with.keeps_bucket(b, t.resolution, at))
 }
 
+/// Whether record `seq`'s increment to bucket `b` of tier `t` adds to a counter: memory
+/// holds the bucket ([`holds_bucket`]) and, in replay, no flush after the record holds it.
+/// What [`Core::add_resolved`] adds, and (with the buckets kept at `now`) what makes
+/// [`Core::resolve`] make a key.
+fn adds_to(
+    t: &TierPlan,
+    b: i64,
+    now: i64,
+    (seq, at): (u64, Option<i64>),
+    replay: Option<Replayed<'_>>,
+) -> bool {
+    holds_bucket(t, b, now, at, replay.map(|r| r.held))
+        && replay.is_none_or(|r| r.archive.flushed_at(t.res as u32, b) < seq)
+}
+
 /// One counter update of a batch: what [`Core::add_resolved`] works out before it locks.
 #[derive(Debug, Clone, Copy)]
 struct Add {
@@ -422,10 +437,7 @@ impl Core {
                             && tiers.iter().any(|t| {
                                 let b = inc.ts.div_euclid(t.res) * t.res;
                                 t.retention.keeps_bucket(b, t.resolution, now)
-                                    || holds_bucket(t, b, now, view.at, replay.map(|r| r.held))
-                                        && !replay.is_some_and(|r| {
-                                            r.archive.flushed_at(t.res as u32, b) >= seq
-                                        })
+                                    || adds_to(t, b, now, (seq, view.at), replay)
                             })
                     });
                 if !counts {
@@ -541,10 +553,7 @@ impl Core {
             };
             for t in tiers.iter() {
                 let b = r.ts.div_euclid(t.res) * t.res;
-                if !holds_bucket(t, b, now, at, archived.map(|r| r.held)) {
-                    continue;
-                }
-                if archived.is_some_and(|a| a.archive.flushed_at(t.res as u32, b) >= seq) {
+                if !adds_to(t, b, now, (seq, at), archived) {
                     continue;
                 }
                 let period = self.flush.period_of(t.res, b);

@@ -290,6 +290,14 @@ pub struct Settings {
     pub statsd: StatsdSettings,
 }
 
+/// Whether a token can reach the server's comparison in an `Authorization: Bearer` header:
+/// printable ASCII, spaces inside but none at either end (HTTP drops those), no control
+/// characters or non-ASCII bytes (clients refuse to send them). The config's `[[tokens]]`
+/// and the CLI's `--token` are held to it.
+pub fn sendable_token(t: &str) -> bool {
+    !t.is_empty() && t.trim() == t && t.bytes().all(|b| b == b' ' || b.is_ascii_graphic())
+}
+
 impl Settings {
     /// Parses and validates the TOML of SPEC §1.
     pub fn from_toml(text: &str) -> Result<Settings, ConfigError> {
@@ -424,11 +432,7 @@ impl Settings {
             if t.token.is_empty() {
                 return Err(ConfigError::EmptyToken { number: i + 1 });
             }
-            // What an `Authorization: Bearer` header can bring to the comparison: HTTP
-            // drops spaces at either end of a value, and clients refuse control characters
-            // and non-ASCII bytes (the CLI's `--token` check is the same rule).
-            let printable = t.token.bytes().all(|b| b == b' ' || b.is_ascii_graphic());
-            if !printable || t.token.trim() != t.token {
+            if !sendable_token(&t.token) {
                 return Err(ConfigError::UnsendableToken { number: i + 1 });
             }
             if let Some(first) = s.tokens.iter().position(|seen| seen.secret == t.token) {

@@ -42,14 +42,19 @@ pub fn plus(s: &str) -> std::borrow::Cow<'_, str> {
     }
 }
 
-/// A timestamp from a query string, its spaces read back as `+` ([`plus`]). When that does
-/// not make it valid either, the error quotes it as sent (a review saw
-/// `"2026-11-20+00:00:00Z"` for a space the user typed).
-pub fn timestamp_plus(sent: &str) -> Result<i64, ModelError> {
-    m::parse_timestamp(&plus(sent)).or_else(|e| match sent.contains(' ') {
-        true => m::parse_timestamp(sent),
+/// `parse` of a query-string value with its spaces read back as `+` ([`plus`]). When that
+/// does not make it valid either, the error is the one for the value as sent, which quotes
+/// it as the user wrote it (a review saw `"2026-11-20+00:00:00Z"` for a space typed).
+fn parse_plus<T, E>(sent: &str, parse: impl Fn(&str) -> Result<T, E>) -> Result<T, E> {
+    parse(&plus(sent)).or_else(|e| match sent.contains(' ') {
+        true => parse(sent),
         false => Err(e),
     })
+}
+
+/// A timestamp from a query string ([`parse_plus`]).
+pub fn timestamp_plus(sent: &str) -> Result<i64, ModelError> {
+    parse_plus(sent, m::parse_timestamp)
 }
 
 pub(super) fn instant(p: &(impl Params + ?Sized), field: &'static str) -> Result<i64, QueryError> {
@@ -57,13 +62,7 @@ pub(super) fn instant(p: &(impl Params + ?Sized), field: &'static str) -> Result
 }
 
 fn tz(p: &(impl Params + ?Sized)) -> Result<Tz, QueryError> {
-    let sent = p.get("tz").unwrap_or("UTC");
-    Tz::get(&plus(sent))
-        .or_else(|e| match sent.contains(' ') {
-            true => Tz::get(sent),
-            false => Err(e),
-        })
-        .map_err(time("tz"))
+    parse_plus(p.get("tz").unwrap_or("UTC"), Tz::get).map_err(time("tz"))
 }
 
 /// `unit`, `every` and `tz` as a calendar; `None` when `unit` is absent.
