@@ -147,7 +147,9 @@ pub enum Limited {
 
 /// Seconds from `now` until the window's count, with `added` on top, is at most `max`, as
 /// its oldest buckets age out: bucket `b` leaves a window of `k` buckets of `r` seconds
-/// when the current bucket starts at `b + k·r`. `None` when `added` alone is over `max`.
+/// when the current bucket starts at `b + k·r`. `None` when it never is: once every bucket
+/// now in the window has left, `added` alone is over `max` (with negative counts in the
+/// window it may still fit for a while before that, and the answer says when).
 /// `buckets` are the window's, in any order.
 pub fn retry_after(
     plan: &WindowPlan,
@@ -156,27 +158,24 @@ pub fn retry_after(
     added: i64,
     max: i64,
 ) -> Option<i64> {
-    if added > max {
-        return None;
-    }
-    let r = plan.resolution.secs_i64();
     let span = plan.to - plan.from;
     let mut sorted: Vec<(i64, i64)> = buckets.to_vec();
     sorted.sort_unstable();
-    let mut left: i64 = sorted.iter().map(|(_, n)| n).sum();
+    // In i128: the sums wrap nowhere.
+    let (added, max) = (i128::from(added), i128::from(max));
+    let mut left: i128 = sorted.iter().map(|&(_, n)| i128::from(n)).sum();
     if left + added <= max {
         return Some(0);
     }
     for (b, n) in sorted {
-        left -= n;
+        left -= i128::from(n);
         if left + added <= max {
             // The bucket starting at `b` is out once the window starts after it.
             return Some((b + span - now).max(1));
         }
     }
-    // Every bucket gone: the increment alone fits (checked above). Unreachable unless the
-    // counts are negative; then waiting a whole window is the honest answer.
-    Some((span - (now - bucket_start(now, r))).max(1))
+    // Every bucket gone and it still does not fit: the increment alone is over `max`.
+    None
 }
 
 /// How far past the window's end, as planned before waiting for the key's lock, the read
@@ -486,6 +485,21 @@ mod tests {
         assert_eq!(
             retry_after(&p, &[(oldest, 5), (now - 1, 5)], now, 1, 10),
             Some(3599)
+        );
+
+        // Negative counts: +3 then −3 in the window; +3 of max 2 does not fit now, fits
+        // once the +3 leaves (the −3 still in), and would not once both have left — the
+        // answer is the first moment, not "never".
+        let p = plan(1, 10, 1000);
+        let mixed = [(997, 3), (999, -3)];
+        assert_eq!(retry_after(&p, &mixed, 1000, 3, 2), Some(7));
+        // Alone over the limit with nothing negative to help: never.
+        assert_eq!(retry_after(&p, &[(997, 3)], 1000, 3, 2), None);
+        assert_eq!(retry_after(&p, &[], 1000, 3, 2), None);
+        // Sums past 64 bits do not wrap into a false "fits".
+        assert_eq!(
+            retry_after(&p, &[(997, i64::MAX)], 1000, i64::MAX, i64::MAX),
+            Some(7)
         );
     }
 }

@@ -27,8 +27,9 @@
 //! line is never partly applied, and is named with its reason in a log line at most once a
 //! second.
 //!
-//! **Bounds.** A datagram is read into a 65,535-byte buffer (the UDP maximum); at most
-//! [`MAX_LINES_PER_DATAGRAM`] lines of one datagram are parsed, the rest are `malformed`; a line
+//! **Bounds.** A datagram is read into a 65,535-byte buffer (the UDP maximum), and every line
+//! of it is parsed: the bytes bound the work (the shortest counter line, `a:1|c`, and its
+//! newline take 6 bytes, so a full datagram carries at most 10,922 events); a line
 //! carries at most [`MAX_TAGS_PER_LINE`] tags, and at most 16 of them become dimensions. TCP's
 //! bounds (line length, connections, idle time) are [`tcp`]'s. Accepted lines are applied in
 //! batches of about [`BATCH_LINES`] lines or [`BATCH_MS`] ms, whichever comes first, through the
@@ -62,8 +63,6 @@ pub use parse::{Rng, parse_datagram, parse_line, prepare_lines};
 
 /// The largest UDP payload, and the receive buffer's size.
 pub const MAX_DATAGRAM_BYTES: usize = 65_535;
-/// Lines parsed per datagram; the rest are dropped as `malformed`.
-pub const MAX_LINES_PER_DATAGRAM: usize = 4096;
 /// Tags per line (of which at most 16 may become dimensions).
 pub const MAX_TAGS_PER_LINE: usize = 64;
 /// A batch is applied once it holds this many lines …

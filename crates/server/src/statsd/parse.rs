@@ -5,7 +5,7 @@ use tally_core::model::{AMOUNT_LIMIT, MAX_DIMS_PER_EVENT, RawEvent};
 use tally_core::store::{Batch, Store, StoreError};
 
 use super::map::Mapping;
-use super::{Dropped, MAX_LINES_PER_DATAGRAM, MAX_TAGS_PER_LINE, Outcome};
+use super::{Dropped, MAX_TAGS_PER_LINE, Outcome};
 
 /// splitmix64: small, fast, and good enough to round sample rates without bias.
 #[derive(Debug, Clone)]
@@ -39,19 +39,11 @@ pub fn parse_datagram(
     out: &mut Vec<RawEvent>,
     dropped: &mut dyn FnMut(Dropped),
 ) {
-    let mut parsed = 0;
     for line in datagram.split(|&b| b == b'\n') {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
         if line.is_empty() {
             continue;
         }
-        if parsed == MAX_LINES_PER_DATAGRAM {
-            dropped(Dropped::malformed(format!(
-                "more than {MAX_LINES_PER_DATAGRAM} lines in one datagram"
-            )));
-            continue;
-        }
-        parsed += 1;
         match parse_line(line, map, rng) {
             Ok(raw) => out.push(raw),
             Err(d) => dropped(d),
@@ -407,7 +399,10 @@ mod tests {
         let d = line("k:99999999999999999999|c").unwrap_err();
         assert!(d.reason.contains("out of range"), "{}", d.reason);
 
-        let datagram = "k:1|c\n".repeat(MAX_LINES_PER_DATAGRAM + 3);
+        // A full datagram of the shortest counter lines: every one counted (a cap of 4096
+        // lines once dropped the rest as malformed).
+        let datagram = "k:1|c\n".repeat(crate::statsd::MAX_DATAGRAM_BYTES / 6);
+        assert!(datagram.len() + 6 > crate::statsd::MAX_DATAGRAM_BYTES);
         let (mut out, mut dropped) = (Vec::new(), Vec::new());
         parse_datagram(
             datagram.as_bytes(),
@@ -416,9 +411,8 @@ mod tests {
             &mut out,
             &mut |d| dropped.push(d),
         );
-        assert_eq!(out.len(), MAX_LINES_PER_DATAGRAM);
-        assert_eq!(dropped.len(), 3);
-        assert!(dropped.iter().all(|d| d.outcome == Outcome::Malformed));
+        assert_eq!(out.len(), 10_922);
+        assert!(dropped.is_empty(), "{dropped:?}");
     }
 
     #[test]
