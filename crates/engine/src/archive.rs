@@ -106,6 +106,40 @@ pub fn segment_path(dir: &Path, id: u64) -> PathBuf {
     dir.join(format!("{id:020}.tls"))
 }
 
+/// Opens the segment the manifest entry `e` lists, and checks that the file is that
+/// segment: its footer's id, kind, resolution and period must be the entry's. A whole,
+/// valid segment under another's name (a mixed-up restore, a file copied from another data
+/// directory, two files swapped) would otherwise answer its own counts for the period the
+/// manifest expects.
+pub fn open_listed(dir: &Path, e: &SegmentEntry) -> Result<Segment, SegmentError> {
+    let path = segment_path(dir, e.id);
+    let seg = Segment::open(&path)?;
+    let m = seg.meta();
+    let kind = |delta: bool| if delta { "delta" } else { "base" };
+    let found = (m.id, m.kind == crate::segment::SegmentKind::Delta);
+    let found = (found, m.resolution, m.period_start, m.period_end);
+    if found != ((e.id, e.delta), e.resolution, e.period_start, e.period_end) {
+        return Err(SegmentError::Corrupt {
+            path,
+            why: format!(
+                "the manifest lists segment {} ({} s, {}..{}, {}) under this name, but the file \
+                 is segment {} ({} s, {}..{}, {}): a file from elsewhere, or renamed",
+                e.id,
+                e.resolution,
+                e.period_start,
+                e.period_end,
+                kind(e.delta),
+                m.id,
+                m.resolution,
+                m.period_start,
+                m.period_end,
+                kind(found.0.1),
+            ),
+        });
+    }
+    Ok(seg)
+}
+
 /// The published archive.
 #[derive(Debug, Default)]
 pub struct Archive {
@@ -137,7 +171,7 @@ impl Archive {
     pub fn open(dir: &Path, manifest: Manifest) -> Result<Archive, SegmentError> {
         let mut segments = Vec::with_capacity(manifest.segments.len());
         for e in &manifest.segments {
-            segments.push((*e, Arc::new(Segment::open(&segment_path(dir, e.id))?)));
+            segments.push((*e, Arc::new(open_listed(dir, e)?)));
         }
         Ok(Archive::with(manifest, segments))
     }

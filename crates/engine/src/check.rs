@@ -6,9 +6,9 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::archive::segment_path;
+use crate::archive::{open_listed, segment_path};
 use crate::manifest::{self, ManifestError};
-use crate::segment::{Segment, SegmentError, SegmentStats};
+use crate::segment::{SegmentError, SegmentStats};
 use crate::wal::payload;
 use crate::wal::reader::{self, TornTail};
 use crate::wal::{Corruption, FileProblem, WalError, list_files};
@@ -146,7 +146,7 @@ fn check_once(dir: &Path) -> Result<CheckReport, std::io::Error> {
             });
             for e in &m.segments {
                 let path = segment_path(&dir.join("segments"), e.id);
-                match Segment::open(&path).and_then(|s| s.verify()) {
+                match open_listed(&dir.join("segments"), e).and_then(|s| s.verify()) {
                     Ok(stats) => report.findings.push(Finding::Segment { path, stats }),
                     // Compacted away since the manifest was read: not damage.
                     Err(err)
@@ -169,6 +169,12 @@ fn check_once(dir: &Path) -> Result<CheckReport, std::io::Error> {
                     Err(err) => report.damage.push(err.into()),
                 }
             }
+        }
+        Err(e @ ManifestError::MissingCurrent { .. }) => {
+            // The log was truncated after a publish: its start is the manifest's business,
+            // which the damage names, not a gap of its own.
+            wal_start = files.first().map_or(1, |(first, _)| *first);
+            report.damage.push(e.into());
         }
         Err(e) => report.damage.push(e.into()),
     }

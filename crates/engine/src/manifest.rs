@@ -99,6 +99,23 @@ pub enum ManifestError {
     Corrupt { path: PathBuf, why: PayloadError },
     #[error("{}: {why}", path.display())]
     BadCurrent { path: PathBuf, why: &'static str },
+    /// `CURRENT` is gone after a publish: manifests are there and the log was truncated
+    /// past what they archived, so starting as a directory that never flushed would lose
+    /// the archive (and its leftover clean-up would delete it).
+    #[error(
+        "{}: missing, but the directory holds {newest} and {log} (truncated after a publish): \
+         without CURRENT, which names the manifest in use, the archive cannot be found. Restore \
+         it from a backup, or write the newest manifest's name into it \
+         (`printf '{newest}\\n' > CURRENT`) and run `tally check`; tally does not start \
+         without it (--accept-data-loss does not change this)",
+        path.display()
+    )]
+    MissingCurrent {
+        path: PathBuf,
+        newest: String,
+        /// What the log looks like: "its log starts at record 3", "its log is empty".
+        log: String,
+    },
     /// An answers file the manifest lists is damaged.
     #[error("{}: damaged idempotency answers file: {why}", path.display())]
     Answers { path: PathBuf, why: String },
@@ -374,7 +391,12 @@ pub fn load(dir: &Path) -> Result<Option<Manifest>, ManifestError> {
     let current = dir.join(CURRENT);
     let text = match std::fs::read_to_string(&current) {
         Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return match lost_current(dir) {
+                Some(err) => Err(err),
+                None => Ok(None),
+            };
+        }
         Err(source) => {
             return Err(ManifestError::Io {
                 path: current,
@@ -404,6 +426,35 @@ pub fn load(dir: &Path) -> Result<Option<Manifest>, ManifestError> {
         });
     }
     Ok(Some(m))
+}
+
+/// Without `CURRENT`, a directory that never flushed — or one whose first publish crashed
+/// before `CURRENT` was written, leaving a manifest but a log that still starts at record 1
+/// (the log is truncated only after a publish) — opens as new. Manifests beside a log that
+/// starts later (or is empty) mean `CURRENT` was lost: that error.
+fn lost_current(dir: &Path) -> Option<ManifestError> {
+    let newest = std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| {
+            n.strip_prefix("MANIFEST-")
+                .is_some_and(|d| d.len() == 20 && d.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .max()?;
+    let log = match crate::wal::list_files(&dir.join("wal")) {
+        Ok(files) => match files.first() {
+            Some((1, _)) => return None,
+            Some((first, _)) => format!("its log starts at record {first}"),
+            None => "its log is empty".to_owned(),
+        },
+        // Unreadable: the log's own open names that; do not guess here.
+        Err(_) => return None,
+    };
+    Some(ManifestError::MissingCurrent {
+        path: dir.join(CURRENT),
+        newest,
+        log,
+    })
 }
 
 /// Publishes `m` durably: the manifest file (fsynced), its directory, then `CURRENT`

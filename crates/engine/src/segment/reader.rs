@@ -1405,9 +1405,20 @@ fn check_magic(path: &Path, magic: [u8; 4]) -> Result<Version, SegmentError> {
     })
 }
 
+/// Reads `buf.len()` bytes at `at`. Every read lies inside the length the segment was
+/// checked at when opened, so running out of file means it was cut short since (damage,
+/// `corrupt_data`), not a failing disk (I/O, retried by clients).
 fn read_exact_at(file: &File, path: &Path, buf: &mut [u8], at: u64) -> Result<(), SegmentError> {
-    file.read_exact_at(buf, at)
-        .map_err(|e| SegmentError::io(path, e))
+    file.read_exact_at(buf, at).map_err(|e| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => SegmentError::Corrupt {
+            path: path.to_owned(),
+            why: format!(
+                "the file ends before byte {} (cut short since it was opened)",
+                at + buf.len() as u64
+            ),
+        },
+        _ => SegmentError::io(path, e),
+    })
 }
 
 #[cfg(test)]

@@ -707,6 +707,118 @@ fn a_missing_segment_stops_recovery() {
     assert!(matches!(err, OpenError::Segment(_)), "{err:?}");
 }
 
+/// A lost `CURRENT` after a publish (the log truncated behind it) is named as such by
+/// `check` and by recovery, even accepting data loss — which used to open the directory as
+/// one that never flushed and delete its intact manifest and segments as leftovers. Put
+/// back, everything is there.
+#[test]
+fn a_lost_current_is_named_and_never_opens_as_an_empty_archive() {
+    let dir = tempfile::tempdir().unwrap();
+    let (clock, reference, e) = seeded(dir.path());
+    e.flush().unwrap();
+    write_both(&e, &reference, NOW, &[raw("clicks", "lnk_1", NOW, 1, &[])]);
+    clock.advance(DAY + 3600);
+    assert!(e.flush().unwrap().wal_files_removed >= 1);
+    drop(e);
+    let current = dir.path().join(manifest::CURRENT);
+    let named = std::fs::read(&current).unwrap();
+    let listed = |d: &str| std::fs::read_dir(dir.path().join(d)).unwrap().count();
+    let files = (
+        listed("segments"),
+        std::fs::read_dir(dir.path()).unwrap().count() - 1,
+    );
+    std::fs::remove_file(&current).unwrap();
+
+    let report = tally_engine::check::check(dir.path()).unwrap();
+    let said: Vec<String> = report.damage.iter().map(|d| format!("{d:#}")).collect();
+    assert!(
+        said.len() == 1 && said[0].contains("CURRENT: missing") && said[0].contains("MANIFEST-"),
+        "{said:?}"
+    );
+    for accept_data_loss in [false, true] {
+        let mut c = Config::new(dir.path());
+        c.clock = clock.clone();
+        c.accept_data_loss = accept_data_loss;
+        let err = Engine::open(c).unwrap_err();
+        assert!(format!("{err:#}").contains("CURRENT: missing"), "{err:#}");
+    }
+    // Nothing was removed or rewritten.
+    let now = (
+        listed("segments"),
+        std::fs::read_dir(dir.path()).unwrap().count(),
+    );
+    assert_eq!(now, files, "files went missing");
+    std::fs::write(&current, named).unwrap();
+    let e = open(dir.path(), &clock);
+    same(&e, &reference, clock_now(&clock));
+}
+
+/// A whole, valid segment under another one's name (two files swapped, or a copy from
+/// another directory) is damage: `check` and recovery name the file, where it used to be
+/// read as the period the manifest expects there — wrong numbers with every check passing.
+#[test]
+fn a_segment_under_another_ones_name_is_named_by_check_and_stops_recovery() {
+    let dir = tempfile::tempdir().unwrap();
+    let (clock, reference, e) = seeded(dir.path());
+    e.flush().unwrap();
+    drop(e);
+    let m = manifest::load(dir.path()).unwrap().unwrap();
+    let (a, b) = (&m.segments[0], &m.segments[1]);
+    assert_ne!(
+        (a.period_start, a.resolution),
+        (b.period_start, b.resolution)
+    );
+    let segments = dir.path().join("segments");
+    let (pa, pb) = (
+        tally_engine::archive::segment_path(&segments, a.id),
+        tally_engine::archive::segment_path(&segments, b.id),
+    );
+    let (ba, bb) = (std::fs::read(&pa).unwrap(), std::fs::read(&pb).unwrap());
+    std::fs::write(&pa, &bb).unwrap();
+    std::fs::write(&pb, &ba).unwrap();
+
+    let report = tally_engine::check::check(dir.path()).unwrap();
+    let said: Vec<String> = report.damage.iter().map(|d| format!("{d:#}")).collect();
+    assert_eq!(said.len(), 2, "{said:?}");
+    assert!(said[0].contains("but the file is segment"), "{said:?}");
+    let mut c = Config::new(dir.path());
+    c.clock = clock.clone();
+    let err = Engine::open(c).unwrap_err();
+    assert!(
+        format!("{err:#}").contains("a file from elsewhere"),
+        "{err:#}"
+    );
+    // Put back, it opens and answers as before.
+    std::fs::write(&pa, &ba).unwrap();
+    std::fs::write(&pb, &bb).unwrap();
+    let e = open(dir.path(), &clock);
+    same(&e, &reference, NOW);
+}
+
+/// The first publish crashing before `CURRENT` was written leaves a manifest beside a log
+/// that still starts at record 1: that directory opens as one that never flushed, from
+/// its whole log.
+#[test]
+fn a_manifest_without_current_beside_a_whole_log_opens_from_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let (clock, reference, e) = seeded(dir.path());
+    e.flush().unwrap();
+    drop(e);
+    // As if the publish stopped before CURRENT: the log was not truncated yet, so put back
+    // a log that starts at record 1 by writing the same events into a fresh directory.
+    let fresh = tempfile::tempdir().unwrap();
+    let e = open(fresh.path(), &clock);
+    write(&e, NOW, &three_days(NOW)).unwrap();
+    drop(e);
+    let m = manifest::load(dir.path()).unwrap().unwrap();
+    let name = manifest::file_name(dir.path(), m.number);
+    std::fs::copy(&name, manifest::file_name(fresh.path(), m.number)).unwrap();
+    assert_eq!(list_files(&fresh.path().join("wal")).unwrap()[0].0, 1);
+    assert!(tally_engine::check::check(fresh.path()).unwrap().is_whole());
+    let e = open(fresh.path(), &clock);
+    same(&e, &reference, NOW);
+}
+
 #[test]
 fn a_damaged_block_fails_the_reads_that_touch_it_and_is_named_by_check() {
     let dir = tempfile::tempdir().unwrap();
@@ -757,6 +869,50 @@ fn a_damaged_block_fails_the_reads_that_touch_it_and_is_named_by_check() {
         ..read
     };
     assert!(e.read(&[elsewhere]).is_ok());
+    let health = e.health().unwrap_err();
+    assert!(
+        health.detail().contains(&path.display().to_string()),
+        "{}",
+        health.detail()
+    );
+}
+
+/// A segment cut short under a running engine is damage too: the reads that need its
+/// missing bytes fail with `corrupt_data` and health names the file — they used to fail as
+/// an I/O error ("failed to fill whole buffer"), `503` for clients to retry, health ok.
+#[test]
+fn a_segment_cut_short_while_open_fails_its_reads_as_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = crate::clock(NOW);
+    let e = open(dir.path(), &clock);
+    write(&e, NOW, &three_days(NOW)).unwrap();
+    e.flush().unwrap();
+    let m = manifest::load(dir.path()).unwrap().unwrap();
+    let entry = m
+        .segments
+        .iter()
+        .find(|s| s.resolution == 3600 && s.period_start == NOW - 2 * DAY)
+        .unwrap();
+    let path = tally_engine::archive::segment_path(&dir.path().join("segments"), entry.id);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(10)
+        .unwrap();
+    let ns = Namespace::new("clicks").unwrap();
+    let key = tally_core::model::Key::new("lnk_1").unwrap();
+    let read = tally_core::store::KeyRead {
+        ns: &ns,
+        key: &key,
+        resolution: tally_core::model::Duration::from_secs(3600).unwrap(),
+        from: NOW - 3 * DAY,
+        to: NOW,
+        want: tally_core::store::Want::All,
+        sum_subtotals: false,
+    };
+    let err = e.read(&[read]).unwrap_err();
+    assert_eq!(err.code(), tally_core::ErrorCode::CorruptData, "{err}");
     let health = e.health().unwrap_err();
     assert!(
         health.detail().contains(&path.display().to_string()),
