@@ -696,6 +696,39 @@ fn compact_archives_history_and_check_names_damage() {
         "{said}"
     );
     assert_eq!(String::from_utf8_lossy(&out.stderr).lines().count(), 1);
+    // An offline export over it fails naming the file and block, not only "an archive
+    // segment" (its causes were dropped).
+    let now = tally_core::store::Clock::now(&tally_core::store::SystemClock);
+    let (from, to) = ((now - 6 * 86_400).to_string(), now.to_string());
+    let out = run(&[
+        "export",
+        "--data",
+        d,
+        "--ns",
+        "clicks",
+        "--from",
+        &from,
+        "--to",
+        &to,
+        "--resolution",
+        "1h",
+        "--format",
+        "csv",
+        "--out",
+        dir.path().join("x").to_str().unwrap(),
+    ]);
+    refused(&out, seg.to_str().unwrap());
+    refused(&out, "checksum mismatch in block");
+    // A missing segment is named with its error said once (it was said twice: in the
+    // message and again as its cause).
+    std::fs::remove_file(&seg).unwrap();
+    let out = run(&["check", "--data", d]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    let bad: Vec<&str> = said.lines().filter(|l| l.starts_with("BAD")).collect();
+    assert!(
+        bad.len() == 1 && bad[0].matches("No such file").count() == 1,
+        "{said}"
+    );
 
     // A directory in use by an engine is refused by compact.
     let _held =

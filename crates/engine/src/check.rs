@@ -47,11 +47,9 @@ pub enum Damage {
     Segment(#[from] SegmentError),
     #[error(transparent)]
     Log(#[from] WalError),
-    #[error("{}: {source}", path.display())]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    /// The I/O error is in the message, not also its `source` (a chain says it once).
+    #[error("{}: {err}", path.display())]
+    Io { path: PathBuf, err: std::io::Error },
 }
 
 /// Everything `check` looked at.
@@ -105,7 +103,7 @@ fn current(dir: &Path) -> Option<manifest::Manifest> {
 }
 
 fn not_found(e: &SegmentError) -> bool {
-    matches!(e, SegmentError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
+    matches!(e, SegmentError::Io { err, .. } if err.kind() == std::io::ErrorKind::NotFound)
 }
 
 fn check_once(dir: &Path) -> Result<CheckReport, std::io::Error> {
@@ -119,7 +117,7 @@ fn check_once(dir: &Path) -> Result<CheckReport, std::io::Error> {
         Err(source) => {
             report.damage.push(Damage::Io {
                 path: wal_dir,
-                source,
+                err: source,
             });
             return Ok(report);
         }
@@ -226,7 +224,7 @@ fn check_once(dir: &Path) -> Result<CheckReport, std::io::Error> {
             Err(source) => {
                 report.damage.push(Damage::Io {
                     path: path.clone(),
-                    source,
+                    err: source,
                 });
                 continue;
             }

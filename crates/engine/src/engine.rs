@@ -203,6 +203,17 @@ impl std::fmt::Debug for Engine {
     }
 }
 
+/// Creates `dir` if it is missing; a file in its place is named as such (`create_dir_all`
+/// on a file says only "File exists").
+fn make_dir(dir: &Path) -> Result<(), OpenError> {
+    if dir.exists() && !dir.is_dir() {
+        return Err(OpenError::NotADirectory {
+            path: dir.to_owned(),
+        });
+    }
+    std::fs::create_dir_all(dir).map_err(io_at(dir))
+}
+
 impl Engine {
     /// Refuses, before anything is logged, a batch that replay could not apply — an
     /// increment with a timestamp outside `0..MAX_TS`, or naming a namespace that neither exists
@@ -259,11 +270,7 @@ impl Engine {
     pub fn open(config: Config) -> Result<Engine, OpenError> {
         let started = Instant::now();
         let dir = config.dir.clone();
-        // `create_dir_all` on a file says only "File exists".
-        if dir.exists() && !dir.is_dir() {
-            return Err(OpenError::NotADirectory { path: dir });
-        }
-        std::fs::create_dir_all(&dir).map_err(io_at(&dir))?;
+        make_dir(&dir)?;
         let lock_path = dir.join("LOCK");
         let lock = File::options()
             .create(true)
@@ -285,9 +292,9 @@ impl Engine {
             return Err(OpenError::BadFlushPolicy(config.flush));
         }
         let wal_dir = dir.join("wal");
-        std::fs::create_dir_all(&wal_dir).map_err(io_at(&wal_dir))?;
+        make_dir(&wal_dir)?;
         let segments_dir = dir.join("segments");
-        std::fs::create_dir_all(&segments_dir).map_err(io_at(&segments_dir))?;
+        make_dir(&segments_dir)?;
         let (archive, wal_start) = match manifest::load(&dir)? {
             Some(m) => {
                 let wal_start = m.wal_start;

@@ -95,6 +95,8 @@ pub enum ManifestError {
         expected: u32,
         got: u32,
     },
+    #[error("{}: damaged manifest: {why}", path.display())]
+    Framing { path: PathBuf, why: String },
     #[error("{}: undecodable manifest: {why}", path.display())]
     Corrupt { path: PathBuf, why: PayloadError },
     #[error("{}: {why}", path.display())]
@@ -188,12 +190,17 @@ impl Manifest {
             }
             _ => return Err(ManifestError::BadMagic { path: path() }),
         };
-        let payload =
-            checked_payload(bytes).map_err(|(expected, got)| ManifestError::Checksum {
+        let payload = checked_payload(bytes).map_err(|why| match why {
+            Frame::Checksum { expected, got } => ManifestError::Checksum {
                 path: path(),
                 expected,
                 got,
-            })?;
+            },
+            Frame::Length { .. } => ManifestError::Framing {
+                path: path(),
+                why: why.describe(),
+            },
+        })?;
         Self::decode_payload(payload, version)
             .map_err(|why| ManifestError::Corrupt { path: path(), why })
     }
@@ -266,15 +273,48 @@ fn framed(magic: [u8; 4], payload: &[u8]) -> Vec<u8> {
 
 /// The payload of a frame at least `MANIFEST_HEADER_LEN` long, if its length and checksum
 /// hold; else the checksum expected and the one found.
-fn checked_payload(bytes: &[u8]) -> Result<&[u8], (u32, u32)> {
+/// Why a framed file's payload is refused.
+enum Frame {
+    /// The header's payload length is not what the file holds.
+    Length {
+        said: usize,
+        holds: usize,
+    },
+    Checksum {
+        expected: u32,
+        got: u32,
+    },
+}
+
+impl Frame {
+    fn describe(&self) -> String {
+        match self {
+            Frame::Length { said, holds } => format!(
+                "the header gives a payload of {said} bytes, the file holds {holds} (cut short or \
+                 damaged)"
+            ),
+            Frame::Checksum { expected, got } => {
+                format!("checksum mismatch (expected {expected:#010x}, got {got:#010x})")
+            }
+        }
+    }
+}
+
+fn checked_payload(bytes: &[u8]) -> Result<&[u8], Frame> {
     let u32_at =
         |o: usize| u32::from_le_bytes([bytes[o], bytes[o + 1], bytes[o + 2], bytes[o + 3]]);
     let len = u32_at(MANIFEST_LEN_OFFSET) as usize;
     let expected = u32_at(MANIFEST_CRC_OFFSET);
     let payload = &bytes[MANIFEST_HEADER_LEN..];
+    if payload.len() != len {
+        return Err(Frame::Length {
+            said: len,
+            holds: payload.len(),
+        });
+    }
     let got = crc32c::crc32c(payload);
-    if payload.len() != len || got != expected {
-        return Err((expected, got));
+    if got != expected {
+        return Err(Frame::Checksum { expected, got });
     }
     Ok(payload)
 }
@@ -330,11 +370,7 @@ pub fn decode_answers(path: &Path, bytes: &[u8]) -> Result<Vec<IdemRecord>, Mani
         }
         _ => return Err(bad("not a tally answers file (bad magic bytes)".into())),
     }
-    let payload = checked_payload(bytes).map_err(|(expected, got)| {
-        bad(format!(
-            "checksum mismatch (expected {expected:#010x}, got {got:#010x})"
-        ))
-    })?;
+    let payload = checked_payload(bytes).map_err(|why| bad(why.describe()))?;
     let mut r = Reader::new(payload);
     let mut out = Vec::new();
     let decoded = (|| {
@@ -542,6 +578,20 @@ mod tests {
         for cut in 0..bytes.len() {
             assert!(Manifest::decode(p, &bytes[..cut]).is_err(), "cut at {cut}");
         }
+        // Each is named for what it is: a length that is not the file's, a checksum that
+        // is not the payload's (the two once read "expected 0x…, got" the same value).
+        let mut b = bytes.clone();
+        b[MANIFEST_LEN_OFFSET] ^= 0x01;
+        let err = Manifest::decode(p, &b).unwrap_err().to_string();
+        assert!(err.contains("header gives a payload of"), "{err}");
+        let mut b = bytes.clone();
+        *b.last_mut().unwrap() ^= 0x01;
+        let err = Manifest::decode(p, &b).unwrap_err().to_string();
+        assert!(err.contains("checksum mismatch"), "{err}");
+        let mut b = encode_answers(&sample().idempotency);
+        b[MANIFEST_LEN_OFFSET] ^= 0x01;
+        let err = decode_answers(p, &b).unwrap_err().to_string();
+        assert!(err.contains("header gives a payload of"), "{err}");
         let mut v3 = bytes.clone();
         v3[3] = 3;
         assert!(matches!(

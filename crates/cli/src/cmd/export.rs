@@ -370,8 +370,7 @@ fn from_data(a: &ExportArgs, parts: &mut Parts, progress: &Progress) -> anyhow::
         let q = ExportQuery::parse(&a.ns, &params[..]).map_err(|e| anyhow::anyhow!("{e}"))?;
         // No per-query point cap offline: the rows stream to disk, memory stays bounded.
         let now = tally_core::store::Clock::now(&tally_core::store::SystemClock);
-        let plan =
-            query::export_plan(&engine, &q, usize::MAX, now).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let plan = query::export_plan(&engine, &q, usize::MAX, now).map_err(anyhow::Error::from)?;
         let res = plan.resolution.to_string();
         query::export(&engine, &plan, &Deadline::none, &mut |r| {
             let row = Row {
@@ -393,7 +392,8 @@ fn from_data(a: &ExportArgs, parts: &mut Parts, progress: &Progress) -> anyhow::
                 }
             }
         })
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+        // Whole, causes included: a damaged segment names its file and block.
+        .map_err(anyhow::Error::from)?;
         if failed.is_some() {
             break;
         }

@@ -15,13 +15,16 @@ pub mod serve;
 /// the commands that read or maintain one must not create one where a path was mistyped
 /// (`tally load --data` may make a new one: loading history into it is what it is for).
 pub(crate) fn existing_data_dir(dir: &std::path::Path) -> anyhow::Result<()> {
-    if dir.join("wal").is_dir() {
-        Ok(())
-    } else {
-        anyhow::bail!(
+    match std::fs::metadata(dir.join("wal")) {
+        Ok(m) if m.is_dir() => Ok(()),
+        // Not "it has no wal/" when the directory cannot be looked into at all.
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            anyhow::bail!("{}: {e}", dir.display())
+        }
+        _ => anyhow::bail!(
             "{} is not a tally data directory (it has no wal/): give the directory `tally \
              serve --data` uses",
             dir.display()
-        )
+        ),
     }
 }

@@ -142,8 +142,10 @@ pub struct SegmentStats {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SegmentError {
-    #[error("{}: {source}", path.display())]
-    Io { path: PathBuf, source: io::Error },
+    /// The I/O error is in the message and is not also the error's `source`, so a chain
+    /// printed whole (`{:#}`, `detail`) says it once.
+    #[error("{}: {err}", path.display())]
+    Io { path: PathBuf, err: io::Error },
     #[error("{}: not a tally segment (bad magic bytes)", path.display())]
     BadMagic { path: PathBuf },
     #[error(
@@ -212,7 +214,7 @@ impl SegmentError {
     pub(crate) fn io(path: &std::path::Path, source: io::Error) -> Self {
         SegmentError::Io {
             path: path.to_path_buf(),
-            source,
+            err: source,
         }
     }
 }

@@ -725,3 +725,25 @@ fn records_after_a_zeroed_header_are_refused_not_dropped() {
     let e = Engine::open(cfg).unwrap();
     assert_eq!(total(&e, "clicks", "a", 3600), 0);
 }
+
+/// A file where the data directory, its `wal/` or its `segments/` should be is named as
+/// "not a directory" (`create_dir_all` said only "File exists").
+#[test]
+fn a_file_in_place_of_a_directory_is_named() {
+    for part in ["", "wal", "segments"] {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("d");
+        if !part.is_empty() {
+            std::fs::create_dir(&data).unwrap();
+        }
+        let path = data.join(part);
+        std::fs::write(if part.is_empty() { &data } else { &path }, b"x").unwrap();
+        match Engine::open(Config::new(&data)) {
+            Err(OpenError::NotADirectory { path: p }) => {
+                assert_eq!(p, if part.is_empty() { data.clone() } else { path });
+            }
+            Err(e) => panic!("{part}: {e}"),
+            Ok(_) => panic!("{part}: opened"),
+        }
+    }
+}
