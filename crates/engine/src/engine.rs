@@ -250,11 +250,14 @@ impl Engine {
             }
         }
         let mut last: Option<&Namespace> = None;
+        // A set: a batch may create tens of thousands of namespaces (one per event).
+        let creates: std::collections::HashSet<&Namespace> =
+            batch.create.iter().map(|(n, _)| n).collect();
         for inc in &batch.increments {
             if last == Some(&inc.ns) {
                 continue;
             }
-            let created = batch.create.iter().any(|(n, _)| *n == inc.ns);
+            let created = creates.contains(&inc.ns);
             if !created && self.core.read_cat().ns_id(inc.ns.as_str()).is_none() {
                 return Err(StoreError::internal(format!(
                     "namespace {} is unknown and the batch does not create it",

@@ -105,7 +105,7 @@ pub enum ManifestError {
     /// past what they archived, so starting as a directory that never flushed would lose
     /// the archive (and its leftover clean-up would delete it).
     #[error(
-        "{}: missing, but the directory holds {newest} and {log} (truncated after a publish): \
+        "{}: missing, but the directory holds {newest} and {log}: \
          without CURRENT, which names the manifest in use, the archive cannot be found. Restore \
          it from a backup, or write the newest manifest's name into it \
          (`printf '{newest}\\n' > CURRENT`) and run `tally check`; tally does not start \
@@ -115,7 +115,7 @@ pub enum ManifestError {
     MissingCurrent {
         path: PathBuf,
         newest: String,
-        /// What the log looks like: "its log starts at record 3", "its log is empty".
+        /// What the log looks like: "its log starts at record 3, …", "its log has no file …".
         log: String,
     },
     /// An answers file the manifest lists is damaged.
@@ -271,8 +271,6 @@ fn framed(magic: [u8; 4], payload: &[u8]) -> Vec<u8> {
     out
 }
 
-/// The payload of a frame at least `MANIFEST_HEADER_LEN` long, if its length and checksum
-/// hold; else the checksum expected and the one found.
 /// Why a framed file's payload is refused.
 enum Frame {
     /// The header's payload length is not what the file holds.
@@ -300,6 +298,8 @@ impl Frame {
     }
 }
 
+/// The payload of a frame at least `MANIFEST_HEADER_LEN` long, if its length and checksum
+/// hold; else which of them does not.
 fn checked_payload(bytes: &[u8]) -> Result<&[u8], Frame> {
     let u32_at =
         |o: usize| u32::from_le_bytes([bytes[o], bytes[o + 1], bytes[o + 2], bytes[o + 3]]);
@@ -429,6 +429,10 @@ pub fn load(dir: &Path) -> Result<Option<Manifest>, ManifestError> {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return match lost_current(dir) {
+                // A first publish may have renamed CURRENT into place and truncated the
+                // log since it was looked for (a backup or `check` beside a live server):
+                // then it is read as usual.
+                Some(_) if current.exists() => load(dir),
                 Some(err) => Err(err),
                 None => Ok(None),
             };
@@ -480,8 +484,12 @@ fn lost_current(dir: &Path) -> Option<ManifestError> {
     let log = match crate::wal::list_files(&dir.join("wal")) {
         Ok(files) => match files.first() {
             Some((1, _)) => return None,
-            Some((first, _)) => format!("its log starts at record {first}"),
-            None => "its log is empty".to_owned(),
+            Some((first, _)) => {
+                format!("its log starts at record {first}, truncated after a publish")
+            }
+            None => "its log has no file (truncation never removes the last one: log files \
+                     were lost too)"
+                .to_owned(),
         },
         // Unreadable: the log's own open names that; do not guess here.
         Err(_) => return None,

@@ -132,32 +132,51 @@ impl NameIds {
 /// Value ids below this are summed in an array (see [`PairSums`]).
 const DENSE: u32 = 1 << 14;
 
+/// Array cells all of a [`PairSums`]' arrays may hold together (1 MiB of sums): a key with
+/// thousands of dimension names, each with a value id near [`DENSE`], would otherwise
+/// allocate an array of ~16 000 sums per dimension.
+const DENSE_CELLS: usize = 1 << 17;
+
 /// Sums by (dimension, value) named by ids of one [`Names`]: per dimension an array indexed
 /// by value id while ids are small (what a breakdown adds to thousands of times per
-/// segment), a hash map beyond. Sums wrap, as every sum.
+/// segment) and the arrays' cells stay within [`DENSE_CELLS`], a hash map beyond. A
+/// dimension's array is found through a map, so a read's cost stays linear in the pairs it
+/// adds however many dimensions there are. Sums wrap, as every sum.
 #[derive(Debug, Default)]
 pub struct PairSums {
     dims: Vec<(u32, Vec<i64>)>,
+    /// Where each dimension's array is in `dims`.
+    at: HashMap<u32, usize, FixedState>,
+    cells: usize,
     large: HashMap<(u32, u32), i64, FixedState>,
 }
 
 impl PairSums {
     pub fn add(&mut self, d: u32, v: u32, n: i64) {
-        let s = if v < DENSE {
-            let at = match self.dims.iter().position(|e| e.0 == d) {
-                Some(at) => at,
-                None => {
-                    self.dims.push((d, Vec::new()));
-                    self.dims.len() - 1
-                }
-            };
+        let dense = if v < DENSE {
+            // A new dimension's array starts empty: it costs cells only as it grows.
+            let dims = &mut self.dims;
+            let at = *self.at.entry(d).or_insert_with(|| {
+                dims.push((d, Vec::new()));
+                dims.len() - 1
+            });
             let sums = &mut self.dims[at].1;
-            if sums.len() <= v as usize {
-                sums.resize(v as usize + 1, 0);
+            let need = v as usize + 1;
+            if sums.len() >= need {
+                Some(&mut sums[v as usize])
+            } else if self.cells + (need - sums.len()) <= DENSE_CELLS {
+                self.cells += need - sums.len();
+                sums.resize(need, 0);
+                Some(&mut sums[v as usize])
+            } else {
+                None
             }
-            &mut sums[v as usize]
         } else {
-            self.large.entry((d, v)).or_default()
+            None
+        };
+        let s = match dense {
+            Some(s) => s,
+            None => self.large.entry((d, v)).or_default(),
         };
         *s = s.wrapping_add(n);
     }
@@ -234,5 +253,21 @@ mod tests {
             ],
             "a sum netting to zero is left out, sums wrap, dimensions kept apart"
         );
+    }
+
+    /// Many dimensions, each with one value of an id near the dense bound: the arrays stay
+    /// within their cells (the rest is summed in the map), and every sum is kept.
+    #[test]
+    fn pair_sums_of_many_dimensions_stay_bounded() {
+        let mut s = PairSums::default();
+        let dims = 20_000u32;
+        for d in 0..dims {
+            s.add(d, DENSE - 1 - d % 7, 1);
+            s.add(d, DENSE - 1 - d % 7, 2);
+        }
+        assert!(s.cells <= DENSE_CELLS, "{}", s.cells);
+        let got: Vec<_> = s.non_zero().collect();
+        assert_eq!(got.len(), dims as usize);
+        assert!(got.iter().all(|&(_, _, n)| n == 3));
     }
 }

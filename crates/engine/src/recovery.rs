@@ -2,7 +2,7 @@
 //! drops a torn tail (logged), refuses any other damage with the file and offset, and
 //! hands the writer the file to append to.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -123,11 +123,11 @@ fn note_loss(lost: &mut Vec<(u64, u64)>, first: u64, last: u64) {
 fn recreate_lost_namespaces(core: &Core, view: &mut BatchView<'_>) {
     let cat = core.read_cat();
     let mut recreate: Vec<u32> = Vec::new();
+    // Sets: a record may create a namespace per event.
+    let mut known: HashSet<u32> = view.creates.iter().map(|&(ns, _)| ns).collect();
     for inc in &view.incs {
-        let known = cat.ns_id(view.str(inc.ns)).is_some()
-            || view.creates.iter().any(|(ns, _)| *ns == inc.ns)
-            || recreate.contains(&inc.ns);
-        if !known {
+        if !known.contains(&inc.ns) && cat.ns_id(view.str(inc.ns)).is_none() {
+            known.insert(inc.ns);
             recreate.push(inc.ns);
         }
     }

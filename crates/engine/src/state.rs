@@ -109,7 +109,38 @@ pub(crate) struct ResolvedBatch {
     /// The subtotal series of every increment (each names its range).
     sids: Vec<SeriesId>,
     /// The tiers of each namespace the batch writes to.
-    plans: Vec<(NsId, Arc<[TierPlan]>)>,
+    plans: Plans,
+}
+
+/// The tiers of each namespace a batch writes to: usually one or two, found by a scan; a
+/// batch may name tens of thousands (one per event), found then through a map — a scan per
+/// increment made such a batch cost the square of its size.
+#[derive(Debug, Default)]
+struct Plans {
+    list: Vec<(NsId, Arc<[TierPlan]>)>,
+    at: HashMap<NsId, usize>,
+}
+
+impl Plans {
+    /// Namespaces past which look-ups go through the map.
+    const SCANNED: usize = 8;
+
+    fn get(&self, ns: NsId) -> Option<&[TierPlan]> {
+        let i = if self.list.len() <= Self::SCANNED {
+            self.list.iter().position(|(n, _)| *n == ns)?
+        } else {
+            *self.at.get(&ns)?
+        };
+        Some(&self.list[i].1)
+    }
+
+    /// Adds the plan of `ns` made by `plan`, unless it is there.
+    fn add(&mut self, ns: NsId, plan: impl FnOnce() -> Arc<[TierPlan]>) {
+        if self.get(ns).is_none() {
+            self.at.insert(ns, self.list.len());
+            self.list.push((ns, plan()));
+        }
+    }
 }
 
 /// What replay adds a log record against: the archive it opened with, and the time its
@@ -378,7 +409,7 @@ impl Core {
     ) -> Result<ResolvedBatch, StoreError> {
         let mut resolved = Vec::with_capacity(view.incs.len());
         let mut sids: Vec<SeriesId> = Vec::with_capacity(view.subs.len());
-        let mut plans: Vec<(NsId, Arc<[TierPlan]>)> = Vec::new();
+        let mut plans = Plans::default();
         {
             let mut cat = self.write_cat();
             for (ns, schema) in &view.creates {
@@ -421,9 +452,7 @@ impl Core {
                         if let Some(slot) = ns_cache.get_mut(inc.ns as usize) {
                             *slot = Some(id);
                         }
-                        if !plans.iter().any(|(n, _)| *n == id) {
-                            plans.push((id, self.replay_plan(&cat, id)));
-                        }
+                        plans.add(id, || self.replay_plan(&cat, id));
                         id
                     }
                 };
@@ -432,13 +461,12 @@ impl Core {
                 // periods ([`holds_bucket`]) that `add_resolved` will add to: not those a
                 // flush after this record holds (a key is made only for a counter).
                 let counts = inc.n != 0
-                    && plans.iter().any(|(n, tiers)| {
-                        *n == ns
-                            && tiers.iter().any(|t| {
-                                let b = inc.ts.div_euclid(t.res) * t.res;
-                                t.retention.keeps_bucket(b, t.resolution, now)
-                                    || adds_to(t, b, now, (seq, view.at), replay)
-                            })
+                    && plans.get(ns).is_some_and(|tiers| {
+                        tiers.iter().any(|t| {
+                            let b = inc.ts.div_euclid(t.res) * t.res;
+                            t.retention.keeps_bucket(b, t.resolution, now)
+                                || adds_to(t, b, now, (seq, view.at), replay)
+                        })
                     });
                 if !counts {
                     continue;
@@ -548,7 +576,7 @@ impl Core {
         // waiting for each in turn between the checks below.
         let mut adds: Vec<Add> = Vec::with_capacity(resolved.len() * 4);
         for r in &resolved {
-            let Some((_, tiers)) = plans.iter().find(|(n, _)| *n == r.ns) else {
+            let Some(tiers) = plans.get(r.ns) else {
                 continue;
             };
             for t in tiers.iter() {

@@ -133,9 +133,9 @@ fn schemas(limits: &Limits) -> Value {
             "required": ["tiers"],
             "additionalProperties": false,
             "properties": {
-                "tiers": {"type": "array", "minItems": 1, "items": {"type": "string", "pattern": TIER}},
+                "tiers": {"type": "array", "minItems": 1, "maxItems": tally_core::model::MAX_TIERS, "items": {"type": "string", "pattern": TIER}},
                 "breakdown_tiers": {"type": ["array", "null"], "items": {"type": "string", "pattern": DURATION}},
-                "dimensions": {"type": ["array", "null"], "items": {"type": "string", "pattern": DIMENSION_IN_BODY}}
+                "dimensions": {"type": ["array", "null"], "maxItems": tally_core::model::MAX_SCHEMA_DIMENSIONS, "items": {"type": "string", "pattern": DIMENSION_IN_BODY}}
             }
         }
     })

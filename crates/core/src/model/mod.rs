@@ -34,6 +34,13 @@ pub const MAX_DIM_VALUE_BYTES: usize = 2048;
 pub const MAX_NAME_BYTES: usize = 64;
 /// Most dimensions one event may carry.
 pub const MAX_DIMS_PER_EVENT: usize = 16;
+/// Most tiers a schema may have.
+pub const MAX_TIERS: usize = 16;
+/// Most names a schema's dimension allow-list may hold, compounds included.
+pub const MAX_SCHEMA_DIMENSIONS: usize = 256;
+/// Most compound dimensions a schema may declare: each event counts one subtotal per
+/// compound whose parts it carries, beside one per dimension it carries.
+pub const MAX_COMPOUNDS: usize = 16;
 /// `|n|` must stay below 2^53 so every amount survives a trip through a JSON double.
 pub const AMOUNT_LIMIT: i64 = 1 << 53;
 /// Earliest accepted timestamp: 1970-01-01T00:00:00Z.

@@ -1,7 +1,10 @@
 //! A namespace's schema: its tiers, its breakdown tiers, an optional dimension allow-list,
 //! its wire form, and the subtotals an event adds to under it.
 
-use super::{DimName, DimValue, Dimension, Duration, ModelError, Retention, Tier};
+use super::{
+    DimName, DimValue, Dimension, Duration, MAX_COMPOUNDS, MAX_SCHEMA_DIMENSIONS, MAX_TIERS,
+    ModelError, Retention, Tier,
+};
 
 /// The schema of a namespace: its tiers, which of them keep breakdowns, and an optional
 /// allow-list of dimensions (`None` = any simple dimension).
@@ -55,6 +58,12 @@ impl Schema {
         if tiers.is_empty() {
             return Err(err("a namespace needs at least one tier".into()));
         }
+        if tiers.len() > MAX_TIERS {
+            return Err(err(format!(
+                "a namespace has at most {MAX_TIERS} tiers, got {}",
+                tiers.len()
+            )));
+        }
         tiers.sort_by_key(|t| t.resolution);
         if let Some(w) = tiers
             .windows(2)
@@ -78,10 +87,22 @@ impl Schema {
             return Err(err(format!("breakdown tier {b} is not one of the tiers")));
         }
         if let Some(dims) = &dimensions {
-            for (i, d) in dims.iter().enumerate() {
-                if dims[..i].iter().any(|e| e.name() == d.name()) {
-                    return Err(err(format!("dimension {d} is listed twice")));
-                }
+            if dims.len() > MAX_SCHEMA_DIMENSIONS {
+                return Err(err(format!(
+                    "the dimension allow-list holds at most {MAX_SCHEMA_DIMENSIONS} names, got {}",
+                    dims.len()
+                )));
+            }
+            let compounds = dims.iter().filter(|d| d.is_compound()).count();
+            if compounds > MAX_COMPOUNDS {
+                return Err(err(format!(
+                    "a namespace declares at most {MAX_COMPOUNDS} compound dimensions, got \
+                     {compounds}"
+                )));
+            }
+            let mut seen = std::collections::HashSet::new();
+            if let Some(d) = dims.iter().find(|d| !seen.insert(d.name())) {
+                return Err(err(format!("dimension {d} is listed twice")));
             }
         }
         Ok(Schema {
@@ -317,6 +338,34 @@ mod tests {
             bad(&["1h:forever"], None, Some(&["A"])),
             ErrorCode::InvalidSchema
         );
+        // Bounded: tiers, names in the allow-list, compounds (each costs every event a
+        // subtotal). A list of 100 000 names took ~30 s to check for repeats.
+        let list =
+            |n: usize, f: &dyn Fn(usize) -> String| -> Vec<String> { (0..n).map(f).collect() };
+        let check = |tiers: Vec<String>, dims: Option<Vec<String>>| {
+            Schema::from_doc(&SchemaDoc {
+                tiers,
+                breakdown_tiers: None,
+                dimensions: dims,
+            })
+        };
+        let res = [
+            1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30, 60, 120, 180, 240, 300, 360,
+        ];
+        let tiers = |n| list(n, &|i| format!("{}s:forever", res[i]));
+        assert!(check(tiers(MAX_TIERS), None).is_ok());
+        let err = check(tiers(MAX_TIERS + 1), None).unwrap_err();
+        assert!(err.to_string().contains("at most 16 tiers"), "{err}");
+        let names = |n| Some(list(n, &|i| format!("d{i}")));
+        assert!(check(tiers(1), names(MAX_SCHEMA_DIMENSIONS)).is_ok());
+        let err = check(tiers(1), names(MAX_SCHEMA_DIMENSIONS + 1)).unwrap_err();
+        assert!(err.to_string().contains("at most 256 names"), "{err}");
+        let err = check(tiers(1), names(100_000)).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::InvalidSchema);
+        let compounds = |n| Some(list(n, &|i| format!("a+b{i}")));
+        assert!(check(tiers(1), compounds(MAX_COMPOUNDS)).is_ok());
+        let err = check(tiers(1), compounds(MAX_COMPOUNDS + 1)).unwrap_err();
+        assert!(err.to_string().contains("at most 16 compound"), "{err}");
     }
 
     #[test]

@@ -161,21 +161,27 @@ pub fn retry_after(
     let span = plan.to - plan.from;
     let mut sorted: Vec<(i64, i64)> = buckets.to_vec();
     sorted.sort_unstable();
-    // In i128: the sums wrap nowhere.
-    let (added, max) = (i128::from(added), i128::from(max));
-    let mut left: i128 = sorted.iter().map(|&(_, n)| i128::from(n)).sum();
-    if left + added <= max {
+    // The count as a window query answers it (wrapping, as every sum), and the rule
+    // `incr_limited` decides by: so a refusal never says "retry now".
+    let mut left: i64 = sum(&sorted);
+    if fits(left, added, max) {
         return Some(0);
     }
     for (b, n) in sorted {
-        left -= i128::from(n);
-        if left + added <= max {
+        left = left.wrapping_sub(n);
+        if fits(left, added, max) {
             // The bucket starting at `b` is out once the window starts after it.
             return Some((b + span - now).max(1));
         }
     }
     // Every bucket gone and it still does not fit: the increment alone is over `max`.
     None
+}
+
+/// Whether `added` on top of a window counting `count` stays at most `max` (a sum past 64
+/// bits does not).
+fn fits(count: i64, added: i64, max: i64) -> bool {
+    count.checked_add(added).is_some_and(|after| after <= max)
 }
 
 /// How far past the window's end, as planned before waiting for the key's lock, the read
@@ -254,7 +260,7 @@ pub fn incr_limited(
             .sum();
         let before = sum(&inside);
         let decided = match before.checked_add(added) {
-            Some(after) if after <= max => Limited::Accepted(count(last, plan, after)),
+            Some(after) if fits(before, added, max) => Limited::Accepted(count(last, plan, after)),
             _ => Limited::Refused {
                 window: count(last, plan, before),
                 max,
@@ -496,7 +502,14 @@ mod tests {
         // Alone over the limit with nothing negative to help: never.
         assert_eq!(retry_after(&p, &[(997, 3)], 1000, 3, 2), None);
         assert_eq!(retry_after(&p, &[], 1000, 3, 2), None);
-        // Sums past 64 bits do not wrap into a false "fits".
+        // A window whose sum wraps to i64::MAX does not fit +1 now (the decision overflows),
+        // so the answer is not "now" but when the bucket that wrapped it leaves.
+        assert_eq!(
+            retry_after(&p, &[(997, i64::MIN), (998, -1)], 1000, 1, 10),
+            Some(7)
+        );
+        assert!(!fits(sum(&vec![(997, i64::MIN), (998, -1)]), 1, 10));
+        // A sum past 64 bits never fits (as `incr_limited` decides).
         assert_eq!(
             retry_after(&p, &[(997, i64::MAX)], 1000, i64::MAX, i64::MAX),
             Some(7)
