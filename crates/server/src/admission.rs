@@ -30,6 +30,13 @@
 //!    admin) [`OTHER_V1_PERMITS`]. A request waits for its permit holding its body but no
 //!    socket read, and one class's flood cannot starve another.
 //!
+//! 6. **The answer**, once built, is charged to a budget of `max_answer_bytes_in_flight`
+//!    shared by all requests and released when its client has taken it (or gone): a client
+//!    that reads nothing holds its answer until `idle_timeout_ms` cuts it off, so without
+//!    the budget every connection could hold one. An answer that would pass it is
+//!    `503 backend_unavailable` with `Retry-After: 1`. Streamed answers (exports) have
+//!    their own bounds.
+//!
 //! The handler gets the buffered body; its own `read_body` then costs no I/O.
 
 use std::sync::Arc;
@@ -65,6 +72,7 @@ pub(crate) struct Admission {
     queries: Arc<Semaphore>,
     other: Arc<Semaphore>,
     bytes: Arc<Semaphore>,
+    answers: Arc<Semaphore>,
 }
 
 /// Which permits a route takes.
@@ -86,6 +94,9 @@ impl Admission {
             other: Arc::new(Semaphore::new(OTHER_V1_PERMITS)),
             bytes: Arc::new(Semaphore::new(
                 l.max_body_bytes_in_flight.min(Semaphore::MAX_PERMITS),
+            )),
+            answers: Arc::new(Semaphore::new(
+                l.max_answer_bytes_in_flight.min(Semaphore::MAX_PERMITS),
             )),
             app,
         }
@@ -116,7 +127,37 @@ impl Admission {
             .run(Request::from_parts(parts, Body::from(bytes)))
             .await;
         drop((permit, held));
-        Ok(resp)
+        self.charge(resp)
+    }
+
+    /// Charges a built answer's bytes to the `max_answer_bytes_in_flight` budget until its
+    /// client has taken it (or gone): one that would pass it is `503`, its bytes dropped.
+    /// Streamed answers (an export: no exact size) are bounded by their own rules.
+    fn charge(&self, resp: Response) -> Result<Response, ApiError> {
+        let Some(len) = axum::body::HttpBody::size_hint(resp.body()).exact() else {
+            return Ok(resp);
+        };
+        if len == 0 {
+            return Ok(resp);
+        }
+        let held = u32::try_from(len)
+            .ok()
+            .and_then(|n| self.answers.clone().try_acquire_many_owned(n).ok())
+            .ok_or_else(|| {
+                ApiError::new(
+                    ErrorCode::BackendUnavailable,
+                    format!(
+                        "answers not yet taken by their clients hold the server's memory for \
+                         them ([limits] max_answer_bytes_in_flight); this one ({len} bytes) \
+                         waits for none: try again shortly"
+                    ),
+                )
+            })?;
+        let (parts, body) = resp.into_parts();
+        Ok(Response::from_parts(
+            parts,
+            Body::new(crate::body::Holding::new(body, held)),
+        ))
     }
 
     /// The whole body, and its charge to the budget.

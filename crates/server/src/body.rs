@@ -1,7 +1,11 @@
 //! Reading a request body under a byte limit: the one place a body enters memory, so the
 //! limit cannot be forgotten by a new route.
 
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
 use axum::body::{Body, Bytes};
+use hyper::body::{Frame, SizeHint};
 use tally_core::ErrorCode;
 
 use crate::error::ApiError;
@@ -14,4 +18,67 @@ pub(crate) async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiErro
             format!("the body is larger than {limit} bytes"),
         )
     })
+}
+
+/// An answer's body holding `G` (a guard, a permit) until hyper has written it all or the
+/// connection went away: whatever it stands for lasts as long as the answer does. Data is
+/// handed to hyper [`CHUNK`] bytes at a time: hyper takes a body's frames into its own
+/// write buffer as long as that has room, so a whole answer given in one frame would leave
+/// the body (and drop what it holds) long before a slow client has read it.
+pub(crate) struct Holding<G> {
+    inner: Body,
+    /// What is left of the last data frame, given out a chunk at a time.
+    rest: Bytes,
+    _held: G,
+}
+
+/// The most bytes one frame of a [`Holding`] body carries.
+pub(crate) const CHUNK: usize = 64 * 1024;
+
+impl<G> Holding<G> {
+    pub(crate) fn new(inner: Body, held: G) -> Self {
+        Holding {
+            inner,
+            rest: Bytes::new(),
+            _held: held,
+        }
+    }
+}
+
+impl<G: Unpin> hyper::body::Body for Holding<G> {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        if self.rest.is_empty() {
+            match Pin::new(&mut self.inner).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) => self.rest = data,
+                    Err(other) => return Poll::Ready(Some(Ok(other))),
+                },
+                other => return other,
+            }
+        }
+        let n = self.rest.len().min(CHUNK);
+        let chunk = self.rest.split_to(n);
+        Poll::Ready(Some(Ok(Frame::data(chunk))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.rest.is_empty() && self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let inner = self.inner.size_hint();
+        let rest = self.rest.len() as u64;
+        let mut hint = SizeHint::new();
+        hint.set_lower(inner.lower() + rest);
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper + rest);
+        }
+        hint
+    }
 }

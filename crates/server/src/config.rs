@@ -130,6 +130,7 @@ struct LimitsDoc {
     max_concurrent_writes: Option<usize>,
     max_concurrent_queries: Option<usize>,
     max_body_bytes_in_flight: Option<usize>,
+    max_answer_bytes_in_flight: Option<usize>,
     max_idempotency_keys: Option<usize>,
     export_min_bytes_per_sec: Option<usize>,
 }
@@ -233,10 +234,16 @@ pub struct ServerLimits {
     pub max_concurrent_writes: usize,
     /// Queries run at once; more wait their turn. Each holds up to about two answers of
     /// `max_points` points in memory (~25 MB at the defaults), so this also bounds the memory
-    /// queries take: ~350 MB measured with 16 `POST /v1/query` bombs at once.
+    /// queries take while they run: ~350 MB measured with 16 `POST /v1/query` bombs at once.
+    /// Answers waiting for their clients are `max_answer_bytes_in_flight`'s.
     pub max_concurrent_queries: usize,
     /// Request-body bytes held in memory across all requests at once.
     pub max_body_bytes_in_flight: usize,
+    /// Bytes of answers built and not yet taken by their clients, all requests together:
+    /// a client that reads nothing holds its answer until `idle_timeout_ms` cuts it off,
+    /// so without this bound `max_connections` such clients hold as many answers. An
+    /// answer that would pass it is `503`. (Exports stream, bounded by their own rules.)
+    pub max_answer_bytes_in_flight: usize,
     /// Idempotency answers the embedded engine remembers at once (each 24 h, in memory and
     /// in every manifest); a request with a new key past it is `503`.
     pub max_idempotency_keys: usize,
@@ -257,6 +264,7 @@ impl Default for ServerLimits {
             max_concurrent_writes: 256,
             max_concurrent_queries: 16,
             max_body_bytes_in_flight: 512 * 1024 * 1024,
+            max_answer_bytes_in_flight: 512 * 1024 * 1024,
             max_idempotency_keys: 1_000_000,
             export_min_bytes_per_sec: 16 * 1024,
         }
@@ -414,6 +422,11 @@ impl Settings {
                     l.max_body_bytes_in_flight,
                     d.max_body_bytes_in_flight,
                 )?,
+                max_answer_bytes_in_flight: positive(
+                    "max_answer_bytes_in_flight",
+                    l.max_answer_bytes_in_flight,
+                    d.max_answer_bytes_in_flight,
+                )?,
                 max_idempotency_keys: positive(
                     "max_idempotency_keys",
                     l.max_idempotency_keys,
@@ -555,6 +568,7 @@ max_connections = 4096
 max_concurrent_writes = 256
 max_concurrent_queries = 16
 max_body_bytes_in_flight = 536870912
+max_answer_bytes_in_flight = 536870912
 max_idempotency_keys = 1000000
 export_min_bytes_per_sec = 16384
 

@@ -33,7 +33,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::response::IntoResponse;
-use hyper::body::{Frame, Incoming, SizeHint};
+use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tally_core::ErrorCode;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -42,6 +42,7 @@ use tokio::sync::{Notify, Semaphore, watch};
 use tokio::time::Instant;
 
 use crate::app::App;
+use crate::body::Holding;
 use crate::config::ServerLimits;
 use crate::error::ApiError;
 use crate::metrics::Connections;
@@ -287,10 +288,8 @@ impl Conn {
                     Err(never) => match never {},
                 };
                 Ok::<_, Infallible>(resp.map(|b| {
-                    Body::new(Tracked {
-                        inner: b,
-                        _busy: guard,
-                    })
+                    // The request's busy guard, held until hyper has written the answer.
+                    Body::new(Holding::new(b, guard))
                 }))
             }
         });
@@ -486,32 +485,6 @@ impl Drop for BusyGuard {
             }
         }
         self.0.changed.notify_one();
-    }
-}
-
-/// An answer's body, holding its request's [`BusyGuard`] until hyper has written it all.
-struct Tracked {
-    inner: Body,
-    _busy: BusyGuard,
-}
-
-impl hyper::body::Body for Tracked {
-    type Data = axum::body::Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
     }
 }
 

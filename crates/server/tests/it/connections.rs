@@ -394,6 +394,32 @@ fn bodies_past_the_in_flight_budget_are_503_and_the_budget_comes_back() {
     }
 }
 
+/// Answers are charged to `max_answer_bytes_in_flight` until their clients take them: one
+/// that would pass it is 503 (clients that read nothing once held an answer each, up to
+/// `max_connections` of them), and what a taken answer charged comes back.
+#[test]
+fn answers_past_the_in_flight_budget_are_503_and_the_budget_comes_back() {
+    let s = Server::start(settings(|s| s.server.max_answer_bytes_in_flight = 20_000));
+    assert_eq!(post_one(&s, "k").0, 200);
+    // About 60 bytes a point: a thousand minutes is past the budget, ten are not.
+    let series = |minutes: i64| {
+        let from = NOW / 60 * 60 - minutes * 60;
+        s.get(&format!(
+            "/v1/ns/c/keys/k/series?from={from}&to={}&unit=minute",
+            from + minutes * 60
+        ))
+    };
+    let got = series(1_000);
+    assert_error(&got, 503, "backend_unavailable");
+    let said = got.1["error"]["message"].as_str().unwrap();
+    assert!(said.contains("max_answer_bytes_in_flight"), "{said}");
+    for _ in 0..20 {
+        let (status, v) = series(10);
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["points"].as_array().unwrap().len(), 10);
+    }
+}
+
 #[test]
 fn the_stand_in_answers_503_until_the_app_is_ready() {
     let rt = tokio::runtime::Builder::new_multi_thread()
