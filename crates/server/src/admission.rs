@@ -30,12 +30,16 @@
 //!    admin) [`OTHER_V1_PERMITS`]. A request waits for its permit holding its body but no
 //!    socket read, and one class's flood cannot starve another.
 //!
-//! 6. **The answer**, once built, is charged to a budget of `max_answer_bytes_in_flight`
-//!    shared by all requests and released when its client has taken it (or gone): a client
-//!    that reads nothing holds its answer until `idle_timeout_ms` cuts it off, so without
-//!    the budget every connection could hold one. An answer that would pass it is
-//!    `503 backend_unavailable` with `Retry-After: 1`. Streamed answers (exports) have
-//!    their own bounds.
+//! 6. **A query's answer**, once built, is charged to a budget of
+//!    `max_answer_bytes_in_flight` shared by all queries and released when its client has
+//!    taken it (or gone): a client that reads nothing holds its answer until
+//!    `idle_timeout_ms` cuts it off, so without the budget every connection could hold
+//!    one. An answer that would pass it is `503 backend_unavailable` with `Retry-After: 1`
+//!    (one larger than the whole budget takes all of it). Only queries: a write's answer
+//!    is small and its work done, so it is never turned into a 503 a client would retry.
+//!    Streamed answers (exports) have their own bounds. What hyper has taken into its
+//!    write buffer is not charged: at most 16 frames of [`crate::body::CHUNK`] bytes a
+//!    connection.
 //!
 //! The handler gets the buffered body; its own `read_body` then costs no I/O.
 
@@ -73,6 +77,8 @@ pub(crate) struct Admission {
     other: Arc<Semaphore>,
     bytes: Arc<Semaphore>,
     answers: Arc<Semaphore>,
+    /// The permits `answers` has in all.
+    answer_budget: usize,
 }
 
 /// Which permits a route takes.
@@ -95,9 +101,8 @@ impl Admission {
             bytes: Arc::new(Semaphore::new(
                 l.max_body_bytes_in_flight.min(Semaphore::MAX_PERMITS),
             )),
-            answers: Arc::new(Semaphore::new(
-                l.max_answer_bytes_in_flight.min(Semaphore::MAX_PERMITS),
-            )),
+            answers: Arc::new(Semaphore::new(answer_budget(&l))),
+            answer_budget: answer_budget(&l),
             app,
         }
     }
@@ -127,7 +132,12 @@ impl Admission {
             .run(Request::from_parts(parts, Body::from(bytes)))
             .await;
         drop((permit, held));
-        self.charge(resp)
+        // Only a query's answer: a write's, a schema change's or an admin answer's is small,
+        // and its work is done — it must not become a 503 its client would retry.
+        match class {
+            Class::Query => self.charge(resp),
+            _ => Ok(resp),
+        }
     }
 
     /// Charges a built answer's bytes to the `max_answer_bytes_in_flight` budget until its
@@ -140,7 +150,10 @@ impl Admission {
         if len == 0 {
             return Ok(resp);
         }
-        let held = u32::try_from(len)
+        // An answer larger than the whole budget takes all of it: it goes out when nothing
+        // else waits, rather than never.
+        let n = len.min(self.answer_budget as u64);
+        let held = u32::try_from(n)
             .ok()
             .and_then(|n| self.answers.clone().try_acquire_many_owned(n).ok())
             .ok_or_else(|| {
@@ -233,6 +246,14 @@ impl Admission {
         };
         Ok((bytes, held))
     }
+}
+
+/// The permits of the answer budget: `max_answer_bytes_in_flight`, within what one
+/// `try_acquire_many` can take at once.
+fn answer_budget(l: &crate::config::ServerLimits) -> usize {
+    l.max_answer_bytes_in_flight
+        .min(Semaphore::MAX_PERMITS)
+        .min(u32::MAX as usize)
 }
 
 /// The middleware: see the module doc. Refusals that leave a body unread close the

@@ -20,11 +20,13 @@ pub(crate) async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiErro
     })
 }
 
-/// An answer's body holding `G` (a guard, a permit) until hyper has written it all or the
-/// connection went away: whatever it stands for lasts as long as the answer does. Data is
-/// handed to hyper [`CHUNK`] bytes at a time: hyper takes a body's frames into its own
-/// write buffer as long as that has room, so a whole answer given in one frame would leave
-/// the body (and drop what it holds) long before a slow client has read it.
+/// An answer's body holding `G` (a guard, a permit) until hyper has taken the last of it
+/// (or the connection went away). Data is handed to hyper in copies of at most [`CHUNK`]
+/// bytes: hyper takes a body's frames into its own queue while that holds fewer than 16
+/// of them (and under its buffer size), so a whole answer given in one frame would leave
+/// the body, and drop what it holds, long before a slow client has read it. With small
+/// copied chunks what hyper holds past the body is at most 16 chunks (128 KiB), and the
+/// answer's own allocation goes with its last chunk.
 pub(crate) struct Holding<G> {
     inner: Body,
     /// What is left of the last data frame, given out a chunk at a time.
@@ -33,7 +35,7 @@ pub(crate) struct Holding<G> {
 }
 
 /// The most bytes one frame of a [`Holding`] body carries.
-pub(crate) const CHUNK: usize = 64 * 1024;
+pub(crate) const CHUNK: usize = 8 * 1024;
 
 impl<G> Holding<G> {
     pub(crate) fn new(inner: Body, held: G) -> Self {
@@ -56,14 +58,20 @@ impl<G: Unpin> hyper::body::Body for Holding<G> {
         if self.rest.is_empty() {
             match Pin::new(&mut self.inner).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    // Small already (a chunk of an inner `Holding`): as it is.
+                    Ok(data) if data.len() <= CHUNK => {
+                        return Poll::Ready(Some(Ok(Frame::data(data))));
+                    }
                     Ok(data) => self.rest = data,
                     Err(other) => return Poll::Ready(Some(Ok(other))),
                 },
                 other => return other,
             }
         }
+        // A copy: a slice would keep the whole answer's allocation alive in hyper's queue.
         let n = self.rest.len().min(CHUNK);
-        let chunk = self.rest.split_to(n);
+        let chunk = Bytes::copy_from_slice(&self.rest[..n]);
+        drop(self.rest.split_to(n));
         Poll::Ready(Some(Ok(Frame::data(chunk))))
     }
 

@@ -329,7 +329,7 @@ impl Settings {
                 source,
             };
             let ns = Namespace::new(name).map_err(at)?;
-            let schema = Schema::from_doc(doc).map_err(at)?;
+            let schema = Schema::from_input(doc).map_err(at)?;
             s.namespaces.push((ns, schema));
         }
         if let Some(d) = file.defaults {
@@ -340,7 +340,7 @@ impl Settings {
                     dimensions: d.dimensions,
                 };
                 s.defaults.schema =
-                    Schema::from_doc(&doc).map_err(|source| ConfigError::Defaults { source })?;
+                    Schema::from_input(&doc).map_err(|source| ConfigError::Defaults { source })?;
             }
             if let Some(a) = d.auto_create {
                 s.defaults.auto_create = a;

@@ -288,7 +288,8 @@ impl Conn {
                     Err(never) => match never {},
                 };
                 Ok::<_, Infallible>(resp.map(|b| {
-                    // The request's busy guard, held until hyper has written the answer.
+                    // The request's busy guard, held until hyper has taken the last of the
+                    // answer (see `Holding`).
                     Body::new(Holding::new(b, guard))
                 }))
             }

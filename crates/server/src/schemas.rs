@@ -85,7 +85,7 @@ pub async fn put(
             format!("expected {{\"tiers\", \"breakdown_tiers\"?, \"dimensions\"?}}: {e}"),
         )
     })?;
-    let schema = Schema::from_doc(&doc)?;
+    let schema = Schema::from_input(&doc)?;
     app.blocking(move |app| {
         app.store().put_schema(&ns, &schema)?;
         Ok(Json(schema_json(&ns, &schema)))

@@ -58,12 +58,6 @@ impl Schema {
         if tiers.is_empty() {
             return Err(err("a namespace needs at least one tier".into()));
         }
-        if tiers.len() > MAX_TIERS {
-            return Err(err(format!(
-                "a namespace has at most {MAX_TIERS} tiers, got {}",
-                tiers.len()
-            )));
-        }
         tiers.sort_by_key(|t| t.resolution);
         if let Some(w) = tiers
             .windows(2)
@@ -87,19 +81,6 @@ impl Schema {
             return Err(err(format!("breakdown tier {b} is not one of the tiers")));
         }
         if let Some(dims) = &dimensions {
-            if dims.len() > MAX_SCHEMA_DIMENSIONS {
-                return Err(err(format!(
-                    "the dimension allow-list holds at most {MAX_SCHEMA_DIMENSIONS} names, got {}",
-                    dims.len()
-                )));
-            }
-            let compounds = dims.iter().filter(|d| d.is_compound()).count();
-            if compounds > MAX_COMPOUNDS {
-                return Err(err(format!(
-                    "a namespace declares at most {MAX_COMPOUNDS} compound dimensions, got \
-                     {compounds}"
-                )));
-            }
             let mut seen = std::collections::HashSet::new();
             if let Some(d) = dims.iter().find(|d| !seen.insert(d.name())) {
                 return Err(err(format!("dimension {d} is listed twice")));
@@ -112,7 +93,37 @@ impl Schema {
         })
     }
 
-    /// Validates the wire form.
+    /// Validates a schema a user gives (`PUT /v1/ns/{ns}`, the config file): the wire form,
+    /// and the bounds on its size — at most [`MAX_TIERS`] tiers, [`MAX_SCHEMA_DIMENSIONS`]
+    /// names in the allow-list, [`MAX_COMPOUNDS`] compounds. Stored schemas are decoded with
+    /// [`Schema::from_doc`], without the bounds: a schema an older build accepted still opens.
+    pub fn from_input(doc: &SchemaDoc) -> Result<Self, ModelError> {
+        let err = |why: String| ModelError::InvalidSchema { why };
+        if doc.tiers.len() > MAX_TIERS {
+            return Err(err(format!(
+                "a namespace has at most {MAX_TIERS} tiers, got {}",
+                doc.tiers.len()
+            )));
+        }
+        if let Some(dims) = &doc.dimensions {
+            if dims.len() > MAX_SCHEMA_DIMENSIONS {
+                return Err(err(format!(
+                    "the dimension allow-list holds at most {MAX_SCHEMA_DIMENSIONS} names, got {}",
+                    dims.len()
+                )));
+            }
+            let compounds = dims.iter().filter(|d| d.contains('+')).count();
+            if compounds > MAX_COMPOUNDS {
+                return Err(err(format!(
+                    "a namespace declares at most {MAX_COMPOUNDS} compound dimensions, got \
+                     {compounds}"
+                )));
+            }
+        }
+        Schema::from_doc(doc)
+    }
+
+    /// Validates the wire form (of a stored schema too: see [`Schema::from_input`]).
     pub fn from_doc(doc: &SchemaDoc) -> Result<Self, ModelError> {
         let tiers = doc
             .tiers
@@ -343,7 +354,7 @@ mod tests {
         let list =
             |n: usize, f: &dyn Fn(usize) -> String| -> Vec<String> { (0..n).map(f).collect() };
         let check = |tiers: Vec<String>, dims: Option<Vec<String>>| {
-            Schema::from_doc(&SchemaDoc {
+            Schema::from_input(&SchemaDoc {
                 tiers,
                 breakdown_tiers: None,
                 dimensions: dims,
@@ -366,6 +377,13 @@ mod tests {
         assert!(check(tiers(1), compounds(MAX_COMPOUNDS)).is_ok());
         let err = check(tiers(1), compounds(MAX_COMPOUNDS + 1)).unwrap_err();
         assert!(err.to_string().contains("at most 16 compound"), "{err}");
+        // A stored schema past the bounds (an older build took any) still decodes.
+        let doc = SchemaDoc {
+            tiers: tiers(1),
+            breakdown_tiers: None,
+            dimensions: names(MAX_SCHEMA_DIMENSIONS + 1),
+        };
+        assert!(Schema::from_doc(&doc).is_ok());
     }
 
     #[test]

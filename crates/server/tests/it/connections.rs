@@ -394,29 +394,73 @@ fn bodies_past_the_in_flight_budget_are_503_and_the_budget_comes_back() {
     }
 }
 
-/// Answers are charged to `max_answer_bytes_in_flight` until their clients take them: one
-/// that would pass it is 503 (clients that read nothing once held an answer each, up to
-/// `max_connections` of them), and what a taken answer charged comes back.
+/// Answers are charged to `max_answer_bytes_in_flight` until their clients take them:
+/// clients that read nothing once held an answer each, up to `max_connections` of them.
+/// A client that reads nothing holds its ~5 MB answer (more than the loopback's socket
+/// buffers take: 4 MiB at most to send, a few KiB to receive), so the next answer past
+/// the budget is 503; once it goes, the budget comes back. Writes are never charged.
 #[test]
 fn answers_past_the_in_flight_budget_are_503_and_the_budget_comes_back() {
-    let s = Server::start(settings(|s| s.server.max_answer_bytes_in_flight = 20_000));
+    let s = Server::start(settings(|s| {
+        s.server.max_answer_bytes_in_flight = 6_000_000;
+        s.server.idle_timeout_ms = 60_000;
+    }));
+    assert_eq!(
+        s.req("PUT", "/v1/ns/c", Some(r#"{"tiers": ["1s:2d"]}"#), &[])
+            .0,
+        200
+    );
     assert_eq!(post_one(&s, "k").0, 200);
-    // About 60 bytes a point: a thousand minutes is past the budget, ten are not.
-    let series = |minutes: i64| {
-        let from = NOW / 60 * 60 - minutes * 60;
-        s.get(&format!(
-            "/v1/ns/c/keys/k/series?from={from}&to={}&unit=minute",
-            from + minutes * 60
-        ))
+    let series = |seconds: i64| {
+        let from = NOW - seconds;
+        format!("/v1/ns/c/keys/k/series?from={from}&to={NOW}&unit=second")
     };
-    let got = series(1_000);
-    assert_error(&got, 503, "backend_unavailable");
-    let said = got.1["error"]["message"].as_str().unwrap();
+    // The big answer alone fits: a client that reads it gets it.
+    let (status, v) = s.get(&series(99_000));
+    assert_eq!(status, 200, "{v}");
+    // One that reads nothing holds it.
+    let stalled = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    stalled.set_recv_buffer_size(4096).unwrap();
+    stalled.connect(&s.addr.into()).unwrap();
+    let mut stalled: TcpStream = stalled.into();
+    write!(
+        stalled,
+        "GET {} HTTP/1.1\r\nHost: x\r\n\r\n",
+        series(99_000)
+    )
+    .unwrap();
+    let held = Instant::now();
+    let refused = loop {
+        let got = s.get(&series(20_000));
+        if got.0 == 503 {
+            break got;
+        }
+        assert_eq!(got.0, 200, "{:?}", got.1);
+        assert!(
+            held.elapsed() < Duration::from_secs(20),
+            "the stalled answer was never charged"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_error(&refused, 503, "backend_unavailable");
+    let said = refused.1["error"]["message"].as_str().unwrap();
     assert!(said.contains("max_answer_bytes_in_flight"), "{said}");
-    for _ in 0..20 {
-        let (status, v) = series(10);
-        assert_eq!(status, 200, "{v}");
-        assert_eq!(v["points"].as_array().unwrap().len(), 10);
+    // Writes go on: their answers are not charged.
+    assert_eq!(post_one(&s, "k2").0, 200);
+    // The client goes: its charge comes back.
+    drop(stalled);
+    let back = Instant::now();
+    loop {
+        let (status, v) = s.get(&series(20_000));
+        if status == 200 {
+            break;
+        }
+        assert_error(&(status, v), 503, "backend_unavailable");
+        assert!(
+            back.elapsed() < Duration::from_secs(20),
+            "the charge never came back"
+        );
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
