@@ -169,7 +169,7 @@ impl Admission {
         let (parts, body) = resp.into_parts();
         Ok(Response::from_parts(
             parts,
-            Body::new(crate::body::Holding::new(body, held)),
+            Body::new(crate::body::Holding::chunked(body, held)),
         ))
     }
 

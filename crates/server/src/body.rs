@@ -21,8 +21,8 @@ pub(crate) async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiErro
 }
 
 /// An answer's body holding `G` (a guard, a permit) until hyper has taken the last of it
-/// (or the connection went away). Data is handed to hyper in copies of at most [`CHUNK`]
-/// bytes: hyper takes a body's frames into its own queue while that holds fewer than 16
+/// (or the connection went away). Chunked ([`Holding::chunked`]), data is handed to hyper
+/// in copies of at most [`CHUNK`] bytes: hyper takes a body's frames into its own queue while that holds fewer than 16
 /// of them (and under its buffer size), so a whole answer given in one frame would leave
 /// the body, and drop what it holds, long before a slow client has read it. With small
 /// copied chunks what hyper holds past the body is at most 16 chunks (128 KiB), and the
@@ -31,18 +31,32 @@ pub(crate) struct Holding<G> {
     inner: Body,
     /// What is left of the last data frame, given out a chunk at a time.
     rest: Bytes,
+    /// The most bytes a frame carries: [`CHUNK`], or unbounded (frames as they come).
+    chunk: usize,
     _held: G,
 }
 
-/// The most bytes one frame of a [`Holding`] body carries.
+/// The most bytes one frame of a chunked [`Holding`] body carries.
 pub(crate) const CHUNK: usize = 8 * 1024;
 
 impl<G> Holding<G> {
+    /// Frames as the inner body gives them: `held` lasts until hyper has taken the last
+    /// (what it holds past that is not its business — the connection's busy guard).
     pub(crate) fn new(inner: Body, held: G) -> Self {
         Holding {
             inner,
             rest: Bytes::new(),
+            chunk: usize::MAX,
             _held: held,
+        }
+    }
+
+    /// Frames of at most [`CHUNK`] copied bytes, so that `held` (an answer's charge) lasts
+    /// until at most 16 of them wait in hyper's queue.
+    pub(crate) fn chunked(inner: Body, held: G) -> Self {
+        Holding {
+            chunk: CHUNK,
+            ..Holding::new(inner, held)
         }
     }
 }
@@ -58,8 +72,8 @@ impl<G: Unpin> hyper::body::Body for Holding<G> {
         if self.rest.is_empty() {
             match Pin::new(&mut self.inner).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
-                    // Small already (a chunk of an inner `Holding`): as it is.
-                    Ok(data) if data.len() <= CHUNK => {
+                    // Small enough already: as it is.
+                    Ok(data) if data.len() <= self.chunk => {
                         return Poll::Ready(Some(Ok(Frame::data(data))));
                     }
                     Ok(data) => self.rest = data,
@@ -69,7 +83,7 @@ impl<G: Unpin> hyper::body::Body for Holding<G> {
             }
         }
         // A copy: a slice would keep the whole answer's allocation alive in hyper's queue.
-        let n = self.rest.len().min(CHUNK);
+        let n = self.rest.len().min(self.chunk);
         let chunk = Bytes::copy_from_slice(&self.rest[..n]);
         drop(self.rest.split_to(n));
         Poll::Ready(Some(Ok(Frame::data(chunk))))

@@ -653,6 +653,16 @@ dimensions = ["status"]
             ("[limits]\nquery_timeout_ms = 0", "query_timeout_ms"),
             ("[limits]\nmax_connections = 0", "max_connections"),
             ("[limits]\nmax_idempotency_keys = 0", "max_idempotency_keys"),
+            (
+                "[limits]\nmax_answer_bytes_in_flight = 0",
+                "max_answer_bytes_in_flight must be greater than 0",
+            ),
+            (
+                "[namespaces.x]\ntiers = [\"1h:forever\"]\ndimensions = [\"a+b0\", \"a+b1\", \
+                 \"a+b2\", \"a+b3\", \"a+b4\", \"a+b5\", \"a+b6\", \"a+b7\", \"a+b8\", \"a+b9\", \
+                 \"a+c0\", \"a+c1\", \"a+c2\", \"a+c3\", \"a+c4\", \"a+c5\", \"a+c6\"]",
+                "at most 16 compound dimensions",
+            ),
             // Past what a semaphore or a deadline takes: refused, not a panic at start.
             (
                 "[limits]\nmax_connections = 4000000000000000000",

@@ -819,21 +819,43 @@ fn a_manifest_without_current_beside_a_whole_log_opens_from_the_log() {
     same(&e, &reference, NOW);
 }
 
-#[test]
-fn a_damaged_block_fails_the_reads_that_touch_it_and_is_named_by_check() {
-    let dir = tempfile::tempdir().unwrap();
-    let clock = crate::clock(NOW);
-    let e = open(dir.path(), &clock);
+/// An engine on `dir` holding [`three_days`], flushed, and the path of the segment of the
+/// hourly day two days back (one block holds all three keys).
+fn flushed_with_day_segment(dir: &Path, clock: &Arc<ManualClock>) -> (Engine, std::path::PathBuf) {
+    let e = open(dir, clock);
     write(&e, NOW, &three_days(NOW)).unwrap();
     e.flush().unwrap();
-    let m = manifest::load(dir.path()).unwrap().unwrap();
-    // The hourly day two days back: one block holds all three keys.
+    let m = manifest::load(dir).unwrap().unwrap();
     let entry = m
         .segments
         .iter()
         .find(|s| s.resolution == 3600 && s.period_start == NOW - 2 * DAY)
         .unwrap();
-    let path = tally_engine::archive::segment_path(&dir.path().join("segments"), entry.id);
+    let path = tally_engine::archive::segment_path(&dir.join("segments"), entry.id);
+    (e, path)
+}
+
+/// Every subtotal of `lnk_1`'s hours over the three days.
+fn three_days_of_lnk_1<'a>(
+    ns: &'a Namespace,
+    key: &'a tally_core::model::Key,
+) -> tally_core::store::KeyRead<'a> {
+    tally_core::store::KeyRead {
+        ns,
+        key,
+        resolution: tally_core::model::Duration::from_secs(3600).unwrap(),
+        from: NOW - 3 * DAY,
+        to: NOW,
+        want: tally_core::store::Want::All,
+        sum_subtotals: false,
+    }
+}
+
+#[test]
+fn a_damaged_block_fails_the_reads_that_touch_it_and_is_named_by_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = crate::clock(NOW);
+    let (e, path) = flushed_with_day_segment(dir.path(), &clock);
     drop(e);
     assert!(tally_engine::check::check(dir.path()).unwrap().is_whole());
     let mut bytes = std::fs::read(&path).unwrap();
@@ -852,15 +874,7 @@ fn a_damaged_block_fails_the_reads_that_touch_it_and_is_named_by_check() {
     assert_eq!(e.health().ok(), Some(()), "opening reads no block");
     let ns = Namespace::new("clicks").unwrap();
     let key = tally_core::model::Key::new("lnk_1").unwrap();
-    let read = tally_core::store::KeyRead {
-        ns: &ns,
-        key: &key,
-        resolution: tally_core::model::Duration::from_secs(3600).unwrap(),
-        from: NOW - 3 * DAY,
-        to: NOW,
-        want: tally_core::store::Want::All,
-        sum_subtotals: false,
-    };
+    let read = three_days_of_lnk_1(&ns, &key);
     let err = e.read(&[read]).unwrap_err();
     assert_eq!(err.code(), tally_core::ErrorCode::CorruptData, "{err}");
     // A range that does not touch the damaged day still answers.
@@ -884,16 +898,7 @@ fn a_damaged_block_fails_the_reads_that_touch_it_and_is_named_by_check() {
 fn a_segment_cut_short_while_open_fails_its_reads_as_damage() {
     let dir = tempfile::tempdir().unwrap();
     let clock = crate::clock(NOW);
-    let e = open(dir.path(), &clock);
-    write(&e, NOW, &three_days(NOW)).unwrap();
-    e.flush().unwrap();
-    let m = manifest::load(dir.path()).unwrap().unwrap();
-    let entry = m
-        .segments
-        .iter()
-        .find(|s| s.resolution == 3600 && s.period_start == NOW - 2 * DAY)
-        .unwrap();
-    let path = tally_engine::archive::segment_path(&dir.path().join("segments"), entry.id);
+    let (e, path) = flushed_with_day_segment(dir.path(), &clock);
     std::fs::OpenOptions::new()
         .write(true)
         .open(&path)
@@ -902,16 +907,7 @@ fn a_segment_cut_short_while_open_fails_its_reads_as_damage() {
         .unwrap();
     let ns = Namespace::new("clicks").unwrap();
     let key = tally_core::model::Key::new("lnk_1").unwrap();
-    let read = tally_core::store::KeyRead {
-        ns: &ns,
-        key: &key,
-        resolution: tally_core::model::Duration::from_secs(3600).unwrap(),
-        from: NOW - 3 * DAY,
-        to: NOW,
-        want: tally_core::store::Want::All,
-        sum_subtotals: false,
-    };
-    let err = e.read(&[read]).unwrap_err();
+    let err = e.read(&[three_days_of_lnk_1(&ns, &key)]).unwrap_err();
     assert_eq!(err.code(), tally_core::ErrorCode::CorruptData, "{err}");
     let health = e.health().unwrap_err();
     assert!(

@@ -282,6 +282,15 @@ fn bad_schemas() {
             json!({"tiers": ["1h:forever"], "dimensions": ["a", "a"]}).to_string(),
             "invalid_schema",
         ),
+        // Past the bounds on a schema's size: 257 names, 17 compounds.
+        (
+            json!({"tiers": ["1h:forever"], "dimensions": (0..257).map(|i| format!("d{i}")).collect::<Vec<_>>()}).to_string(),
+            "invalid_schema",
+        ),
+        (
+            json!({"tiers": ["1h:forever"], "dimensions": (0..17).map(|i| format!("a+b{i}")).collect::<Vec<_>>()}).to_string(),
+            "invalid_schema",
+        ),
         (
             json!({"tiers": ["1h:forever"], "extra": 1}).to_string(),
             "malformed_body",
