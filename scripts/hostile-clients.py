@@ -4,8 +4,10 @@
 # what it measured:
 #   noread    500 clients each ask POST /v1/query for ~5.4 MB (47 h of minutes, 34 times)
 #             and read nothing; prints the server's RSS (max_answer_bytes_in_flight bounds it)
-#   manyns    one POST /v1/events of 50 000 events, each in a new namespace; prints the time
-#             (restart the server on the same directory to time the replay: its log line)
+#   manyns    one POST /v1/events of 50 000 events, each in a new namespace, then one of
+#             another 50 000; prints each answer, its time and the server's RSS (by default
+#             `max_namespaces` refuses both; with it at 100 000 in the config both pass:
+#             restart the server on the same directory to time the replay, its log line)
 #   dashbomb  one key with 20 000 events of 16 new dimension names each, then its dashboard;
 #             prints the answer's status and time, and the server's CPU time
 import json, random, socket, string, sys, time, urllib.request
@@ -53,10 +55,12 @@ if mode == "noread":
     time.sleep(10)
     print("500 clients reading nothing:", status("VmRSS", "VmHWM"))
 elif mode == "manyns":
-    events = [{"ns": f"z{i:07d}", "key": "k"} for i in range(50_000)]
-    t = time.time()
-    code, answer = post("/v1/events", json.dumps(events).encode())
-    print(code, answer[:80], f"in {time.time() - t:.2f} s")
+    print("before:", status("VmRSS"))
+    for start in (0, 50_000):
+        events = [{"ns": f"z{i:07d}", "key": "k"} for i in range(start, start + 50_000)]
+        t = time.time()
+        code, answer = post("/v1/events", json.dumps(events).encode())
+        print(code, answer[:120], f"in {time.time() - t:.2f} s;", status("VmRSS"))
 elif mode == "dashbomb":
     def name():
         return "".join(random.choices(string.ascii_lowercase, k=10))

@@ -48,11 +48,13 @@ pub enum ErrorCode {
     HeadersTooLarge,
     /// A limited increment refused: its window is full (429).
     LimitExceeded,
+    /// A write or `PUT` that would create a namespace past `[limits] max_namespaces`: 422.
+    TooManyNamespaces,
 }
 
 impl ErrorCode {
     /// Every code, for tests and documentation.
-    pub const ALL: [ErrorCode; 36] = [
+    pub const ALL: [ErrorCode; 37] = [
         ErrorCode::MalformedBody,
         ErrorCode::MissingParameter,
         ErrorCode::InvalidParameter,
@@ -89,6 +91,7 @@ impl ErrorCode {
         ErrorCode::UriTooLong,
         ErrorCode::HeadersTooLarge,
         ErrorCode::LimitExceeded,
+        ErrorCode::TooManyNamespaces,
     ];
 
     /// The code as it appears on the wire.
@@ -130,6 +133,7 @@ impl ErrorCode {
             ErrorCode::UriTooLong => "uri_too_long",
             ErrorCode::HeadersTooLarge => "headers_too_large",
             ErrorCode::LimitExceeded => "limit_exceeded",
+            ErrorCode::TooManyNamespaces => "too_many_namespaces",
         }
     }
 }

@@ -15,6 +15,9 @@ pub struct Limits {
     pub max_batch_events: usize,
     pub max_points: usize,
     pub max_future_secs: i64,
+    /// Namespaces a write or `PUT` may create: past it, `too_many_namespaces`. Namespaces
+    /// of the config file are always created.
+    pub max_namespaces: usize,
 }
 
 impl Default for Limits {
@@ -24,6 +27,7 @@ impl Default for Limits {
             max_batch_events: 100_000,
             max_points: 100_000,
             max_future_secs: 3600,
+            max_namespaces: 10_000,
         }
     }
 }
@@ -52,6 +56,12 @@ pub enum IngestError {
     Event { index: usize, source: ModelError },
     #[error("event {index}: namespace {ns} does not exist (auto_create is off)")]
     UnknownNamespace { index: usize, ns: String },
+    #[error("event {index}: {}", too_many_namespaces(ns, *max))]
+    TooManyNamespaces {
+        index: usize,
+        ns: String,
+        max: usize,
+    },
     #[error("a batch holds at most {max} events, got {got}")]
     BatchTooLarge { got: usize, max: usize },
     #[error(transparent)]
@@ -63,6 +73,7 @@ impl IngestError {
         match self {
             IngestError::Event { source, .. } => source.code(),
             IngestError::UnknownNamespace { .. } => ErrorCode::UnknownNamespace,
+            IngestError::TooManyNamespaces { .. } => ErrorCode::TooManyNamespaces,
             IngestError::BatchTooLarge { .. } => ErrorCode::BatchTooLarge,
             IngestError::Store(e) => e.code(),
         }
@@ -71,12 +82,17 @@ impl IngestError {
     /// The 0-based index of the event at fault.
     pub fn index(&self) -> Option<usize> {
         match self {
-            IngestError::Event { index, .. } | IngestError::UnknownNamespace { index, .. } => {
-                Some(*index)
-            }
+            IngestError::Event { index, .. }
+            | IngestError::UnknownNamespace { index, .. }
+            | IngestError::TooManyNamespaces { index, .. } => Some(*index),
             _ => None,
         }
     }
+}
+
+/// Why namespace `ns` is not created: `max` exist already.
+pub fn too_many_namespaces(ns: &str, max: usize) -> String {
+    format!("namespace {ns} would be one too many: [limits] max_namespaces allows {max}")
 }
 
 /// Validates `raws` against the namespaces in `store` (creating missing ones per
@@ -134,9 +150,46 @@ pub fn prepare_each(
     Ok(p.batch)
 }
 
+/// Holds a prepared batch's creations to `[limits] max_namespaces` against the store as it
+/// is now: a namespace created since the batch was prepared no longer counts as new. A server
+/// calls it in its one turn to create namespaces, just before applying, since two batches
+/// prepared at once each saw room for their own. Names the first event of the first namespace
+/// past the limit.
+pub fn check_creations(
+    store: &dyn Store,
+    batch: &Batch,
+    limits: &Limits,
+) -> Result<(), IngestError> {
+    if batch.create.is_empty() {
+        return Ok(());
+    }
+    let existing: std::collections::HashSet<Namespace> =
+        store.namespaces()?.into_iter().map(|(ns, _)| ns).collect();
+    let mut count = existing.len();
+    for (ns, _) in &batch.create {
+        if existing.contains(ns) {
+            continue;
+        }
+        if count >= limits.max_namespaces {
+            return Err(IngestError::TooManyNamespaces {
+                index: batch
+                    .increments
+                    .iter()
+                    .position(|i| &i.ns == ns)
+                    .unwrap_or(0),
+                ns: ns.to_string(),
+                max: limits.max_namespaces,
+            });
+        }
+        count += 1;
+    }
+    Ok(())
+}
+
 /// A batch being validated: the schemas read so far (`None`: the namespace does not exist
 /// and is not created), the namespaces to create once one of their events passes, and the
-/// batch (with the namespaces it creates).
+/// batch (with the namespaces it creates). How many namespaces exist is asked once, when
+/// the batch first creates one.
 struct Preparer<'a> {
     store: &'a dyn Store,
     now: i64,
@@ -144,6 +197,7 @@ struct Preparer<'a> {
     defaults: &'a Defaults,
     schemas: BTreeMap<Namespace, Option<Schema>>,
     to_create: std::collections::BTreeSet<Namespace>,
+    existing: Option<usize>,
     batch: Batch,
 }
 
@@ -164,6 +218,7 @@ impl<'a> Preparer<'a> {
             defaults,
             schemas: BTreeMap::new(),
             to_create: Default::default(),
+            existing: None,
             batch,
         }
     }
@@ -193,8 +248,22 @@ impl<'a> Preparer<'a> {
                 });
             }
         };
-        // A namespace is created by the batch only with an event of it that passed.
-        if self.to_create.remove(&event.ns) {
+        // A namespace is created by the batch only with an event of it that passed, and
+        // only within `max_namespaces` (each later event of a refused one is refused too).
+        if self.to_create.contains(&event.ns) {
+            let existing = match self.existing {
+                Some(n) => n,
+                None => *self.existing.insert(self.store.namespace_count()?),
+            };
+            let max = self.limits.max_namespaces;
+            if existing.saturating_add(self.batch.create.len()) >= max {
+                return Err(IngestError::TooManyNamespaces {
+                    index,
+                    ns: event.ns.to_string(),
+                    max,
+                });
+            }
+            self.to_create.remove(&event.ns);
             self.batch
                 .create
                 .push((event.ns.clone(), self.defaults.schema.clone()));
@@ -350,6 +419,73 @@ mod tests {
             &mut |_, _| {},
         );
         assert!(matches!(e, Err(StoreError::Unavailable { .. })));
+    }
+
+    /// A batch creates namespaces only up to `max_namespaces`: the event that would make one
+    /// too many is named, a refused namespace's later events are refused too, and writes to
+    /// namespaces that exist go on. `check_creations` holds a batch prepared earlier to the
+    /// store as it is now.
+    #[test]
+    fn namespaces_are_created_up_to_the_limit() {
+        let store = MemStore::new(std::sync::Arc::new(crate::store::SystemClock));
+        let limits = Limits {
+            max_namespaces: 2,
+            ..Limits::default()
+        };
+        let d = Defaults::default();
+        let b = prepare(&store, &[raw("a", "k"), raw("a", "j")], 1000, &limits, &d).unwrap();
+        store.apply(&b).unwrap();
+        let e = prepare(
+            &store,
+            &[raw("a", "k"), raw("b", "k"), raw("a", "k"), raw("c", "k")],
+            1000,
+            &limits,
+            &d,
+        )
+        .unwrap_err();
+        assert_eq!(e.code(), ErrorCode::TooManyNamespaces);
+        assert_eq!(e.index(), Some(3));
+        assert!(e.to_string().contains("namespace c"), "{e}");
+        assert!(e.to_string().contains("max_namespaces"), "{e}");
+        // Each line alone: `c`'s events are dropped, the others kept.
+        let mut bad = Vec::new();
+        let b = prepare_each(
+            &store,
+            vec![raw("c", "k"), raw("b", "k"), raw("c", "j"), raw("a", "k")],
+            1000,
+            &limits,
+            &d,
+            &mut |i, e| bad.push((i, e.code())),
+        )
+        .unwrap();
+        assert_eq!(
+            bad,
+            [(1, ErrorCode::TooManyNamespaces)],
+            "the first new namespace takes the last place"
+        );
+        assert_eq!(b.increments.len(), 3);
+        assert_eq!(b.create.len(), 1);
+        // Prepared in room, then another batch took the room first.
+        let late = prepare(&store, &[raw("a", "k"), raw("d", "k")], 1000, &limits, &d).unwrap();
+        check_creations(&store, &late, &limits).unwrap();
+        store.apply(&b).unwrap();
+        let e = check_creations(&store, &late, &limits).unwrap_err();
+        assert_eq!(
+            (e.code(), e.index()),
+            (ErrorCode::TooManyNamespaces, Some(1))
+        );
+        // A batch prepared to create what another has created since is not held back.
+        let again = Batch {
+            create: vec![(Namespace::new("c").unwrap(), Schema::default())],
+            ..Batch::default()
+        };
+        check_creations(&store, &again, &limits).unwrap();
+        let other = Batch {
+            create: vec![(Namespace::new("b").unwrap(), Schema::default())],
+            ..Batch::default()
+        };
+        check_creations(&store, &other, &limits).unwrap_err();
+        assert!(prepare(&store, &[raw("c", "z")], 1000, &limits, &d).is_ok());
     }
 
     #[test]

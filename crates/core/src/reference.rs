@@ -154,6 +154,10 @@ impl Store for MemStore {
             .collect())
     }
 
+    fn namespace_count(&self) -> Result<usize, StoreError> {
+        Ok(self.lock()?.schemas.len())
+    }
+
     fn schema(&self, ns: &Namespace) -> Result<Option<Schema>, StoreError> {
         Ok(self.lock()?.schemas.get(ns).cloned())
     }

@@ -314,6 +314,11 @@ pub trait Store: Send + Sync {
     /// Every namespace with its schema, by name.
     fn namespaces(&self) -> Result<Vec<(Namespace, Schema)>, StoreError>;
 
+    /// How many namespaces exist (what `[limits] max_namespaces` is held to).
+    fn namespace_count(&self) -> Result<usize, StoreError> {
+        Ok(self.namespaces()?.len())
+    }
+
     /// The schema of one namespace, `None` if it does not exist.
     fn schema(&self, ns: &Namespace) -> Result<Option<Schema>, StoreError>;
 

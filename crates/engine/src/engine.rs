@@ -451,6 +451,10 @@ impl Store for Engine {
             .collect())
     }
 
+    fn namespace_count(&self) -> Result<usize, StoreError> {
+        Ok(self.core.read_cat().by_name.len())
+    }
+
     fn schema(&self, ns: &Namespace) -> Result<Option<Schema>, StoreError> {
         let cat = self.core.read_cat();
         Ok(cat

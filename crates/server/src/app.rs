@@ -8,9 +8,9 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use tally_core::ErrorCode;
 use tally_core::query::Ctx;
-use tally_core::store::{Clock, Deadline, Store, StoreError};
+use tally_core::store::{Batch, Clock, Deadline, Store, StoreError};
+use tally_core::{ErrorCode, ingest};
 
 use crate::config::Settings;
 use crate::error::ApiError;
@@ -46,6 +46,8 @@ struct Inner {
     /// they need no token and take no admission permit, so a flood of them must not fill
     /// the blocking pool every write and query needs (a slow Redis holds each for seconds).
     probes: tokio::sync::Semaphore,
+    /// This server's one turn to create namespaces (see [`App::creation_turn`]).
+    creating: std::sync::Mutex<()>,
 }
 
 impl App {
@@ -60,6 +62,7 @@ impl App {
                 settings.server.max_concurrent_queries,
             )),
             probes: tokio::sync::Semaphore::new(crate::ops::OPS_PROBES),
+            creating: std::sync::Mutex::new(()),
             settings,
         }))
     }
@@ -91,6 +94,31 @@ impl App {
             }
         }
         Ok(())
+    }
+
+    /// For a batch that creates namespaces, this server's turn to create them, held until
+    /// it is applied: `[limits] max_namespaces` is checked again within it
+    /// ([`ingest::check_creations`]), since batches prepared at once each saw room for their
+    /// own. `None` (no wait) for a batch that creates none. Servers sharing one Redis each
+    /// hold the limit alone: together they may pass it by the creations they run at once.
+    pub(crate) fn creation_turn(
+        &self,
+        batch: &Batch,
+    ) -> Result<Option<std::sync::MutexGuard<'_, ()>>, ingest::IngestError> {
+        if batch.create.is_empty() {
+            return Ok(None);
+        }
+        let turn = self.creation_lock();
+        ingest::check_creations(&**self.store(), batch, &self.settings().limits)?;
+        Ok(Some(turn))
+    }
+
+    /// The turn of [`App::creation_turn`] alone (`PUT` checks its one namespace itself).
+    pub(crate) fn creation_lock(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.0
+            .creating
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     pub(crate) fn now(&self) -> i64 {

@@ -122,6 +122,7 @@ struct LimitsDoc {
     max_batch_events: Option<usize>,
     max_points: Option<usize>,
     max_future_secs: Option<i64>,
+    max_namespaces: Option<usize>,
     query_timeout_ms: Option<u64>,
     header_timeout_ms: Option<u64>,
     body_timeout_ms: Option<u64>,
@@ -363,6 +364,8 @@ impl Settings {
                 s.limits.max_batch_events,
             )?;
             s.limits.max_points = positive("max_points", l.max_points, s.limits.max_points)?;
+            s.limits.max_namespaces =
+                positive("max_namespaces", l.max_namespaces, s.limits.max_namespaces)?;
             if let Some(f) = l.max_future_secs {
                 if f < 0 {
                     return Err(ConfigError::Limit {
@@ -560,6 +563,7 @@ max_body_bytes = 16777216
 max_batch_events = 100000
 max_points = 100000
 max_future_secs = 3600
+max_namespaces = 10000
 query_timeout_ms = 10000
 header_timeout_ms = 10000
 body_timeout_ms = 30000
@@ -603,6 +607,7 @@ dimensions = ["status"]
         assert_eq!(s.statsd.map.fallback().namespace, "statsd");
         assert_eq!(s.statsd.map.rule("api.hits").namespace, "api");
         assert_eq!(s.server, ServerLimits::default());
+        assert_eq!(s.limits, Limits::default());
         assert_eq!(s.tokens.len(), 2, "a token may hold spaces inside");
         assert!(s.tokens[0].allows(Action::Read, "anything"));
         assert!(s.tokens[0].allows(Action::Write, "clicks"));
@@ -618,6 +623,10 @@ dimensions = ["status"]
             (
                 "[limits]\nmax_future_secs = -1",
                 "max_future_secs must be 0 or more",
+            ),
+            (
+                "[limits]\nmax_namespaces = 0",
+                "max_namespaces must be greater than 0",
             ),
             (
                 "[[tokens]]\ntoken = \"\"\nscopes = []",

@@ -81,9 +81,10 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         ErrorCode::UnknownNamespace | ErrorCode::NotFound => StatusCode::NOT_FOUND,
         ErrorCode::IdempotencyInProgress => StatusCode::CONFLICT,
         ErrorCode::BodyTooLarge | ErrorCode::BatchTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-        ErrorCode::NoTierForRange | ErrorCode::TooManyPoints | ErrorCode::IdempotencyKeyReused => {
-            StatusCode::UNPROCESSABLE_ENTITY
-        }
+        ErrorCode::NoTierForRange
+        | ErrorCode::TooManyPoints
+        | ErrorCode::IdempotencyKeyReused
+        | ErrorCode::TooManyNamespaces => StatusCode::UNPROCESSABLE_ENTITY,
         ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
         ErrorCode::BackendUnavailable | ErrorCode::QueryTimeout => StatusCode::SERVICE_UNAVAILABLE,
         ErrorCode::CorruptData | ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,

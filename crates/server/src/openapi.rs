@@ -154,7 +154,7 @@ fn errors(path: &str, method: &str) -> Vec<(&'static str, &'static str)> {
             ("401", "unauthorized"),
             ("403", "forbidden"),
             ("404", "unknown_namespace, not_found"),
-            ("422", "no_tier_for_range, too_many_points, idempotency_key_reused"),
+            ("422", "no_tier_for_range, too_many_points, idempotency_key_reused, too_many_namespaces"),
             ("500", "corrupt_data, internal"),
         ]);
     }

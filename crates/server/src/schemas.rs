@@ -69,7 +69,7 @@ pub async fn get(
 #[utoipa::path(put, path = "/v1/ns/{ns}", tag = "namespaces",
     params(("ns" = String, Path)),
     request_body(content = String, description = "`{\"tiers\": [...], \"breakdown_tiers\": [...], \"dimensions\": [...] or null}`", content_type = "application/json"),
-    responses((status = 200, description = "the stored schema, durations in canonical form"), (status = 400, description = "invalid_schema, invalid_name, malformed_body"), (status = 503, description = "backend_unavailable: the backend cannot be reached, or (Redis) the schema is stored but the expiries of a tier whose retention grew are not all extended yet: send it again")))]
+    responses((status = 200, description = "the stored schema, durations in canonical form"), (status = 400, description = "invalid_schema, invalid_name, malformed_body"), (status = 422, description = "too_many_namespaces: a new namespace past `[limits] max_namespaces`"), (status = 503, description = "backend_unavailable: the backend cannot be reached, or (Redis) the schema is stored but the expiries of a tier whose retention grew are not all extended yet: send it again")))]
 pub async fn put(
     State(app): State<App>,
     Path(ns): Path<String>,
@@ -87,6 +87,15 @@ pub async fn put(
     })?;
     let schema = Schema::from_input(&doc)?;
     app.blocking(move |app| {
+        let _turn = app.creation_lock();
+        let max = app.settings().limits.max_namespaces;
+        if app.store().schema(&ns)?.is_none() && app.store().namespace_count()? >= max {
+            return Err(ApiError::new(
+                ErrorCode::TooManyNamespaces,
+                tally_core::ingest::too_many_namespaces(ns.as_str(), max),
+            )
+            .field("ns"));
+        }
         app.store().put_schema(&ns, &schema)?;
         Ok(Json(schema_json(&ns, &schema)))
     })

@@ -1336,6 +1336,7 @@ fn an_offline_load_follows_the_server_s_config() {
             String::from_utf8_lossy(&o.stderr).into_owned(),
         )
     };
+    let segments_before_limit = segments();
     // A declared namespace the directory holds otherwise is left to the server to change.
     let (ok, said) = with_config("[namespaces.clicks]\ntiers = [\"1h:forever\"]\n");
     assert!(
@@ -1350,6 +1351,26 @@ fn an_offline_load_follows_the_server_s_config() {
         !ok && said.contains("max_future_secs must be 0 or more"),
         "{said}"
     );
+    // Its max_namespaces: the directory holds two (`clicks`, `declared`).
+    let ns_limit = |max: usize| {
+        std::fs::write(&other, format!("[limits]\nmax_namespaces = {max}\n")).unwrap();
+        load(&[&new_ns, "--data", data, "--config", other.to_str().unwrap()])
+    };
+    let o = ns_limit(2);
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success()
+            && said.contains("new.csv:3: namespace fresh would be one too many")
+            && said.contains("max_namespaces"),
+        "{said}"
+    );
+    assert_eq!(
+        segments(),
+        segments_before_limit,
+        "a refused load wrote a segment"
+    );
+    let o = ns_limit(3);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
 
 /// The same bytes loaded again within 24 hours count once (the batches' keys are made from

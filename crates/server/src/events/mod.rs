@@ -49,6 +49,7 @@ fn apply(
     if let Some(ticket) = idem {
         batch.idempotency = Some(ticket.record(now, &body)?);
     }
+    let _turn = app.creation_turn(&batch).map_err(refused)?;
     app.store().apply(&batch)?;
     app.metrics().events.fetch_add(events, Ordering::Relaxed);
     app.metrics().batches.fetch_add(1, Ordering::Relaxed);
@@ -101,7 +102,7 @@ fn dry_run(query: Option<&str>) -> Result<bool, ApiError> {
         (status = 404, description = "unknown_namespace (auto_create off)"),
         (status = 409, description = "idempotency_in_progress"),
         (status = 413, description = "body_too_large, batch_too_large"),
-        (status = 422, description = "idempotency_key_reused"),
+        (status = 422, description = "idempotency_key_reused, too_many_namespaces (a namespace created past `[limits] max_namespaces`)"),
         (status = 503, description = "backend_unavailable"),
     ))]
 pub async fn post_events(
@@ -218,6 +219,7 @@ fn apply_limited(
             &app.settings().defaults,
         )
         .map_err(incr_refused)?;
+        let _turn = app.creation_turn(&batch).map_err(incr_refused)?;
         let decided =
             query::incr_limited(&**app.store(), now, &clock, &batch, last, max, &mut |o| {
                 let Some(ticket) = &idem else {
@@ -316,6 +318,11 @@ fn incr_refused(e: ingest::IngestError) -> ApiError {
                 ErrorCode::UnknownNamespace,
                 format!("namespace {ns} does not exist (auto_create is off)"),
             ),
+            ingest::IngestError::TooManyNamespaces { ns, max, .. } => ApiError::new(
+                ErrorCode::TooManyNamespaces,
+                ingest::too_many_namespaces(&ns, max),
+            )
+            .field("ns"),
             other => other.into(),
         };
     };
@@ -344,6 +351,7 @@ fn incr_refused(e: ingest::IngestError) -> ApiError {
         ("Idempotency-Key" = Option<String>, Header),
     ),
     responses((status = 200, description = "`{\"accepted\": 1}` or `{\"accepted\": 1, \"window\": {...}}`"), (status = 400, description = "invalid input"),
+        (status = 422, description = "idempotency_key_reused, too_many_namespaces (a namespace created past `[limits] max_namespaces`)"),
         (status = 429, description = "limit_exceeded: with max, the window would pass it; nothing counted"),
         (status = 503, description = "backend_unavailable, or with max: the window moved on while the increment waited for its key's other limited increments, four times; nothing counted")))]
 pub async fn incr(

@@ -411,6 +411,23 @@ fn apply_lines(app: &App, lines: Vec<RawEvent>, log: &DropLog) {
     if good == 0 {
         return;
     }
+    // Only when an HTTP write created namespaces since this batch was prepared.
+    let _turn = match app.creation_turn(&batch) {
+        Ok(turn) => turn,
+        Err(e) => {
+            use tally_core::ingest::{self, IngestError};
+            let (outcome, reason) = match e {
+                IngestError::Store(e) => (Outcome::StoreError, e.detail()),
+                IngestError::TooManyNamespaces { ns, max, .. } => {
+                    (Outcome::Invalid, ingest::too_many_namespaces(&ns, max))
+                }
+                e => (Outcome::Invalid, e.to_string()),
+            };
+            counts.add(outcome, good);
+            log.note(&Dropped { outcome, reason });
+            return;
+        }
+    };
     match app.store().apply(&batch) {
         Ok(()) => {
             counts.add(Outcome::Accepted, good);

@@ -239,6 +239,7 @@ pub fn prepare_lines(
             IngestError::UnknownNamespace { ns, .. } => {
                 format!("namespace {ns} does not exist (auto_create is off)")
             }
+            IngestError::TooManyNamespaces { ns, max, .. } => ingest::too_many_namespaces(&ns, max),
             e => e.to_string(),
         }))
     })
@@ -552,6 +553,39 @@ mod tests {
         assert_eq!(batch.create.len(), 1);
         assert_eq!(batch.increments.len(), 3);
         store.apply(&batch).unwrap();
+    }
+
+    /// Past `[limits] max_namespaces` a line whose namespace does not exist is dropped as
+    /// `invalid`, saying why; lines of namespaces that exist are kept.
+    #[test]
+    fn no_namespace_is_created_past_the_limit() {
+        let store = MemStore::new(Arc::new(ManualClock::new(NOW)));
+        let other = Namespace::new("other").unwrap();
+        store.put_schema(&other, &Schema::default()).unwrap();
+        let mut raws = vec![line("a:1|c").unwrap()];
+        let mut kept = line("b:1|c").unwrap();
+        kept.ns = "other".into();
+        raws.push(kept);
+        let limits = Limits {
+            max_namespaces: 1,
+            ..Limits::default()
+        };
+        let mut dropped = Vec::new();
+        let batch = prepare_lines(&store, raws, NOW, &limits, &Defaults::default(), &mut |d| {
+            dropped.push(d)
+        })
+        .unwrap();
+        assert_eq!(batch.increments.len(), 1);
+        assert!(batch.create.is_empty());
+        assert_eq!(dropped.len(), 1);
+        assert_eq!(dropped[0].outcome, Outcome::Invalid);
+        assert!(
+            dropped[0]
+                .reason
+                .starts_with("namespace statsd would be one too many"),
+            "{}",
+            dropped[0].reason
+        );
     }
 
     /// Found by an independent review: a sign with no digits was taken for an integer too

@@ -151,3 +151,72 @@ fn wait_for(cond: impl Fn() -> bool) {
         std::thread::sleep(Duration::from_millis(5));
     }
 }
+
+/// Namespaces made by writes and `PUT` stop at `max_namespaces` (each costs memory, and
+/// `auto_create` lets one batch name thousands): the refused request changes nothing, the
+/// config file's namespaces are made whatever the limit, and existing ones stay writable.
+#[test]
+fn namespaces_stop_at_max_namespaces() {
+    let s = Server::start(settings(
+        "[namespaces.one]\ntiers = [\"1h:forever\"]\n\n\
+         [namespaces.two]\ntiers = [\"1h:forever\"]\n\n\
+         [limits]\nmax_namespaces = 3",
+    ));
+    let ev = |ns: &str| json!({"ns": ns, "key": "k", "ts": NOW - 60});
+    let events = |nss: &[&str]| json!(nss.iter().map(|n| ev(n)).collect::<Vec<_>>()).to_string();
+    assert_eq!(s.post("/v1/events", &events(&["one", "a", "a"])).0, 200);
+    let before = s.state();
+    // `b` would be the fourth.
+    let e = err(
+        s.post("/v1/events", &events(&["a", "one", "b", "a"])),
+        422,
+        "too_many_namespaces",
+    );
+    assert_eq!(e["error"]["index"], 2, "{e}");
+    let message = e["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("namespace b") && message.contains("max_namespaces"),
+        "{e}"
+    );
+    err(
+        s.post("/v1/events?dry_run=true", &events(&["b"])),
+        422,
+        "too_many_namespaces",
+    );
+    let e = err(
+        s.post("/v1/ns/b/keys/k/incr", ""),
+        422,
+        "too_many_namespaces",
+    );
+    assert_eq!(e["error"]["field"], "ns", "{e}");
+    let e = err(
+        s.req("PUT", "/v1/ns/b", Some(r#"{"tiers": ["1h:forever"]}"#), &[]),
+        422,
+        "too_many_namespaces",
+    );
+    assert_eq!(e["error"]["field"], "ns", "{e}");
+    assert_eq!(s.state(), before);
+    // Existing namespaces take writes and new schemas.
+    assert_eq!(s.post("/v1/events", &events(&["a", "two"])).0, 200);
+    assert_eq!(s.post("/v1/ns/a/keys/k/incr", "").0, 200);
+    let (st, a) = s.req("PUT", "/v1/ns/a", Some(r#"{"tiers": ["1m:2d"]}"#), &[]);
+    assert_eq!(st, 200, "{a}");
+    // Batches racing to create namespaces are held to the limit together.
+    let s = Server::start(settings("[limits]\nmax_namespaces = 4"));
+    let made: Vec<u16> = std::thread::scope(|scope| {
+        let tries: Vec<_> = (0..12)
+            .map(|i| {
+                let s = &s;
+                scope.spawn(move || {
+                    let batch = json!([ev(&format!("n{i}")), ev(&format!("m{i}"))]);
+                    s.post("/v1/events", &batch.to_string()).0
+                })
+            })
+            .collect();
+        tries.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    assert_eq!(made.iter().filter(|&&st| st == 200).count(), 2, "{made:?}");
+    assert!(made.iter().all(|&st| st == 200 || st == 422), "{made:?}");
+    let (_, list) = s.get("/v1/ns");
+    assert_eq!(list["namespaces"].as_array().unwrap().len(), 4, "{list}");
+}

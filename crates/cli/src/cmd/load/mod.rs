@@ -72,8 +72,8 @@ pub struct LoadArgs {
     #[arg(long)]
     data: Option<PathBuf>,
     /// With --data: the server's configuration file (as `tally serve --config` takes it), so
-    /// the load applies its [defaults], [limits] max_future_secs and [namespaces] as the
-    /// server would. Through --server, the server applies its own (a warning says so).
+    /// the load applies its [defaults], [limits] max_future_secs and max_namespaces and
+    /// [namespaces] as the server would. Through --server, the server applies its own (a warning says so).
     #[arg(long, env = "TALLY_CONFIG")]
     config: Option<PathBuf>,
     /// Events per batch.
@@ -271,6 +271,7 @@ fn reason(e: IngestError) -> String {
         IngestError::UnknownNamespace { ns, .. } => {
             format!("namespace {ns} does not exist (auto_create is off)")
         }
+        IngestError::TooManyNamespaces { ns, max, .. } => ingest::too_many_namespaces(&ns, max),
         other => other.to_string(),
     }
 }
@@ -350,12 +351,14 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
     let mut limits = Limits {
         max_batch_events: a.batch as usize,
         max_future_secs: rules.limits.max_future_secs,
+        max_namespaces: rules.limits.max_namespaces,
         ..Limits::default()
     };
     if dry.is_some() {
-        // The server judges timestamps by its own clock and max_future_secs; a local limit
-        // could only refuse what it takes.
+        // The server judges timestamps by its own clock and max_future_secs, and namespaces
+        // by its max_namespaces; a local limit could only refuse what it takes.
         limits.max_future_secs = i64::MAX;
+        limits.max_namespaces = usize::MAX;
     }
     let checker = Checker::of(&target, limits, &rules, now)?;
     let start = Instant::now();

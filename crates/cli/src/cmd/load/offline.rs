@@ -227,6 +227,12 @@ impl<'a> Scanner<'a> {
         let schema = match self.checker.schemas.schema(&ns) {
             Ok(Some(s)) => s,
             Ok(None) if self.checker.defaults.auto_create => {
+                // One too many: the checker's own pass names the line and the limit.
+                match self.checker.schemas.namespace_count() {
+                    Ok(n) if n >= self.checker.limits.max_namespaces => return Ok(None),
+                    Ok(_) => {}
+                    Err(e) => bail!("checking a namespace: {}", e.detail()),
+                }
                 let s = self.checker.defaults.schema.clone();
                 self.checker
                     .schemas
