@@ -683,6 +683,12 @@ fn compact_archives_history_and_check_names_damage() {
         &run(&["backup", "--data", d, copy.to_str().unwrap()]),
         "is not an empty directory",
     );
+    let inside = data.join("backups").join("today");
+    refused(
+        &run(&["backup", "--data", d, inside.to_str().unwrap()]),
+        "is inside the data directory",
+    );
+    assert!(!data.join("backups").exists());
 
     // Damage one block of one segment: check names it and fails.
     let seg = damage_a_segment(&data);

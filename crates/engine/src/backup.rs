@@ -31,6 +31,12 @@ pub struct BackupReport {
 pub enum BackupError {
     #[error("{} exists and is not an empty directory", path.display())]
     DestinationNotEmpty { path: PathBuf },
+    #[error(
+        "{} is inside the data directory {}: a backup must live apart from what it copies",
+        dest.display(),
+        data.display()
+    )]
+    DestinationInside { dest: PathBuf, data: PathBuf },
     #[error("{}", path.display())]
     Io {
         path: PathBuf,
@@ -51,8 +57,43 @@ fn io(path: &Path) -> impl Fn(std::io::Error) -> BackupError + '_ {
 
 const ATTEMPTS: usize = 5;
 
-/// Copies the data directory `src` to `dest` (created; must not hold anything yet).
+/// `path` with every link and `..` resolved, as far as it exists; the part that does not
+/// exist yet is appended as given.
+fn resolved(path: &Path) -> std::io::Result<PathBuf> {
+    let mut rest = Vec::new();
+    let mut at = if path.is_absolute() {
+        path.to_owned()
+    } else {
+        std::env::current_dir()?.join(path)
+    };
+    loop {
+        match at.canonicalize() {
+            Ok(mut real) => {
+                real.extend(rest.iter().rev());
+                return Ok(real);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let (Some(name), Some(parent)) = (at.file_name(), at.parent()) else {
+                    return Err(e);
+                };
+                rest.push(name.to_owned());
+                at = parent.to_owned();
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Copies the data directory `src` to `dest` (created; must not hold anything yet, nor
+/// lie inside `src`: the server would find the copy among its own files).
 pub fn backup(src: &Path, dest: &Path) -> Result<BackupReport, BackupError> {
+    let data = resolved(src).map_err(io(src))?;
+    if resolved(dest).map_err(io(dest))?.starts_with(&data) {
+        return Err(BackupError::DestinationInside {
+            dest: dest.to_owned(),
+            data: src.to_owned(),
+        });
+    }
     if let Ok(mut entries) = std::fs::read_dir(dest)
         && entries.next().is_some()
     {

@@ -14,7 +14,7 @@ pub struct BackupArgs {
     /// Data directory to copy.
     #[arg(long, env = "TALLY_DATA", default_value = "tally-data")]
     pub data: PathBuf,
-    /// Where to put the copy (created; must be empty or absent).
+    /// Where to put the copy (created; must be empty or absent, and outside --data).
     pub dest: PathBuf,
     /// Print what was copied as JSON.
     #[arg(long)]

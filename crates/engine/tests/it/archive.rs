@@ -1108,13 +1108,35 @@ fn a_backup_taken_while_writing_and_flushing_opens_to_a_consistent_prefix() {
     write_both(&e, &reference, NOW, &late);
 
     // A quiet copy holds everything acknowledged.
-    let copy = dir.path().join("copy");
+    let out = tempfile::tempdir().unwrap();
+    let copy = out.path().join("copy");
     let r = tally_engine::backup::backup(dir.path(), &copy).unwrap();
     assert!(r.segments >= 3 && r.log_files >= 1, "{r:?}");
     assert!(matches!(
         tally_engine::backup::backup(dir.path(), &copy),
         Err(tally_engine::backup::BackupError::DestinationNotEmpty { .. })
     ));
+    // Not inside the directory it copies, however the path is spelt (the server would
+    // find the copy among its own files): nothing is made.
+    for inside in [
+        dir.path().join("copy"),
+        dir.path().join("wal").join("copy"),
+        out.path()
+            .join("..")
+            .join(dir.path().file_name().unwrap())
+            .join("a/b"),
+    ] {
+        match tally_engine::backup::backup(dir.path(), &inside) {
+            Err(e @ tally_engine::backup::BackupError::DestinationInside { .. }) => {
+                assert!(
+                    e.to_string().contains("is inside the data directory"),
+                    "{e}"
+                );
+            }
+            other => panic!("{}: {other:?}", inside.display()),
+        }
+        assert!(!inside.exists(), "{}", inside.display());
+    }
     let b = open(&copy, &clock);
     same(&b, &reference, NOW);
     drop(b);
@@ -1138,7 +1160,7 @@ fn a_backup_taken_while_writing_and_flushing_opens_to_a_consistent_prefix() {
             }
         })
     };
-    let busy = dir.path().join("busy");
+    let busy = out.path().join("busy");
     tally_engine::backup::backup(dir.path(), &busy).unwrap();
     writer.join().unwrap();
     let after = crate::total(&*e, "clicks", "lnk_1", 3600);
@@ -1901,7 +1923,8 @@ fn a_backup_of_a_directory_whose_current_manifest_is_missing_reports_it() {
     drop(e);
     let m = manifest::load(dir.path()).unwrap().unwrap();
     std::fs::remove_file(manifest::file_name(dir.path(), m.number)).unwrap();
-    let copy = dir.path().join("copy");
+    let out = tempfile::tempdir().unwrap();
+    let copy = out.path().join("copy");
     match tally_engine::backup::backup(dir.path(), &copy) {
         Err(tally_engine::backup::BackupError::Manifest(e)) => {
             assert!(e.to_string().contains("MANIFEST-"), "{e}");
