@@ -55,7 +55,7 @@ pub async fn rebuild(
         )
         .field(k.clone()));
     }
-    let at = |field: &'static str| -> Result<i64, ApiError> {
+    let at = |field: &'static str| -> Result<(i64, u32), ApiError> {
         let v = p.get(field).ok_or_else(|| {
             ApiError::new(
                 ErrorCode::MissingParameter,
@@ -63,15 +63,15 @@ pub async fn rebuild(
             )
             .field(field)
         })?;
-        tally_core::query::timestamp_plus(v).map_err(|e| ApiError::from(e).field(field))
+        tally_core::query::instant_plus(v).map_err(|e| ApiError::from(e).field(field))
     };
-    let (from, to) = (at("from")?, at("to")?);
+    let ((from, from_nanos), (to, to_nanos)) = (at("from")?, at("to")?);
     let now = app.now();
     let bad = |why: String| ApiError::new(ErrorCode::InvalidRange, why).field("from");
-    if from >= to {
+    if (from, from_nanos) >= (to, to_nanos) {
         return Err(bad(format!("from ({from}) must be before to ({to})")));
     }
-    if from % 3600 != 0 || to % 3600 != 0 {
+    if from % 3600 != 0 || to % 3600 != 0 || from_nanos != 0 || to_nanos != 0 {
         return Err(bad(
             "from and to of a rebuild are whole hours (every tier's buckets then lie wholly inside or outside)".into(),
         ));

@@ -273,12 +273,18 @@ fn windows(from: i64, to: i64, res: i64, max_points: usize) -> Vec<(i64, i64)> {
 /// The export's range as unix seconds, and its resolution in seconds.
 fn range(a: &ExportArgs) -> anyhow::Result<(i64, i64, i64)> {
     let at = |what: &str, t: &str| {
-        tally_core::model::parse_timestamp(t).map_err(|e| anyhow::anyhow!("--{what}: {e}"))
+        tally_core::model::parse_instant(t).map_err(|e| anyhow::anyhow!("--{what}: {e}"))
     };
     let (from, to) = (at("from", &a.from)?, at("to", &a.to)?);
     if from > to {
-        bail!("--from ({from}) is after --to ({to})");
+        bail!("--from ({}) is after --to ({})", from.0, to.0);
     }
+    // As the server's export: `from` floored, `to` ceiled to whole seconds (the resolution
+    // then floors and ceils them to its buckets), equal instants kept equal.
+    let (from, to) = match (from, to) {
+        (f, t) if f == t => (f.0, f.0),
+        ((f, _), (t, nanos)) => (f, t + i64::from(nanos > 0)),
+    };
     let res = tally_core::model::Duration::new(&a.resolution)
         .map_err(|e| anyhow::anyhow!("--resolution: {e}"))?;
     Ok((from, to, res.secs_i64()))

@@ -405,4 +405,25 @@ fn an_export_cuts_its_requests_to_the_server_s_point_cap() {
     let want = csv_rows(&offline);
     assert!(want.len() > 1000, "{}", want.len());
     assert_eq!(csv_rows(&online), want);
+    // Ends with a fraction of a second take the hours they fall in: the last hour starts
+    // before `--to` (it was floored to 23:00:00, and left out).
+    let fractions = dir.path().join("fractions");
+    let o = export(&[
+        "--ns",
+        "clicks",
+        "--from",
+        "2026-11-17T00:00:00.5Z",
+        "--to",
+        "2026-11-19T23:00:00.5Z",
+        "--resolution",
+        "1h",
+        "--format",
+        "csv",
+        "--data",
+        data.to_str().unwrap(),
+        "--out",
+        fractions.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(csv_rows(&fractions), want);
 }

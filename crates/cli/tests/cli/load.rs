@@ -711,6 +711,25 @@ fn a_rebuild_replaces_one_range_and_nothing_else() {
             && said.contains("outside the rebuilt range"),
         "{said}"
     );
+    // Half a second past day 2's midnight is not a whole hour (it was floored to one).
+    assert_eq!(day2, DAY0 + 86_400, "2026-11-18T00:00:00Z");
+    let o = load(&[
+        r.to_str().unwrap(),
+        "--data",
+        &data(&a),
+        "--replace",
+        "--ns",
+        "clicks",
+        "--from",
+        "2026-11-18T00:00:00.5Z",
+        "--to",
+        &to,
+    ]);
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && said.contains("whole hours"),
+        "{said}"
+    );
     // The rebuild, twice (the second changes nothing).
     for _ in 0..2 {
         let o = replace(&r);

@@ -26,8 +26,16 @@ pub fn timestamp(ts: i64) -> Result<i64, ModelError> {
 }
 
 /// Parses unix seconds (`1790827200`) or RFC 3339 (`2026-10-01T00:00:00-04:00`; a fraction
-/// of a second is floored).
+/// of a second is floored: an event is counted in its second).
 pub fn parse_timestamp(s: &str) -> Result<i64, ModelError> {
+    parse_instant(s).map(|(secs, _)| secs)
+}
+
+/// As [`parse_timestamp`], with the fraction of a second kept: the whole seconds (floored)
+/// and the nanoseconds past them. A range's ends need it: events are counted by the whole
+/// second, so `[from, to)` holds the second `s` exactly when `from` ≤ `s` < `to`, which a
+/// fraction floored away would change.
+pub fn parse_instant(s: &str) -> Result<(i64, u32), ModelError> {
     if !s.is_empty()
         && s.bytes()
             .enumerate()
@@ -37,7 +45,7 @@ pub fn parse_timestamp(s: &str) -> Result<i64, ModelError> {
             got: s.to_owned(),
             why: "the number is too large",
         })?;
-        return timestamp(ts);
+        return Ok((timestamp(ts)?, 0));
     }
     let bad = |why| ModelError::InvalidTimestamp {
         got: s.to_owned(),
@@ -47,11 +55,18 @@ pub fn parse_timestamp(s: &str) -> Result<i64, ModelError> {
     let parsed: jiff::Timestamp = s
         .parse()
         .map_err(|_| bad("not a date and time of the calendar (RFC 3339)"))?;
+    // Whole seconds floored (jiff truncates toward zero: -0.5 s has -500 000 000 ns).
+    let (mut secs, mut nanos) = (parsed.as_second(), parsed.subsec_nanosecond());
+    if nanos < 0 {
+        secs -= 1;
+        nanos += 1_000_000_000;
+    }
     // Out of range, the error quotes what was written, not the seconds it means.
-    timestamp(parsed.as_second()).map_err(|e| match e {
+    let secs = timestamp(secs).map_err(|e| match e {
         ModelError::InvalidTimestamp { why, .. } => bad(why),
         other => other,
-    })
+    })?;
+    Ok((secs, nanos.unsigned_abs()))
 }
 
 /// Checks that `s` has exactly RFC 3339's `date-time` shape (§5.6) before a calendar parser
@@ -290,6 +305,23 @@ mod tests {
     }
 
     #[test]
+    fn instants_keep_their_fraction() {
+        assert_eq!(parse_instant("1790827200").unwrap(), (1_790_827_200, 0));
+        assert_eq!(
+            parse_instant("2026-10-01T04:00:00.25Z").unwrap(),
+            (1_790_827_200, 250_000_000)
+        );
+        assert_eq!(
+            parse_instant("2026-10-01T09:30:00.000000001+05:30").unwrap(),
+            (1_790_827_200, 1)
+        );
+        assert_eq!(
+            parse_instant("1970-01-01T00:00:00.5Z").unwrap(),
+            (0, 500_000_000)
+        );
+    }
+
+    #[test]
     fn timestamps_parse() {
         assert_eq!(parse_timestamp("1790827200").unwrap(), 1_790_827_200);
         assert_eq!(
@@ -335,6 +367,8 @@ mod tests {
             "2026-10-01T24:00:00Z",
             "２０２６-10-01T00:00:00Z",
             "1969-12-31T23:00:00Z",
+            // Half a second before 1970: its second is -1, not 0.
+            "1969-12-31T23:59:59.5Z",
         ] {
             assert_eq!(
                 parse_timestamp(bad).unwrap_err().code(),

@@ -20,7 +20,7 @@ mod names;
 mod schema;
 
 pub use duration::{Duration, Retention, Tier};
-pub use event::{Event, RawEvent, amount, parse_timestamp, timestamp};
+pub use event::{Event, RawEvent, amount, parse_instant, parse_timestamp, timestamp};
 pub use names::{DimName, DimValue, Dimension, Key, Namespace, escape_part};
 pub use schema::{Schema, SchemaDoc, Subtotal};
 

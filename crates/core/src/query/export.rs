@@ -7,7 +7,7 @@
 //! [`EXPORT_PAGE_KEYS`] at a time through [`Store::keys`] and [`Store::read`], so memory is
 //! bounded by a page whatever the namespace's size, and any backend can export.
 
-use super::params::{Params, instant, required};
+use super::params::{Params, required, span};
 use super::{QueryError, model};
 use crate::model::{Duration, Key, Namespace};
 use crate::store::{Deadline, KeyList, KeyRead, Store, Want};
@@ -28,7 +28,7 @@ pub struct ExportQuery {
 impl ExportQuery {
     pub fn parse(ns: &str, p: &(impl Params + ?Sized)) -> Result<Self, QueryError> {
         let ns = Namespace::new(ns).map_err(model("ns"))?;
-        let (from, to) = (instant(p, "from")?, instant(p, "to")?);
+        let (from, to) = span(p, true)?;
         let resolution = Duration::new(required(p, "resolution")?).map_err(model("resolution"))?;
         Ok(ExportQuery {
             ns,

@@ -15,8 +15,8 @@ pub use answer::{
 pub use exec::{breakdown, dashboard, keys, rollup, series, top};
 pub use export::{EXPORT_PAGE_KEYS, ExportPlan, ExportQuery, Row, csv_field, export, export_plan};
 pub use params::{
-    BreakdownQuery, DashboardQuery, KeysQuery, Params, SeriesQuery, TopQuery, WindowQuery, plus,
-    timestamp_plus,
+    BreakdownQuery, DashboardQuery, KeysQuery, Params, SeriesQuery, TopQuery, WindowQuery,
+    instant_plus, plus, timestamp_plus,
 };
 pub use window::{
     Limited, WindowPlan, incr_limited, retry_after, window, window_after, window_plan,

@@ -57,8 +57,36 @@ pub fn timestamp_plus(sent: &str) -> Result<i64, ModelError> {
     parse_plus(sent, m::parse_timestamp)
 }
 
-pub(super) fn instant(p: &(impl Params + ?Sized), field: &'static str) -> Result<i64, QueryError> {
-    timestamp_plus(required(p, field)?).map_err(model(field))
+/// An instant (whole seconds and nanoseconds, [`m::parse_instant`]) from a query string.
+pub fn instant_plus(sent: &str) -> Result<(i64, u32), ModelError> {
+    parse_plus(sent, m::parse_instant)
+}
+
+/// The range's ends in whole seconds (SPEC §2: `[from, to)`, half-open), meaning for
+/// events, counted by the whole second, what the instants sent mean: the second `s` is in
+/// `[from, to)` exactly when `ceil(from)` ≤ `s` < `ceil(to)`. So without a unit (`rounded`
+/// false) both ends are ceiled. With one (`rounded`: a unit, or an export's resolution,
+/// floors `from` and ceils `to` to its boundaries, which are whole seconds) `from` is floored
+/// and `to` ceiled, giving the buckets the instants themselves give. `from` after `to` is
+/// `invalid_range` and equal instants stay equal (no points), both judged on the instants,
+/// fractions included (a review found `…01:00:00.5Z` read as `…01:00:00Z`).
+pub(super) fn span(p: &(impl Params + ?Sized), rounded: bool) -> Result<(i64, i64), QueryError> {
+    let end = |field| instant_plus(required(p, field)?).map_err(model(field));
+    let (from, to) = (end("from")?, end("to")?);
+    if from > to {
+        return Err(QueryError::Time {
+            field: "from",
+            source: TimeError::InvalidRange {
+                from: from.0,
+                to: to.0,
+            },
+        });
+    }
+    if from == to {
+        return Ok((from.0, from.0));
+    }
+    let ceil = |(secs, nanos): (i64, u32)| secs + i64::from(nanos > 0);
+    Ok((if rounded { from.0 } else { ceil(from) }, ceil(to)))
 }
 
 fn tz(p: &(impl Params + ?Sized)) -> Result<Tz, QueryError> {
@@ -158,7 +186,7 @@ pub struct SeriesQuery {
 impl SeriesQuery {
     pub fn parse(ns: &str, key: &str, p: &(impl Params + ?Sized)) -> Result<Self, QueryError> {
         let (ns, key) = ns_key(ns, key)?;
-        let (from, to) = (instant(p, "from")?, instant(p, "to")?);
+        let (from, to) = span(p, true)?;
         let tz = tz(p)?;
         let cal = calendar(p, &tz)?.ok_or(QueryError::MissingParameter { field: "unit" })?;
         Ok(SeriesQuery {
@@ -189,7 +217,7 @@ impl BreakdownQuery {
     pub fn parse(ns: &str, key: &str, p: &(impl Params + ?Sized)) -> Result<Self, QueryError> {
         let (ns, key) = ns_key(ns, key)?;
         let dim = dimension(required(p, "dim")?)?;
-        let (from, to) = (instant(p, "from")?, instant(p, "to")?);
+        let (from, to) = span(p, p.get("unit").is_some())?;
         let tz = tz(p)?;
         let cal = calendar(p, &tz)?;
         Ok(BreakdownQuery {
@@ -244,7 +272,7 @@ pub struct DashboardQuery {
 impl DashboardQuery {
     pub fn parse(ns: &str, key: &str, p: &(impl Params + ?Sized)) -> Result<Self, QueryError> {
         let (ns, key) = ns_key(ns, key)?;
-        let (from, to) = (instant(p, "from")?, instant(p, "to")?);
+        let (from, to) = span(p, true)?;
         let tz = tz(p)?;
         let cal = calendar(p, &tz)?.ok_or(QueryError::MissingParameter { field: "unit" })?;
         Ok(DashboardQuery {
@@ -273,7 +301,7 @@ pub struct TopQuery {
 impl TopQuery {
     pub fn parse(ns: &str, p: &(impl Params + ?Sized)) -> Result<Self, QueryError> {
         let ns = Namespace::new(ns).map_err(model("ns"))?;
-        let (from, to) = (instant(p, "from")?, instant(p, "to")?);
+        let (from, to) = span(p, p.get("unit").is_some())?;
         let tz = tz(p)?;
         let cal = calendar(p, &tz)?;
         Ok(TopQuery {

@@ -704,3 +704,55 @@ fn sums_of_counters_past_64_bits_wrap() {
         .unwrap();
     assert_eq!((b.total, b.values[0].n, b.unset), (want, want, 0));
 }
+
+/// A range's ends with a fraction of a second mean what the instants mean for events
+/// counted by the whole second: the second 01:00:00 is before 01:00:00.5, so a `to` there
+/// takes it (a review found ends floored: `to=…01:00:00.5Z` left that second out, and
+/// `from` after `to` within one second answered nothing instead of `invalid_range`).
+#[test]
+fn fractions_of_a_second_in_a_range_count() {
+    let db = Db::new("2026-11-20T00:00:00Z");
+    db.schema("clicks", &["1s:forever", "1h:forever"], None, None);
+    let at = ts("2026-11-19T01:00:00Z");
+    db.ingest(&[Db::raw("clicks", "k", at, 3, &[])]).unwrap();
+    let series = |from: &'static str, to: &'static str, unit: &'static str| {
+        db.series("clicks", "k", &[("from", from), ("to", to), ("unit", unit)])
+    };
+    let a = series("2026-11-19T00:00:00Z", "2026-11-19T01:00:00.5Z", "hour").unwrap();
+    assert_eq!((a.total, a.points.len()), (3, 2), "{a:?}");
+    assert_eq!(a.span.to, ts("2026-11-19T02:00:00Z"));
+    let a = series("2026-11-19T00:00:00Z", "2026-11-19T01:00:00Z", "hour").unwrap();
+    assert_eq!((a.total, a.points.len()), (0, 1), "{a:?}");
+    // Within one second: a point, none, or invalid_range, as the instants say.
+    let a = series("2026-11-19T01:00:00.2Z", "2026-11-19T01:00:00.7Z", "second").unwrap();
+    assert_eq!((a.total, a.points.len()), (3, 1), "{a:?}");
+    let a = series("2026-11-19T01:00:00.5Z", "2026-11-19T01:00:00.5Z", "second").unwrap();
+    assert_eq!((a.total, a.points.len()), (0, 0), "{a:?}");
+    assert_eq!(
+        code(series(
+            "2026-11-19T01:00:00.7Z",
+            "2026-11-19T01:00:00.2Z",
+            "hour"
+        )),
+        ErrorCode::InvalidRange
+    );
+    // Without a unit the range is exact: 00:59:59.5 to 01:00:00.5 holds the second
+    // 01:00:00 alone; 01:00:00.5 to 01:00:01 holds none.
+    let top =
+        |from: &'static str, to: &'static str| db.top("clicks", &[("from", from), ("to", to)]);
+    let a = top("2026-11-19T00:59:59.5Z", "2026-11-19T01:00:00.5Z").unwrap();
+    assert_eq!((a.total, a.span.from, a.span.to), (3, at, at + 1), "{a:?}");
+    let a = top("2026-11-19T01:00:00.5Z", "2026-11-19T01:00:01Z").unwrap();
+    assert_eq!(a.total, 0, "{a:?}");
+    // An hourly tier alone cannot hold a range whose ends are not on its hours.
+    db.schema("hourly", &["1h:forever"], None, None);
+    db.ingest(&[Db::raw("hourly", "k", at, 3, &[])]).unwrap();
+    let e = db.top(
+        "hourly",
+        &[
+            ("from", "2026-11-19T00:00:00.5Z"),
+            ("to", "2026-11-19T02:00:00Z"),
+        ],
+    );
+    assert_eq!(code(e), ErrorCode::NoTierForRange);
+}

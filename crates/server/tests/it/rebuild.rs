@@ -100,6 +100,16 @@ fn bad_rebuilds_are_refused_and_change_nothing() {
         400,
         "invalid_range",
     );
+    // Half a second past a whole hour is not one (it was floored to the hour).
+    assert_eq!(
+        tally_core::model::parse_timestamp("2026-11-20T10:00:00Z").unwrap(),
+        FROM
+    );
+    err(
+        post(&format!("from=2026-11-20T10:00:00.5Z&to={TO}"), &ok),
+        400,
+        "invalid_range",
+    );
     err(
         post(&format!("from={FROM}&to={}", NOW + 3600), &ok),
         400,

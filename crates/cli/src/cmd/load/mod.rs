@@ -773,10 +773,10 @@ impl Rebuild {
     fn parse(ns: &str, from: &str, to: &str, now: i64) -> anyhow::Result<Rebuild> {
         let ns = Namespace::new(ns).map_err(|e| anyhow::anyhow!("--ns: {e}"))?;
         let at = |what: &str, t: &str| {
-            tally_core::model::parse_timestamp(t).map_err(|e| anyhow::anyhow!("--{what}: {e}"))
+            tally_core::model::parse_instant(t).map_err(|e| anyhow::anyhow!("--{what}: {e}"))
         };
-        let (from, to) = (at("from", from)?, at("to", to)?);
-        if from % 3600 != 0 || to % 3600 != 0 {
+        let ((from, from_nanos), (to, to_nanos)) = (at("from", from)?, at("to", to)?);
+        if from % 3600 != 0 || to % 3600 != 0 || from_nanos != 0 || to_nanos != 0 {
             bail!(
                 "--from and --to of a rebuild are whole hours (every tier's buckets then lie wholly inside or outside)"
             );
