@@ -286,6 +286,16 @@ pub fn transient(e: &RedisError) -> bool {
 /// anything about reaching or being served by Redis, `Internal` for a reply tally did not
 /// expect (a script error, a wrong type: someone else's key, or a bug).
 pub fn store_error(target: &str, e: RedisError) -> StoreError {
+    // Past `maxmemory` (the policy is `noeviction`, checked at connect) Redis refuses
+    // writes, inside a script too (then the error is the script's): unavailable until
+    // memory is freed, not a bug.
+    if e.code() == Some("OOM") || e.to_string().contains("OOM command not allowed") {
+        return StoreError::unavailable(format!(
+            "{target} is out of memory (maxmemory) and refuses writes: free memory or \
+             raise maxmemory, then retry"
+        ))
+        .because(e);
+    }
     let unexpected = matches!(
         e.kind(),
         ErrorKind::UnexpectedReturnType | ErrorKind::Parse | ErrorKind::Extension

@@ -32,8 +32,8 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use redis::RedisError;
@@ -60,10 +60,8 @@ const LOCK_WAIT: Duration = Duration::from_secs(5);
 /// A [`Store`] on Redis ≥ 7 or Redis Cluster.
 pub struct RedisStore {
     runtime: OwnRuntime,
-    conn: Conn,
-    /// A second connection, for the compare-and-set of new codes and its `WAIT`: a `WAIT`
-    /// blocks its connection, and `conn` carries every other call.
-    side: Conn,
+    /// The connections, opened anew when calls stop being answered ([`RedisStore::suspect`]).
+    conns: Arc<Conns>,
     /// Per namespace, when a write may next try to confirm pending codes after the replicas
     /// did not acknowledge them: until then its subtotals are spelled out without waiting.
     confirm_after: Mutex<BTreeMap<Namespace, std::time::Instant>>,
@@ -82,6 +80,44 @@ pub struct RedisStore {
     index_page: usize,
     /// Keys this store listed in the key index (a batch leaves them out of its index update).
     listed: write::Listed,
+}
+
+/// The store's two connections: `main` carries every call but one, `side` the
+/// compare-and-set of new codes and its `WAIT` (a `WAIT` blocks its connection). Both are
+/// replaced whole when calls stall: after a cluster master failed over, the cluster client
+/// was seen to stop sending anything, every call waiting out its timeout for good, until
+/// the process restarted (found by an independent review); a fresh connection serves at once.
+struct Conns {
+    target: Target,
+    main: RwLock<Conn>,
+    side: RwLock<Conn>,
+    /// When the connections were last opened anew (at most once per [`RENEW_EVERY`]).
+    renewed: Mutex<Option<Instant>>,
+    /// How many times they were.
+    renewals: AtomicU64,
+}
+
+/// A call unanswered this long (its own time out, or a query's deadline that dropped it)
+/// makes the store open its connections anew, at most once per [`RENEW_EVERY`].
+const STALL: Duration = Duration::from_secs(4);
+const RENEW_EVERY: Duration = Duration::from_secs(10);
+/// Opening both connections anew gives up after this long.
+const RENEW_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Notes a call in flight: dropped unfinished after [`STALL`] (a query's deadline, a client
+/// gone), it tells the store as a timed-out call does.
+struct Watch<'a> {
+    store: &'a RedisStore,
+    started: Instant,
+    done: bool,
+}
+
+impl Drop for Watch<'_> {
+    fn drop(&mut self) {
+        if !self.done && self.started.elapsed() >= STALL {
+            self.store.suspect("a call was given up unanswered");
+        }
+    }
 }
 
 /// A key index page's size when Redis does not say its `zset-max-listpack-entries` (its
@@ -169,10 +205,16 @@ impl RedisStore {
             .1
             .block_on(async { Ok((Conn::open(&target).await?, Conn::open(&target).await?)) })
             .map_err(|e| store_error(&label, e))?;
+        let conns = Arc::new(Conns {
+            target,
+            main: RwLock::new(conn),
+            side: RwLock::new(side),
+            renewed: Mutex::new(None),
+            renewals: AtomicU64::new(0),
+        });
         let mut store = RedisStore {
             runtime,
-            conn,
-            side,
+            conns,
             confirm_after: Mutex::new(BTreeMap::new()),
             label,
             clock,
@@ -183,6 +225,7 @@ impl RedisStore {
             listed: write::Listed::default(),
         };
         store.index_page = index_page_size(store.block_on(store.listpack_entries()));
+        store.block_on(store.check_eviction())?;
         store.block_on(store.check_layout())?;
         if let Err(e) = store.block_on(store.resume_extends()) {
             tracing::warn!(
@@ -203,7 +246,72 @@ impl RedisStore {
 
     /// Whether this store talks to a cluster.
     pub fn is_cluster(&self) -> bool {
-        self.conn.is_cluster()
+        self.conn().is_cluster()
+    }
+
+    /// How many times the store opened its connections anew after calls stalled.
+    pub fn renewals(&self) -> u64 {
+        self.conns.renewals.load(Ordering::Relaxed)
+    }
+
+    /// A handle of the main connection (the one in place now).
+    fn conn(&self) -> Conn {
+        self.conns
+            .main
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// A handle of the side connection.
+    fn side(&self) -> Conn {
+        self.conns
+            .side
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Calls stall: opens both connections anew in the background and puts them in place
+    /// of the old ones (calls in flight finish on those), unless that was done less than
+    /// [`RENEW_EVERY`] ago.
+    fn suspect(&self, why: &'static str) {
+        {
+            let mut renewed = self
+                .conns
+                .renewed
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if renewed.is_some_and(|at| at.elapsed() < RENEW_EVERY) {
+                return;
+            }
+            *renewed = Some(Instant::now());
+        }
+        let (conns, label) = (self.conns.clone(), self.label.clone());
+        self.runtime.1.spawn(async move {
+            let open = async {
+                Ok::<_, RedisError>((
+                    Conn::open(&conns.target).await?,
+                    Conn::open(&conns.target).await?,
+                ))
+            };
+            match tokio::time::timeout(RENEW_TIMEOUT, open).await {
+                Ok(Ok((main, side))) => {
+                    *conns.main.write().unwrap_or_else(PoisonError::into_inner) = main;
+                    *conns.side.write().unwrap_or_else(PoisonError::into_inner) = side;
+                    conns.renewals.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(redis = %label, why, "calls stalled: connected anew");
+                }
+                Ok(Err(e)) => tracing::warn!(
+                    redis = %label, why, error = %e,
+                    "calls stalled and connecting anew failed; the next stalled call tries again"
+                ),
+                Err(_) => tracing::warn!(
+                    redis = %label, why,
+                    "calls stalled and connecting anew timed out; the next stalled call tries again"
+                ),
+            }
+        });
     }
 
     fn block_on<F: Future>(&self, f: F) -> F::Output {
@@ -229,7 +337,19 @@ impl RedisStore {
         let mut pause = FIRST_PAUSE;
         let mut attempt = 1;
         loop {
-            match call(self.conn.clone()).await {
+            let mut watch = Watch {
+                store: self,
+                started: Instant::now(),
+                done: false,
+            };
+            let result = call(self.conn()).await;
+            watch.done = true;
+            if let Err(e) = &result
+                && e.is_timeout()
+            {
+                self.suspect("a call timed out");
+            }
+            match result {
                 Ok(v) => return Ok(v),
                 Err(e) if transient(&e) && attempt < ATTEMPTS => {
                     tracing::debug!(error = %e, attempt, "redis call failed; trying again");
@@ -424,6 +544,48 @@ impl RedisStore {
         })?;
         let rec = doc.into_record();
         Ok((rec.expires > self.now()).then_some(rec))
+    }
+
+    /// Refuses a Redis that may evict keys (`maxmemory-policy` other than `noeviction` on
+    /// the server or any master): an evicted key loses counts, a schema, a key index page
+    /// or an idempotency answer with no error anywhere (found by an independent review:
+    /// every write answered 200 and a series read 0). A Redis whose `INFO` does not say is
+    /// taken as it is, with a warning.
+    async fn check_eviction(&self) -> Result<(), StoreError> {
+        let info: Result<Vec<redis::Value>, StoreError> = self
+            .retry(|c| {
+                let mut info = redis::cmd("INFO");
+                info.arg("memory");
+                c.on_every_master(info)
+            })
+            .await;
+        let mut texts = Vec::new();
+        match info {
+            Ok(info) => info.iter().for_each(|v| collect_text(v, &mut texts)),
+            Err(e) => {
+                tracing::warn!(error = %e.detail(), "could not read maxmemory-policy: make sure it is noeviction");
+                return Ok(());
+            }
+        }
+        let policies: Vec<&str> = texts
+            .iter()
+            .flat_map(|t| t.lines())
+            .filter_map(|l| l.strip_prefix("maxmemory_policy:"))
+            .map(str::trim)
+            .collect();
+        if policies.is_empty() {
+            tracing::warn!(redis = %self.label, "INFO does not say maxmemory-policy: make sure it is noeviction");
+        }
+        match policies.into_iter().find(|p| *p != "noeviction") {
+            Some(policy) => Err(StoreError::unavailable(format!(
+                "{}: maxmemory-policy is {policy}; tally needs noeviction, since a key Redis \
+                 evicts loses counts, schemas or idempotency answers without an error \
+                 (CONFIG SET maxmemory-policy noeviction on every node, and in its config \
+                 file): past maxmemory, writes are then refused with 503 instead",
+                self.label
+            ))),
+            None => Ok(()),
+        }
     }
 
     async fn used_memory(&self) -> Result<f64, StoreError> {

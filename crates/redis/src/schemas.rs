@@ -342,7 +342,7 @@ impl RedisStore {
             .cmd("WAIT")
             .arg(replicas)
             .arg(REPLICA_WAIT.as_millis() as u64);
-        let mut c = self.side.clone();
+        let mut c = self.side();
         let (done, acked): (i64, i64) = pipe.query_async(&mut c).await.map_err(|e| self.err(e))?;
         if done == 1 {
             self.remember(ns, text)?;

@@ -726,7 +726,7 @@ impl RedisStore {
     /// review). Best effort: a marker left still expires.
     async fn tidy_markers(&self, markers: Vec<String>, after: Tidy) {
         let done = join_all(markers.iter().map(|m| {
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn();
             async move {
                 let mut cmd = match after {
                     Tidy::Keep => return Ok(()),

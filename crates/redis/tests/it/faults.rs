@@ -292,3 +292,80 @@ fn connecting_to_nothing_is_a_clear_error() {
     unavailable(&e, port);
     assert!(e.detail().contains("connection refused"), "{}", e.detail());
 }
+
+/// A Redis that may evict keys is refused at connect, naming its policy (an evicted key
+/// loses counts, schemas or idempotency answers with no error); one at `maxmemory` with
+/// `noeviction` refuses writes, which is `Unavailable` saying so, not an internal error
+/// (both found by an independent review), and reads go on.
+#[test]
+fn eviction_is_refused_and_a_full_redis_is_unavailable() {
+    let lru = RedisServer::start_with_args(&["--maxmemory-policy", "allkeys-lru"]);
+    let e = RedisStore::connect(&lru.url()).unwrap_err();
+    unavailable(&e, lru.port());
+    assert!(
+        e.detail().contains("maxmemory-policy is allkeys-lru") && e.detail().contains("noeviction"),
+        "{}",
+        e.detail()
+    );
+
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).unwrap();
+    let now = real_now();
+    let first = batch(
+        &store,
+        now,
+        &[raw("m", "k", now, 1, &[])],
+        &Defaults::default(),
+    );
+    store.apply(&first).unwrap();
+    server.cli(&["config", "set", "maxmemory", "1"]);
+    let raws: Vec<_> = (0..50)
+        .map(|i| raw("m", &format!("k{i}"), now, 1, &[("country", "de")]))
+        .collect();
+    let full = batch(&store, now, &raws, &Defaults::default());
+    let e = store.apply(&full).unwrap_err();
+    unavailable(&e, server.port());
+    assert!(e.detail().contains("out of memory"), "{}", e.detail());
+    assert_eq!(total(&store, "m", "k", 3600), 1);
+    server.cli(&["config", "set", "maxmemory", "0"]);
+    store.apply(&full).unwrap();
+    assert_eq!(total(&store, "m", "k1", 3600), 1);
+}
+
+/// A call that times out makes the store open its connections anew, and it goes on with
+/// them. (After a cluster master failed over, the cluster client was seen to stop sending
+/// anything for good; the review's repro is not a test: it needs replicas and a failover,
+/// and hit one run in two.)
+#[test]
+fn a_timed_out_call_opens_the_connections_anew() {
+    let server = RedisServer::start();
+    let store = Arc::new(RedisStore::connect(&server.url()).unwrap());
+    let now = real_now();
+    let one = batch(
+        &*store,
+        now,
+        &[raw("m", "k", now, 1, &[])],
+        &Defaults::default(),
+    );
+    store.apply(&one).unwrap();
+    assert_eq!(store.renewals(), 0);
+    server.pause();
+    let read = {
+        let store = store.clone();
+        std::thread::spawn(move || read_all(&*store, "m", "k", 3600))
+    };
+    // The read's first try times out after 10 s; then Redis answers again.
+    std::thread::sleep(Duration::from_secs(11));
+    server.resume();
+    assert!(read.join().unwrap().is_ok());
+    let start = Instant::now();
+    while store.renewals() == 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "never connected anew"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    store.apply(&one).unwrap();
+    assert_eq!(total(&*store, "m", "k", 3600), 2);
+}
