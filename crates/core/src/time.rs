@@ -91,10 +91,21 @@ impl fmt::Debug for Tz {
 
 impl Tz {
     /// Looks a zone up in the system tz database, else the bundled copy.
+    ///
+    /// `localtime` (the machine's own zone, so answers would depend on where the server
+    /// runs) and `posixrules` (a file of the database, not a zone) are refused though the
+    /// system database has files of those names.
     pub fn get(name: &str) -> Result<Self, TimeError> {
-        let tz = TimeZone::get(name).map_err(|_| TimeError::InvalidTimezone {
+        let invalid = || TimeError::InvalidTimezone {
             name: name.to_owned(),
-        })?;
+        };
+        if ["localtime", "posixrules"]
+            .iter()
+            .any(|n| name.eq_ignore_ascii_case(n))
+        {
+            return Err(invalid());
+        }
+        let tz = TimeZone::get(name).map_err(|_| invalid())?;
         let name = tz.iana_name().unwrap_or(name);
         Ok(Tz {
             name: name.into(),
@@ -609,10 +620,15 @@ mod tests {
             Unit::parse("fortnight").unwrap_err().code(),
             ErrorCode::InvalidUnit
         );
-        assert_eq!(
-            Tz::get("Mars/Olympus").unwrap_err().code(),
-            ErrorCode::InvalidTimezone
-        );
+        // Names of the database's files that are no zone of their own (a review found
+        // `localtime` answering in the server machine's zone).
+        for name in ["Mars/Olympus", "localtime", "LocalTime", "posixrules"] {
+            assert_eq!(
+                Tz::get(name).unwrap_err().code(),
+                ErrorCode::InvalidTimezone,
+                "{name}"
+            );
+        }
     }
 
     #[test]
