@@ -306,12 +306,13 @@ pub fn store_error(target: &str, e: RedisError) -> StoreError {
     if unexpected && !transient(&e) {
         return StoreError::internal(format!("{target} answered unexpectedly: {e}"));
     }
-    let what = if e.is_connection_refusal() {
-        format!("{target}: connection refused")
-    } else if e.is_timeout() {
-        format!("{target}: timed out")
-    } else {
-        format!("{target}: {e}")
-    };
-    StoreError::unavailable(what).because(e)
+    // A refusal or a time out says all there is in a few words: the client's own error
+    // would only repeat them ("timed out: timed out: timed out", found by a review).
+    if e.is_connection_refusal() {
+        return StoreError::unavailable(format!("{target}: connection refused"));
+    }
+    if e.is_timeout() {
+        return StoreError::unavailable(format!("{target}: timed out"));
+    }
+    StoreError::unavailable(format!("{target}: {e}")).because(e)
 }

@@ -291,6 +291,8 @@ fn connecting_to_nothing_is_a_clear_error() {
     let e = RedisStore::connect(&format!("redis://127.0.0.1:{port}/0")).unwrap_err();
     unavailable(&e, port);
     assert!(e.detail().contains("connection refused"), "{}", e.detail());
+    // Said once (it read "connection refused: Connection refused (os error 111): …").
+    assert_eq!(e.detail().matches("efused").count(), 1, "{}", e.detail());
 }
 
 /// A Redis that may evict keys is refused at connect, naming its policy (an evicted key
