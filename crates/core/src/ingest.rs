@@ -150,40 +150,81 @@ pub fn prepare_each(
     Ok(p.batch)
 }
 
-/// Holds a prepared batch's creations to `[limits] max_namespaces` against the store as it
-/// is now: a namespace created since the batch was prepared no longer counts as new. A server
-/// calls it in its one turn to create namespaces, just before applying, since two batches
-/// prepared at once each saw room for their own. Names the first event of the first namespace
-/// past the limit.
-pub fn check_creations(
+/// A prepared batch's namespaces to create, held to `[limits] max_namespaces` against the
+/// store as it is now and the creations `pending` elsewhere (batches checked and not yet
+/// applied): see [`sort_creations`].
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Creations {
+    /// New now, and within the limit: the caller reserves them until they are applied.
+    pub new: Vec<Namespace>,
+    /// New now, and past the limit, in the batch's order.
+    pub over: Vec<Namespace>,
+}
+
+/// Sorts a prepared batch's creations (see [`Creations`]): a namespace that exists now, or
+/// that another batch is creating (`pending`), is neither. A server calls it in its one turn
+/// to create namespaces, since batches prepared at once each saw room for their own. A few
+/// creations with none pending are looked up one by one; else every namespace is read once
+/// (a pending one may be in the store already: applied, not yet given back).
+pub fn sort_creations(
     store: &dyn Store,
     batch: &Batch,
+    pending: &std::collections::HashSet<Namespace>,
     limits: &Limits,
-) -> Result<(), IngestError> {
+) -> Result<Creations, StoreError> {
+    let mut out = Creations::default();
     if batch.create.is_empty() {
-        return Ok(());
+        return Ok(out);
     }
-    let existing: std::collections::HashSet<Namespace> =
-        store.namespaces()?.into_iter().map(|(ns, _)| ns).collect();
-    let mut count = existing.len();
+    let all: Option<std::collections::HashSet<Namespace>> =
+        match batch.create.len() <= 16 && pending.is_empty() {
+            true => None,
+            false => Some(store.namespaces()?.into_iter().map(|(ns, _)| ns).collect()),
+        };
+    let mut count = match &all {
+        Some(all) => all.len() + pending.iter().filter(|ns| !all.contains(*ns)).count(),
+        None => store.namespace_count()?,
+    };
     for (ns, _) in &batch.create {
-        if existing.contains(ns) {
+        let exists = match &all {
+            Some(all) => all.contains(ns),
+            None => store.schema(ns)?.is_some(),
+        };
+        if exists || pending.contains(ns) {
             continue;
         }
         if count >= limits.max_namespaces {
-            return Err(IngestError::TooManyNamespaces {
-                index: batch
-                    .increments
-                    .iter()
-                    .position(|i| &i.ns == ns)
-                    .unwrap_or(0),
-                ns: ns.to_string(),
-                max: limits.max_namespaces,
-            });
+            out.over.push(ns.clone());
+        } else {
+            count += 1;
+            out.new.push(ns.clone());
         }
-        count += 1;
     }
-    Ok(())
+    Ok(out)
+}
+
+/// The refusal of a batch that would create `ns` past `max`, naming its first event.
+pub fn refuse_creation(batch: &Batch, ns: &Namespace, max: usize) -> IngestError {
+    IngestError::TooManyNamespaces {
+        index: batch
+            .increments
+            .iter()
+            .position(|i| &i.ns == ns)
+            .unwrap_or(0),
+        ns: ns.to_string(),
+        max,
+    }
+}
+
+/// Takes out of `batch` what it would write to the namespaces of `over` (and their
+/// creation): the increments taken, in order.
+pub fn without_namespaces(batch: &mut Batch, over: &[Namespace]) -> Vec<Increment> {
+    batch.create.retain(|(ns, _)| !over.contains(ns));
+    let (out, keep) = std::mem::take(&mut batch.increments)
+        .into_iter()
+        .partition(|i| over.contains(&i.ns));
+    batch.increments = keep;
+    out
 }
 
 /// A batch being validated: the schemas read so far (`None`: the namespace does not exist
@@ -466,25 +507,60 @@ mod tests {
         assert_eq!(b.increments.len(), 3);
         assert_eq!(b.create.len(), 1);
         // Prepared in room, then another batch took the room first.
+        let none = std::collections::HashSet::new();
         let late = prepare(&store, &[raw("a", "k"), raw("d", "k")], 1000, &limits, &d).unwrap();
-        check_creations(&store, &late, &limits).unwrap();
+        let sorted = sort_creations(&store, &late, &none, &limits).unwrap();
+        assert_eq!(sorted.new, [Namespace::new("d").unwrap()]);
         store.apply(&b).unwrap();
-        let e = check_creations(&store, &late, &limits).unwrap_err();
+        let sorted = sort_creations(&store, &late, &none, &limits).unwrap();
+        assert_eq!((sorted.new.len(), sorted.over.len()), (0, 1));
+        let e = refuse_creation(&late, &sorted.over[0], limits.max_namespaces);
         assert_eq!(
             (e.code(), e.index()),
             (ErrorCode::TooManyNamespaces, Some(1))
         );
-        // A batch prepared to create what another has created since is not held back.
+        let mut trimmed = late.clone();
+        let taken = without_namespaces(&mut trimmed, &sorted.over);
+        assert_eq!((taken.len(), trimmed.increments.len()), (1, 1));
+        assert!(trimmed.create.is_empty());
+        // A batch prepared to create what another has created since is not held back, nor
+        // one creating what another is creating now; a pending creation takes room.
         let again = Batch {
             create: vec![(Namespace::new("c").unwrap(), Schema::default())],
             ..Batch::default()
         };
-        check_creations(&store, &again, &limits).unwrap();
+        assert_eq!(
+            sort_creations(&store, &again, &none, &limits).unwrap(),
+            Creations::default()
+        );
+        let roomy = Limits {
+            max_namespaces: 3,
+            ..limits
+        };
         let other = Batch {
             create: vec![(Namespace::new("b").unwrap(), Schema::default())],
             ..Batch::default()
         };
-        check_creations(&store, &other, &limits).unwrap_err();
+        let b_pending: std::collections::HashSet<Namespace> = [Namespace::new("b").unwrap()].into();
+        assert_eq!(
+            sort_creations(&store, &other, &b_pending, &roomy).unwrap(),
+            Creations::default()
+        );
+        let e_pending: std::collections::HashSet<Namespace> = [Namespace::new("e").unwrap()].into();
+        let sorted = sort_creations(&store, &other, &e_pending, &roomy).unwrap();
+        assert_eq!(sorted.over, [Namespace::new("b").unwrap()]);
+        // A pending creation already in the store (applied, not yet given back) is counted
+        // once.
+        let c_pending: std::collections::HashSet<Namespace> = [Namespace::new("c").unwrap()].into();
+        let sorted = sort_creations(&store, &other, &c_pending, &roomy).unwrap();
+        assert_eq!(sorted.new, [Namespace::new("b").unwrap()]);
+        // Many creations are sorted from one read of every namespace, alike.
+        let many: Vec<RawEvent> = (0..40).map(|i| raw(&format!("n{i}"), "k")).collect();
+        let many = prepare(&store, &many, 1000, &Limits::default(), &d).unwrap();
+        let sorted = sort_creations(&store, &many, &e_pending, &roomy).unwrap();
+        assert_eq!((sorted.new.len(), sorted.over.len()), (0, 40));
+        let sorted = sort_creations(&store, &many, &none, &Limits::default()).unwrap();
+        assert_eq!((sorted.new.len(), sorted.over.len()), (40, 0));
         assert!(prepare(&store, &[raw("c", "z")], 1000, &limits, &d).is_ok());
     }
 

@@ -60,7 +60,7 @@ const LOCK_WAIT: Duration = Duration::from_secs(5);
 /// A [`Store`] on Redis ≥ 7 or Redis Cluster.
 pub struct RedisStore {
     runtime: OwnRuntime,
-    /// The connections, opened anew when calls stop being answered ([`RedisStore::suspect`]).
+    /// The connections, opened anew when a call times out ([`RedisStore::suspect`]).
     conns: Arc<Conns>,
     /// Per namespace, when a write may next try to confirm pending codes after the replicas
     /// did not acknowledge them: until then its subtotals are spelled out without waiting.
@@ -97,28 +97,10 @@ struct Conns {
     renewals: AtomicU64,
 }
 
-/// A call unanswered this long (its own time out, or a query's deadline that dropped it)
-/// makes the store open its connections anew, at most once per [`RENEW_EVERY`].
-const STALL: Duration = Duration::from_secs(4);
+/// The connections are opened anew at most once per this long.
 const RENEW_EVERY: Duration = Duration::from_secs(10);
 /// Opening both connections anew gives up after this long.
 const RENEW_TIMEOUT: Duration = Duration::from_secs(15);
-
-/// Notes a call in flight: dropped unfinished after [`STALL`] (a query's deadline, a client
-/// gone), it tells the store as a timed-out call does.
-struct Watch<'a> {
-    store: &'a RedisStore,
-    started: Instant,
-    done: bool,
-}
-
-impl Drop for Watch<'_> {
-    fn drop(&mut self) {
-        if !self.done && self.started.elapsed() >= STALL {
-            self.store.suspect("a call was given up unanswered");
-        }
-    }
-}
 
 /// A key index page's size when Redis does not say its `zset-max-listpack-entries` (its
 /// default), and the bounds of a size it does say: pages of a few keys make a deep
@@ -337,13 +319,7 @@ impl RedisStore {
         let mut pause = FIRST_PAUSE;
         let mut attempt = 1;
         loop {
-            let mut watch = Watch {
-                store: self,
-                started: Instant::now(),
-                done: false,
-            };
             let result = call(self.conn()).await;
-            watch.done = true;
             if let Err(e) = &result
                 && e.is_timeout()
             {
@@ -546,8 +522,8 @@ impl RedisStore {
         Ok((rec.expires > self.now()).then_some(rec))
     }
 
-    /// Refuses a Redis that may evict keys (`maxmemory-policy` other than `noeviction` on
-    /// the server or any master): an evicted key loses counts, a schema, a key index page
+    /// Refuses a Redis that may evict keys (a `maxmemory` and a `maxmemory-policy` other
+    /// than `noeviction`, on the server or any master): an evicted key loses counts, a schema, a key index page
     /// or an idempotency answer with no error anywhere (found by an independent review:
     /// every write answered 200 and a series read 0). A Redis whose `INFO` does not say is
     /// taken as it is, with a warning.
@@ -567,25 +543,35 @@ impl RedisStore {
                 return Ok(());
             }
         }
-        let policies: Vec<&str> = texts
-            .iter()
-            .flat_map(|t| t.lines())
-            .filter_map(|l| l.strip_prefix("maxmemory_policy:"))
-            .map(str::trim)
-            .collect();
-        if policies.is_empty() {
+        // Per node: a node with no maxmemory (0) never evicts, whatever its policy.
+        let field = |text: &str, name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.trim().to_owned())
+        };
+        let mut said = false;
+        for text in &texts {
+            let (Some(max), Some(policy)) =
+                (field(text, "maxmemory:"), field(text, "maxmemory_policy:"))
+            else {
+                continue;
+            };
+            said = true;
+            if max != "0" && policy != "noeviction" {
+                return Err(StoreError::unavailable(format!(
+                    "{}: maxmemory-policy is {policy} with a maxmemory of {max} bytes; tally \
+                     needs noeviction, since a key Redis evicts loses counts, schemas or \
+                     idempotency answers without an error (CONFIG SET maxmemory-policy \
+                     noeviction on every node and in its config file, or on a managed Redis \
+                     in its parameter group); past maxmemory, writes are then refused with 503",
+                    self.label
+                )));
+            }
+        }
+        if !said {
             tracing::warn!(redis = %self.label, "INFO does not say maxmemory-policy: make sure it is noeviction");
         }
-        match policies.into_iter().find(|p| *p != "noeviction") {
-            Some(policy) => Err(StoreError::unavailable(format!(
-                "{}: maxmemory-policy is {policy}; tally needs noeviction, since a key Redis \
-                 evicts loses counts, schemas or idempotency answers without an error \
-                 (CONFIG SET maxmemory-policy noeviction on every node, and in its config \
-                 file): past maxmemory, writes are then refused with 503 instead",
-                self.label
-            ))),
-            None => Ok(()),
-        }
+        Ok(())
     }
 
     async fn used_memory(&self) -> Result<f64, StoreError> {
@@ -660,6 +646,16 @@ impl Store for RedisStore {
 
     fn namespaces(&self) -> Result<Vec<(Namespace, Schema)>, StoreError> {
         self.block_on(self.all_schemas())
+    }
+
+    /// `HLEN` of the schemas hash: one field per namespace, no record decoded.
+    fn namespace_count(&self) -> Result<usize, StoreError> {
+        self.block_on(self.retry(|mut c| async move {
+            redis::cmd("HLEN")
+                .arg(layout::SCHEMAS_KEY)
+                .query_async(&mut c)
+                .await
+        }))
     }
 
     fn schema(&self, ns: &Namespace) -> Result<Option<Schema>, StoreError> {

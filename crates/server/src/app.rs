@@ -5,9 +5,11 @@
 //! Store calls block (the embedded engine waits for fsync), so every one runs on tokio's
 //! blocking pool, never on the async workers.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
+use tally_core::model::Namespace;
 use tally_core::query::Ctx;
 use tally_core::store::{Batch, Clock, Deadline, Store, StoreError};
 use tally_core::{ErrorCode, ingest};
@@ -16,6 +18,24 @@ use crate::config::Settings;
 use crate::error::ApiError;
 use crate::idempotency::InFlight;
 use crate::metrics::Metrics;
+
+/// Namespaces reserved by [`App::reserve_creations`], given back when dropped (once the
+/// batch is applied, or failed: the store then holds them, or not).
+pub(crate) struct Reservation<'a> {
+    app: &'a App,
+    names: Vec<Namespace>,
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        if !self.names.is_empty() {
+            let mut pending = self.app.creation_lock();
+            for ns in &self.names {
+                pending.remove(ns);
+            }
+        }
+    }
+}
 
 /// Everything a request needs.
 #[derive(Clone)]
@@ -46,8 +66,8 @@ struct Inner {
     /// they need no token and take no admission permit, so a flood of them must not fill
     /// the blocking pool every write and query needs (a slow Redis holds each for seconds).
     probes: tokio::sync::Semaphore,
-    /// This server's one turn to create namespaces (see [`App::creation_turn`]).
-    creating: std::sync::Mutex<()>,
+    /// Namespaces this server's batches are creating now (see [`App::reserve_creations`]).
+    creating: std::sync::Mutex<HashSet<Namespace>>,
 }
 
 impl App {
@@ -62,7 +82,7 @@ impl App {
                 settings.server.max_concurrent_queries,
             )),
             probes: tokio::sync::Semaphore::new(crate::ops::OPS_PROBES),
-            creating: std::sync::Mutex::new(()),
+            creating: std::sync::Mutex::new(HashSet::new()),
             settings,
         }))
     }
@@ -86,35 +106,59 @@ impl App {
         &self.0.settings
     }
 
-    /// Creates or updates the namespaces the configuration file declares.
+    /// Creates or updates the namespaces the configuration file declares (whatever `[limits]
+    /// max_namespaces` says), and warns when there are as many namespaces as it allows or
+    /// more: no write will make a new one.
     pub fn apply_config_namespaces(&self) -> Result<(), StoreError> {
         for (ns, schema) in &self.0.settings.namespaces {
             if self.0.store.schema(ns)?.as_ref() != Some(schema) {
                 self.0.store.put_schema(ns, schema)?;
             }
         }
+        let (count, max) = (
+            self.0.store.namespace_count()?,
+            self.0.settings.limits.max_namespaces,
+        );
+        if count >= max {
+            tracing::warn!(
+                namespaces = count,
+                max_namespaces = max,
+                "as many namespaces as [limits] max_namespaces allows, or more: writes and \
+                 PUT of a new one are refused (422 too_many_namespaces) until it is raised"
+            );
+        }
         Ok(())
     }
 
-    /// For a batch that creates namespaces, this server's turn to create them, held until
-    /// it is applied: `[limits] max_namespaces` is checked again within it
-    /// ([`ingest::check_creations`]), since batches prepared at once each saw room for their
-    /// own. `None` (no wait) for a batch that creates none. Servers sharing one Redis each
-    /// hold the limit alone: together they may pass it by the creations they run at once.
-    pub(crate) fn creation_turn(
+    /// Holds a batch's creations to `[limits] max_namespaces` once more, against the store as
+    /// it is now and the creations of this server's other batches checked and not yet applied
+    /// (batches prepared at once each saw room for their own): the new namespaces that fit
+    /// are reserved until the returned guard drops (after the apply), and those past the
+    /// limit are answered for the caller to refuse or leave out. No wait for a batch that
+    /// creates none. Servers sharing one Redis each hold the limit alone: together they may
+    /// pass it by the creations they run at the same moment.
+    pub(crate) fn reserve_creations(
         &self,
         batch: &Batch,
-    ) -> Result<Option<std::sync::MutexGuard<'_, ()>>, ingest::IngestError> {
+    ) -> Result<(Reservation<'_>, Vec<Namespace>), StoreError> {
+        let mut reserved = Reservation {
+            app: self,
+            names: Vec::new(),
+        };
         if batch.create.is_empty() {
-            return Ok(None);
+            return Ok((reserved, Vec::new()));
         }
-        let turn = self.creation_lock();
-        ingest::check_creations(&**self.store(), batch, &self.settings().limits)?;
-        Ok(Some(turn))
+        let mut pending = self.creation_lock();
+        let sorted =
+            ingest::sort_creations(&**self.store(), batch, &pending, &self.settings().limits)?;
+        pending.extend(sorted.new.iter().cloned());
+        reserved.names = sorted.new;
+        Ok((reserved, sorted.over))
     }
 
-    /// The turn of [`App::creation_turn`] alone (`PUT` checks its one namespace itself).
-    pub(crate) fn creation_lock(&self) -> std::sync::MutexGuard<'_, ()> {
+    /// The namespaces being created now (see [`App::reserve_creations`]); `PUT` takes it to
+    /// check its one new namespace.
+    pub(crate) fn creation_lock(&self) -> std::sync::MutexGuard<'_, HashSet<Namespace>> {
         self.0
             .creating
             .lock()

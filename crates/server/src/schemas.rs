@@ -87,16 +87,28 @@ pub async fn put(
     })?;
     let schema = Schema::from_input(&doc)?;
     app.blocking(move |app| {
-        let _turn = app.creation_lock();
-        let max = app.settings().limits.max_namespaces;
-        if app.store().schema(&ns)?.is_none() && app.store().namespace_count()? >= max {
-            return Err(ApiError::new(
-                ErrorCode::TooManyNamespaces,
-                tally_core::ingest::too_many_namespaces(ns.as_str(), max),
-            )
-            .field("ns"));
+        // A new namespace: held to max_namespaces with the creations in flight, in the turn
+        // batches take to create theirs, and reserved until stored (a namespace is never
+        // deleted, so one that exists needs neither).
+        let mut reserved = None;
+        if app.store().schema(&ns)?.is_none() {
+            let batch = tally_core::store::Batch {
+                create: vec![(ns.clone(), schema.clone())],
+                ..Default::default()
+            };
+            let (reservation, over) = app.reserve_creations(&batch)?;
+            if !over.is_empty() {
+                let max = app.settings().limits.max_namespaces;
+                return Err(ApiError::new(
+                    ErrorCode::TooManyNamespaces,
+                    tally_core::ingest::too_many_namespaces(ns.as_str(), max),
+                )
+                .field("ns"));
+            }
+            reserved = Some(reservation);
         }
         app.store().put_schema(&ns, &schema)?;
+        drop(reserved);
         Ok(Json(schema_json(&ns, &schema)))
     })
     .await

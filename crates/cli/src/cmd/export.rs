@@ -277,7 +277,7 @@ fn range(a: &ExportArgs) -> anyhow::Result<(i64, i64, i64)> {
     };
     let (from, to) = (at("from", &a.from)?, at("to", &a.to)?);
     if from > to {
-        bail!("--from ({}) is after --to ({})", from.0, to.0);
+        bail!("--from ({}) is after --to ({})", a.from, a.to);
     }
     // As the server's export: `from` floored, `to` ceiled to whole seconds (the resolution
     // then floors and ceils them to its buckets), equal instants kept equal.

@@ -301,7 +301,10 @@ fn connecting_to_nothing_is_a_clear_error() {
 /// (both found by an independent review), and reads go on.
 #[test]
 fn eviction_is_refused_and_a_full_redis_is_unavailable() {
+    // With no maxmemory Redis never evicts, whatever the policy.
     let lru = RedisServer::start_with_args(&["--maxmemory-policy", "allkeys-lru"]);
+    RedisStore::connect(&lru.url()).unwrap();
+    lru.cli(&["config", "set", "maxmemory", "100mb"]);
     let e = RedisStore::connect(&lru.url()).unwrap_err();
     unavailable(&e, lru.port());
     assert!(

@@ -49,7 +49,11 @@ fn apply(
     if let Some(ticket) = idem {
         batch.idempotency = Some(ticket.record(now, &body)?);
     }
-    let _turn = app.creation_turn(&batch).map_err(refused)?;
+    let (_reserved, over) = app.reserve_creations(&batch)?;
+    if let Some(ns) = over.first() {
+        let max = app.settings().limits.max_namespaces;
+        return Err(refused(ingest::refuse_creation(&batch, ns, max)));
+    }
     app.store().apply(&batch)?;
     app.metrics().events.fetch_add(events, Ordering::Relaxed);
     app.metrics().batches.fetch_add(1, Ordering::Relaxed);
@@ -219,7 +223,11 @@ fn apply_limited(
             &app.settings().defaults,
         )
         .map_err(incr_refused)?;
-        let _turn = app.creation_turn(&batch).map_err(incr_refused)?;
+        let (_reserved, over) = app.reserve_creations(&batch)?;
+        if let Some(ns) = over.first() {
+            let max = app.settings().limits.max_namespaces;
+            return Err(incr_refused(ingest::refuse_creation(&batch, ns, max)));
+        }
         let decided =
             query::incr_limited(&**app.store(), now, &clock, &batch, last, max, &mut |o| {
                 let Some(ticket) = &idem else {

@@ -411,23 +411,36 @@ fn apply_lines(app: &App, lines: Vec<RawEvent>, log: &DropLog) {
     if good == 0 {
         return;
     }
-    // Only when an HTTP write created namespaces since this batch was prepared.
-    let _turn = match app.creation_turn(&batch) {
-        Ok(turn) => turn,
+    // Namespaces another batch (HTTP, `PUT`) created since this one was prepared can leave
+    // some of this batch's own past the limit: their lines are dropped, the others kept.
+    let mut batch = batch;
+    let _reserved = match app.reserve_creations(&batch) {
+        Ok((reserved, over)) => {
+            let max = settings.limits.max_namespaces;
+            for ns in &over {
+                let lines =
+                    tally_core::ingest::without_namespaces(&mut batch, std::slice::from_ref(ns));
+                counts.add(Outcome::Invalid, lines.len() as u64);
+                log.note(&Dropped::invalid(tally_core::ingest::too_many_namespaces(
+                    ns.as_str(),
+                    max,
+                )));
+            }
+            reserved
+        }
         Err(e) => {
-            use tally_core::ingest::{self, IngestError};
-            let (outcome, reason) = match e {
-                IngestError::Store(e) => (Outcome::StoreError, e.detail()),
-                IngestError::TooManyNamespaces { ns, max, .. } => {
-                    (Outcome::Invalid, ingest::too_many_namespaces(&ns, max))
-                }
-                e => (Outcome::Invalid, e.to_string()),
-            };
-            counts.add(outcome, good);
-            log.note(&Dropped { outcome, reason });
+            counts.add(Outcome::StoreError, good);
+            log.note(&Dropped {
+                outcome: Outcome::StoreError,
+                reason: e.detail(),
+            });
             return;
         }
     };
+    let good = batch.increments.len() as u64;
+    if good == 0 {
+        return;
+    }
     match app.store().apply(&batch) {
         Ok(()) => {
             counts.add(Outcome::Accepted, good);

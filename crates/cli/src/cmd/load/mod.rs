@@ -355,9 +355,12 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
         ..Limits::default()
     };
     if dry.is_some() {
-        // The server judges timestamps by its own clock and max_future_secs, and namespaces
-        // by its max_namespaces; a local limit could only refuse what it takes.
+        // The server judges timestamps by its own clock and max_future_secs; a local limit
+        // could only refuse what it takes.
         limits.max_future_secs = i64::MAX;
+    }
+    if let Target::Server(_) = target {
+        // Namespaces by its max_namespaces, and it counts those the token cannot list too.
         limits.max_namespaces = usize::MAX;
     }
     let checker = Checker::of(&target, limits, &rules, now)?;
