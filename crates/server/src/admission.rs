@@ -17,8 +17,10 @@
 //! 3. **Authentication** of `/v1` routes when tokens are configured: a request without a
 //!    known token is `401 unauthorized` before its body is read (SPEC §3).
 //! 4. **The body** is read here, whole: at most `max_body_bytes` (a larger
-//!    `Content-Length` is refused before reading, a longer stream as soon as it passes the
-//!    limit: `413 body_too_large`), within `body_timeout_ms` (`408 request_timeout`); a body
+//!    `Content-Length` is refused before buffering, a longer stream as soon as it passes the
+//!    limit: `413 body_too_large`; what is left of it is read and thrown away, up to 1 GiB
+//!    within `body_timeout_ms`, so that the client, still sending, reads the answer), within
+//!    `body_timeout_ms` (`408 request_timeout`); a body
 //!    cut off mid-way is `400 malformed_body`. Every byte is charged, as it arrives, to a
 //!    budget of `max_body_bytes_in_flight` shared by all requests and released when the
 //!    answer is ready; a request that would pass it is `503 backend_unavailable` with
@@ -184,25 +186,27 @@ impl Admission {
             .get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
+        let ms = self.app.settings().server.body_timeout_ms;
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(ms);
         if declared.is_some_and(|n| n > limit as u64) {
+            drain(body, deadline).await;
             return Err(too_large(limit));
         }
-        let ms = self.app.settings().server.body_timeout_ms;
-        tokio::time::timeout(Duration::from_millis(ms), self.collect(body, limit))
-            .await
-            .unwrap_or_else(|_| {
-                Err(ApiError::new(
-                    ErrorCode::RequestTimeout,
-                    format!("the body did not arrive within {ms} ms ([limits] body_timeout_ms)"),
-                ))
-            })
+        match tokio::time::timeout_at(deadline, self.collect(body, limit)).await {
+            Ok(Ok(Collected::Whole(bytes, held))) => Ok((bytes, held)),
+            Ok(Ok(Collected::Over(rest))) => {
+                drain(rest, deadline).await;
+                Err(too_large(limit))
+            }
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(ApiError::new(
+                ErrorCode::RequestTimeout,
+                format!("the body did not arrive within {ms} ms ([limits] body_timeout_ms)"),
+            )),
+        }
     }
 
-    async fn collect(
-        &self,
-        mut body: Body,
-        limit: usize,
-    ) -> Result<(Bytes, Option<OwnedSemaphorePermit>), ApiError> {
+    async fn collect(&self, mut body: Body, limit: usize) -> Result<Collected, ApiError> {
         let mut chunks: Vec<Bytes> = Vec::new();
         let mut total = 0usize;
         let mut held: Option<OwnedSemaphorePermit> = None;
@@ -215,7 +219,7 @@ impl Admission {
             }
             total += data.len();
             if total > limit {
-                return Err(too_large(limit));
+                return Ok(Collected::Over(body));
             }
             let charge = u32::try_from(data.len())
                 .ok()
@@ -244,8 +248,34 @@ impl Admission {
                 Bytes::from(all)
             }
         };
-        Ok((bytes, held))
+        Ok(Collected::Whole(bytes, held))
     }
+}
+
+/// A body read whole (and its charge to the budget), or the rest of one past the limit.
+enum Collected {
+    Whole(Bytes, Option<OwnedSemaphorePermit>),
+    Over(Body),
+}
+
+/// Bytes of a refused body read and thrown away at most, so that its client, still
+/// sending, reads the `413` instead of losing it to a reset connection (a review found
+/// `tally load` saying "cannot reach the server: Broken pipe" for a body too large).
+const DRAIN_BYTES: usize = 1 << 30;
+
+/// Reads what is left of a refused body and throws it away, until it ends, passes
+/// [`DRAIN_BYTES`] or `deadline` (the body's own timeout) passes. Holds no memory.
+async fn drain(mut body: Body, deadline: tokio::time::Instant) {
+    let rest = async {
+        let mut total = 0usize;
+        while let Some(Ok(frame)) = body.frame().await {
+            total += frame.data_ref().map_or(0, Bytes::len);
+            if total > DRAIN_BYTES {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout_at(deadline, rest).await;
 }
 
 /// The permits of the answer budget: `max_answer_bytes_in_flight`, within what one

@@ -333,6 +333,29 @@ fn limits_give_413() {
     );
     assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
     assert!(answer.contains("\"body_too_large\""), "{answer}");
+    // Megabytes past the limit, declared or chunked: the client, still sending, reads the
+    // 413 (what is left is read and thrown away) instead of a reset connection, which
+    // `tally load` took for an unreachable server (found by a review).
+    let huge = format!(
+        "[{}]",
+        vec![json!({"ns": "clicks", "key": "x".repeat(200)}).to_string(); 15_000].join(",")
+    );
+    assert!(huge.len() > 3_000_000);
+    for _ in 0..3 {
+        err(s.post("/v1/events", &huge), 413, "body_too_large");
+    }
+    let mut chunked = String::from(
+        "POST /v1/events HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n",
+    );
+    for piece in huge.as_bytes().chunks(65_536) {
+        chunked.push_str(&format!("{:x}\r\n", piece.len()));
+        chunked.push_str(std::str::from_utf8(piece).unwrap());
+        chunked.push_str("\r\n");
+    }
+    chunked.push_str("0\r\n\r\n");
+    let answer = raw_http(s.addr, &chunked);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
     let four = json!([{"ns": "clicks", "key": "a"}, {"ns": "clicks", "key": "b"}, {"ns": "clicks", "key": "c"}, {"ns": "clicks", "key": "d"}]);
     err(
         s.post("/v1/events", &four.to_string()),
