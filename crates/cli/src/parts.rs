@@ -6,8 +6,10 @@
 //! Rows arrive key by key, so every date's partition can get rows at any time. Memory and
 //! descriptors stay bounded whatever the export's size: at most [`MAX_OPEN`] partitions have
 //! a file open (opening another closes the one used longest ago; its date's next rows go to a
-//! new `part-<N+1>` file), and Parquet rows wait in memory at most [`ROW_GROUP_ROWS`] per
-//! partition and [`BUFFERED_ROWS`] in all before they are written as a row group.
+//! new `part-<N+1>` file), and Parquet rows wait in memory at most [`ROW_GROUP_ROWS`] (and
+//! [`ROW_GROUP_BYTES`]) per partition and [`BUFFERED_BYTES`] in all before they are written
+//! as a row group: bytes as well as rows, since a row holds a key of up to 256 bytes and a
+//! value of up to 2 048 (half a million wide rows held 1.1 GB, found by a review).
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -27,8 +29,16 @@ use tally_core::query::csv_field;
 pub const MAX_OPEN: usize = 64;
 /// Rows in one Parquet row group at most.
 pub const ROW_GROUP_ROWS: usize = 64 * 1024;
-/// Parquet rows waiting in memory, over every partition, at most.
-pub const BUFFERED_ROWS: usize = 512 * 1024;
+/// Bytes of one Parquet row group's buffered rows at most (see [`row_bytes`]).
+pub const ROW_GROUP_BYTES: usize = 32 << 20;
+/// Bytes of Parquet rows waiting in memory, over every partition, at most.
+pub const BUFFERED_BYTES: usize = 128 << 20;
+
+/// What a buffered Parquet row holds in memory: its strings, and about 240 bytes of their
+/// four buffers and two numbers.
+fn row_bytes(row: &Row<'_>) -> usize {
+    240 + row.key.len() + row.resolution.len() + row.dim.len() + row.value.len()
+}
 
 /// The file format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -65,7 +75,7 @@ pub struct Parts {
     open: HashMap<i64, Open>,
     /// The next part number of each date seen.
     next_part: HashMap<i64, u32>,
-    /// Rows buffered in every open Parquet partition.
+    /// Bytes of the rows buffered in every open Parquet partition.
     buffered: usize,
     clock: u64,
     pub rows: u64,
@@ -116,8 +126,8 @@ impl Parts {
         let grew = open.file.write(row)?;
         self.buffered = self.buffered + grew.added - grew.flushed;
         self.rows += 1;
-        if self.buffered > BUFFERED_ROWS {
-            // Write out the partition holding the most rows.
+        if self.buffered > BUFFERED_BYTES {
+            // Write out the partition holding the most.
             if let Some(o) = self.open.values_mut().max_by_key(|o| o.file.buffered()) {
                 self.buffered -= o.file.flush_rows()?;
             }
@@ -172,7 +182,7 @@ pub fn date(day: i64) -> String {
     format!("{y:04}-{m:02}-{d:02}")
 }
 
-/// How a write changed the rows buffered.
+/// How a write changed the bytes of rows buffered.
 struct Grew {
     added: usize,
     flushed: usize,
@@ -222,7 +232,7 @@ impl PartFile {
     fn buffered(&self) -> usize {
         match self {
             PartFile::Csv(..) => 0,
-            PartFile::Parquet(p) => p.rows(),
+            PartFile::Parquet(p) => p.bytes,
         }
     }
 
@@ -258,6 +268,8 @@ struct ParquetPart {
     dim: Vec<ByteArray>,
     value: Vec<ByteArray>,
     n: Vec<i64>,
+    /// [`row_bytes`] of the rows buffered.
+    bytes: usize,
 }
 
 impl std::fmt::Debug for ParquetPart {
@@ -300,6 +312,7 @@ impl ParquetPart {
             dim: Vec::new(),
             value: Vec::new(),
             n: Vec::new(),
+            bytes: 0,
         })
     }
 
@@ -308,6 +321,8 @@ impl ParquetPart {
     }
 
     fn push(&mut self, row: &Row<'_>) -> anyhow::Result<Grew> {
+        let size = row_bytes(row);
+        self.bytes += size;
         let b = |s: &str| ByteArray::from(s.as_bytes().to_vec());
         self.key.push(b(row.key));
         self.ts.push(row.ts);
@@ -315,20 +330,23 @@ impl ParquetPart {
         self.dim.push(b(row.dim));
         self.value.push(b(row.value));
         self.n.push(row.n);
-        let flushed = if self.rows() >= ROW_GROUP_ROWS {
+        let flushed = if self.rows() >= ROW_GROUP_ROWS || self.bytes >= ROW_GROUP_BYTES {
             self.row_group()?
         } else {
             0
         };
-        Ok(Grew { added: 1, flushed })
+        Ok(Grew {
+            added: size,
+            flushed,
+        })
     }
 
-    /// Writes the buffered rows as one row group; answers how many.
+    /// Writes the buffered rows as one row group; answers their [`row_bytes`].
     fn row_group(&mut self) -> anyhow::Result<usize> {
-        let rows = self.rows();
-        if rows == 0 {
+        if self.rows() == 0 {
             return Ok(0);
         }
+        let bytes = std::mem::take(&mut self.bytes);
         let path = self.path.display().to_string();
         let mut rg = self
             .writer
@@ -369,7 +387,7 @@ impl ParquetPart {
             i += 1;
         }
         rg.close().with_context(|| format!("writing {path}"))?;
-        Ok(rows)
+        Ok(bytes)
     }
 
     fn finish(mut self) -> anyhow::Result<()> {
@@ -440,6 +458,34 @@ mod tests {
         let reader = SerializedFileReader::new(file).unwrap();
         let meta = reader.metadata();
         assert_eq!(meta.num_row_groups(), 2);
+        assert_eq!(meta.file_metadata().num_rows(), n as i64);
+    }
+
+    /// Wide rows make row groups by their bytes, far below the row count.
+    #[test]
+    fn wide_parquet_rows_are_written_by_their_bytes() {
+        use parquet::file::reader::{FileReader, SerializedFileReader};
+        let dir = tempfile::tempdir().unwrap();
+        let mut parts = Parts::new(dir.path(), Format::Parquet);
+        let (key, value) = ("k".repeat(256), "v".repeat(2048));
+        let n = 40_000;
+        for i in 0..n {
+            let r = Row {
+                key: &key,
+                ts: i as i64 % 86_400,
+                resolution: "1h",
+                dim: "referrer",
+                value: &value,
+                n: 1,
+            };
+            parts.write(&r).unwrap();
+            assert!(parts.buffered <= ROW_GROUP_BYTES, "{}", parts.buffered);
+        }
+        parts.finish().unwrap();
+        let file = File::open(dir.path().join("date=1970-01-01/part-0.parquet")).unwrap();
+        let reader = SerializedFileReader::new(file).unwrap();
+        let meta = reader.metadata();
+        assert!(meta.num_row_groups() >= 3, "{}", meta.num_row_groups());
         assert_eq!(meta.file_metadata().num_rows(), n as i64);
     }
 
