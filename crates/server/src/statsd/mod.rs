@@ -395,17 +395,17 @@ fn apply_lines(app: &App, lines: Vec<RawEvent>, log: &DropLog) {
         &settings.defaults,
         &mut note,
     );
+    // Every line ends in one outcome: those dropped already keep theirs.
+    let store_failed = |lines: u64, e: tally_core::store::StoreError| {
+        counts.add(Outcome::StoreError, lines);
+        log.note(&Dropped {
+            outcome: Outcome::StoreError,
+            reason: e.detail(),
+        });
+    };
     let batch = match prepared {
         Ok(b) => b,
-        Err(e) => {
-            // Every line ends in one outcome: those dropped already keep theirs.
-            counts.add(Outcome::StoreError, n - noted);
-            log.note(&Dropped {
-                outcome: Outcome::StoreError,
-                reason: e.detail(),
-            });
-            return;
-        }
+        Err(e) => return store_failed(n - noted, e),
     };
     let good = batch.increments.len() as u64;
     if good == 0 {
@@ -428,14 +428,7 @@ fn apply_lines(app: &App, lines: Vec<RawEvent>, log: &DropLog) {
             }
             reserved
         }
-        Err(e) => {
-            counts.add(Outcome::StoreError, good);
-            log.note(&Dropped {
-                outcome: Outcome::StoreError,
-                reason: e.detail(),
-            });
-            return;
-        }
+        Err(e) => return store_failed(good, e),
     };
     let good = batch.increments.len() as u64;
     if good == 0 {
@@ -447,13 +440,7 @@ fn apply_lines(app: &App, lines: Vec<RawEvent>, log: &DropLog) {
             app.metrics().events.fetch_add(good, Ordering::Relaxed);
             app.metrics().batches.fetch_add(1, Ordering::Relaxed);
         }
-        Err(e) => {
-            counts.add(Outcome::StoreError, good);
-            log.note(&Dropped {
-                outcome: Outcome::StoreError,
-                reason: e.detail(),
-            });
-        }
+        Err(e) => store_failed(good, e),
     }
 }
 
