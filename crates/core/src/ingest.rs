@@ -464,7 +464,7 @@ mod tests {
 
     /// A batch creates namespaces only up to `max_namespaces`: the event that would make one
     /// too many is named, a refused namespace's later events are refused too, and writes to
-    /// namespaces that exist go on. `check_creations` holds a batch prepared earlier to the
+    /// namespaces that exist go on. `sort_creations` holds a batch prepared earlier to the
     /// store as it is now.
     #[test]
     fn namespaces_are_created_up_to_the_limit() {
