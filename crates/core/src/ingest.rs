@@ -152,24 +152,27 @@ pub fn prepare_each(
 
 /// A prepared batch's namespaces to create, held to `[limits] max_namespaces` against the
 /// store as it is now and the creations `pending` elsewhere (batches checked and not yet
-/// applied): see [`sort_creations`].
+/// applied, each name with how many hold it): see [`sort_creations`].
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Creations {
     /// New now, and within the limit: the caller reserves them until they are applied.
     pub new: Vec<Namespace>,
+    /// Being created by another batch too: the caller holds them as well, so that they keep
+    /// their place if that batch gives them back unmade.
+    pub shared: Vec<Namespace>,
     /// New now, and past the limit, in the batch's order.
     pub over: Vec<Namespace>,
 }
 
-/// Sorts a prepared batch's creations (see [`Creations`]): a namespace that exists now, or
-/// that another batch is creating (`pending`), is neither. A server calls it in its one turn
-/// to create namespaces, since batches prepared at once each saw room for their own. A few
-/// creations with none pending are looked up one by one; else every namespace is read once
-/// (a pending one may be in the store already: applied, not yet given back).
+/// Sorts a prepared batch's creations (see [`Creations`]): a namespace that exists now is
+/// none of them. A server calls it in its one turn to create namespaces, since batches
+/// prepared at once each saw room for their own. A few names (the batch's and the pending
+/// ones) are looked up one by one; many, in one read of every namespace. A pending name may
+/// be in the store already (applied, not yet given back): it counts once.
 pub fn sort_creations(
     store: &dyn Store,
     batch: &Batch,
-    pending: &std::collections::HashSet<Namespace>,
+    pending: &std::collections::HashMap<Namespace, usize>,
     limits: &Limits,
 ) -> Result<Creations, StoreError> {
     let mut out = Creations::default();
@@ -177,23 +180,32 @@ pub fn sort_creations(
         return Ok(out);
     }
     let all: Option<std::collections::HashSet<Namespace>> =
-        match batch.create.len() <= 16 && pending.is_empty() {
+        match batch.create.len() + pending.len() <= 32 {
             true => None,
             false => Some(store.namespaces()?.into_iter().map(|(ns, _)| ns).collect()),
         };
+    let stored = |ns: &Namespace| -> Result<bool, StoreError> {
+        match &all {
+            Some(all) => Ok(all.contains(ns)),
+            None => Ok(store.schema(ns)?.is_some()),
+        }
+    };
     let mut count = match &all {
-        Some(all) => all.len() + pending.iter().filter(|ns| !all.contains(*ns)).count(),
+        Some(all) => all.len(),
         None => store.namespace_count()?,
     };
+    for ns in pending.keys() {
+        if !stored(ns)? {
+            count += 1;
+        }
+    }
     for (ns, _) in &batch.create {
-        let exists = match &all {
-            Some(all) => all.contains(ns),
-            None => store.schema(ns)?.is_some(),
-        };
-        if exists || pending.contains(ns) {
+        if stored(ns)? {
             continue;
         }
-        if count >= limits.max_namespaces {
+        if pending.contains_key(ns) {
+            out.shared.push(ns.clone());
+        } else if count >= limits.max_namespaces {
             out.over.push(ns.clone());
         } else {
             count += 1;
@@ -507,7 +519,7 @@ mod tests {
         assert_eq!(b.increments.len(), 3);
         assert_eq!(b.create.len(), 1);
         // Prepared in room, then another batch took the room first.
-        let none = std::collections::HashSet::new();
+        let none = std::collections::HashMap::new();
         let late = prepare(&store, &[raw("a", "k"), raw("d", "k")], 1000, &limits, &d).unwrap();
         let sorted = sort_creations(&store, &late, &none, &limits).unwrap();
         assert_eq!(sorted.new, [Namespace::new("d").unwrap()]);
@@ -541,18 +553,27 @@ mod tests {
             create: vec![(Namespace::new("b").unwrap(), Schema::default())],
             ..Batch::default()
         };
-        let b_pending: std::collections::HashSet<Namespace> = [Namespace::new("b").unwrap()].into();
+        let pending = |name: &str| -> std::collections::HashMap<Namespace, usize> {
+            [(Namespace::new(name).unwrap(), 1)].into()
+        };
+        // Another batch creating `b` now: this one holds it too, whatever the room.
+        let tight = Limits {
+            max_namespaces: 2,
+            ..limits
+        };
         assert_eq!(
-            sort_creations(&store, &other, &b_pending, &roomy).unwrap(),
-            Creations::default()
+            sort_creations(&store, &other, &pending("b"), &tight).unwrap(),
+            Creations {
+                shared: vec![Namespace::new("b").unwrap()],
+                ..Creations::default()
+            }
         );
-        let e_pending: std::collections::HashSet<Namespace> = [Namespace::new("e").unwrap()].into();
+        let e_pending = pending("e");
         let sorted = sort_creations(&store, &other, &e_pending, &roomy).unwrap();
         assert_eq!(sorted.over, [Namespace::new("b").unwrap()]);
         // A pending creation already in the store (applied, not yet given back) is counted
         // once.
-        let c_pending: std::collections::HashSet<Namespace> = [Namespace::new("c").unwrap()].into();
-        let sorted = sort_creations(&store, &other, &c_pending, &roomy).unwrap();
+        let sorted = sort_creations(&store, &other, &pending("c"), &roomy).unwrap();
         assert_eq!(sorted.new, [Namespace::new("b").unwrap()]);
         // Many creations are sorted from one read of every namespace, alike.
         let many: Vec<RawEvent> = (0..40).map(|i| raw(&format!("n{i}"), "k")).collect();

@@ -549,14 +549,14 @@ impl RedisStore {
                 .find_map(|l| l.strip_prefix(name))
                 .map(|v| v.trim().to_owned())
         };
-        let mut said = false;
+        let mut unsaid = texts.is_empty();
         for text in &texts {
             let (Some(max), Some(policy)) =
                 (field(text, "maxmemory:"), field(text, "maxmemory_policy:"))
             else {
+                unsaid = true;
                 continue;
             };
-            said = true;
             if max != "0" && policy != "noeviction" {
                 return Err(StoreError::unavailable(format!(
                     "{}: maxmemory-policy is {policy} with a maxmemory of {max} bytes; tally \
@@ -568,8 +568,12 @@ impl RedisStore {
                 )));
             }
         }
-        if !said {
-            tracing::warn!(redis = %self.label, "INFO does not say maxmemory-policy: make sure it is noeviction");
+        if unsaid {
+            tracing::warn!(
+                redis = %self.label,
+                "INFO does not say maxmemory and maxmemory-policy of every node: make sure no \
+                 node may evict (noeviction)"
+            );
         }
         Ok(())
     }

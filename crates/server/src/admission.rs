@@ -18,8 +18,9 @@
 //!    known token is `401 unauthorized` before its body is read (SPEC §3).
 //! 4. **The body** is read here, whole: at most `max_body_bytes` (a larger
 //!    `Content-Length` is refused before buffering, a longer stream as soon as it passes the
-//!    limit: `413 body_too_large`; what is left of it is read and thrown away, up to 1 GiB
-//!    within `body_timeout_ms`, so that the client, still sending, reads the answer), within
+//!    limit: `413 body_too_large`; what is left of it is read and thrown away, up to four times
+//!    the limit (64 MiB to 1 GiB) within `body_timeout_ms`, so that the client, still
+//!    sending, reads the answer; not for a client waiting for `100 Continue`), within
 //!    `body_timeout_ms` (`408 request_timeout`); a body
 //!    cut off mid-way is `400 malformed_body`. Every byte is charged, as it arrives, to a
 //!    budget of `max_body_bytes_in_flight` shared by all requests and released when the
@@ -188,14 +189,26 @@ impl Admission {
             .and_then(|v| v.parse::<u64>().ok());
         let ms = self.app.settings().server.body_timeout_ms;
         let deadline = tokio::time::Instant::now() + Duration::from_millis(ms);
+        // A client that waits for `100 Continue` sends nothing before an answer: it gets the
+        // 413 at once (reading its body would ask for it). Others are drained, up to a cap.
+        let cap = limit
+            .saturating_mul(4)
+            .clamp(DRAIN_MIN_BYTES, DRAIN_MAX_BYTES);
+        let drains = !headers
+            .get(header::EXPECT)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
         if declared.is_some_and(|n| n > limit as u64) {
-            drain(body, deadline).await;
+            if drains && declared.is_some_and(|n| n <= cap as u64) {
+                drain(body, cap, deadline).await;
+            }
             return Err(too_large(limit));
         }
         match tokio::time::timeout_at(deadline, self.collect(body, limit)).await {
             Ok(Ok(Collected::Whole(bytes, held))) => Ok((bytes, held)),
             Ok(Ok(Collected::Over(rest))) => {
-                drain(rest, deadline).await;
+                if drains {
+                    drain(rest, cap, deadline).await;
+                }
                 Err(too_large(limit))
             }
             Ok(Err(e)) => Err(e),
@@ -260,17 +273,19 @@ enum Collected {
 
 /// Bytes of a refused body read and thrown away at most, so that its client, still
 /// sending, reads the `413` instead of losing it to a reset connection (a review found
-/// `tally load` saying "cannot reach the server: Broken pipe" for a body too large).
-const DRAIN_BYTES: usize = 1 << 30;
+/// `tally load` saying "cannot reach the server: Broken pipe" for a body too large): four
+/// times `max_body_bytes`, within these bounds. A longer body is cut off as before.
+const DRAIN_MIN_BYTES: usize = 64 << 20;
+const DRAIN_MAX_BYTES: usize = 1 << 30;
 
-/// Reads what is left of a refused body and throws it away, until it ends, passes
-/// [`DRAIN_BYTES`] or `deadline` (the body's own timeout) passes. Holds no memory.
-async fn drain(mut body: Body, deadline: tokio::time::Instant) {
+/// Reads what is left of a refused body and throws it away, until it ends, passes `cap`
+/// bytes or `deadline` (the body's own timeout) passes. Holds no memory.
+async fn drain(mut body: Body, cap: usize, deadline: tokio::time::Instant) {
     let rest = async {
         let mut total = 0usize;
         while let Some(Ok(frame)) = body.frame().await {
             total += frame.data_ref().map_or(0, Bytes::len);
-            if total > DRAIN_BYTES {
+            if total > cap {
                 break;
             }
         }

@@ -5,7 +5,7 @@
 //! Store calls block (the embedded engine waits for fsync), so every one runs on tokio's
 //! blocking pool, never on the async workers.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -31,7 +31,12 @@ impl Drop for Reservation<'_> {
         if !self.names.is_empty() {
             let mut pending = self.app.creation_lock();
             for ns in &self.names {
-                pending.remove(ns);
+                if let Some(holders) = pending.get_mut(ns) {
+                    *holders -= 1;
+                    if *holders == 0 {
+                        pending.remove(ns);
+                    }
+                }
             }
         }
     }
@@ -66,8 +71,9 @@ struct Inner {
     /// they need no token and take no admission permit, so a flood of them must not fill
     /// the blocking pool every write and query needs (a slow Redis holds each for seconds).
     probes: tokio::sync::Semaphore,
-    /// Namespaces this server's batches are creating now (see [`App::reserve_creations`]).
-    creating: std::sync::Mutex<HashSet<Namespace>>,
+    /// Namespaces this server's batches are creating now, each with how many batches hold
+    /// it (see [`App::reserve_creations`]).
+    creating: std::sync::Mutex<HashMap<Namespace, usize>>,
 }
 
 impl App {
@@ -82,7 +88,7 @@ impl App {
                 settings.server.max_concurrent_queries,
             )),
             probes: tokio::sync::Semaphore::new(crate::ops::OPS_PROBES),
-            creating: std::sync::Mutex::new(HashSet::new()),
+            creating: std::sync::Mutex::new(HashMap::new()),
             settings,
         }))
     }
@@ -151,14 +157,19 @@ impl App {
         let mut pending = self.creation_lock();
         let sorted =
             ingest::sort_creations(&**self.store(), batch, &pending, &self.settings().limits)?;
-        pending.extend(sorted.new.iter().cloned());
+        // A name another batch creates too is held by both: it keeps its place until the
+        // last gives it back.
         reserved.names = sorted.new;
+        reserved.names.extend(sorted.shared);
+        for ns in &reserved.names {
+            *pending.entry(ns.clone()).or_insert(0) += 1;
+        }
         Ok((reserved, sorted.over))
     }
 
-    /// The namespaces being created now (see [`App::reserve_creations`]); `PUT` takes it to
-    /// check its one new namespace.
-    pub(crate) fn creation_lock(&self) -> std::sync::MutexGuard<'_, HashSet<Namespace>> {
+    /// The namespaces being created now, with their holders (see
+    /// [`App::reserve_creations`]).
+    fn creation_lock(&self) -> std::sync::MutexGuard<'_, HashMap<Namespace, usize>> {
         self.0
             .creating
             .lock()
@@ -260,5 +271,61 @@ struct CancelOnDrop(Arc<AtomicBool>);
 impl Drop for CancelOnDrop {
     fn drop(&mut self) {
         self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use tally_core::model::{RawEvent, Schema};
+    use tally_core::reference::MemStore;
+    use tally_core::store::ManualClock;
+
+    use super::*;
+
+    fn creating(app: &App, nss: &[&str]) -> Batch {
+        let raws: Vec<RawEvent> = nss
+            .iter()
+            .map(|ns| RawEvent {
+                ns: (*ns).into(),
+                key: "k".into(),
+                ts: Some(1000),
+                n: Some(1),
+                dims: Vec::new(),
+            })
+            .collect();
+        let s = app.settings();
+        ingest::prepare(&**app.store(), &raws, 1000, &s.limits, &s.defaults).unwrap()
+    }
+
+    /// A namespace two batches create at once keeps its place until both give it back: the
+    /// first giving it back unmade does not free room a third could take (the limit would be
+    /// passed when the second makes it). Found by a review.
+    #[test]
+    fn a_namespace_two_batches_create_keeps_its_place_until_both_are_done() {
+        let clock = Arc::new(ManualClock::new(1000));
+        let store = Arc::new(MemStore::new(clock.clone()));
+        store
+            .put_schema(&Namespace::new("a").unwrap(), &Schema::default())
+            .unwrap();
+        let settings = Settings::from_toml("[limits]\nmax_namespaces = 2").unwrap();
+        let app = App::new(store.clone(), settings, clock);
+        let (x1, x2, y) = (
+            creating(&app, &["x"]),
+            creating(&app, &["x"]),
+            creating(&app, &["y"]),
+        );
+        let (first, over) = app.reserve_creations(&x1).unwrap();
+        assert!(over.is_empty());
+        let (second, over) = app.reserve_creations(&x2).unwrap();
+        assert!(over.is_empty());
+        drop(first);
+        let (_third, over) = app.reserve_creations(&y).unwrap();
+        assert_eq!(over, [Namespace::new("y").unwrap()]);
+        store.apply(&x2).unwrap();
+        drop(second);
+        assert!(app.creation_lock().is_empty());
+        assert_eq!(store.namespace_count().unwrap(), 2);
     }
 }

@@ -67,25 +67,21 @@ pub fn instant_plus(sent: &str) -> Result<(i64, u32), ModelError> {
 /// `[from, to)` exactly when `ceil(from)` ≤ `s` < `ceil(to)`. So without a unit (`rounded`
 /// false) both ends are ceiled. With one (`rounded`: a unit, or an export's resolution,
 /// floors `from` and ceils `to` to its boundaries, which are whole seconds) `from` is floored
-/// and `to` ceiled, giving the buckets the instants themselves give. `from` after `to` is
-/// `invalid_range` and equal instants stay equal (no points), both judged on the instants,
-/// fractions included (a review found `…01:00:00.5Z` read as `…01:00:00Z`).
+/// and `to` ceiled, giving the buckets the instants themselves give. Equal instants stay
+/// equal (no points), and `from` after `to` stays after it (`ceil(from)`, `floor(to)`),
+/// fractions included, for the query's own check to refuse with `invalid_range` in its turn,
+/// after the namespace, unit, zone and dimension (a review found `…01:00:00.5Z` read as
+/// `…01:00:00Z`).
 pub(super) fn span(p: &(impl Params + ?Sized), rounded: bool) -> Result<(i64, i64), QueryError> {
     let end = |field| instant_plus(required(p, field)?).map_err(model(field));
     let (from, to) = (end("from")?, end("to")?);
+    let ceil = |(secs, nanos): (i64, u32)| secs + i64::from(nanos > 0);
     if from > to {
-        return Err(QueryError::Time {
-            field: "from",
-            source: TimeError::InvalidRange {
-                from: from.0,
-                to: to.0,
-            },
-        });
+        return Ok((ceil(from), to.0));
     }
     if from == to {
         return Ok((from.0, from.0));
     }
-    let ceil = |(secs, nanos): (i64, u32)| secs + i64::from(nanos > 0);
     Ok((if rounded { from.0 } else { ceil(from) }, ceil(to)))
 }
 

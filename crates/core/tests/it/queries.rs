@@ -218,6 +218,40 @@ fn series_refusals() {
         code(db.series("nope", "k", &base)),
         ErrorCode::UnknownNamespace
     );
+    // An inverted range is refused in its turn: after the namespace, unit and zone (found
+    // by a review when range ends started keeping their fractions).
+    let inverted = [
+        ("from", "2026-11-02T00:00:00Z"),
+        ("to", "2026-11-01T00:00:00Z"),
+        ("unit", "hour"),
+    ];
+    assert_eq!(
+        code(db.series("nope", "k", &inverted)),
+        ErrorCode::UnknownNamespace
+    );
+    let bad_unit = [inverted[0], inverted[1], ("unit", "fortnight")];
+    assert_eq!(
+        code(db.series("clicks", "k", &bad_unit)),
+        ErrorCode::InvalidUnit
+    );
+    let bad_tz = [inverted[0], inverted[1], inverted[2], ("tz", "Mars/Base")];
+    assert_eq!(
+        code(db.series("clicks", "k", &bad_tz)),
+        ErrorCode::InvalidTimezone
+    );
+    assert_eq!(
+        code(db.series("clicks", "k", &inverted)),
+        ErrorCode::InvalidRange
+    );
+    let no_dim = [
+        ("from", "2026-11-02T00:00:00Z"),
+        ("to", "2026-11-01T00:00:00Z"),
+        ("dim", "Bad Dim"),
+    ];
+    assert_eq!(
+        code(db.breakdown("clicks", "k", &no_dim)),
+        ErrorCode::InvalidDimension
+    );
     assert_eq!(code(db.series("Bad", "k", &base)), ErrorCode::InvalidName);
     assert_eq!(code(db.series("clicks", "", &base)), ErrorCode::InvalidKey);
     assert_eq!(

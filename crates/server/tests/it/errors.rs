@@ -356,6 +356,14 @@ fn limits_give_413() {
     chunked.push_str("0\r\n\r\n");
     let answer = raw_http(s.addr, &chunked);
     assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    // A client waiting for `100 Continue` before it sends is answered 413 at once (reading
+    // its body would ask it to send 100 MB first).
+    let answer = raw_http(
+        s.addr,
+        "POST /v1/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Expect: 100-continue\r\nContent-Length: 104857600\r\n\r\n",
+    );
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
     let four = json!([{"ns": "clicks", "key": "a"}, {"ns": "clicks", "key": "b"}, {"ns": "clicks", "key": "c"}, {"ns": "clicks", "key": "d"}]);
     err(
         s.post("/v1/events", &four.to_string()),
