@@ -281,10 +281,7 @@ fn range(a: &ExportArgs) -> anyhow::Result<(i64, i64, i64)> {
     }
     // As the server's export: `from` floored, `to` ceiled to whole seconds (the resolution
     // then floors and ceils them to its buckets), equal instants kept equal.
-    let (from, to) = match (from, to) {
-        (f, t) if f == t => (f.0, f.0),
-        ((f, _), (t, nanos)) => (f, t + i64::from(nanos > 0)),
-    };
+    let (from, to) = tally_core::query::whole_seconds(from, to, true);
     let res = tally_core::model::Duration::new(&a.resolution)
         .map_err(|e| anyhow::anyhow!("--resolution: {e}"))?;
     Ok((from, to, res.secs_i64()))

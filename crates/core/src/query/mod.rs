@@ -16,7 +16,7 @@ pub use exec::{breakdown, dashboard, keys, rollup, series, top};
 pub use export::{EXPORT_PAGE_KEYS, ExportPlan, ExportQuery, Row, csv_field, export, export_plan};
 pub use params::{
     BreakdownQuery, DashboardQuery, KeysQuery, Params, SeriesQuery, TopQuery, WindowQuery,
-    instant_plus, plus, timestamp_plus,
+    instant_plus, plus, timestamp_plus, whole_seconds,
 };
 pub use window::{
     Limited, WindowPlan, incr_limited, retry_after, window, window_after, window_plan,

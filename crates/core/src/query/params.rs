@@ -74,15 +74,20 @@ pub fn instant_plus(sent: &str) -> Result<(i64, u32), ModelError> {
 /// `…01:00:00Z`).
 pub(super) fn span(p: &(impl Params + ?Sized), rounded: bool) -> Result<(i64, i64), QueryError> {
     let end = |field| instant_plus(required(p, field)?).map_err(model(field));
-    let (from, to) = (end("from")?, end("to")?);
+    Ok(whole_seconds(end("from")?, end("to")?, rounded))
+}
+
+/// The ends of [`span`] from two instants (whole seconds, nanoseconds): also how `tally
+/// export --data` reads its `--from` and `--to`.
+pub fn whole_seconds(from: (i64, u32), to: (i64, u32), rounded: bool) -> (i64, i64) {
     let ceil = |(secs, nanos): (i64, u32)| secs + i64::from(nanos > 0);
     if from > to {
-        return Ok((ceil(from), to.0));
+        return (ceil(from), to.0);
     }
     if from == to {
-        return Ok((from.0, from.0));
+        return (from.0, from.0);
     }
-    Ok((if rounded { from.0 } else { ceil(from) }, ceil(to)))
+    (if rounded { from.0 } else { ceil(from) }, ceil(to))
 }
 
 fn tz(p: &(impl Params + ?Sized)) -> Result<Tz, QueryError> {
