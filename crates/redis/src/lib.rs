@@ -231,7 +231,7 @@ impl RedisStore {
         self.conn().is_cluster()
     }
 
-    /// How many times the store opened its connections anew after calls stalled.
+    /// How many times the store opened its connections anew after a call timed out.
     pub fn renewals(&self) -> u64 {
         self.conns.renewals.load(Ordering::Relaxed)
     }
@@ -254,10 +254,10 @@ impl RedisStore {
             .clone()
     }
 
-    /// Calls stall: opens both connections anew in the background and puts them in place
+    /// A call timed out: opens both connections anew in the background and puts them in place
     /// of the old ones (calls in flight finish on those), unless that was done less than
     /// [`RENEW_EVERY`] ago.
-    fn suspect(&self, why: &'static str) {
+    fn suspect(&self) {
         {
             let mut renewed = self
                 .conns
@@ -282,15 +282,15 @@ impl RedisStore {
                     *conns.main.write().unwrap_or_else(PoisonError::into_inner) = main;
                     *conns.side.write().unwrap_or_else(PoisonError::into_inner) = side;
                     conns.renewals.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(redis = %label, why, "calls stalled: connected anew");
+                    tracing::warn!(redis = %label, "a call timed out: connected anew");
                 }
                 Ok(Err(e)) => tracing::warn!(
-                    redis = %label, why, error = %e,
-                    "calls stalled and connecting anew failed; the next stalled call tries again"
+                    redis = %label, error = %e,
+                    "a call timed out and connecting anew failed; the next time out tries again"
                 ),
                 Err(_) => tracing::warn!(
-                    redis = %label, why,
-                    "calls stalled and connecting anew timed out; the next stalled call tries again"
+                    redis = %label,
+                    "a call timed out and connecting anew timed out too; the next time out tries again"
                 ),
             }
         });
@@ -323,7 +323,7 @@ impl RedisStore {
             if let Err(e) = &result
                 && e.is_timeout()
             {
-                self.suspect("a call timed out");
+                self.suspect();
             }
             match result {
                 Ok(v) => return Ok(v),
@@ -528,21 +528,13 @@ impl RedisStore {
     /// every write answered 200 and a series read 0). A Redis whose `INFO` does not say is
     /// taken as it is, with a warning.
     async fn check_eviction(&self) -> Result<(), StoreError> {
-        let info: Result<Vec<redis::Value>, StoreError> = self
-            .retry(|c| {
-                let mut info = redis::cmd("INFO");
-                info.arg("memory");
-                c.on_every_master(info)
-            })
-            .await;
-        let mut texts = Vec::new();
-        match info {
-            Ok(info) => info.iter().for_each(|v| collect_text(v, &mut texts)),
+        let texts = match self.memory_info().await {
+            Ok(texts) => texts,
             Err(e) => {
                 tracing::warn!(error = %e.detail(), "could not read maxmemory-policy: make sure it is noeviction");
                 return Ok(());
             }
-        }
+        };
         // Per node: a node with no maxmemory (0) never evicts, whatever its policy.
         let field = |text: &str, name: &str| {
             text.lines()
@@ -578,7 +570,8 @@ impl RedisStore {
         Ok(())
     }
 
-    async fn used_memory(&self) -> Result<f64, StoreError> {
+    /// `INFO memory` of the server, or of every master of a cluster: one text a node.
+    async fn memory_info(&self) -> Result<Vec<String>, StoreError> {
         let info: Vec<redis::Value> = self
             .retry(|c| {
                 let mut info = redis::cmd("INFO");
@@ -586,10 +579,16 @@ impl RedisStore {
                 c.on_every_master(info)
             })
             .await?;
-        // A cluster answers one INFO per master: sum them.
         let mut texts = Vec::new();
         info.iter().for_each(|v| collect_text(v, &mut texts));
-        Ok(texts
+        Ok(texts)
+    }
+
+    async fn used_memory(&self) -> Result<f64, StoreError> {
+        // A cluster answers one INFO per master: sum them.
+        Ok(self
+            .memory_info()
+            .await?
             .iter()
             .flat_map(|t| t.lines())
             .filter_map(|l| l.strip_prefix("used_memory:"))
