@@ -15,8 +15,8 @@ pub struct Limits {
     pub max_batch_events: usize,
     pub max_points: usize,
     pub max_future_secs: i64,
-    /// Namespaces a write or `PUT` may create: past it, `too_many_namespaces`. Namespaces
-    /// of the config file are always created.
+    /// Namespaces in all, the config file's included: a write or `PUT` that would make one
+    /// more is `too_many_namespaces` (the config file's are made whatever it says).
     pub max_namespaces: usize,
 }
 
@@ -90,7 +90,7 @@ impl IngestError {
     }
 }
 
-/// Why namespace `ns` is not created: `max` exist already.
+/// Why namespace `ns` is not created: there are `max` namespaces already.
 pub fn too_many_namespaces(ns: &str, max: usize) -> String {
     format!("namespace {ns} would be one too many: [limits] max_namespaces allows {max}")
 }
