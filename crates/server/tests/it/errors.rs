@@ -674,6 +674,33 @@ pub fn raw_http(addr: std::net::SocketAddr, request: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// Draining a refused body is bounded: a declared length past four times the limit (and
+/// 64 MiB) is answered at once, and a body that stops coming is answered when
+/// `body_timeout_ms` runs out, neither waiting for bytes that may never come.
+#[test]
+fn draining_a_refused_body_is_bounded() {
+    let s = Server::with_config("[limits]\nmax_body_bytes = 4096\nbody_timeout_ms = 2000");
+    let head = |len: u64| {
+        format!(
+            "POST /v1/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+             Content-Length: {len}\r\n\r\n"
+        )
+    };
+    for (len, at_once) in [(10_000_000_000, true), (5_000, false)] {
+        let t = std::time::Instant::now();
+        let answer = raw_http(s.addr, &head(len));
+        assert!(answer.starts_with("HTTP/1.1 413"), "{len}: {answer}");
+        let took = t.elapsed().as_millis();
+        match at_once {
+            true => assert!(took < 1_000, "{len}: answered after {took} ms"),
+            false => assert!(
+                (1_900..4_500).contains(&took),
+                "{len}: answered after {took} ms"
+            ),
+        }
+    }
+}
+
 /// The cheap attack on the parsers, through the API: megabytes of the smallest entries
 /// JSON has. Counted, not built, and refused with the count (these bodies are parsed on
 /// the blocking pool); nothing changes.
