@@ -366,18 +366,24 @@ fn an_export_cuts_its_requests_to_the_server_s_point_cap() {
         .unwrap();
     assert_eq!(resp.status().as_u16(), 200);
     let (from, to) = (DAY0.to_string(), (DAY0 + 3 * 86_400).to_string());
-    let range = [
-        "--ns",
-        "clicks",
-        "--from",
-        &from,
-        "--to",
-        &to,
-        "--resolution",
-        "1h",
-        "--format",
-        "csv",
-    ];
+    let range_from_to = |from: &str, to: &str| -> Vec<String> {
+        [
+            "--ns",
+            "clicks",
+            "--from",
+            from,
+            "--to",
+            to,
+            "--resolution",
+            "1h",
+            "--format",
+            "csv",
+        ]
+        .map(str::to_owned)
+        .to_vec()
+    };
+    let range = range_from_to(&from, &to);
+    let range: Vec<&str> = range.iter().map(String::as_str).collect();
     let online = dir.path().join("online");
     let o = export(
         &[
@@ -408,22 +414,15 @@ fn an_export_cuts_its_requests_to_the_server_s_point_cap() {
     // Ends with a fraction of a second take the hours they fall in: the last hour starts
     // before `--to` (it was floored to 23:00:00, and left out).
     let fractions = dir.path().join("fractions");
-    let o = export(&[
-        "--ns",
-        "clicks",
-        "--from",
-        "2026-11-17T00:00:00.5Z",
-        "--to",
-        "2026-11-19T23:00:00.5Z",
-        "--resolution",
-        "1h",
-        "--format",
-        "csv",
+    let range = range_from_to("2026-11-17T00:00:00.5Z", "2026-11-19T23:00:00.5Z");
+    let mut args: Vec<&str> = range.iter().map(String::as_str).collect();
+    args.extend([
         "--data",
         data.to_str().unwrap(),
         "--out",
         fractions.to_str().unwrap(),
     ]);
+    let o = export(&args);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(csv_rows(&fractions), want);
 }

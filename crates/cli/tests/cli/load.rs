@@ -682,7 +682,7 @@ fn a_rebuild_replaces_one_range_and_nothing_else() {
     let o = load(&[h.to_str().unwrap(), "--data", &data(&a)]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let (from, to) = (day2.to_string(), day3.to_string());
-    let replace = |file: &Path| {
+    let replace_from = |file: &Path, from: &str| {
         load(&[
             file.to_str().unwrap(),
             "--data",
@@ -691,11 +691,12 @@ fn a_rebuild_replaces_one_range_and_nothing_else() {
             "--ns",
             "clicks",
             "--from",
-            &from,
+            from,
             "--to",
             &to,
         ])
     };
+    let replace = |file: &Path| replace_from(file, &from);
     // An event outside the range refuses the rebuild, naming it; nothing changes.
     let outside = tmp.path().join("outside.csv");
     std::fs::write(
@@ -713,18 +714,7 @@ fn a_rebuild_replaces_one_range_and_nothing_else() {
     );
     // Half a second past day 2's midnight is not a whole hour (it was floored to one).
     assert_eq!(day2, DAY0 + 86_400, "2026-11-18T00:00:00Z");
-    let o = load(&[
-        r.to_str().unwrap(),
-        "--data",
-        &data(&a),
-        "--replace",
-        "--ns",
-        "clicks",
-        "--from",
-        "2026-11-18T00:00:00.5Z",
-        "--to",
-        &to,
-    ]);
+    let o = replace_from(&r, "2026-11-18T00:00:00.5Z");
     let said = String::from_utf8_lossy(&o.stderr);
     assert!(
         !o.status.success() && said.contains("whole hours"),
