@@ -97,6 +97,11 @@ struct Conns {
     renewals: AtomicU64,
 }
 
+/// A handle of the connection in place now.
+fn handle(conn: &RwLock<Conn>) -> Conn {
+    conn.read().unwrap_or_else(PoisonError::into_inner).clone()
+}
+
 /// The connections are opened anew at most once per this long.
 const RENEW_EVERY: Duration = Duration::from_secs(10);
 /// Opening both connections anew gives up after this long.
@@ -238,20 +243,12 @@ impl RedisStore {
 
     /// A handle of the main connection (the one in place now).
     fn conn(&self) -> Conn {
-        self.conns
-            .main
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        handle(&self.conns.main)
     }
 
     /// A handle of the side connection.
     fn side(&self) -> Conn {
-        self.conns
-            .side
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        handle(&self.conns.side)
     }
 
     /// A call timed out: opens both connections anew in the background and puts them in place
