@@ -34,6 +34,8 @@ pub struct MemStore {
     clock: Arc<dyn Clock>,
     /// Serialises conditional writes ([`Store::apply_if`]).
     conditional: Mutex<()>,
+    /// How far in the future an event may be dated, for [`Schema::replacing`].
+    max_future_secs: i64,
 }
 
 impl std::fmt::Debug for MemStore {
@@ -48,7 +50,16 @@ impl MemStore {
             inner: Mutex::new(Inner::default()),
             clock,
             conditional: Mutex::new(()),
+            max_future_secs: crate::ingest::Limits::default().max_future_secs,
         }
+    }
+
+    /// How far in the future the events it is given may be dated (`[limits]
+    /// max_future_secs`; the default's otherwise): a schema change's additions count every
+    /// event from that long after it.
+    pub fn with_max_future_secs(mut self, secs: i64) -> Self {
+        self.max_future_secs = secs;
+        self
     }
 
     /// Whether `ns` holds a count (total or subtotal, zero too: the sum of several writes) of
@@ -164,6 +175,10 @@ impl Store for MemStore {
 
     fn put_schema(&self, ns: &Namespace, schema: &Schema) -> Result<(), StoreError> {
         let mut inner = self.lock()?;
+        let now = self.clock.now();
+        let schema = &schema
+            .clone()
+            .replacing(inner.schemas.get(ns), now, self.max_future_secs);
         let kept: Vec<Duration> = schema.tiers().iter().map(|t| t.resolution).collect();
         // A removed tier loses its data, and so do subtotals of tiers no longer breakdown.
         for ((n, _), series) in inner.data.iter_mut() {

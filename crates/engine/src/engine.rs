@@ -50,6 +50,10 @@ pub struct Config {
     /// Idempotency answers remembered at once (each for 24 h, in memory and once in an
     /// answers file): a batch with a new key past it is refused, nothing logged.
     pub max_idempotency_answers: usize,
+    /// How far in the future the events it is given may be dated (`[limits]
+    /// max_future_secs`): a schema change's additions count every event from that long after
+    /// it (`Schema::replacing`).
+    pub max_future_secs: i64,
 }
 
 impl std::fmt::Debug for Config {
@@ -62,6 +66,7 @@ impl std::fmt::Debug for Config {
             .field("flush", &self.flush)
             .field("accept_data_loss", &self.accept_data_loss)
             .field("max_idempotency_answers", &self.max_idempotency_answers)
+            .field("max_future_secs", &self.max_future_secs)
             .finish_non_exhaustive()
     }
 }
@@ -81,6 +86,7 @@ impl Config {
             fs: Arc::new(OsFs),
             accept_data_loss: false,
             max_idempotency_answers: 1_000_000,
+            max_future_secs: tally_core::ingest::Limits::default().max_future_secs,
         }
     }
 }
@@ -150,6 +156,7 @@ pub struct Engine {
     /// Manifest numbers and segment ids no publish has used yet.
     pub(crate) fresh: Fresh,
     max_idempotency_answers: usize,
+    max_future_secs: i64,
     /// Compaction merges that failed, by their segments, with when (engine clock, seconds):
     /// passed over until `compaction::MERGE_RETRY_SECS` later.
     pub(crate) failed_merges: Mutex<Vec<(Vec<u64>, i64)>>,
@@ -354,6 +361,7 @@ impl Engine {
             flush_lock: Mutex::new(Default::default()),
             fresh: Fresh::default(),
             max_idempotency_answers: config.max_idempotency_answers,
+            max_future_secs: config.max_future_secs,
             failed_merges: Mutex::new(Vec::new()),
             rebuild_lock: Mutex::new(()),
             conditional: (0..CONDITIONAL_STRIPES).map(|_| Mutex::new(())).collect(),
@@ -466,6 +474,10 @@ impl Store for Engine {
         let retention_changed = {
             let _gate = self.gate.write().unwrap_or_else(PoisonError::into_inner);
             let before = self.schema(ns)?;
+            let schema =
+                &schema
+                    .clone()
+                    .replacing(before.as_ref(), self.clock.now(), self.max_future_secs);
             let mut bytes = Vec::new();
             payload::encode_schema(ns, schema, &mut bytes);
             let seq = self.wal.append(bytes)?;

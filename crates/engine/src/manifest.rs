@@ -15,10 +15,13 @@ use crate::io::Fs;
 use crate::wal::payload::{PayloadError, Reader, put_bytes, put_schema, put_varint};
 
 /// Magic bytes of a manifest file, with the format version in the last byte. Format 1 kept
-/// every remembered idempotency answer in the manifest itself; format 2 (what this build
-/// writes) keeps them in answers files the manifest lists, each written once.
+/// every remembered idempotency answer in the manifest itself; format 2 keeps them in
+/// answers files the manifest lists, each written once.
 pub const MANIFEST_MAGIC_V1: [u8; 4] = *b"TLM\x01";
 pub const MANIFEST_MAGIC_V2: [u8; 4] = *b"TLM\x02";
+/// Format 3: as format 2, and a schema may carry its coverage (written only when one does,
+/// so that a build from before refuses the manifest rather than misread it).
+pub const MANIFEST_MAGIC_V3: [u8; 4] = *b"TLM\x03";
 /// Magic bytes of an answers file (format 1), then the same header as a manifest's.
 pub const ANSWERS_MAGIC_V1: [u8; 4] = *b"TLA\x01";
 /// Bytes before the payload: magic (4), payload length (4), CRC32C of the payload (4).
@@ -87,7 +90,7 @@ pub enum ManifestError {
     },
     #[error("{}: not a tally manifest (bad magic bytes)", path.display())]
     BadMagic { path: PathBuf },
-    #[error("{}: manifest format version {got} is not supported by this build (it reads versions 1 and 2)", path.display())]
+    #[error("{}: manifest format version {got} is not supported by this build (it reads versions 1 to 3)", path.display())]
     UnsupportedVersion { path: PathBuf, got: u8 },
     #[error("{}: manifest checksum mismatch (expected {expected:#010x}, got {got:#010x})", path.display())]
     Checksum {
@@ -171,7 +174,15 @@ impl Manifest {
             put_varint(&mut p, a.answers);
             put_varint(&mut p, a.newest_expiry as u64);
         }
-        framed(MANIFEST_MAGIC_V2, &p)
+        let covered = self.schemas.iter().any(|(_, s)| !s.coverage().is_empty());
+        framed(
+            if covered {
+                MANIFEST_MAGIC_V3
+            } else {
+                MANIFEST_MAGIC_V2
+            },
+            &p,
+        )
     }
 
     /// Decodes a manifest file's bytes; never panics, whatever the bytes.
@@ -184,7 +195,7 @@ impl Manifest {
             });
         }
         let version = match bytes[..4] {
-            [b'T', b'L', b'M', v @ (1 | 2)] => v,
+            [b'T', b'L', b'M', v @ (1..=3)] => v,
             [b'T', b'L', b'M', got] => {
                 return Err(ManifestError::UnsupportedVersion { path: path(), got });
             }
@@ -600,12 +611,33 @@ mod tests {
         b[MANIFEST_LEN_OFFSET] ^= 0x01;
         let err = decode_answers(p, &b).unwrap_err().to_string();
         assert!(err.contains("header gives a payload of"), "{err}");
-        let mut v3 = bytes.clone();
-        v3[3] = 3;
+        let mut v4 = bytes.clone();
+        v4[3] = 4;
         assert!(matches!(
-            Manifest::decode(p, &v3),
-            Err(ManifestError::UnsupportedVersion { got: 3, .. })
+            Manifest::decode(p, &v4),
+            Err(ManifestError::UnsupportedVersion { got: 4, .. })
         ));
+    }
+
+    /// A schema with a coverage makes the manifest format 3 (a build from before refuses
+    /// it); without one it stays format 2, byte for byte as before.
+    #[test]
+    fn a_schema_s_coverage_makes_format_3() {
+        let plain = sample();
+        assert_eq!(plain.encode()[..4], MANIFEST_MAGIC_V2);
+        let mut covered = sample();
+        let (_, schema) = covered.schemas[0].clone();
+        let before = Schema::from_doc(&tally_core::model::SchemaDoc {
+            tiers: vec!["1m:2h".into()],
+            breakdown_tiers: Some(vec![]),
+            dimensions: None,
+        })
+        .unwrap();
+        covered.schemas[0].1 = schema.replacing(Some(&before), 1_790_000_000, 3600);
+        assert!(!covered.schemas[0].1.coverage().is_empty());
+        let bytes = covered.encode();
+        assert_eq!(bytes[..4], MANIFEST_MAGIC_V3);
+        assert_eq!(Manifest::decode(Path::new("m"), &bytes).unwrap(), covered);
     }
 
     /// A format-1 manifest (answers inline, no answers files) still decodes: the payload of

@@ -160,7 +160,10 @@ fn final_schemas(files: &[(u64, PathBuf)], wal_start: u64) -> HashMap<String, Sc
         };
         let mut visit = |seq: u64, p: &[u8]| -> Result<(), Corruption> {
             if seq >= wal_start
-                && p.first() == Some(&payload::KIND_SCHEMA)
+                && matches!(
+                    p.first(),
+                    Some(&(payload::KIND_SCHEMA | payload::KIND_SCHEMA_COVERED))
+                )
                 && let Ok(Payload::Schema(ns, schema)) = payload::decode(p)
             {
                 last.insert(ns.as_str().to_owned(), schema);

@@ -4,11 +4,11 @@
 
 use std::collections::BTreeMap;
 
-use tally_core::model::{Duration, Namespace, Retention, Schema, SchemaDoc, Tier};
+use tally_core::model::{Coverage, Duration, Namespace, Retention, Schema, SchemaDoc, Tier};
 use tally_core::store::StoreError;
 
 /// The layout this build reads and writes, stored in [`LAYOUT_KEY`].
-pub const LAYOUT_VERSION: u32 = 6;
+pub const LAYOUT_VERSION: u32 = 7;
 /// Older layouts this build opens, marks as [`LAYOUT_VERSION`] and then rewrites the schema
 /// records of: every key of layouts 2 to 4 means the same in layout 5 but the key index,
 /// whose keys move into pages at connect (`RedisStore::migrate_index`). Layout 3 added
@@ -18,8 +18,11 @@ pub const LAYOUT_VERSION: u32 = 6;
 /// 5 keeps the key index in pages, and builds of layout 4 refuse its records. Layout 6
 /// keeps each namespace's extent ([`extent_key`]) with every write and clips long reads to
 /// it in namespaces it kept it for from the start ([`SchemaRecord::extents`]); builds of
-/// layout 5, which write without it, refuse its records.
-pub const UPGRADES_FROM: &[u32] = &[2, 3, 4, 5];
+/// layout 5, which write without it, refuse its records. Layout 7 records say since when
+/// what a schema change added counts every event ([`SchemaRecord::whole_from`]); builds of
+/// layout 6, which would answer from such a tier as if it held everything and drop it on
+/// their next change, refuse its records.
+pub const UPGRADES_FROM: &[u32] = &[2, 3, 4, 5, 6];
 /// A string: the layout version, decimal.
 pub const LAYOUT_KEY: &str = "tally:layout";
 /// A hash: namespace → schema record (JSON, [`SchemaRecord`]).
@@ -338,6 +341,11 @@ pub struct SchemaRecord {
     /// clears only the mark it did, not one a later change set. Cleared once done.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub extend: BTreeMap<u64, u64>,
+    /// Per tier marked in `extend` (layout 7): the retention (seconds) its expiries were set
+    /// for. Until the mark clears, windows still expire under it, so the tier is whole only
+    /// as far back as it keeps ([`SchemaRecord::hold_growth`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub extend_from: BTreeMap<u64, u64>,
     /// The layout version that wrote the record (0 before layout 4). A build refuses a record
     /// of a newer layout than its own rather than rewrite it without what it does not know.
     #[serde(default)]
@@ -347,6 +355,58 @@ pub struct SchemaRecord {
     /// extent (an older namespace has data the extent never saw).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub extents: bool,
+    /// The schema's coverage ([`tally_core::model::Coverage`]): since when what a schema
+    /// change added counts every event. Absent when empty (and in records before layout 7).
+    #[serde(default, skip_serializing_if = "WholeFrom::is_empty")]
+    pub whole_from: WholeFrom,
+}
+
+/// A [`tally_core::model::Coverage`] as JSON: resolutions in seconds, instants in unix
+/// seconds.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct WholeFrom {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub totals: BTreeMap<u64, i64>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub subtotals: BTreeMap<u64, i64>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub dims: BTreeMap<String, i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub others: Option<i64>,
+}
+
+impl WholeFrom {
+    pub fn is_empty(&self) -> bool {
+        self.totals.is_empty()
+            && self.subtotals.is_empty()
+            && self.dims.is_empty()
+            && self.others.is_none()
+    }
+
+    pub fn of(c: &Coverage) -> WholeFrom {
+        let secs = |m: &BTreeMap<Duration, i64>| m.iter().map(|(r, s)| (r.secs(), *s)).collect();
+        WholeFrom {
+            totals: secs(&c.totals),
+            subtotals: secs(&c.subtotals),
+            dims: c.dims.clone(),
+            others: c.others,
+        }
+    }
+
+    /// The coverage; `None` if a resolution is 0.
+    pub fn coverage(&self) -> Option<Coverage> {
+        let res = |m: &BTreeMap<u64, i64>| {
+            m.iter()
+                .map(|(r, s)| Some((Duration::from_secs(*r)?, *s)))
+                .collect::<Option<BTreeMap<_, _>>>()
+        };
+        Some(Coverage {
+            totals: res(&self.totals)?,
+            subtotals: res(&self.subtotals)?,
+            dims: self.dims.clone(),
+            others: self.others,
+        })
+    }
 }
 
 /// Dimension codes one breakdown tier holds at most: the schema record is read by every
@@ -438,6 +498,18 @@ impl Stored {
 }
 
 impl SchemaRecord {
+    /// A tier whose expiries are still to be extended holds, at `now`, only what the
+    /// retention they were set for keeps: its mark in `whole_from` is at least `now` less
+    /// that retention. A schema change applies this to its record, and so does clearing a
+    /// mark (`RedisStore::extend_expiries`), at the time the expiries were extended.
+    pub fn hold_growth(&mut self, r: u64, now: i64) {
+        if let Some(&a) = self.extend_from.get(&r) {
+            let from = now.saturating_sub(i64::try_from(a).unwrap_or(i64::MAX));
+            let mark = self.whole_from.totals.entry(r).or_insert(from);
+            *mark = (*mark).max(from);
+        }
+    }
+
     /// The record of `schema`, given the one stored before (if any): kept tiers keep their
     /// generations, new ones (and breakdowns newly kept) get fresh ones.
     pub fn next(previous: Option<&SchemaRecord>, schema: &Schema) -> SchemaRecord {
@@ -447,6 +519,7 @@ impl SchemaRecord {
         let mut codes = BTreeMap::new();
         let mut pending = BTreeMap::new();
         let mut extend = BTreeMap::new();
+        let mut extend_from = BTreeMap::new();
         let before = previous.and_then(|p| Schema::from_doc(&p.schema).ok());
         for tier in schema.tiers() {
             let r = tier.resolution.secs();
@@ -460,10 +533,21 @@ impl SchemaRecord {
                 next - 1
             };
             let unfinished = previous.and_then(|p| p.extend.get(&r).copied());
-            if kept && old.is_some_and(|o| grown(o, tier.retention)) {
+            // The retention the expiries were set for: the one before this growth, or
+            // before the growth still unfinished.
+            let set_for = previous
+                .filter(|_| unfinished.is_some())
+                .and_then(|p| p.extend_from.get(&r).copied());
+            if let (true, Some(Retention::For(a))) = (kept, old)
+                && grown(Retention::For(a), tier.retention)
+            {
                 extend.insert(r, fresh());
+                extend_from.insert(r, set_for.unwrap_or(a.secs()));
             } else if let (true, Some(mark)) = (kept, unfinished) {
                 extend.insert(r, mark);
+                if let Some(a) = set_for {
+                    extend_from.insert(r, a);
+                }
             }
             let g = previous
                 .and_then(|p| p.generation.get(&r).copied())
@@ -493,8 +577,10 @@ impl SchemaRecord {
             pending,
             next,
             extend,
+            extend_from,
             layout: LAYOUT_VERSION,
             extents: previous.is_none_or(|p| p.extents),
+            whole_from: WholeFrom::of(schema.coverage()),
         };
         // Declared dimensions get their codes now (pending, like any: the first write
         // confirms them).
@@ -577,6 +663,20 @@ impl SchemaRecord {
             .map_err(|e| StoreError::internal("encoding a schema record").because(e))
     }
 
+    /// The schema a record holds, with its coverage.
+    pub fn decode_schema(ns: &str, record: &SchemaRecord) -> Result<Schema, StoreError> {
+        let schema = Schema::from_doc(&record.schema).map_err(|e| {
+            StoreError::corrupt(format!("the stored schema of namespace {ns} is invalid"))
+                .because(e)
+        })?;
+        let coverage = record.whole_from.coverage().ok_or_else(|| {
+            StoreError::corrupt(format!(
+                "the schema record of namespace {ns} has a coverage of a 0s tier"
+            ))
+        })?;
+        Ok(schema.with_coverage(coverage))
+    }
+
     pub fn decode(ns: &str, text: &[u8]) -> Result<Stored, StoreError> {
         let mut record: SchemaRecord = serde_json::from_slice(text).map_err(|e| {
             StoreError::corrupt(format!(
@@ -598,10 +698,7 @@ impl SchemaRecord {
                 record.pending.entry(r).or_default().extend(codes);
             }
         }
-        let schema = Schema::from_doc(&record.schema).map_err(|e| {
-            StoreError::corrupt(format!("the stored schema of namespace {ns} is invalid"))
-                .because(e)
-        })?;
+        let schema = Self::decode_schema(ns, &record)?;
         for t in schema.tiers() {
             if !record.generation.contains_key(&t.resolution.secs()) {
                 return Err(StoreError::corrupt(format!(
@@ -629,6 +726,53 @@ mod tests {
             dimensions: None,
         })
         .unwrap()
+    }
+
+    /// A schema's coverage is stored in its record (`whole_from`) and read back with it;
+    /// a record without one (any before layout 7) reads as none.
+    #[test]
+    fn a_coverage_round_trips_through_the_record() {
+        let before = schema(&["1m:2h"], Some(&[]));
+        let after = schema(&["1m:2d", "1h:forever"], Some(&["1h"])).replacing(
+            Some(&before),
+            1_790_000_000,
+            3600,
+        );
+        assert!(!after.coverage().is_empty());
+        let record = SchemaRecord::next(None, &after);
+        let text = record.encode().unwrap();
+        let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(
+            doc["whole_from"],
+            serde_json::json!({"totals": {"60": 1_790_000_000 - 7200, "3600": 1_790_003_601}, "subtotals": {"3600": 1_790_003_601}})
+        );
+        let stored = SchemaRecord::decode("clicks", text.as_bytes()).unwrap();
+        assert_eq!(stored.schema, after);
+        let plain = SchemaRecord::next(None, &before).encode().unwrap();
+        assert!(!plain.contains("whole_from"), "{plain}");
+        let stored = SchemaRecord::decode("clicks", plain.as_bytes()).unwrap();
+        assert!(stored.schema.coverage().is_empty());
+        // A retention that grows: until the expiries are extended, the tier is whole only as
+        // far back as the retention they were set for keeps — also through a second growth
+        // before the first is done.
+        let short = SchemaRecord::next(None, &before);
+        let mut grown = SchemaRecord::next(Some(&short), &schema(&["1m:2d"], Some(&[])));
+        assert_eq!(grown.extend_from, BTreeMap::from([(60, 7200)]));
+        grown.hold_growth(60, 1_790_000_000);
+        assert_eq!(grown.whole_from.totals[&60], 1_790_000_000 - 7200);
+        let again = SchemaRecord::next(Some(&grown), &schema(&["1m:7d"], Some(&[])));
+        assert_eq!(again.extend_from, BTreeMap::from([(60, 7200)]));
+        assert_ne!(again.extend, grown.extend, "marked afresh");
+        let mut done = again.clone();
+        done.hold_growth(60, 1_790_000_600);
+        assert_eq!(done.whole_from.totals[&60], 1_790_000_600 - 7200);
+        let kept = SchemaRecord::next(Some(&again), &schema(&["1m:7d"], Some(&[])));
+        assert_eq!(
+            (kept.extend, kept.extend_from),
+            (again.extend, again.extend_from)
+        );
+        let zero = text.replace("\"3600\":1790003601}", "\"0\":1}");
+        assert!(SchemaRecord::decode("clicks", zero.as_bytes()).is_err());
     }
 
     #[test]

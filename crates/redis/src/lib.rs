@@ -80,6 +80,8 @@ pub struct RedisStore {
     index_page: usize,
     /// Keys this store listed in the key index (a batch leaves them out of its index update).
     listed: write::Listed,
+    /// `[limits] max_future_secs`, for `Schema::replacing`.
+    max_future_secs: i64,
 }
 
 /// The store's two connections: `main` carries every call but one, `side` the
@@ -210,6 +212,7 @@ impl RedisStore {
             conditional: (0..256).map(|_| Mutex::new(())).collect(),
             index_page: INDEX_PAGE_DEFAULT,
             listed: write::Listed::default(),
+            max_future_secs: tally_core::ingest::Limits::default().max_future_secs,
         };
         store.index_page = index_page_size(store.block_on(store.listpack_entries()));
         store.block_on(store.check_eviction())?;
@@ -229,6 +232,14 @@ impl RedisStore {
     /// uses the batch's idempotency key, else a fresh random id.
     pub fn apply_with_batch_id(&self, batch: &Batch, id: &str) -> Result<(), StoreError> {
         self.block_on(self.apply_async(batch, Some(id), None))
+    }
+
+    /// How far in the future the events it is given may be dated (`[limits]
+    /// max_future_secs`; the default's otherwise): a schema change's additions count every
+    /// event from that long after it.
+    pub fn with_max_future_secs(mut self, secs: i64) -> Self {
+        self.max_future_secs = secs;
+        self
     }
 
     /// Whether this store talks to a cluster.

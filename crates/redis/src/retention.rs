@@ -46,12 +46,17 @@ impl RedisStore {
                 continue;
             };
             self.extend_tier(ns, gen_, r as i64, tier.retention).await?;
-            // Done; a change since that grew the retention again marked it afresh.
+            // Done; a change since that grew the retention again marked it afresh. What
+            // expired under the old retention until now is gone: the tier is whole from now
+            // less that retention.
+            let done = self.clock.now();
             self.update_record(ns, |current| {
                 let current = current?;
                 (current.extend.get(&r) == Some(&mark)).then(|| {
                     let mut next = current.clone();
+                    next.hold_growth(r, done);
                     next.extend.remove(&r);
+                    next.extend_from.remove(&r);
                     next
                 })
             })

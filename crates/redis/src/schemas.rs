@@ -111,7 +111,20 @@ impl RedisStore {
         schema: &Schema,
     ) -> Result<(), StoreError> {
         let stored = self
-            .update_record(ns, |previous| Some(SchemaRecord::next(previous, schema)))
+            .update_record(ns, |previous| {
+                // Read for each attempt, just before its compare-and-set.
+                let now = self.clock.now();
+                let before =
+                    previous.and_then(|p| SchemaRecord::decode_schema(ns.as_str(), p).ok());
+                let schema = schema
+                    .clone()
+                    .replacing(before.as_ref(), now, self.max_future_secs);
+                let mut record = SchemaRecord::next(previous, &schema);
+                for r in record.extend.keys().copied().collect::<Vec<_>>() {
+                    record.hold_growth(r, now);
+                }
+                Some(record)
+            })
             .await?;
         if stored.is_some_and(|s| !s.record.extend.is_empty()) {
             self.extend_expiries(ns, true).await.map_err(|e| {

@@ -117,7 +117,12 @@ impl App {
     /// more: no write will make a new one.
     pub fn apply_config_namespaces(&self) -> Result<(), StoreError> {
         for (ns, schema) in &self.0.settings.namespaces {
-            if self.0.store.schema(ns)?.as_ref() != Some(schema) {
+            if !self
+                .0
+                .store
+                .schema(ns)?
+                .is_some_and(|s| s.declares_same(schema))
+            {
                 self.0.store.put_schema(ns, schema)?;
             }
         }

@@ -92,6 +92,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     cfg.fsync = fsync;
     cfg.accept_data_loss = args.accept_data_loss;
     cfg.max_idempotency_answers = limits.max_idempotency_keys;
+    cfg.max_future_secs = settings.limits.max_future_secs;
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -140,7 +141,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             // Redis: the store is stateless here; connecting checks the layout version.
             tracing::info!("connecting to {url} (answering 503 on {scheme}://{addr} meanwhile)");
             let u = url.clone();
-            let store = tokio::task::spawn_blocking(move || RedisStore::connect(&u))
+            let future = settings.limits.max_future_secs;
+            let store = tokio::task::spawn_blocking(move || {
+                RedisStore::connect(&u).map(|s| s.with_max_future_secs(future))
+            })
                 .await
                 .context("connecting to Redis")?
                 .map_err(|e| anyhow::anyhow!(e.detail()))

@@ -22,7 +22,7 @@ mod schema;
 pub use duration::{Duration, Retention, Tier};
 pub use event::{Event, RawEvent, amount, parse_instant, parse_timestamp, timestamp};
 pub use names::{DimName, DimValue, Dimension, Key, Namespace, escape_part};
-pub use schema::{Schema, SchemaDoc, Subtotal};
+pub use schema::{Coverage, Reads, Schema, SchemaDoc, Subtotal};
 
 use crate::error::ErrorCode;
 

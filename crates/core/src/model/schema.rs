@@ -1,13 +1,16 @@
 //! A namespace's schema: its tiers, its breakdown tiers, an optional dimension allow-list,
 //! its wire form, and the subtotals an event adds to under it.
 
+use std::collections::BTreeMap;
+
 use super::{
     DimName, DimValue, Dimension, Duration, MAX_COMPOUNDS, MAX_SCHEMA_DIMENSIONS, MAX_TIERS,
     ModelError, Retention, Tier,
 };
 
 /// The schema of a namespace: its tiers, which of them keep breakdowns, and an optional
-/// allow-list of dimensions (`None` = any simple dimension).
+/// allow-list of dimensions (`None` = any simple dimension); with the [`Coverage`] its
+/// changes left.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Schema {
     /// Sorted finest first; resolutions are unique.
@@ -15,6 +18,51 @@ pub struct Schema {
     /// Resolutions of the tiers that keep subtotals, sorted finest first.
     breakdown: Vec<Duration>,
     dimensions: Option<Vec<Dimension>>,
+    coverage: Coverage,
+}
+
+/// Since when a namespace's counters hold every event, where a schema change made that
+/// later than the namespace's creation (SPEC §1: "a new tier starts empty"). A tier added by
+/// a change, a tier that starts keeping breakdowns, a dimension the allow-list starts
+/// counting hold nothing from before it; a tier whose retention grows holds only what the
+/// old retention kept. Each is whole from the change on — plus the future an event may be
+/// dated in (`[limits] max_future_secs`), since an event dated after the change may have
+/// been counted before it. Queries refuse a range such a part cannot answer whole, rather
+/// than answer a number too small (SPEC §2). Empty for a namespace as created.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Coverage {
+    /// Tier resolution → the instant its totals are whole from.
+    pub totals: BTreeMap<Duration, i64>,
+    /// Breakdown tier resolution → the instant its subtotals are whole from.
+    pub subtotals: BTreeMap<Duration, i64>,
+    /// Dimension name → the instant it is counted whole from.
+    pub dims: BTreeMap<String, i64>,
+    /// Without an allow-list: the instant simple dimensions not in `dims` are whole from
+    /// (the allow-list that held only some of them was dropped then).
+    pub others: Option<i64>,
+}
+
+impl Coverage {
+    pub fn is_empty(&self) -> bool {
+        self.totals.is_empty()
+            && self.subtotals.is_empty()
+            && self.dims.is_empty()
+            && self.others.is_none()
+    }
+}
+
+/// What a query reads of a tier, for [`Schema::whole_from`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reads<'a> {
+    Totals,
+    /// Totals and subtotals, of every dimension.
+    Subtotals,
+    /// Totals and the subtotals of one dimension.
+    Dimension(&'a str),
+}
+
+fn later(a: Option<i64>, b: Option<i64>) -> Option<i64> {
+    a.max(b)
 }
 
 /// The SPEC's `[defaults]` schema: `1m:48h` and `1h:forever`, breakdowns in `1h`.
@@ -33,6 +81,7 @@ impl Default for Schema {
             ],
             breakdown: vec![Duration(3600)],
             dimensions: None,
+            coverage: Coverage::default(),
         }
     }
 }
@@ -90,7 +139,133 @@ impl Schema {
             tiers,
             breakdown,
             dimensions,
+            coverage: Coverage::default(),
         })
+    }
+
+    /// Whether two schemas declare the same tiers, breakdown tiers and dimensions, whatever
+    /// their coverage.
+    pub fn declares_same(&self, other: &Schema) -> bool {
+        self.tiers == other.tiers
+            && self.breakdown == other.breakdown
+            && self.dimensions == other.dimensions
+    }
+
+    pub fn coverage(&self) -> &Coverage {
+        &self.coverage
+    }
+
+    /// This schema with `coverage` (as stored with it).
+    pub fn with_coverage(mut self, coverage: Coverage) -> Schema {
+        self.coverage = coverage;
+        self
+    }
+
+    /// This schema as it replaces `old` at `now` (none: it creates the namespace), with the
+    /// coverage the change leaves: what it adds is whole from the second after `now +
+    /// max_future_secs`, a grown retention from `now` less the old retention, the rest as
+    /// before. Every store stores a schema through this, under the lock that orders its
+    /// schema changes against its writes, with `now` read under it.
+    pub fn replacing(self, old: Option<&Schema>, now: i64, max_future_secs: i64) -> Schema {
+        let Some(old) = old else {
+            return self.with_coverage(Coverage::default());
+        };
+        // An event dated `now + max_future_secs` is still accepted (only later ones are
+        // refused), so one counted just before the change may be dated that second.
+        let start = now.saturating_add(max_future_secs.max(0)).saturating_add(1);
+        let mut c = Coverage::default();
+        for t in &self.tiers {
+            let r = t.resolution;
+            let before = old.tiers.iter().find(|o| o.resolution == r);
+            let grown = before.and_then(|o| match (o.retention, t.retention) {
+                (Retention::For(a), Retention::Forever) => Some(now.saturating_sub(a.secs_i64())),
+                (Retention::For(a), Retention::For(b)) if b > a => {
+                    Some(now.saturating_sub(a.secs_i64()))
+                }
+                _ => None,
+            });
+            let totals = match before {
+                None => Some(start),
+                Some(_) => later(old.coverage.totals.get(&r).copied(), grown),
+            };
+            // Once the retention has passed it, a mark no longer matters.
+            let live = |s: &i64| t.retention.holds_from(*s, now);
+            if let Some(s) = totals.filter(live) {
+                c.totals.insert(r, s);
+            }
+            if self.is_breakdown(r) {
+                let subtotals = if before.is_some() && old.is_breakdown(r) {
+                    later(old.coverage.subtotals.get(&r).copied(), grown)
+                } else {
+                    Some(start)
+                };
+                if let Some(s) = subtotals.filter(live) {
+                    c.subtotals.insert(r, s);
+                }
+            }
+        }
+        match &self.dimensions {
+            Some(list) => {
+                for d in list {
+                    let since = if old.counts_dimension(d.name()) {
+                        old.dimension_from(d.name())
+                    } else {
+                        Some(start)
+                    };
+                    if let Some(s) = since {
+                        c.dims.insert(d.name().to_owned(), s);
+                    }
+                }
+            }
+            None => match &old.dimensions {
+                None => {
+                    c.dims = old.coverage.dims.clone();
+                    c.others = old.coverage.others;
+                }
+                Some(list) => {
+                    // The listed simple dimensions go on as they were — whole always, when
+                    // they have no mark (`i64::MIN`: `others` no longer speaks for them).
+                    for d in list.iter().filter(|d| !d.name().contains('+')) {
+                        let s = old.dimension_from(d.name()).unwrap_or(i64::MIN);
+                        c.dims.insert(d.name().to_owned(), s);
+                    }
+                    c.others = Some(start);
+                }
+            },
+        }
+        self.with_coverage(c)
+    }
+
+    /// Whether events were counted under dimension `name` (simple or compound, canonical).
+    fn counts_dimension(&self, name: &str) -> bool {
+        match &self.dimensions {
+            None => !name.contains('+'),
+            Some(dims) => dims.iter().any(|d| d.name() == name),
+        }
+    }
+
+    /// The instant dimension `name` is counted whole from (none: always).
+    fn dimension_from(&self, name: &str) -> Option<i64> {
+        match self.coverage.dims.get(name) {
+            Some(s) => Some(*s),
+            None if self.dimensions.is_none() => self.coverage.others,
+            None => None,
+        }
+    }
+
+    /// The instant from which the tier of `resolution` holds every event for what a query
+    /// `reads` (none: since the namespace was created).
+    pub fn whole_from(&self, resolution: Duration, reads: Reads<'_>) -> Option<i64> {
+        let c = &self.coverage;
+        let totals = c.totals.get(&resolution).copied();
+        match reads {
+            Reads::Totals => totals,
+            Reads::Subtotals => later(totals, c.subtotals.get(&resolution).copied()),
+            Reads::Dimension(d) => later(
+                later(totals, c.subtotals.get(&resolution).copied()),
+                self.dimension_from(d),
+            ),
+        }
     }
 
     /// Validates a schema a user gives (`PUT /v1/ns/{ns}`, the config file): the wire form,

@@ -8,11 +8,12 @@ use super::answer::{
 };
 use super::params::{BreakdownQuery, DashboardQuery, KeysQuery, SeriesQuery, TopQuery};
 use super::{Ctx, QueryError, time};
+use crate::model::Reads;
 use crate::model::{Dimension, Duration, Key, ModelError, Namespace, Schema};
 use crate::store::{
     Buckets, Deadline, KeyData, KeyList, KeyRead, Scan, Store, StoreError, TopKeys, Want,
 };
-use crate::tier::{self, Purpose};
+use crate::tier;
 use crate::time::{Calendar, TimeError, Tz};
 
 pub(super) fn schema_of(store: &dyn Store, ns: &Namespace) -> Result<Schema, QueryError> {
@@ -174,12 +175,11 @@ pub fn series(store: &dyn Store, ctx: Ctx, q: &SeriesQuery) -> Result<SeriesAnsw
         .cal
         .boundaries(from, to, ctx.max_points)
         .map_err(time("to"))?;
-    let purpose = if q.filter.is_some() {
-        Purpose::Breakdown
-    } else {
-        Purpose::Totals
+    let reads = match &q.filter {
+        Some((d, _)) => Reads::Dimension(d.name()),
+        None => Reads::Totals,
     };
-    let tier = tier::choose(&q.ns, &schema, purpose, &bounds, &what(&q.cal), ctx.now)?;
+    let tier = tier::choose(&q.ns, &schema, reads, &bounds, &what(&q.cal), ctx.now)?;
     let want = match &q.filter {
         None => Want::Totals,
         Some((d, v)) => Want::Value {
@@ -239,7 +239,7 @@ pub fn breakdown(
     let tier = tier::choose(
         &q.ns,
         &schema,
-        Purpose::Breakdown,
+        Reads::Dimension(q.dim.name()),
         &ends(from, to),
         &label,
         ctx.now,
@@ -294,7 +294,7 @@ pub fn dashboard(
     let tier = tier::choose(
         &q.ns,
         &schema,
-        Purpose::Breakdown,
+        Reads::Subtotals,
         &bounds,
         &what(&q.cal),
         ctx.now,
@@ -317,7 +317,15 @@ pub fn dashboard(
     let total = sum(&data.totals);
     let tz = q.cal.tz();
     let mut by_dim: BTreeMap<&str, Vec<ValueCount>> = BTreeMap::new();
-    for s in &data.subtotals {
+    // A dimension a schema change started counting after `from` has only part of the
+    // range: its breakdown is left out rather than shown too small (the tier was chosen for
+    // every subtotal, so this can only be one the allow-list added).
+    let whole = |dim: &str| {
+        schema
+            .whole_from(tier.resolution, Reads::Dimension(dim))
+            .is_none_or(|s| from >= s)
+    };
+    for s in data.subtotals.iter().filter(|s| whole(&s.dim)) {
         let n = sum(&s.buckets);
         if n != 0 {
             by_dim.entry(&s.dim).or_default().push(ValueCount {
@@ -364,12 +372,11 @@ pub fn top(store: &dyn Store, ctx: Ctx, q: &TopQuery) -> Result<TopAnswer, Query
     }
     let (from, to) = plain_range(q.from, q.to, q.cal.as_ref())?;
     let label = q.cal.as_ref().map_or_else(|| "range".to_owned(), what);
-    let purpose = if q.filter.is_some() {
-        Purpose::Breakdown
-    } else {
-        Purpose::Totals
+    let reads = match &q.filter {
+        Some((d, _)) => Reads::Dimension(d.name()),
+        None => Reads::Totals,
     };
-    let tier = tier::choose(&q.ns, &schema, purpose, &ends(from, to), &label, ctx.now)?;
+    let tier = tier::choose(&q.ns, &schema, reads, &ends(from, to), &label, ctx.now)?;
     let mut found = TopKeys::default();
     if from < to {
         let scan = Scan {

@@ -9,7 +9,7 @@
 
 use super::params::{Params, required, span};
 use super::{QueryError, model};
-use crate::model::{Duration, Key, Namespace};
+use crate::model::{Duration, Key, Namespace, Reads};
 use crate::store::{Deadline, KeyList, KeyRead, Store, Want};
 use crate::time::TimeError;
 
@@ -124,12 +124,38 @@ pub fn export_plan(
             ),
         }));
     }
+    // Rows of a tier (or of subtotals, or of a dimension) a schema change started after
+    // `from` would be too small, with nothing to say so.
+    let subtotals = schema.is_breakdown(res);
+    let mut whole_from = schema.whole_from(res, Reads::Totals);
+    if subtotals {
+        let c = schema.coverage();
+        let dims = c.dims.values().copied().chain(c.others).max();
+        whole_from = whole_from
+            .max(schema.whole_from(res, Reads::Subtotals))
+            .max(dims);
+    }
+    if let Some(since) = whole_from
+        && from < to
+        && from < since
+    {
+        return Err(QueryError::NoTier(crate::tier::NoTier {
+            message: format!(
+                "{res} data of namespace {} is whole only from {} (a schema change then added \
+                 the tier, its breakdowns or a dimension, or lengthened its retention), and \
+                 the range starts before it; export a later range, or another tier",
+                q.ns,
+                jiff::Timestamp::from_second(since)
+                    .map_or_else(|_| since.to_string(), |t| t.to_string())
+            ),
+        }));
+    }
     Ok(ExportPlan {
         ns: q.ns.clone(),
         resolution: res,
         from,
         to,
-        subtotals: schema.is_breakdown(res),
+        subtotals,
     })
 }
 

@@ -5,7 +5,7 @@ use super::answer::{WindowAnswer, WindowCount};
 use super::exec::{read_one, schema_of, sum};
 use super::params::WindowQuery;
 use super::{Ctx, QueryError};
-use crate::model::{Duration, Key, Namespace, Schema};
+use crate::model::{Duration, Key, Namespace, Reads, Schema, Tier};
 use crate::store::{Batch, Deadline, Decision, KeyRead, Store, StoreError, Want};
 use crate::tier::NoTier;
 use crate::time::{Tz, bucket_start};
@@ -40,35 +40,54 @@ impl WindowPlan {
 }
 
 /// The window's tier and buckets for a schema at `now`: the `ceil(last / r)` most recent
-/// buckets of the finest tier whose retention is at least `last`.
+/// buckets of the finest tier whose retention is at least `last` — and that has counted
+/// every event of those buckets: a tier a schema change added lately is passed over for the
+/// next one (see [`crate::model::Coverage`]).
 pub fn window_plan(
     ns: &Namespace,
     schema: &Schema,
     last: Duration,
     now: i64,
 ) -> Result<WindowPlan, QueryError> {
-    let Some(tier) = schema.tiers().iter().find(|t| t.retention.at_least(last)) else {
-        let longest = schema
-            .tiers()
-            .iter()
-            .map(|t| t.retention.to_string())
-            .next_back();
-        return Err(NoTier {
-            message: format!(
-                "namespace {ns} keeps no tier for {last} (the longest retention is {})",
-                longest.unwrap_or_default()
-            ),
+    let plan = |tier: &Tier| {
+        let r = tier.resolution.secs_i64();
+        let count = (last.secs_i64() + r - 1) / r;
+        let current = bucket_start(now, r);
+        WindowPlan {
+            resolution: tier.resolution,
+            from: current - (count - 1) * r,
+            to: current + r,
         }
-        .into());
     };
-    let r = tier.resolution.secs_i64();
-    let count = (last.secs_i64() + r - 1) / r;
-    let current = bucket_start(now, r);
-    Ok(WindowPlan {
-        resolution: tier.resolution,
-        from: current - (count - 1) * r,
-        to: current + r,
-    })
+    let long_enough = || schema.tiers().iter().filter(|t| t.retention.at_least(last));
+    let whole = |p: &WindowPlan| {
+        schema
+            .whole_from(p.resolution, Reads::Totals)
+            .is_none_or(|s| p.from >= s)
+    };
+    if let Some(p) = long_enough().map(plan).find(whole) {
+        return Ok(p);
+    }
+    let message = match long_enough().next() {
+        Some(t) => format!(
+            "namespace {ns} keeps {last} only in tiers a schema change added or lengthened \
+             lately: {t} data is whole only from {}",
+            schema
+                .whole_from(t.resolution, Reads::Totals)
+                .and_then(|s| jiff::Timestamp::from_second(s).ok())
+                .map_or_else(String::new, |s| s.to_string())
+        ),
+        None => format!(
+            "namespace {ns} keeps no tier for {last} (the longest retention is {})",
+            schema
+                .tiers()
+                .iter()
+                .map(|t| t.retention.to_string())
+                .next_back()
+                .unwrap_or_default()
+        ),
+    };
+    Err(NoTier { message }.into())
 }
 
 /// The window's count for a plan: its header and `n`.

@@ -5,13 +5,17 @@
 
 use std::collections::HashMap;
 
-use tally_core::model::{Namespace, Schema, SchemaDoc};
+use tally_core::model::{Coverage, Duration, Namespace, Schema, SchemaDoc};
 use tally_core::store::{Batch, IdemRecord};
 
 /// Payload kind: a batch of increments.
 pub const KIND_BATCH: u8 = 1;
 /// Payload kind: a namespace's schema set.
 pub const KIND_SCHEMA: u8 = 2;
+/// Payload kind: a namespace's schema set, with the coverage the change left (as
+/// [`KIND_SCHEMA`]; a schema with a coverage is written as this kind only, so that a build
+/// from before refuses the log rather than misread it).
+pub const KIND_SCHEMA_COVERED: u8 = 4;
 /// Payload kind: a batch of increments with the time it was written (a varint of unix
 /// seconds after the kind byte, then as [`KIND_BATCH`]). Replay needs that time to tell an
 /// increment its tier kept when it came from one it did not (see `state::holds_bucket`).
@@ -164,7 +168,11 @@ pub enum Payload<'a> {
 
 /// Appends a schema-change payload.
 pub fn encode_schema(ns: &Namespace, schema: &Schema, out: &mut Vec<u8>) {
-    out.push(KIND_SCHEMA);
+    out.push(if schema.coverage().is_empty() {
+        KIND_SCHEMA
+    } else {
+        KIND_SCHEMA_COVERED
+    });
     put_bytes(out, ns.as_str().as_bytes());
     put_schema(out, schema);
 }
@@ -230,7 +238,7 @@ pub fn decode(bytes: &[u8]) -> Result<Payload<'_>, PayloadError> {
             };
             Payload::Batch(view)
         }
-        KIND_SCHEMA => {
+        KIND_SCHEMA | KIND_SCHEMA_COVERED => {
             let name = r.str()?;
             let ns = Namespace::new(name).map_err(|e| PayloadError::Schema(e.to_string()))?;
             Payload::Schema(ns, r.schema()?)
@@ -271,16 +279,49 @@ pub(crate) fn put_strings(out: &mut Vec<u8>, list: &[String]) {
     }
 }
 
-/// A schema as its canonical wire strings: re-validated when read back.
+/// Schema flag: an allow-list of dimensions follows.
+const SCHEMA_DIMENSIONS: u8 = 1;
+/// Schema flag: a coverage follows (docs/format.md, "Schemas").
+const SCHEMA_COVERAGE: u8 = 2;
+
+/// A schema as its canonical wire strings (re-validated when read back), then its
+/// coverage when it has one. One without is written as builds before coverage wrote it.
 pub(crate) fn put_schema(out: &mut Vec<u8>, schema: &Schema) {
     let doc = schema.to_doc();
     put_strings(out, &doc.tiers);
     put_strings(out, &doc.breakdown_tiers.unwrap_or_default());
-    match &doc.dimensions {
+    let c = schema.coverage();
+    let mut flags = 0;
+    if doc.dimensions.is_some() {
+        flags |= SCHEMA_DIMENSIONS;
+    }
+    if !c.is_empty() {
+        flags |= SCHEMA_COVERAGE;
+    }
+    out.push(flags);
+    if let Some(d) = &doc.dimensions {
+        put_strings(out, d);
+    }
+    if c.is_empty() {
+        return;
+    }
+    for marks in [&c.totals, &c.subtotals] {
+        put_varint(out, marks.len() as u64);
+        for (r, since) in marks {
+            put_varint(out, r.secs());
+            put_varint(out, zigzag(*since));
+        }
+    }
+    put_varint(out, c.dims.len() as u64);
+    for (d, since) in &c.dims {
+        put_bytes(out, d.as_bytes());
+        put_varint(out, zigzag(*since));
+    }
+    match c.others {
         None => out.push(0),
-        Some(d) => {
+        Some(since) => {
             out.push(1);
-            put_strings(out, d);
+            put_varint(out, zigzag(since));
         }
     }
 }
@@ -348,16 +389,42 @@ impl<'a> Reader<'a> {
     pub(crate) fn schema(&mut self) -> Result<Schema, PayloadError> {
         let tiers = self.strings()?;
         let breakdown_tiers = Some(self.strings()?);
-        let dimensions = match self.u8()? {
+        let flags = self.u8()?;
+        if flags & !(SCHEMA_DIMENSIONS | SCHEMA_COVERAGE) != 0 {
+            return Err(PayloadError::Schema(format!(
+                "unknown schema flags {flags:#04x}"
+            )));
+        }
+        let dimensions = match flags & SCHEMA_DIMENSIONS {
             0 => None,
             _ => Some(self.strings()?),
         };
-        Schema::from_doc(&SchemaDoc {
+        let schema = Schema::from_doc(&SchemaDoc {
             tiers,
             breakdown_tiers,
             dimensions,
         })
-        .map_err(|e| PayloadError::Schema(e.to_string()))
+        .map_err(|e| PayloadError::Schema(e.to_string()))?;
+        if flags & SCHEMA_COVERAGE == 0 {
+            return Ok(schema);
+        }
+        let mut c = Coverage::default();
+        for marks in [&mut c.totals, &mut c.subtotals] {
+            for _ in 0..self.len()? {
+                let r = Duration::from_secs(self.varint()?)
+                    .ok_or_else(|| PayloadError::Schema("a coverage of a 0s tier".into()))?;
+                marks.insert(r, unzigzag(self.varint()?));
+            }
+        }
+        for _ in 0..self.len()? {
+            let d = self.str()?.to_owned();
+            c.dims.insert(d, unzigzag(self.varint()?));
+        }
+        c.others = match self.u8()? {
+            0 => None,
+            _ => Some(unzigzag(self.varint()?)),
+        };
+        Ok(schema.with_coverage(c))
     }
 }
 
@@ -447,7 +514,58 @@ mod tests {
         .unwrap();
         let mut bytes = Vec::new();
         encode_schema(&ns, &schema, &mut bytes);
-        assert_eq!(decode(&bytes).unwrap(), Payload::Schema(ns, schema));
+        assert_eq!(bytes[0], KIND_SCHEMA, "no coverage: written as before");
+        assert_eq!(
+            decode(&bytes).unwrap(),
+            Payload::Schema(ns.clone(), schema.clone())
+        );
+        // With the coverage a change leaves (every part of it), as kind 4.
+        let before = Schema::from_doc(&SchemaDoc {
+            tiers: vec!["1s:1h".into(), "1m:2h".into()],
+            breakdown_tiers: Some(vec![]),
+            dimensions: Some(vec!["a".into(), "b+c".into()]),
+        })
+        .unwrap();
+        let changed = schema.replacing(Some(&before), 1_790_000_000, 3600);
+        let c = changed.coverage();
+        assert!(!c.totals.is_empty() && !c.subtotals.is_empty() && !c.dims.is_empty());
+        let mut covered = Vec::new();
+        encode_schema(&ns, &changed, &mut covered);
+        assert_eq!(covered[0], KIND_SCHEMA_COVERED);
+        assert_eq!(
+            decode(&covered).unwrap(),
+            Payload::Schema(ns.clone(), changed.clone())
+        );
+        let open = Schema::from_doc(&SchemaDoc {
+            tiers: vec!["1h:forever".into()],
+            breakdown_tiers: None,
+            dimensions: None,
+        })
+        .unwrap()
+        .replacing(Some(&before), 1_790_000_000, 0);
+        assert!(open.coverage().others.is_some());
+        let mut bytes = Vec::new();
+        encode_schema(&ns, &open, &mut bytes);
+        assert_eq!(decode(&bytes).unwrap(), Payload::Schema(ns.clone(), open));
+        for cut in 1..covered.len() {
+            assert!(decode(&covered[..cut]).is_err(), "cut at {cut}");
+        }
+        // Flags this build does not know are refused, not guessed.
+        let flags_at = covered.len() - bytes_after_flags(&changed) - 1;
+        let mut unknown = covered.clone();
+        unknown[flags_at] |= 4;
+        assert!(matches!(decode(&unknown), Err(PayloadError::Schema(_))));
+    }
+
+    /// How many bytes follow a schema's flag byte when it is encoded.
+    fn bytes_after_flags(schema: &Schema) -> usize {
+        let doc = schema.to_doc();
+        let mut head = Vec::new();
+        put_strings(&mut head, &doc.tiers);
+        put_strings(&mut head, &doc.breakdown_tiers.unwrap_or_default());
+        let mut all = Vec::new();
+        put_schema(&mut all, schema);
+        all.len() - head.len() - 1
     }
 
     #[test]

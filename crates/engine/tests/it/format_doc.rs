@@ -151,6 +151,86 @@ fn a_real_log_file_has_the_documented_layout() {
     assert_eq!(&p[i + 2..i + 8], b"clicks");
 }
 
+/// A schema change that adds a tier is logged as kind 4, its schema's flags byte saying a
+/// coverage follows, laid out as the "Schema" and "Coverage" tables say.
+#[test]
+fn a_real_schema_change_with_a_coverage_has_the_documented_layout() {
+    use tally_core::model::{Namespace, Schema, SchemaDoc};
+    use tally_core::store::Store;
+    let doc = doc();
+    let fields: Vec<String> = table(&doc, "**Coverage**")
+        .into_iter()
+        .map(|r| r[0].clone())
+        .collect();
+    assert_eq!(fields, ["totals", "subtotals", "dimensions", "others"]);
+    let flags: Vec<(String, String)> = table(&doc, "then a flags byte")
+        .into_iter()
+        .map(|r| (r[0].clone(), r[1].clone()))
+        .collect();
+    assert_eq!(flags[0].0, "`0x01`");
+    assert_eq!(flags[1].0, "`0x02`");
+    assert!(doc.contains("| kind | byte `2`, or `4` when the schema carries a coverage |"));
+
+    let dir = tempfile::tempdir().unwrap();
+    let e = crate::open(
+        dir.path(),
+        &crate::clock(crate::NOW),
+        tally_engine::FsyncPolicy::Always,
+    );
+    let ns = Namespace::new("clicks").unwrap();
+    let schema = |tiers: &[&str]| {
+        Schema::from_doc(&SchemaDoc {
+            tiers: tiers.iter().map(|t| t.to_string()).collect(),
+            breakdown_tiers: Some(vec!["1h".into()]),
+            dimensions: None,
+        })
+        .unwrap()
+    };
+    e.put_schema(&ns, &schema(&["1h:forever"])).unwrap();
+    e.put_schema(&ns, &schema(&["1m:2h", "1h:forever"]))
+        .unwrap();
+    drop(e);
+    let files = tally_engine::wal::list_files(&dir.path().join("wal")).unwrap();
+    let b = std::fs::read(&files[0].1).unwrap();
+    let mut frames = Vec::new();
+    let mut f = &b[FILE_HEADER_LEN..];
+    while !f.is_empty() {
+        let len = u32::from_le_bytes(f[..4].try_into().unwrap()) as usize;
+        frames.push(&f[FRAME_HEADER_LEN..FRAME_HEADER_LEN + len]);
+        f = &f[FRAME_HEADER_LEN + len..];
+    }
+    assert_eq!(frames.len(), 2);
+    assert_eq!(
+        frames[0][0], 2,
+        "a new namespace's schema has no coverage: kind 2"
+    );
+    let mut want = vec![4u8, 6];
+    want.extend_from_slice(b"clicks");
+    want.push(2);
+    for t in ["1m:2h", "1h:forever"] {
+        want.push(t.len() as u8);
+        want.extend_from_slice(t.as_bytes());
+    }
+    want.extend_from_slice(&[1, 2]);
+    want.extend_from_slice(b"1h");
+    // Flags: a coverage follows, no allow-list.
+    want.push(0x02);
+    // totals: one, the minute tier, whole from NOW + max_future_secs (3600) + 1, zigzagged.
+    want.extend_from_slice(&[1, 60]);
+    varint(&mut want, ((crate::NOW + 3601) as u64) << 1);
+    // subtotals, dimensions: none; others: none.
+    want.extend_from_slice(&[0, 0, 0]);
+    assert_eq!(frames[1], &want[..]);
+}
+
+fn varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push(v as u8 | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
 pub fn crc32c_of(b: &[u8]) -> u32 {
     // CRC32C by the textbook bitwise definition, independent of the crate the code uses.
     let mut crc = !0u32;
@@ -171,7 +251,7 @@ pub fn crc32c_of(b: &[u8]) -> u32 {
 fn manifest_header_table_matches_the_code() {
     use tally_engine::manifest::{
         MANIFEST_CRC_OFFSET, MANIFEST_HEADER_LEN, MANIFEST_LEN_OFFSET, MANIFEST_MAGIC_OFFSET,
-        MANIFEST_MAGIC_V1, MANIFEST_MAGIC_V2,
+        MANIFEST_MAGIC_V1, MANIFEST_MAGIC_V2, MANIFEST_MAGIC_V3,
     };
     let rows = table(&doc(), "### Manifest header");
     let l = layout(&rows);
@@ -185,8 +265,17 @@ fn manifest_header_table_matches_the_code() {
         ]
     );
     assert!(rows[0][2].contains("`TLM`") && MANIFEST_MAGIC_V2.starts_with(b"TLM"));
-    assert!(rows[0][2].contains("(`0x02`; `0x01` is still read)"));
-    assert_eq!((MANIFEST_MAGIC_V1[3], MANIFEST_MAGIC_V2[3]), (1, 2));
+    assert!(rows[0][2].contains(
+        "(`0x03` when a schema in it carries a coverage, else `0x02`; `0x01` is still read)"
+    ));
+    assert_eq!(
+        (
+            MANIFEST_MAGIC_V1[3],
+            MANIFEST_MAGIC_V2[3],
+            MANIFEST_MAGIC_V3[3]
+        ),
+        (1, 2, 3)
+    );
 }
 
 #[test]

@@ -3,7 +3,7 @@
 use serde_json::{Value, json};
 use tally_server::Settings;
 
-use crate::{NOW, Server};
+use crate::{NOW, Server, err};
 
 fn keys_of(v: &Value) -> Vec<&str> {
     v.as_object().unwrap().keys().map(String::as_str).collect()
@@ -526,4 +526,85 @@ fn a_flood_of_health_checks_asks_the_backend_a_few_at_a_time() {
     }
     assert_eq!(most, tally_server::OPS_PROBES);
     assert_eq!(s.store.health_most.load(SeqCst), tally_server::OPS_PROBES);
+}
+
+/// A tier a schema change adds holds nothing from before the change (SPEC §1): a query
+/// that would read it there goes to a tier that holds the range whole, or is refused with
+/// `no_tier_for_range` — never answered with a silent 0. So for breakdowns a tier starts
+/// keeping. The marks survive a restart, and the schema's API form does not show them.
+#[test]
+fn a_tier_added_later_never_answers_for_time_before_it() {
+    let s = Server::start(Settings::default());
+    let put = |schema: Value| {
+        let (st, v) = s.req("PUT", "/v1/ns/clicks", Some(&schema.to_string()), &[]);
+        assert_eq!(st, 200, "{v}");
+        v
+    };
+    put(json!({"tiers": ["1m:2d"], "breakdown_tiers": ["1m"]}));
+    let e = json!([
+        {"ns": "clicks", "key": "k", "ts": NOW - 3 * 3600, "n": 2, "dims": {"country": "us"}},
+        {"ns": "clicks", "key": "k", "ts": NOW - 1800, "n": 3, "dims": {"country": "fr"}},
+    ]);
+    assert_eq!(s.post("/v1/events", &e.to_string()).0, 200);
+    let shown = put(json!({"tiers": ["1m:2d", "1h:forever"], "breakdown_tiers": ["1m", "1h"]}));
+    assert_eq!(
+        shown,
+        json!({"name": "clicks", "tiers": ["1m:2d", "1h:forever"], "breakdown_tiers": ["1m", "1h"], "dimensions": null})
+    );
+    let series = |s: &Server, from: i64, to: i64| {
+        s.get(&format!(
+            "/v1/ns/clicks/keys/k/series?unit=hour&from={from}&to={to}"
+        ))
+    };
+    let breakdown = |s: &Server, from: i64, to: i64| {
+        s.get(&format!(
+            "/v1/ns/clicks/keys/k/breakdown?dim=country&from={from}&to={to}"
+        ))
+    };
+    let check = |s: &Server| {
+        // Hours before the change: the minute tier holds them, the new hourly one not.
+        let (st, v) = series(s, NOW - 4 * 3600, NOW);
+        assert_eq!(
+            (st, &v["total"], &v["resolution"]),
+            (200, &json!(5), &json!("1m")),
+            "{v}"
+        );
+        let (st, v) = breakdown(s, NOW - 4 * 3600, NOW);
+        assert_eq!(
+            (st, &v["total"], &v["resolution"]),
+            (200, &json!(5), &json!("1m")),
+            "{v}"
+        );
+        assert_eq!(
+            v["values"],
+            json!([{"value": "fr", "n": 3}, {"value": "us", "n": 2}])
+        );
+        // Older than the minute tier keeps: nothing holds it whole.
+        let v = err(series(s, NOW - 3 * 86_400, NOW), 422, "no_tier_for_range");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(
+            message.starts_with("hourly data is whole only from 2026-11-20T13:00:01Z"),
+            "{message}"
+        );
+    };
+    check(&s);
+    // Past the change and the future an event may be dated in (max_future_secs, 1h): the
+    // hourly tier serves what it holds whole.
+    s.clock.advance(3 * 3600);
+    let e = json!([{"ns": "clicks", "key": "k", "ts": NOW + 2 * 3600 + 5, "n": 7, "dims": {"country": "us"}}]);
+    assert_eq!(s.post("/v1/events", &e.to_string()).0, 200);
+    let (st, v) = series(&s, NOW + 2 * 3600, NOW + 3 * 3600);
+    assert_eq!(
+        (st, &v["total"], &v["resolution"]),
+        (200, &json!(7), &json!("1h")),
+        "{v}"
+    );
+    let s = s.restart();
+    check(&s);
+    let (st, v) = breakdown(&s, NOW + 2 * 3600, NOW + 3 * 3600);
+    assert_eq!(
+        (st, &v["total"], &v["resolution"]),
+        (200, &json!(7), &json!("1h")),
+        "{v}"
+    );
 }
