@@ -426,6 +426,34 @@ pub struct Stored {
 }
 
 impl Stored {
+    /// The schema as queries see it at `now`: a tier whose retention grew and whose
+    /// expiries are still to be extended holds only what the retention they were set for
+    /// keeps (its windows go on expiring under it), so its coverage mark is at least `now`
+    /// less that retention ([`SchemaRecord::extend_from`]).
+    pub fn schema_at(&self, now: i64) -> Schema {
+        let pending = self
+            .record
+            .extend_from
+            .iter()
+            .filter(|(r, _)| self.record.extend.contains_key(r));
+        let mut coverage = self.schema.coverage().clone();
+        let mut held = false;
+        for (&r, &a) in pending {
+            let Some(res) = Duration::from_secs(r) else {
+                continue;
+            };
+            let from = now.saturating_sub(i64::try_from(a).unwrap_or(i64::MAX));
+            let mark = coverage.totals.entry(res).or_insert(from);
+            *mark = (*mark).max(from);
+            held = true;
+        }
+        if held {
+            self.schema.clone().with_coverage(coverage)
+        } else {
+            self.schema.clone()
+        }
+    }
+
     /// The generation of a tier's totals, `None` if the schema has no such tier.
     pub fn generation(&self, res: Duration) -> Option<u64> {
         self.record.generation.get(&res.secs()).copied()
@@ -763,6 +791,17 @@ mod tests {
         let again = SchemaRecord::next(Some(&grown), &schema(&["1m:7d"], Some(&[])));
         assert_eq!(again.extend_from, BTreeMap::from([(60, 7200)]));
         assert_ne!(again.extend, grown.extend, "marked afresh");
+        // Read while the mark stands, the tier's mark moves with the clock.
+        let pending = SchemaRecord::decode("clicks", again.encode().unwrap().as_bytes()).unwrap();
+        let minute = Duration::from_secs(60).unwrap();
+        for now in [1_790_000_000, 1_790_100_000] {
+            assert_eq!(
+                pending
+                    .schema_at(now)
+                    .whole_from(minute, tally_core::model::Reads::Totals),
+                Some(now - 7200)
+            );
+        }
         let mut done = again.clone();
         done.hold_growth(60, 1_790_000_600);
         assert_eq!(done.whole_from.totals[&60], 1_790_000_600 - 7200);
@@ -770,6 +809,16 @@ mod tests {
         assert_eq!(
             (kept.extend, kept.extend_from),
             (again.extend, again.extend_from)
+        );
+        done.extend.clear();
+        done.extend_from.clear();
+        let finished = SchemaRecord::decode("clicks", done.encode().unwrap().as_bytes()).unwrap();
+        assert_eq!(
+            finished
+                .schema_at(1_790_100_000)
+                .whole_from(minute, tally_core::model::Reads::Totals),
+            Some(1_790_000_600 - 7200),
+            "once extended, the mark stays where the extension left it"
         );
         let zero = text.replace("\"3600\":1790003601}", "\"0\":1}");
         assert!(SchemaRecord::decode("clicks", zero.as_bytes()).is_err());

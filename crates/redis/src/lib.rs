@@ -671,7 +671,7 @@ impl Store for RedisStore {
 
     fn schema(&self, ns: &Namespace) -> Result<Option<Schema>, StoreError> {
         let (_, stored) = self.block_on(self.read_record(ns))?;
-        Ok(stored.map(|s| s.schema))
+        Ok(stored.map(|s| s.schema_at(self.clock.now())))
     }
 
     fn put_schema(&self, ns: &Namespace, schema: &Schema) -> Result<(), StoreError> {

@@ -100,7 +100,11 @@ impl RedisStore {
 
     pub(crate) async fn all_schemas(&self) -> Result<Vec<(Namespace, Schema)>, StoreError> {
         let all = self.all_records().await?;
-        Ok(all.into_iter().map(|(ns, s)| (ns, s.schema)).collect())
+        let now = self.clock.now();
+        Ok(all
+            .into_iter()
+            .map(|(ns, s)| (ns, s.schema_at(now)))
+            .collect())
     }
 
     /// Stores the schema; if a tier's retention grew, extends its expiries before answering

@@ -320,10 +320,12 @@ pub fn dashboard(
     // A dimension a schema change started counting after `from` has only part of the
     // range: its breakdown is left out rather than shown too small (the tier was chosen for
     // every subtotal, so this can only be one the allow-list added).
+    // So is one the schema no longer counts: its subtotals stopped when it left.
     let whole = |dim: &str| {
-        schema
-            .whole_from(tier.resolution, Reads::Dimension(dim))
-            .is_none_or(|s| from >= s)
+        schema.knows_dimension(dim)
+            && schema
+                .whole_from(tier.resolution, Reads::Dimension(dim))
+                .is_none_or(|s| from >= s)
     };
     for s in data.subtotals.iter().filter(|s| whole(&s.dim)) {
         let n = sum(&s.buckets);

@@ -9,7 +9,7 @@
 
 use super::params::{Params, required, span};
 use super::{QueryError, model};
-use crate::model::{Duration, Key, Namespace, Reads};
+use crate::model::{Duration, Key, Namespace, Reads, Schema};
 use crate::store::{Deadline, KeyList, KeyRead, Store, Want};
 use crate::time::TimeError;
 
@@ -48,6 +48,9 @@ pub struct ExportPlan {
     pub from: i64,
     pub to: i64,
     pub subtotals: bool,
+    /// The namespace's schema: its coverage says from which bucket on a dimension's rows
+    /// are whole.
+    pub schema: Schema,
 }
 
 /// One row; `dim` and `value` are empty for a total.
@@ -126,24 +129,23 @@ pub fn export_plan(
     }
     // Rows of a tier (or of subtotals, or of a dimension) a schema change started after
     // `from` would be too small, with nothing to say so.
+    // (A dimension the allow-list began counting later only loses its rows before then:
+    // see `export`.)
     let subtotals = schema.is_breakdown(res);
-    let mut whole_from = schema.whole_from(res, Reads::Totals);
-    if subtotals {
-        let c = schema.coverage();
-        let dims = c.dims.values().copied().chain(c.others).max();
-        whole_from = whole_from
-            .max(schema.whole_from(res, Reads::Subtotals))
-            .max(dims);
-    }
-    if let Some(since) = whole_from
+    let reads = if subtotals {
+        Reads::Subtotals
+    } else {
+        Reads::Totals
+    };
+    if let Some(since) = schema.whole_from(res, reads)
         && from < to
         && from < since
     {
         return Err(QueryError::NoTier(crate::tier::NoTier {
             message: format!(
                 "{res} data of namespace {} is whole only from {} (a schema change then added \
-                 the tier, its breakdowns or a dimension, or lengthened its retention), and \
-                 the range starts before it; export a later range, or another tier",
+                 the tier or its breakdowns, or lengthened its retention), and the range \
+                 starts before it; export a later range, or another tier",
                 q.ns,
                 jiff::Timestamp::from_second(since)
                     .map_or_else(|_| since.to_string(), |t| t.to_string())
@@ -156,6 +158,7 @@ pub fn export_plan(
         from,
         to,
         subtotals,
+        schema,
     })
 }
 
@@ -218,7 +221,13 @@ pub fn export(
             let mut subs: Vec<_> = data.subtotals.iter().collect();
             subs.sort_by(|a, b| (&a.dim, &a.value).cmp(&(&b.dim, &b.value)));
             for s in subs {
-                for &(ts, n) in &s.buckets {
+                // A dimension a schema change began counting: its buckets from before then
+                // hold only part of what they would, so they are left out.
+                let whole = plan
+                    .schema
+                    .whole_from(plan.resolution, Reads::Dimension(&s.dim))
+                    .unwrap_or(i64::MIN);
+                for &(ts, n) in s.buckets.iter().filter(|(ts, _)| *ts >= whole) {
                     if n != 0
                         && !visit(&Row {
                             key,

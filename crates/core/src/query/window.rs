@@ -259,8 +259,12 @@ pub fn incr_limited(
         let at = now();
         let plan = window_plan(ns, &schema, last, at)
             .map_err(|e| StoreError::internal(format!("the window's tier went away: {e}")))?;
-        if batch.increments.iter().any(|i| !plan.covers(i.ts)) {
-            // Undecided (see above): nothing applied, nothing remembered.
+        if plan.resolution != planned.resolution
+            || batch.increments.iter().any(|i| !plan.covers(i.ts))
+        {
+            // Undecided (see above): nothing applied, nothing remembered. So too when the
+            // window moved to another tier while we waited (a tier a schema change added
+            // became whole): the buckets read are the planned tier's.
             return Ok(Decision {
                 apply: false,
                 idempotency: None,
@@ -369,6 +373,88 @@ mod tests {
         assert!(
             matches!(&outcome, Some(Limited::Refused { window, .. }) if window.n == 2),
             "{outcome:?}"
+        );
+    }
+
+    /// Found by review: a tier a schema change added becomes whole while a limited increment
+    /// waits for the key's lock, so the window moves to it; the buckets read are the old
+    /// tier's, and held to the new tier's range they summed to nothing — the limit let it
+    /// through. Now it comes back undecided, and prepared again it is refused.
+    #[test]
+    fn a_window_that_moves_to_another_tier_while_waiting_is_decided_again() {
+        use std::sync::Arc;
+
+        use crate::ingest::{Defaults, Limits, prepare};
+        use crate::model::RawEvent;
+        use crate::reference::MemStore;
+        use crate::store::ManualClock;
+
+        let h = 1_795_176_000;
+        let clock = Arc::new(ManualClock::new(h));
+        let store = MemStore::new(clock.clone()).with_max_future_secs(0);
+        let ns = Namespace::new("api").unwrap();
+        let schema = |tiers: &[&str]| {
+            Schema::from_doc(&crate::model::SchemaDoc {
+                tiers: tiers.iter().map(|t| t.to_string()).collect(),
+                breakdown_tiers: None,
+                dimensions: None,
+            })
+            .unwrap()
+        };
+        store.put_schema(&ns, &schema(&["1h:forever"])).unwrap();
+        clock.set(h + 600);
+        store
+            .put_schema(&ns, &schema(&["1m:2h", "1h:forever"]))
+            .unwrap();
+        let raw = |ts: Option<i64>| RawEvent {
+            ns: "api".into(),
+            key: "k".into(),
+            ts,
+            n: Some(1),
+            dims: Vec::new(),
+        };
+        let at = |when: i64, ts: Option<i64>| {
+            prepare(
+                &store,
+                &[raw(ts)],
+                when,
+                &Limits::default(),
+                &Defaults::default(),
+            )
+            .unwrap()
+        };
+        clock.set(h + 1000);
+        for _ in 0..5 {
+            store.apply(&at(h + 1000, Some(h + 1000))).unwrap();
+        }
+        // Planned at h + 4199 on the hourly tier (the minute tier is whole from h + 601, and
+        // an hour's window of minutes starts at h + 600); decided at h + 4200, on minutes.
+        let last = Duration::from_secs(3600).unwrap();
+        clock.set(h + 4200);
+        let o = incr_limited(
+            &store,
+            h + 4199,
+            &|| h + 4200,
+            &at(h + 4199, None),
+            last,
+            5,
+            &mut |_| Ok(None),
+        )
+        .unwrap();
+        assert!(o.is_none(), "undecided: {o:?}");
+        let o = incr_limited(
+            &store,
+            h + 4200,
+            &|| h + 4200,
+            &at(h + 4200, None),
+            last,
+            5,
+            &mut |_| Ok(None),
+        )
+        .unwrap();
+        assert!(
+            matches!(&o, Some(Limited::Refused { window, .. }) if window.n == 5),
+            "{o:?}"
         );
     }
 

@@ -855,6 +855,42 @@ fn queries_after_a_schema_change_read_only_what_holds_their_range_whole() {
         ][..],
     )
     .unwrap();
+    // An export of the hourly tier: every total and subtotal, but none of the compound's
+    // rows from before the change made it whole.
+    let plan = query::export_plan(&db.store, &q, 100_000, now).unwrap();
+    let mut rows = Vec::new();
+    query::export(
+        &db.store,
+        &plan,
+        &tally_core::store::Deadline::none,
+        &mut |r| {
+            rows.push((r.ts, r.dim.to_owned(), r.n));
+            true
+        },
+    )
+    .unwrap();
+    let hour = ts("2026-11-20T12:00:00Z");
+    assert_eq!(
+        rows,
+        [
+            (hour - 7200, String::new(), 2),
+            (hour, String::new(), 5),
+            (hour - 7200, "country".into(), 2),
+            (hour, "country".into(), 5),
+            (hour - 7200, "device".into(), 2),
+            (hour, "device".into(), 5),
+        ]
+    );
+    // An export of the per-second tier from before it was added is refused.
+    let q = query::ExportQuery::parse(
+        "api",
+        &[
+            ("from", "2026-11-20T11:59:00Z"),
+            ("to", "2026-11-20T12:00:10Z"),
+            ("resolution", "1s"),
+        ][..],
+    )
+    .unwrap();
     let e = query::export_plan(&db.store, &q, 100_000, now).unwrap_err();
     assert_eq!(e.code(), ErrorCode::NoTierForRange, "{e}");
     // Once the change (plus max_future_secs) is past, all of it serves.
@@ -865,6 +901,16 @@ fn queries_after_a_schema_change_read_only_what_holds_their_range_whole() {
         ("resolution", "1h"),
     ];
     let q = query::ExportQuery::parse("api", &later[..]).unwrap();
+    assert!(query::export_plan(&db.store, &q, 100_000, db.ctx().now).is_ok());
+    let q = query::ExportQuery::parse(
+        "api",
+        &[
+            ("from", "2026-11-20T14:00:00Z"),
+            ("to", "2026-11-20T14:01:00Z"),
+            ("resolution", "1s"),
+        ][..],
+    )
+    .unwrap();
     assert!(query::export_plan(&db.store, &q, 100_000, db.ctx().now).is_ok());
 }
 
@@ -890,4 +936,29 @@ fn an_event_dated_as_far_ahead_as_allowed_is_not_lost_by_a_tier_added_in_its_sec
     assert_eq!((a.resolution.as_str(), a.total), ("1m", 1));
     let a = db.series("c", "k", &range("minute")).unwrap();
     assert_eq!((a.resolution.as_str(), a.total), ("1m", 1));
+}
+
+/// A dashboard shows only the dimensions the schema counts now: one the allow-list stopped
+/// counting (here `device`, still accepted as a part of `device+status`) kept its old
+/// subtotals, and its breakdown was too small (found by a black-box review).
+#[test]
+fn a_dashboard_leaves_out_dimensions_the_schema_no_longer_counts() {
+    let db = Db::new("2026-11-20T12:00:00Z");
+    let now = db.ctx().now;
+    db.schema("r", &["1h:forever"], None, None);
+    let dims = [("device", "mobile"), ("status", "200")];
+    db.ingest(&[Db::raw("r", "k", now - 7200, 1, &dims)])
+        .unwrap();
+    db.schema("r", &["1h:forever"], None, Some(&["device+status"]));
+    db.ingest(&[Db::raw("r", "k", now - 7200, 1, &dims)])
+        .unwrap();
+    let p = [
+        ("from", "2026-11-20T09:00:00Z"),
+        ("to", "2026-11-20T12:00:00Z"),
+        ("unit", "hour"),
+    ];
+    let q = query::DashboardQuery::parse("r", "k", &p[..]).unwrap();
+    let a = query::dashboard(&db.store, db.ctx(), &q).unwrap();
+    assert_eq!(a.total, 2);
+    assert!(a.breakdowns.is_empty(), "{:?}", a.breakdowns.keys());
 }
