@@ -26,7 +26,8 @@
 //!    budget of `max_body_bytes_in_flight` shared by all requests and released when the
 //!    answer is ready; a request that would pass it is `503 backend_unavailable` with
 //!    `Retry-After: 1` — the server is short of memory for the moment, the body is not at
-//!    fault, so not 413. A stalled upload thus holds only the bytes it sent.
+//!    fault, so not 413 — and what is left of it is thrown away as for a 413, so that its
+//!    client reads the answer. A stalled upload thus holds only the bytes it sent.
 //! 5. Only then a **permit of its route class**: writes (`POST /v1/events`, `incr`) share
 //!    `max_concurrent_writes`, queries (series, breakdown, window, dashboard, top, keys,
 //!    export, `POST /v1/query`) `max_concurrent_queries`, the other `/v1` routes (schemas,
@@ -211,6 +212,18 @@ impl Admission {
                 }
                 Err(too_large(limit))
             }
+            // The budget is memory: what is left is read and thrown away (holding none), so
+            // a client still sending reads the 503 and its `Retry-After` rather than a reset.
+            Ok(Ok(Collected::Busy(rest))) => {
+                if drains {
+                    drain(rest, cap, deadline).await;
+                }
+                Err(ApiError::new(
+                    ErrorCode::BackendUnavailable,
+                    "the server holds as many request bodies as it may \
+                     ([limits] max_body_bytes_in_flight); try again shortly",
+                ))
+            }
             Ok(Err(e)) => Err(e),
             Err(_) => Err(ApiError::new(
                 ErrorCode::RequestTimeout,
@@ -234,16 +247,13 @@ impl Admission {
             if total > limit {
                 return Ok(Collected::Over(body));
             }
-            let charge = u32::try_from(data.len())
+            let Some(charge) = u32::try_from(data.len())
                 .ok()
                 .and_then(|n| self.bytes.clone().try_acquire_many_owned(n).ok())
-                .ok_or_else(|| {
-                    ApiError::new(
-                        ErrorCode::BackendUnavailable,
-                        "the server holds as many request bodies as it may \
-                         ([limits] max_body_bytes_in_flight); try again shortly",
-                    )
-                })?;
+            else {
+                // What this body charged goes back as it is dropped, here.
+                return Ok(Collected::Busy(body));
+            };
             match &mut held {
                 Some(h) => h.merge(charge),
                 None => held = Some(charge),
@@ -265,10 +275,12 @@ impl Admission {
     }
 }
 
-/// A body read whole (and its charge to the budget), or the rest of one past the limit.
+/// A body read whole (and its charge to the budget), or the rest of one past the limit, or
+/// of one past `max_body_bytes_in_flight`.
 enum Collected {
     Whole(Bytes, Option<OwnedSemaphorePermit>),
     Over(Body),
+    Busy(Body),
 }
 
 /// Bytes of a refused body read and thrown away at most, so that its client, still

@@ -392,6 +392,33 @@ fn bodies_past_the_in_flight_budget_are_503_and_the_budget_comes_back() {
     for i in 0..5 {
         assert_eq!(post_one(&s, &format!("small{i}")).0, 200);
     }
+    // Megabytes past the budget: the client, still sending, reads the 503 and its
+    // `Retry-After` (the rest of the body is read and thrown away) instead of a reset
+    // connection (found by a review).
+    let huge = json!(
+        (0..300_000)
+            .map(|i| json!({"ns": "c", "key": format!("k{i}"), "ts": NOW - 60}))
+            .collect::<Vec<_>>()
+    )
+    .to_string();
+    // More than the loopback's socket buffers hold, within max_body_bytes (16 MiB).
+    assert!(huge.len() > 12_000_000 && huge.len() < 16 << 20);
+    for _ in 0..3 {
+        let answer = crate::errors::raw_http(
+            s.addr,
+            &format!(
+                "POST /v1/events HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
+                 Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{huge}",
+                huge.len()
+            ),
+        );
+        assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+        assert!(
+            answer.to_ascii_lowercase().contains("retry-after: 1"),
+            "{answer}"
+        );
+    }
+    assert_eq!(post_one(&s, "after").0, 200);
 }
 
 /// Answers are charged to `max_answer_bytes_in_flight` until their clients take them:
