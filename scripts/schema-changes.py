@@ -568,7 +568,18 @@ def recheck(hist):
             bugs.append(("emb-restart", url, [f"before {norm(st, body)}"[:300], f"after {norm(st2, body2)}"[:300]]))
             log("RESTART DIFF", url, "\n before", json.dumps(norm(st, body))[:500], "\n after", json.dumps(norm(st2, body2))[:500])
 
+def port_taken(port):
+    import socket
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
 def start_redis():
+    for port in (REDIS_PORT, EMB_PORT, RED_PORT):
+        if port_taken(port):
+            raise SystemExit(f"port {port} is in use: set REDIS_PORT, EMB_PORT, RED_PORT")
     procs["redis"] = subprocess.Popen(
         ["redis-server", "--port", str(REDIS_PORT), "--save", "", "--appendonly", "no",
          "--dir", WORK],
@@ -583,8 +594,8 @@ def start_redis():
     raise SystemExit(f"redis-server on {REDIS_PORT} did not start")
 
 def main():
-    start_redis()
     try:
+        start_redis()
         start_emb(); start_red()
         for i in range(NSCEN):
             scenario(i)

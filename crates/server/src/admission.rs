@@ -20,7 +20,8 @@
 //!    `Content-Length` is refused before buffering, a longer stream as soon as it passes the
 //!    limit: `413 body_too_large`; what is left of it is read and thrown away, up to four times
 //!    the limit (64 MiB to 1 GiB) within `body_timeout_ms`, so that the client, still
-//!    sending, reads the answer; not for a client waiting for `100 Continue`), within
+//!    sending, reads the answer; a client waiting for `100 Continue` whose declared length is
+//!    already too long is answered at once, unread), within
 //!    `body_timeout_ms` (`408 request_timeout`); a body
 //!    cut off mid-way is `400 malformed_body`. Every byte is charged, as it arrives, to a
 //!    budget of `max_body_bytes_in_flight` shared by all requests and released when the
@@ -206,18 +207,16 @@ impl Admission {
         }
         match tokio::time::timeout_at(deadline, self.collect(body, limit)).await {
             Ok(Ok(Collected::Whole(bytes, held))) => Ok((bytes, held)),
+            // Reading the body has asked a client waiting for `100 Continue` to send it (hyper
+            // answers `100` at the first read): from here on every client is drained.
             Ok(Ok(Collected::Over(rest))) => {
-                if drains {
-                    drain(rest, cap, deadline).await;
-                }
+                drain(rest, cap, deadline).await;
                 Err(too_large(limit))
             }
             // The budget is memory: what is left is read and thrown away (holding none), so
             // a client still sending reads the 503 and its `Retry-After` rather than a reset.
             Ok(Ok(Collected::Busy(rest))) => {
-                if drains {
-                    drain(rest, cap, deadline).await;
-                }
+                drain(rest, cap, deadline).await;
                 Err(ApiError::new(
                     ErrorCode::BackendUnavailable,
                     "the server holds as many request bodies as it may \
