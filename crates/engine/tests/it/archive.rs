@@ -957,32 +957,15 @@ fn compaction_merges_deltas_and_retention_drops_expired_segments() {
 
 /// Fails the next rename of a segment's `.tmp` file once armed (a merged segment that cannot be put
 /// in place, as a full disk or a record too large for the format would fail its merge).
-#[derive(Debug, Default)]
-struct FailOneMerge {
-    armed: std::sync::atomic::AtomicBool,
-}
-
-impl tally_engine::io::Fs for FailOneMerge {
-    fn write_new(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-        tally_engine::io::OsFs.write_new(path, bytes)
-    }
-
-    fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
-        let segment = from.extension().is_some_and(|x| x == "tmp")
-            && from.parent().and_then(Path::file_name) == Some("segments".as_ref());
-        if segment && self.armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
-            return Err(std::io::Error::other("injected rename failure"));
-        }
-        tally_engine::io::OsFs.rename(from, to)
-    }
-
-    fn sync_dir(&self, dir: &Path) -> std::io::Result<()> {
-        tally_engine::io::OsFs.sync_dir(dir)
-    }
-
-    fn remove(&self, path: &Path) -> std::io::Result<()> {
-        tally_engine::io::OsFs.remove(path)
-    }
+fn one_merge() -> crate::FailFs {
+    crate::FailFs::new(
+        |op, from| {
+            op == crate::FsOp::Rename
+                && from.extension().is_some_and(|x| x == "tmp")
+                && from.parent().and_then(Path::file_name) == Some("segments".as_ref())
+        },
+        true,
+    )
 }
 
 /// A merge that fails holds up no other: the rest of the pass merges the other periods,
@@ -992,7 +975,7 @@ fn a_failed_merge_does_not_hold_up_the_others() {
     let dir = tempfile::tempdir().unwrap();
     let clock = crate::clock(NOW);
     let reference = MemStore::new(clock.clone());
-    let fs = Arc::new(FailOneMerge::default());
+    let fs = Arc::new(one_merge());
     let mut c = Config::new(dir.path());
     c.clock = clock.clone();
     c.fsync = FsyncPolicy::Never;

@@ -136,3 +136,63 @@ pub fn clock(now: i64) -> Arc<ManualClock> {
     assert_eq!(c.now(), now);
     c
 }
+
+/// What [`FailFs`] may fail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FsOp {
+    Write,
+    Rename,
+}
+
+/// A file system that, once armed, fails the writes and renames `pick` chooses — every one,
+/// or only the next when `once` — and passes everything else to the real one.
+#[derive(Debug)]
+pub struct FailFs {
+    pub armed: std::sync::atomic::AtomicBool,
+    pick: fn(FsOp, &Path) -> bool,
+    once: bool,
+}
+
+impl FailFs {
+    pub fn new(pick: fn(FsOp, &Path) -> bool, once: bool) -> Self {
+        FailFs {
+            armed: Default::default(),
+            pick,
+            once,
+        }
+    }
+
+    fn fail(&self, op: FsOp, path: &Path) -> std::io::Result<()> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let hit = (self.pick)(op, path)
+            && if self.once {
+                self.armed.swap(false, SeqCst)
+            } else {
+                self.armed.load(SeqCst)
+            };
+        if hit {
+            return Err(std::io::Error::other(format!("injected {op:?} failure")));
+        }
+        Ok(())
+    }
+}
+
+impl tally_engine::io::Fs for FailFs {
+    fn write_new(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+        self.fail(FsOp::Write, path)?;
+        tally_engine::io::OsFs.write_new(path, bytes)
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
+        self.fail(FsOp::Rename, from)?;
+        tally_engine::io::OsFs.rename(from, to)
+    }
+
+    fn sync_dir(&self, dir: &Path) -> std::io::Result<()> {
+        tally_engine::io::OsFs.sync_dir(dir)
+    }
+
+    fn remove(&self, path: &Path) -> std::io::Result<()> {
+        tally_engine::io::OsFs.remove(path)
+    }
+}

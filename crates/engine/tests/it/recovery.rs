@@ -813,33 +813,6 @@ fn a_schema_change_s_coverage_survives_a_restart_and_a_truncated_log() {
     assert_eq!(total(&e, "clicks", "k", 60), 2);
 }
 
-/// Fails every file write and rename once armed: a flush cannot publish.
-#[derive(Debug, Default)]
-struct FailWrites {
-    armed: std::sync::atomic::AtomicBool,
-}
-
-impl tally_engine::io::Fs for FailWrites {
-    fn write_new(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-        if self.armed.load(Ordering::SeqCst) {
-            return Err(std::io::Error::other("injected write failure"));
-        }
-        tally_engine::io::OsFs.write_new(path, bytes)
-    }
-    fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
-        if self.armed.load(Ordering::SeqCst) {
-            return Err(std::io::Error::other("injected rename failure"));
-        }
-        tally_engine::io::OsFs.rename(from, to)
-    }
-    fn sync_dir(&self, dir: &Path) -> std::io::Result<()> {
-        tally_engine::io::OsFs.sync_dir(dir)
-    }
-    fn remove(&self, path: &Path) -> std::io::Result<()> {
-        tally_engine::io::OsFs.remove(path)
-    }
-}
-
 /// A retention that grows while the flush after it fails: replay checks the logged
 /// increments against the retention at the end of the log, which it reads from schema
 /// records of both kinds — a growth always leaves a coverage, so it is logged as kind 4
@@ -858,7 +831,8 @@ fn a_grown_retention_whose_flush_failed_counts_the_same_after_a_restart() {
     };
     let dir = tempfile::tempdir().unwrap();
     let c = clock(NOW);
-    let fs = Arc::new(FailWrites::default());
+    // Once armed, every file write and rename fails: a flush cannot publish.
+    let fs = Arc::new(crate::FailFs::new(|_, _| true, false));
     let open_with = |fs: Arc<dyn tally_engine::io::Fs>| {
         let mut cfg = Config::new(dir.path());
         cfg.clock = c.clone();
