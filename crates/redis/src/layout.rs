@@ -377,10 +377,7 @@ pub struct WholeFrom {
 
 impl WholeFrom {
     pub fn is_empty(&self) -> bool {
-        self.totals.is_empty()
-            && self.subtotals.is_empty()
-            && self.dims.is_empty()
-            && self.others.is_none()
+        *self == WholeFrom::default()
     }
 
     pub fn of(c: &Coverage) -> WholeFrom {

@@ -230,7 +230,8 @@ pub async fn window(
     get(app, headers, Kind::Window, ns, key, q).await
 }
 
-/// A key's timeline and the breakdown of every dimension.
+/// A key's timeline and the breakdown of every dimension the schema counts and that is
+/// whole over the range (one a schema change began counting later is left out).
 #[utoipa::path(get, path = "/v1/ns/{ns}/keys/{key}/dashboard", tag = "queries",
     params(("ns" = String, Path), ("key" = String, Path), ("from" = String, Query), ("to" = String, Query), ("unit" = String, Query),
         ("every" = Option<u32>, Query), ("tz" = Option<String>, Query), ("limit" = Option<u32>, Query)),

@@ -44,10 +44,7 @@ pub struct Coverage {
 
 impl Coverage {
     pub fn is_empty(&self) -> bool {
-        self.totals.is_empty()
-            && self.subtotals.is_empty()
-            && self.dims.is_empty()
-            && self.others.is_none()
+        *self == Coverage::default()
     }
 }
 
