@@ -525,8 +525,8 @@ impl Stored {
 impl SchemaRecord {
     /// A tier whose expiries are still to be extended holds, at `now`, only what the
     /// retention they were set for keeps: its mark in `whole_from` is at least `now` less
-    /// that retention. A schema change applies this to its record, and so does clearing a
-    /// mark (`RedisStore::extend_expiries`), at the time the expiries were extended.
+    /// that retention. Clearing a mark (`RedisStore::extend_expiries`) stores this, at the
+    /// time the expiries were extended; until then reads apply it ([`Stored::schema_at`]).
     pub fn hold_growth(&mut self, r: u64, now: i64) {
         if let Some(&a) = self.extend_from.get(&r) {
             let from = now.saturating_sub(i64::try_from(a).unwrap_or(i64::MAX));

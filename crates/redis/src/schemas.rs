@@ -123,11 +123,9 @@ impl RedisStore {
                 let schema = schema
                     .clone()
                     .replacing(before.as_ref(), now, self.max_future_secs);
-                let mut record = SchemaRecord::next(previous, &schema);
-                for r in record.extend.keys().copied().collect::<Vec<_>>() {
-                    record.hold_growth(r, now);
-                }
-                Some(record)
+                // A growth still to be extended is held to its old retention by reads
+                // (`Stored::schema_at`), and by `hold_growth` once it is done.
+                Some(SchemaRecord::next(previous, &schema))
             })
             .await?;
         if stored.is_some_and(|s| !s.record.extend.is_empty()) {
