@@ -353,7 +353,7 @@ impl Archive {
                 if !seg.has(r.ns, r.key) {
                     continue;
                 }
-                let ids = seg.name_ids(r.names);
+                let ids = seg.name_ids(r.names)?;
                 // The one value wanted, as named here: found only if the segment's
                 // dictionary (now mapped) holds it.
                 let value = r.value.map(|v| r.names.get(v));

@@ -600,6 +600,18 @@ impl Store for Engine {
                 value: s.catalog_bytes.total() as f64,
             },
             Gauge {
+                name: "tally_dictionary_cache_bytes",
+                help: "Bytes of decoded segment dictionaries held in memory, process-wide (at most [limits] dictionary_cache_bytes).",
+                kind: "gauge",
+                value: crate::segment::dicts::held_bytes() as f64,
+            },
+            Gauge {
+                name: "tally_dictionary_cache_misses_total",
+                help: "Segment dictionaries read from their files again because the cache had dropped them.",
+                kind: "counter",
+                value: crate::segment::dicts::misses() as f64,
+            },
+            Gauge {
                 name: "tally_log_bytes_written_total",
                 help: "Bytes appended to the write-ahead log since start.",
                 kind: "counter",

@@ -5,8 +5,8 @@
 //! 2 000 values over 14 segments then hashes 2 000 names, not 28 000.
 //!
 //! Ids are only ever added. To keep memory bounded, the engine replaces its `Names` with an
-//! empty one once it holds [`MAX_NAMES`] (see `Core::names`); segments notice by the id of
-//! the `Names` they mapped to and map again.
+//! empty one once it holds [`MAX_NAMES`] names or [`MAX_NAME_BYTES`] bytes of them (see
+//! `Core::names`); segments notice by the id of the `Names` they mapped to and map again.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,11 +16,18 @@ use foldhash::fast::FixedState;
 
 /// How many names one `Names` holds before the engine starts a new one.
 pub const MAX_NAMES: usize = 1 << 20;
-
+/// How many bytes of names (their own bytes, and what holding each costs besides) one
+/// `Names` holds before the engine starts a new one: dimension values may be long.
+pub const MAX_NAME_BYTES: usize = 64 << 20;
+/// What holding one name costs beyond its bytes: its `Arc<str>` (counts and pointer) in
+/// the list and in the map's entry.
+const NAME_OVERHEAD: usize = 64;
 #[derive(Debug, Default)]
 struct Inner {
     ids: HashMap<Arc<str>, u32, FixedState>,
     list: Vec<Arc<str>>,
+    /// About the heap bytes held (see [`NAME_OVERHEAD`]).
+    bytes: usize,
 }
 
 /// An append-only interner of names; see the module doc.
@@ -54,6 +61,18 @@ impl Names {
         self.len() == 0
     }
 
+    /// About the heap bytes its names hold.
+    pub fn bytes(&self) -> usize {
+        self.read().bytes
+    }
+
+    /// Whether it holds [`MAX_NAMES`] names or [`MAX_NAME_BYTES`] of them: the engine then
+    /// starts a new one.
+    pub fn full(&self) -> bool {
+        let g = self.read();
+        g.list.len() >= MAX_NAMES || g.bytes >= MAX_NAME_BYTES
+    }
+
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Inner> {
         // Every update leaves the maps whole (a name is pushed, then indexed).
         self.inner.read().unwrap_or_else(PoisonError::into_inner)
@@ -73,6 +92,7 @@ impl Names {
                     let a: Arc<str> = s.into();
                     inner.list.push(a.clone());
                     inner.ids.insert(a, id);
+                    inner.bytes += s.len() + NAME_OVERHEAD;
                     id
                 }
             })
@@ -201,6 +221,28 @@ impl PairSums {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn long_names_fill_a_names_by_their_bytes() {
+        let names = Names::default();
+        let value = |i: usize| format!("{i:08}{}", "v".repeat(2040));
+        names.intern_all(
+            (0..100)
+                .map(value)
+                .collect::<Vec<_>>()
+                .iter()
+                .map(String::as_str),
+        );
+        assert_eq!(names.bytes(), 100 * (2048 + NAME_OVERHEAD));
+        names.intern_all(["00000007"].into_iter());
+        names.intern_all([value(7).as_str()].into_iter());
+        assert_eq!(names.len(), 101, "a name met again is not held twice");
+        assert!(!names.full());
+        let more = (100..MAX_NAME_BYTES / 2048).map(value).collect::<Vec<_>>();
+        names.intern_all(more.iter().map(String::as_str));
+        assert!(names.len() < MAX_NAMES / 8, "{}", names.len());
+        assert!(names.full(), "{} bytes", names.bytes());
+    }
 
     #[test]
     fn names_are_numbered_once_and_maps_follow_dictionaries() {

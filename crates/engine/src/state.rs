@@ -17,7 +17,7 @@ use crate::answers::Answers;
 use crate::archive::{Archive, FlushPolicy, Held, store_error};
 use crate::catalog::{Catalog, KeyId, NsId, SeriesId, StrId, TierPlan};
 use crate::memtable::{Lane, Memtable, Shard, split_key};
-use crate::names::{MAX_NAMES, Names};
+use crate::names::Names;
 use crate::segment::SegmentError;
 use crate::wal::payload::BatchView;
 
@@ -291,11 +291,11 @@ impl Core {
         g.ids = Vec::new();
     }
 
-    /// The engine's [`Names`]; a fresh one once it holds [`MAX_NAMES`], so that the names
-    /// of dropped segments and past reads do not pile up for the life of the process.
+    /// The engine's [`Names`]; a fresh one once it is full ([`Names::full`]), so that the names of dropped segments and past reads do not pile
+    /// up for the life of the process.
     pub(crate) fn names(&self) -> Arc<Names> {
         let mut names = lock(&self.names);
-        if names.len() >= MAX_NAMES {
+        if names.full() {
             *names = Arc::default();
         }
         Arc::clone(&names)

@@ -134,6 +134,7 @@ struct LimitsDoc {
     max_answer_bytes_in_flight: Option<usize>,
     max_idempotency_keys: Option<usize>,
     export_min_bytes_per_sec: Option<usize>,
+    dictionary_cache_bytes: Option<usize>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -252,6 +253,10 @@ pub struct ServerLimits {
     /// the export waited on it beyond a grace of `body_timeout_ms`; slower, it is cut off
     /// (it holds one of the `max_concurrent_queries` export permits meanwhile).
     pub export_min_bytes_per_sec: usize,
+    /// Embedded engine: bytes of decoded segment dictionaries (dimension names and values)
+    /// held in memory at once, process-wide; past it the least recently read are dropped
+    /// and read from their files again when next needed.
+    pub dictionary_cache_bytes: usize,
 }
 
 impl Default for ServerLimits {
@@ -268,6 +273,7 @@ impl Default for ServerLimits {
             max_answer_bytes_in_flight: 512 * 1024 * 1024,
             max_idempotency_keys: 1_000_000,
             export_min_bytes_per_sec: 16 * 1024,
+            dictionary_cache_bytes: 256 * 1024 * 1024,
         }
     }
 }
@@ -442,6 +448,11 @@ impl Settings {
                     1 << 30,
                     "from 1 to 1073741824 (1 GiB/s)",
                 )?,
+                dictionary_cache_bytes: positive(
+                    "dictionary_cache_bytes",
+                    l.dictionary_cache_bytes,
+                    d.dictionary_cache_bytes,
+                )?,
             };
         }
         for (i, t) in file.tokens.iter().enumerate() {
@@ -575,6 +586,7 @@ max_body_bytes_in_flight = 536870912
 max_answer_bytes_in_flight = 536870912
 max_idempotency_keys = 1000000
 export_min_bytes_per_sec = 16384
+dictionary_cache_bytes = 268435456
 
 [[tokens]]
 token = "s3cret"
@@ -696,6 +708,10 @@ dimensions = ["status"]
             (
                 "[limits]\nexport_min_bytes_per_sec = 1073741825",
                 "export_min_bytes_per_sec must be from 1 to 1073741824",
+            ),
+            (
+                "[limits]\ndictionary_cache_bytes = 0",
+                "dictionary_cache_bytes must be greater than 0",
             ),
             ("[[tokens]]\ntoken = \"t\"\nscopes = [\"peek:*\"]", "scope"),
             ("[defaults]\ntiers = []", "[defaults]"),

@@ -172,6 +172,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             return Ok(());
         }
         tracing::info!("recovering {} (answering 503 on {scheme}://{addr} meanwhile)", args.data.display());
+        tally_engine::segment::dicts::set_budget(settings.server.dictionary_cache_bytes);
         let opened = tokio::task::spawn_blocking(move || Engine::open(cfg))
             .await
             .context("opening the engine")?;

@@ -215,6 +215,19 @@ impl Dictionary {
         Ok(Dictionary { dims })
     }
 
+    /// Heap bytes held, about: each string's bytes and its `String`, each dimension's list.
+    pub(crate) fn bytes(&self) -> usize {
+        const STRING: usize = std::mem::size_of::<String>();
+        const DIM: usize = std::mem::size_of::<(String, Vec<String>)>();
+        self.dims
+            .iter()
+            .map(|(d, values)| {
+                DIM + d.len() + values.iter().map(|v| STRING + v.len()).sum::<usize>()
+            })
+            .sum::<usize>()
+            + std::mem::size_of::<Dictionary>()
+    }
+
     /// Dimension names and values held.
     pub(crate) fn strings(&self) -> usize {
         self.dims.iter().map(|(_, v)| 1 + v.len()).sum()

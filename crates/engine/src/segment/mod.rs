@@ -9,8 +9,10 @@
 //! - [`reader`]: [`Segment`] keeps the footer and the key index in memory and reads blocks
 //!   on demand with positional reads, so one open segment serves many readers at once.
 //! - [`files`]: the segment files open at once, bounded per process.
+//! - [`dicts`]: the decoded dictionaries held at once, bounded per process.
 
 mod codec;
+pub mod dicts;
 pub mod files;
 pub mod layout;
 pub mod reader;

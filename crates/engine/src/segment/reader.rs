@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use fst::{IntoStreamer, Streamer};
 
 use super::codec::{Block, Dictionary, Period, total_sums};
+use super::dicts;
 use super::files::Handle;
 use super::layout::{
     BLOCK_ENTRY_LEN, BlockEntry, CODEC_NONE, CODEC_ZSTD, DICT_HEADER_LEN, FOOTER_CRC_OFFSET,
@@ -35,7 +36,12 @@ pub struct Segment {
     meta: SegmentMeta,
     period: Period,
     codec: u8,
-    dict: Dictionary,
+    /// The dictionary: held in [`dicts`] (bounded per process) under `dict_id`, read from
+    /// the file again (`dict_at`, checked against `dict_crc`) when it was dropped there.
+    dict_id: u64,
+    dict_at: (u64, usize),
+    dict_crc: u32,
+    dict_strings: usize,
     keys: u64,
     data_points: u64,
     /// Index key (namespace, 0, key) → block number << 32 | position in the block.
@@ -271,7 +277,9 @@ impl Segment {
             });
         }
         let fst_and_table = index.split_off(footer.dict_len as usize);
-        let dict = decode_dictionary(&index, footer.codec).map_err(&corrupt)?;
+        let dict_crc = crc32c::crc32c(&index);
+        let dict = Arc::new(decode_dictionary(&index, footer.codec).map_err(&corrupt)?);
+        drop(index);
         let mut index = fst_and_table;
         let mut table = index.split_off(footer.fst_len as usize);
         let sums = table.split_off(footer.blocks as usize * BLOCK_ENTRY_LEN);
@@ -421,7 +429,14 @@ impl Segment {
             },
             meta: footer.meta,
             codec: footer.codec,
-            dict,
+            dict_id: {
+                let id = dicts::new_id();
+                dicts::put(id, &dict, false);
+                id
+            },
+            dict_at: (footer.index_offset, footer.dict_len as usize),
+            dict_crc,
+            dict_strings: dict.strings(),
             keys: footer.keys,
             data_points: footer.data_points,
             index,
@@ -535,7 +550,37 @@ impl Segment {
 
     /// Dimension names and values in the segment's dictionary.
     pub fn dictionary_strings(&self) -> usize {
-        self.dict.strings()
+        self.dict_strings
+    }
+
+    /// The segment's dictionary: held in [`dicts`], or read from the file again, checked
+    /// against the CRC32C taken at open, and decoded (see that module).
+    fn dict(&self) -> Result<Arc<Dictionary>, SegmentError> {
+        if let Some(d) = dicts::get(self.dict_id) {
+            return Ok(d);
+        }
+        let (at, len) = self.dict_at;
+        let mut stored = vec![0u8; len];
+        let file = self
+            .file
+            .file()
+            .map_err(|e| SegmentError::io(&self.path, e))?;
+        read_exact_at(&file, &self.path, &mut stored, at)?;
+        let got = crc32c::crc32c(&stored);
+        if got != self.dict_crc {
+            return Err(SegmentError::Checksum {
+                path: self.path.clone(),
+                block: None,
+                expected: self.dict_crc,
+                got,
+            });
+        }
+        let dict = Arc::new(
+            decode_dictionary(&stored, self.codec)
+                .map_err(|why| self.corrupt(format!("dictionary: {why}")))?,
+        );
+        dicts::put(self.dict_id, &dict, true);
+        Ok(dict)
     }
 
     fn corrupt(&self, why: String) -> SegmentError {
@@ -549,7 +594,7 @@ impl Segment {
         };
         let (block, ord) = self.locate(v)?;
         self.cached_block(block)?
-            .record(ord, &self.dict, &self.period)
+            .record(ord, &*self.dict()?, &self.period)
             .map(Some)
             .map_err(|why| self.corrupt(format!("block {block}: {why}")))
     }
@@ -572,7 +617,7 @@ impl Segment {
         total: &mut dyn FnMut(u32, i64),
         sub: &mut dyn FnMut(&str, &str, i64),
     ) -> Result<bool, SegmentError> {
-        let dict = &self.dict;
+        let dict = self.dict()?;
         let mut named = |d: u32, v: u32, n: i64| {
             if let Some((d, v)) = dict.names(d, v) {
                 sub(d, v, n);
@@ -587,14 +632,14 @@ impl Segment {
     }
 
     /// The dictionary's ids mapped to `names`, made once per `Names` and kept.
-    pub fn name_ids(&self, names: &Names) -> Arc<NameIds> {
+    pub fn name_ids(&self, names: &Names) -> Result<Arc<NameIds>, SegmentError> {
         let mut cached = self.name_ids.lock().unwrap_or_else(PoisonError::into_inner);
         match &*cached {
-            Some(m) if m.names == names.id() => Arc::clone(m),
+            Some(m) if m.names == names.id() => Ok(Arc::clone(m)),
             _ => {
-                let m = Arc::new(NameIds::new(names, self.dict.dims()));
+                let m = Arc::new(NameIds::new(names, self.dict()?.dims()));
                 *cached = Some(Arc::clone(&m));
-                m
+                Ok(m)
             }
         }
     }
@@ -615,6 +660,7 @@ impl Segment {
             return Ok(false);
         };
         let (block, ord) = self.locate(v)?;
+        let dict = self.dict()?;
         let summed = match exact {
             Some(Exact::Spans(a, b)) => self.summed(block, ord, a..b)?,
             Some(Exact::Buckets(lo, hi)) => self.summed_buckets(block, ord, (lo, hi))?,
@@ -622,7 +668,7 @@ impl Segment {
         };
         let Some(summed) = summed else {
             self.cached_block(block)?
-                .sums(ord, &self.dict, &self.period, inside, dim_ok, total, sub)
+                .sums(ord, &dict, &self.period, inside, dim_ok, total, sub)
                 .map_err(|why| self.corrupt(format!("block {block}: {why}")))?;
             return Ok(true);
         };
@@ -639,7 +685,7 @@ impl Segment {
             let ok = match wanted.iter().find(|w| w.0 == d) {
                 Some(w) => w.1,
                 None => {
-                    let ok = self.dict.names(d, v).is_some_and(|(dim, _)| dim_ok(dim));
+                    let ok = dict.names(d, v).is_some_and(|(dim, _)| dim_ok(dim));
                     wanted.push((d, ok));
                     ok
                 }
@@ -677,7 +723,7 @@ impl Segment {
         let b = self.cached_block(block)?;
         let mut series = Vec::with_capacity(rollup.series as usize);
         let n = b
-            .series_ids(ord, &self.dict, &mut |_, _, d, v| series.push((d, v)))
+            .series_ids(ord, &*self.dict()?, &mut |_, _, d, v| series.push((d, v)))
             .map_err(|why| self.corrupt(format!("block {block}: {why}")))?;
         if n != rollup.series as usize {
             return Err(self.corrupt(format!(
@@ -712,7 +758,7 @@ impl Segment {
         self.cached_block(block)?
             .sums(
                 ord,
-                &self.dict,
+                &*self.dict()?,
                 &self.period,
                 &|i| lo <= i && i < hi,
                 &|_| true,
@@ -1103,6 +1149,7 @@ impl Segment {
             .as_fst()
             .verify()
             .map_err(|e| self.corrupt(format!("key index: {e}")))?;
+        let dict = self.dict()?;
         let mut stream = self.index.stream();
         let mut points = 0u64;
         // Version 2: each span's (rank, sum) entries as the records say they must be.
@@ -1150,7 +1197,7 @@ impl Segment {
                 }
                 self.split_key(k)?;
                 let rec = r
-                    .record(ord as usize, &self.dict, &self.period)
+                    .record(ord as usize, &dict, &self.period)
                     .map_err(|why| self.corrupt(format!("block {b}: {why}")))?;
                 points += rec.data_points();
                 if let Some(rollup) = rollups.next_if(|r| r.ord == ord) {
@@ -1252,6 +1299,8 @@ type IndexVisit<'a> = dyn FnMut(&Segment, &mut Cursor, &str, u64) -> Result<(), 
 #[derive(Default)]
 struct Cursor {
     at: Option<(usize, Block)>,
+    /// The segment's dictionary, taken at the first record read.
+    dict: Option<Arc<Dictionary>>,
 }
 
 /// See [`Segment::records`].
@@ -1311,8 +1360,18 @@ impl Cursor {
         let Some((_, r)) = &self.at else {
             return Err(seg.corrupt("no block".into()));
         };
-        r.record(ord, &seg.dict, &seg.period)
+        let dict = match &self.dict {
+            Some(d) => Arc::clone(d),
+            None => Arc::clone(self.dict.insert(seg.dict()?)),
+        };
+        r.record(ord, &dict, &seg.period)
             .map_err(|why| seg.corrupt(format!("block {block}: {why}")))
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        dicts::forget(self.dict_id);
     }
 }
 

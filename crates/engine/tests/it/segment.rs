@@ -600,7 +600,7 @@ proptest! {
                 prop_assert_eq!(&subs, &want);
                 // The same by id, each id named through the engine's numbering.
                 let names = Names::default();
-                let ids = seg.name_ids(&names);
+                let ids = seg.name_ids(&names).unwrap();
                 let mut by_id = BTreeMap::new();
                 seg.sums_by_id((ns, key), Some(Exact::Spans(0, 1)), &|_| true, &dim_ok, &mut |_, _| {}, &mut |d, v, n| {
                     let (d, v) = ids.get(d, v).unwrap();
@@ -608,9 +608,9 @@ proptest! {
                 })
                 .unwrap();
                 prop_assert_eq!(by_id, want);
-                prop_assert!(Arc::ptr_eq(&ids, &seg.name_ids(&names)), "mapped once per Names");
+                prop_assert!(Arc::ptr_eq(&ids, &seg.name_ids(&names).unwrap()), "mapped once per Names");
                 let other = Names::default();
-                prop_assert_eq!(seg.name_ids(&other).names, other.id(), "mapped again for a new one");
+                prop_assert_eq!(seg.name_ids(&other).unwrap().names, other.id(), "mapped again for a new one");
             }
         }
         for (ns, key) in &absent {

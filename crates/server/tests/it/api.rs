@@ -374,6 +374,7 @@ fn health_metrics_openapi() {
             "tally_live_counters ",
             "tally_counter_bytes ",
             "tally_catalog_bytes ",
+            "tally_dictionary_cache_bytes ",
             "tally_log_bytes_written_total ",
             "tally_log_fsync_seconds_total ",
         ]);

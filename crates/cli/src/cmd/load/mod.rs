@@ -318,6 +318,9 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
             if a.replace {
                 crate::cmd::existing_data_dir(dir)?;
             }
+            // The segments the load writes and reads keep their decoded dictionaries within
+            // a sixteenth of --memory-mb (see `offline::run` for the rest of it).
+            tally_engine::segment::dicts::set_budget(a.memory_mb as usize * (1 << 20) / 16);
             Engine::open(Config::new(dir))
                 .with_context(|| format!("opening data directory {}", dir.display()))?
         })),
