@@ -108,6 +108,15 @@ impl IntoResponse for ApiError {
                 axum::http::HeaderValue::from_static("Bearer"),
             );
         }
+        if self.code == ErrorCode::BackendUnavailable {
+            // The store is down or short of room (Redis unreachable, a failed disk, answers
+            // past max_idempotency_keys): the client may try again, not at once
+            // (RFC 9110 §10.2.3), as admission's own 503s say.
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static("1"),
+            );
+        }
         response
     }
 }

@@ -602,6 +602,19 @@ fn a_failed_disk_gives_503_and_unhealthy() {
         "backend_unavailable",
     );
     err(s.get("/healthz"), 503, "backend_unavailable");
+    // Each such 503 says when to try again, as admission's own do.
+    let answer = raw_http(
+        s.addr,
+        "POST /v1/ns/clicks/keys/k/incr HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\
+         Connection: close\r\n\r\n",
+    );
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(
+        answer
+            .to_ascii_lowercase()
+            .contains("\r\nretry-after: 1\r\n"),
+        "{answer}"
+    );
     // ... and so does a metric an alert can watch.
     assert_eq!(healthy(&s), "tally_backend_healthy 0");
     assert_eq!(s.state(), before, "nothing unacknowledged became visible");
