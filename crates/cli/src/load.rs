@@ -500,12 +500,21 @@ impl Digest {
     }
 }
 
-/// Copies stdin into a file in `dir` (the load reads its input twice); answers its path.
-pub fn spool_stdin(dir: &Path) -> anyhow::Result<PathBuf> {
-    let path = dir.join("stdin");
-    let mut f = File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+/// Copies stdin into a temporary file (the load may read its input twice); answers the file
+/// (hold it while the path is read) and a path that opens it again, `/proc/self/fd/N`. The
+/// file has no name in any directory (`O_TMPFILE`, or unlinked at once), so nothing is left
+/// behind whatever ends the process — SIGINT and SIGKILL included.
+pub fn spool_stdin() -> anyhow::Result<(File, PathBuf)> {
+    use std::os::fd::AsRawFd;
+    let mut f = tempfile::tempfile().context("creating a temporary file for stdin")?;
     io::copy(&mut io::stdin().lock(), &mut f).context("reading stdin")?;
-    Ok(path)
+    let path = PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()));
+    if !path.exists() {
+        anyhow::bail!(
+            "reading stdin (-) needs /proc to read its copy again; give the load a file instead"
+        );
+    }
+    Ok((f, path))
 }
 
 #[cfg(test)]

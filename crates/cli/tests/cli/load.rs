@@ -855,6 +855,94 @@ fn compressed_stdin_loads() {
     );
 }
 
+/// A load reading stdin and killed (SIGINT, SIGKILL) leaves no copy of it in the temporary
+/// directory: the first cut spooled stdin into a named file there, which stayed.
+#[test]
+fn a_load_from_stdin_killed_leaves_no_temporary_file() {
+    for signal in ["-INT", "-KILL"] {
+        let tmp = tempfile::tempdir().unwrap();
+        let spool = tmp.path().join("tmp");
+        std::fs::create_dir(&spool).unwrap();
+        let data = tmp.path().join("data");
+        let mut child = tally()
+            .args(["load", "-", "--format", "csv", "--quiet", "--data"])
+            .arg(&data)
+            .env("TMPDIR", &spool)
+            .stdin(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        stdin
+            .write_all(format!("ns,key,ts,n\nclicks,k,{DAY0},1\n").as_bytes())
+            .unwrap();
+        // Wait until the copy of stdin is open (stdin stays open: the copy goes on).
+        let fds = format!("/proc/{}/fd", child.id());
+        let start = Instant::now();
+        let copying = || {
+            std::fs::read_dir(&fds)
+                .unwrap()
+                .flatten()
+                .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|to| to.starts_with(&spool)))
+        };
+        while !copying() {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "no copy of stdin opened"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let killed = Command::new("kill")
+            .args([signal, &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        let status = child.wait().unwrap();
+        assert!(!status.success(), "{signal}: {status:?}");
+        drop(stdin);
+        let left: Vec<_> = walk(&spool);
+        assert!(left.is_empty(), "{signal} left {left:?}");
+    }
+}
+
+/// Every file and directory under `dir`.
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        out.push(e.path());
+        if e.path().is_dir() {
+            out.extend(walk(&e.path()));
+        }
+    }
+    out
+}
+
+/// stdin given twice is refused: it can be read once.
+#[test]
+fn stdin_twice_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let mut child = tally()
+        .args(["load", "-", "-", "--format", "csv", "--quiet", "--data"])
+        .arg(&data)
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(format!("ns,key,ts,n\nclicks,k,{DAY0},1\n").as_bytes())
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && said.contains("stdin (-) is given more than once"),
+        "{said}"
+    );
+}
+
 /// A rebuild from the very file an earlier load loaded: the range holds the file's events
 /// afterwards (the first cut found the load's idempotency answers, dropped every batch as
 /// loaded before, and so emptied the range).

@@ -285,14 +285,20 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
         );
     }
     let rules = Rules::of(&a)?;
-    let spool = tempfile::tempdir().context("creating a temporary directory")?;
+    // stdin's copy, held until the load ends (it has no name: see `spool_stdin`).
+    let mut spooled = None;
     let mut sources = Vec::new();
     for f in &a.files {
         let (path, name, file_name) = if f.as_os_str() == "-" {
             if a.format.is_none() {
                 bail!("stdin (-) needs --format csv or --format ndjson");
             }
-            (spool_stdin(spool.path())?, "stdin".to_owned(), None)
+            if spooled.is_some() {
+                bail!("stdin (-) is given more than once: it can be read only once");
+            }
+            let (file, path) = spool_stdin()?;
+            spooled = Some(file);
+            (path, "stdin".to_owned(), None)
         } else {
             let file_name = f.file_name().map(|n| n.to_string_lossy().into_owned());
             (f.clone(), f.display().to_string(), file_name)
