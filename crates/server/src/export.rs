@@ -4,9 +4,10 @@
 //! The query is checked before the answer starts, so a bad one is a JSON error with its code
 //! like any other. Rows are then written on the blocking pool into 64 KiB chunks that wait in
 //! a queue of four for the client: a slow client slows the export, it never grows in memory.
-//! Each page of keys has its own `[limits] query_timeout_ms`; a failure after the answer
-//! started cuts the response off (no last chunk), so a client never takes a partial export
-//! for a whole one. A client that goes away stops the export at its next chunk; one that
+//! Each page of keys has its own `[limits] query_timeout_ms`. The answer starts (`200`) at
+//! the first row found: a failure before it is a JSON error like any query's (a damaged
+//! segment's `500 corrupt_data`, a `503 query_timeout`); a failure after it cuts the response
+//! off (no last chunk), so a client never takes a partial export for a whole one. A client that goes away stops the export at its next chunk; one that
 //! takes nothing for `[limits] body_timeout_ms`, or takes the answer slower than
 //! `export_min_bytes_per_sec` (see [`Pace`]), is cut off. At most `max_concurrent_queries`
 //! exports stream at once (each holds a permit of its own until it ends: it outlives its
@@ -106,6 +107,11 @@ pub async fn export(
         app.settings().server.export_min_bytes_per_sec,
     );
     let handle = tokio::runtime::Handle::current();
+    // Told once: at the first row (the answer then starts, 200) or at the end, with the
+    // error of an export that failed before finding any row — answered as any query's
+    // error is, with its code, rather than a 200 cut off before its first byte.
+    let (started_tx, started) = tokio::sync::oneshot::channel::<Result<(), ApiError>>();
+    let mut started_tx = Some(started_tx);
     // Set as soon as the client goes away (the body, and so the receiver, dropped): every
     // page's deadline shares it, so the scan stops at once even if it has found no row to
     // send (an export of a sparse range learns of it at no chunk).
@@ -134,6 +140,9 @@ pub async fn export(
         let deadline = || Deadline::new(timeout, cancelled.clone());
         let mut cut = false;
         let done = query::export(&**app.store(), &plan, &deadline, &mut |row| {
+            if let Some(t) = started_tx.take() {
+                let _ = t.send(Ok(()));
+            }
             write_row(&mut buf, &ns, &res, row);
             if buf.len() < CHUNK_BYTES {
                 return true;
@@ -143,6 +152,19 @@ pub async fn export(
             cut |= !sent;
             sent
         });
+        let done = match (done, started_tx.take()) {
+            (Err(e), Some(t)) => {
+                let _ = t.send(Err(ApiError::from(e)));
+                watch.abort();
+                return;
+            }
+            (done, t) => {
+                if let Some(t) = t {
+                    let _ = t.send(Ok(()));
+                }
+                done
+            }
+        };
         match done {
             Ok(()) if !cut => {
                 if buf.is_empty() || send(Ok(Bytes::from(buf.into_bytes()))) {
@@ -157,6 +179,9 @@ pub async fn export(
         }
         watch.abort();
     });
+    if let Ok(Err(e)) = started.await {
+        return Err(e);
+    }
     Ok((
         [(axum::http::header::CONTENT_TYPE, "text/csv; charset=utf-8")],
         Body::new(Chunks(rx, complete)),

@@ -176,6 +176,36 @@ fn bad_exports_are_refused_before_the_answer_starts() {
     assert_eq!(st, 200);
 }
 
+/// A read that fails before the export found any row (a damaged segment) is answered as any
+/// query's failure is, with its code; the first cut sent nothing at all (an empty reply).
+#[test]
+fn an_export_failing_before_its_first_row_answers_with_the_error() {
+    let s = Server::start(Settings::default());
+    seed(&s);
+    s.store
+        .fail_reads
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let path = format!(
+        "/v1/ns/clicks/export?from={}&to={NOW}&resolution=1h",
+        NOW - 86_400
+    );
+    let got = err(s.get(&path), 500, "corrupt_data");
+    assert!(
+        got["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("a test's damage"),
+        "{got}"
+    );
+    // The same export answers whole once reads work again.
+    s.store
+        .fail_reads
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    let (st, csv) = s.raw("GET", &path, None, &[]);
+    assert_eq!(st, 200, "{csv}");
+    assert_eq!(csv.lines().count(), 6, "{csv}");
+}
+
 #[test]
 fn an_export_needs_a_read_token() {
     let s = Server::with_config(

@@ -111,6 +111,8 @@ pub struct Gated {
     limited_lock: Mutex<()>,
     /// Limited increments waiting for that lock now.
     pub limited_waiting: std::sync::atomic::AtomicUsize,
+    /// While set, every `read` fails as a damaged segment makes it fail.
+    pub fail_reads: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Gated {
@@ -174,6 +176,11 @@ impl Store for Gated {
         self.inner.apply_if(batch, window, decide)
     }
     fn read(&self, reads: &[KeyRead<'_>]) -> Result<Vec<KeyData>, StoreError> {
+        if self.fail_reads.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(StoreError::corrupt(
+                "segment 7.tls block 0 (a test's damage)",
+            ));
+        }
         self.inner.read(reads)
     }
     fn keys(&self, list: &KeyList<'_>) -> Result<Vec<Key>, StoreError> {
@@ -326,6 +333,7 @@ impl Server {
             gate_limited: Default::default(),
             limited_lock: Mutex::new(()),
             limited_waiting: Default::default(),
+            fail_reads: Default::default(),
         });
         let app = App::new(store.clone(), settings.clone(), clock.clone());
         app.apply_config_namespaces().unwrap();
