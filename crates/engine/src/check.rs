@@ -111,6 +111,15 @@ fn check_once(dir: &Path) -> Result<CheckReport, std::io::Error> {
     // The log is listed before the manifest is read: a flush in between only raises
     // wal_start, so the files listed still cover what the manifest read needs.
     let wal_dir = dir.join("wal");
+    // The newest log file ever started, read before the files are listed: a running
+    // server only starts files after it, so the listing holds it or a later one.
+    let head = match crate::wal::read_head(&wal_dir) {
+        Ok(h) => h,
+        Err(e) => {
+            report.damage.push(e.into());
+            None
+        }
+    };
     let files = match list_files(&wal_dir) {
         Ok(f) => f,
         Err(source) if source.kind() == std::io::ErrorKind::NotFound => Vec::new(),
@@ -248,19 +257,38 @@ fn check_once(dir: &Path) -> Result<CheckReport, std::io::Error> {
     // The log ends before records the archive says it held: its newest files are gone, and
     // recovery refuses the directory. Unless the log grew since it was listed (a running
     // server's new file, holding what a publish since then flushed).
+    let mut tail_missing = false;
     if reached >= next_seq.max(1) {
         let grew = list_files(&wal_dir)
             .is_ok_and(|now| now.last().map(|f| f.0) > files.last().map(|f| f.0));
         if !grew {
+            tail_missing = true;
             report.damage.push(
                 WalError::MissingTail {
-                    dir: wal_dir,
+                    dir: wal_dir.clone(),
                     first: next_seq,
                     last: reached,
                 }
                 .into(),
             );
         }
+    }
+    // The log's newest file ever started is gone (and any after it): recovery refuses.
+    let newest = files.last().map(|f| f.0);
+    // (Reported once: a log ending before what the archive holds was reported above.)
+    if let Some(head) = head
+        && !tail_missing
+        && newest.is_none_or(|n| n < head)
+    {
+        report.damage.push(
+            WalError::LostNewest {
+                dir: wal_dir.clone(),
+                first: next_seq.min(head),
+                head,
+                newest,
+            }
+            .into(),
+        );
     }
     Ok(report)
 }

@@ -218,6 +218,15 @@ pub(crate) fn replay(
         }
         .into());
     }
+    // Read before the files are listed, as `check` does (here nothing writes meanwhile).
+    let head = match crate::wal::read_head(wal_dir) {
+        Ok(h) => h,
+        Err(e) if accept_data_loss => {
+            tracing::error!(error = %e, "DATA LOSS ACCEPTED: ignoring the log's damaged HEAD");
+            None
+        }
+        Err(e) => return Err(e.into()),
+    };
     let files = list_files(wal_dir).map_err(io_at(wal_dir))?;
     if let Some((seq, path)) = files.iter().find(|(s, _)| *s == 0 || *s >= MAX_SEQ) {
         return Err(WalError::BadFile {
@@ -404,7 +413,8 @@ pub(crate) fn replay(
     // `wal_start` would have the next recovery skip them.
     let reached = archived.max(wal_start.saturating_sub(1));
     // (Numbers start at 1: a log that ends at 0 misses nothing.)
-    if reached >= next_seq.max(1) {
+    let tail_missing = reached >= next_seq.max(1);
+    if tail_missing {
         let dir = wal_dir.to_owned();
         gap(
             accept_data_loss,
@@ -419,28 +429,65 @@ pub(crate) fn replay(
         )?;
         next_seq = reached + 1;
     }
-    recovery.lost = lost;
-    let file = match last_end {
-        Some((path, len)) if len >= FILE_HEADER_LEN as u64 && next_seq == log_next => {
-            LogFile::reopen(&path, len, faults.clone()).map_err(io_at(&path))?
+    // The newest file the log ever started must still be there (or a later one): the log
+    // removes only its oldest files. Without it, the records written since the last publish
+    // are gone, and nothing else would tell.
+    let newest = files.last().map(|f| f.0);
+    if let Some(head) = head
+        && newest.is_none_or(|n| n < head)
+    {
+        // (A log ending before what the archive holds was refused, or accepted, above: the
+        // lost range is then known; only the numbering is held past the lost files here.)
+        if tail_missing {
+            next_seq = next_seq.max(head + 1);
+        } else {
+            gap(
+                accept_data_loss,
+                &mut lost,
+                next_seq.min(head),
+                head,
+                WalError::LostNewest {
+                    dir: wal_dir.to_owned(),
+                    first: next_seq.min(head),
+                    head,
+                    newest,
+                },
+            )?;
+            // Never number a record as one the lost files may have held.
+            next_seq = next_seq.max(head + 1);
         }
+    }
+    recovery.lost = lost;
+    // The file appended to from here on, and its first record number.
+    let (file, appending) = match last_end {
+        Some((path, len)) if len >= FILE_HEADER_LEN as u64 && next_seq == log_next => (
+            LogFile::reopen(&path, len, faults.clone()).map_err(io_at(&path))?,
+            files.last().map_or(next_seq, |f| f.0),
+        ),
         Some((path, len)) if len >= FILE_HEADER_LEN as u64 => {
             // Numbering jumps past a missing tail: cut the last file back to its last whole
             // record, and append in a new file named for the next number (a record appended
             // to the old one would not be the number its name and records give).
             drop(LogFile::reopen(&path, len, faults.clone()).map_err(io_at(&path))?);
             let path = file_name(wal_dir, next_seq);
-            LogFile::create(&path, &crate::wal::file_header(next_seq), faults.clone())
-                .map_err(io_at(&path))?
+            let file = LogFile::create(&path, &crate::wal::file_header(next_seq), faults.clone())
+                .map_err(io_at(&path))?;
+            (file, next_seq)
         }
         Some((path, _)) => {
             // The last file never got a whole header: nothing in it was acknowledged.
             std::fs::remove_file(&path).map_err(io_at(&path))?;
             let path = file_name(wal_dir, next_seq);
-            LogFile::create(&path, &crate::wal::file_header(next_seq), faults.clone())
-                .map_err(io_at(&path))?
+            let file = LogFile::create(&path, &crate::wal::file_header(next_seq), faults.clone())
+                .map_err(io_at(&path))?;
+            (file, next_seq)
         }
-        None => writer::create_first(wal_dir, next_seq, faults.clone()).map_err(io_at(wal_dir))?,
+        None => (
+            writer::create_first(wal_dir, next_seq, faults.clone()).map_err(io_at(wal_dir))?,
+            next_seq,
+        ),
     };
+    // That file is the newest one (a log from before HEAD existed gets one now).
+    crate::wal::write_head(wal_dir, appending).map_err(io_at(wal_dir))?;
     Ok((file, next_seq, recovery))
 }

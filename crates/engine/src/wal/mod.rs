@@ -66,6 +66,22 @@ pub enum WalError {
         .first.saturating_sub(1)
     )]
     MissingTail { dir: PathBuf, first: u64, last: u64 },
+    /// The log's newest file ever started (`wal/HEAD`) is gone, and any after it: the
+    /// records written since the last publish were in them.
+    #[error(
+        "{}: records from {first} on are missing: the log's newest file started at record {head} (wal/HEAD says so), but {} (its newest files were deleted or lost); {ACCEPT_DATA_LOSS}",
+        dir.display(),
+        match newest {
+            Some(n) => format!("the newest log file left starts at record {n}"),
+            None => "no log file is left".to_owned(),
+        }
+    )]
+    LostNewest {
+        dir: PathBuf,
+        first: u64,
+        head: u64,
+        newest: Option<u64>,
+    },
 }
 
 /// What is wrong with a log file as a whole (its header, its place in the sequence).
@@ -101,6 +117,12 @@ pub enum FileProblem {
     Gap { first: u64, last: u64 },
     #[error("sequence number {seq} is outside the numbers a log uses (1 up to 2^63)")]
     SequenceOutOfRange { seq: u64 },
+    #[error(
+        "damaged: {HEAD_LEN} bytes of magic {HEAD_MAGIC:?}, a record number and their CRC32C were expected"
+    )]
+    DamagedHead,
+    #[error("cannot be read: {0}")]
+    Unreadable(String),
 }
 
 /// What every refusal over missing records tells the operator.
@@ -168,6 +190,65 @@ pub fn put_frame(out: &mut Vec<u8>, seq: u64, payload: &[u8]) {
     let hcrc = crc32c::crc32c(&out[start..start + FRAME_HEADER_CRC_OFFSET]);
     out.extend_from_slice(&hcrc.to_le_bytes());
     out.extend_from_slice(payload);
+}
+
+/// `wal/HEAD`: the first record number of the newest log file ever started in this log,
+/// rewritten (atomically, synced) each time one is started and at each open. The log only
+/// ever removes its oldest files, so a log whose newest file starts before it lost its
+/// newest files — and with them the records written since the last publish, which nothing
+/// else remembers (docs/format.md, "Write-ahead log").
+pub const HEAD: &str = "HEAD";
+/// `TLH` and the marker's version.
+pub const HEAD_MAGIC: [u8; 4] = *b"TLH\x01";
+/// Magic (4), first record number of the newest file (8, little-endian), CRC32C of both (4).
+pub const HEAD_LEN: usize = 16;
+
+/// Records `first_seq` as the first record of the newest log file in `dir` (see [`HEAD`]):
+/// written under a temporary name, synced, renamed over the old one, the directory synced.
+pub fn write_head(dir: &Path, first_seq: u64) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut b = [0u8; HEAD_LEN];
+    b[..4].copy_from_slice(&HEAD_MAGIC);
+    b[4..12].copy_from_slice(&first_seq.to_le_bytes());
+    let crc = crc32c::crc32c(&b[..12]);
+    b[12..].copy_from_slice(&crc.to_le_bytes());
+    let tmp = dir.join("HEAD.tmp");
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(&b)?;
+    f.sync_all()?;
+    drop(f);
+    std::fs::rename(&tmp, dir.join(HEAD))?;
+    crate::io::sync_dir(dir)
+}
+
+/// What `wal/HEAD` records; `None` when there is none (a log written before it existed, or
+/// a copy of a log made by `tally backup`).
+pub fn read_head(dir: &Path) -> Result<Option<u64>, WalError> {
+    let path = dir.join(HEAD);
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => {
+            return Err(WalError::BadFile {
+                file: path,
+                why: FileProblem::Unreadable(e.to_string()),
+            });
+        }
+    };
+    let damaged = || WalError::BadFile {
+        file: path.clone(),
+        why: FileProblem::DamagedHead,
+    };
+    if bytes.len() != HEAD_LEN || bytes[..4] != HEAD_MAGIC {
+        return Err(damaged());
+    }
+    if crc32c::crc32c(&bytes[..12]) != read_u32(&bytes, 12) {
+        return Err(damaged());
+    }
+    match read_u64(&bytes, 4) {
+        seq if seq == 0 || seq >= MAX_SEQ => Err(damaged()),
+        seq => Ok(Some(seq)),
+    }
 }
 
 /// `<dir>/<first_seq, 20 digits>.wal`: names sort in log order.

@@ -324,6 +324,7 @@ impl State {
         }
         let path = file_name(&self.dir, self.next_seq);
         self.file = LogFile::create(&path, &file_header(self.next_seq), self.faults.clone())?;
+        super::write_head(&self.dir, self.next_seq)?;
         tracing::debug!(file = %path.display(), "rotated the write-ahead log");
         Ok(())
     }

@@ -477,7 +477,9 @@ fn accepting_a_lost_tail_appends_in_a_file_named_for_the_next_number() {
             "archived k{i}"
         );
     }
-    assert_eq!(files(dir.path())[0].0, 11);
+    // Numbered past 11, the first record of the newest file the log had started (wal/HEAD),
+    // which the lost files may have held: no number is used twice.
+    assert_eq!(files(dir.path())[0].0, 12);
 }
 
 #[test]
@@ -507,4 +509,140 @@ fn a_record_longer_than_recovery_reads_is_refused_before_it_is_written() {
         "nothing was numbered"
     );
     assert_eq!(w.stats().records, 1);
+}
+
+/// What `check` finds wrong with the log: each damage's text.
+fn damage(dir: &Path) -> Vec<String> {
+    let report = tally_engine::check::check(dir).unwrap();
+    report.damage.iter().map(ToString::to_string).collect()
+}
+
+/// Found by a black-box review: the log's newest file deleted after a publish, with the
+/// records written since only in it. Nothing else remembered them, so recovery started
+/// without them and `check` said the directory was whole. `wal/HEAD` names the newest file
+/// the log started: a log whose newest file starts before it lost its newest files.
+#[test]
+fn a_lost_newest_file_after_a_publish_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = clock(NOW);
+    let e = Engine::open(config(dir.path(), &clock, false)).unwrap();
+    fill(&e, 0..10, NOW - 2 * DAY);
+    e.flush().unwrap();
+    // Written after the publish: only the log holds them.
+    fill(&e, 10..13, NOW - 2 * DAY);
+    drop(e);
+    let log = files(dir.path());
+    let newest = log.last().unwrap().clone();
+    for (_, f) in &log {
+        std::fs::remove_file(f).unwrap();
+    }
+    let err = Engine::open(config(dir.path(), &clock, false)).unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            OpenError::Wal(WalError::LostNewest { head, newest: None, .. }) if *head == newest.0
+        ),
+        "{err:?}"
+    );
+    assert!(says(&err).contains("no log file is left"), "{err}");
+    let found = damage(dir.path());
+    assert!(
+        found.len() == 1 && found[0].contains("(wal/HEAD says so)"),
+        "{found:?}"
+    );
+
+    // Accepted: what the archive holds stays, the lost writes are gone, new ones count and
+    // the next start needs no flag.
+    let e = Engine::open(config(dir.path(), &clock, true)).unwrap();
+    assert!(!e.recovery().lost.is_empty());
+    write(&e, NOW, &[raw("clicks", "after", NOW - 60, 1, &[])]).unwrap();
+    drop(e);
+    let e = Engine::open(config(dir.path(), &clock, false)).unwrap();
+    assert_eq!(total(&e, "clicks", "after", 3600), 1);
+    assert_eq!(total(&e, "clicks", "k3", 3600), 1, "archived");
+    assert_eq!(
+        total(&e, "clicks", "k11", 3600),
+        0,
+        "lost with the newest file"
+    );
+    assert!(files(dir.path())[0].0 > newest.0, "no number used twice");
+    drop(e);
+    assert!(damage(dir.path()).is_empty());
+}
+
+/// The newest file deleted while older ones stay (nothing flushed: the whole log is
+/// needed). The log then ends at a record boundary before what was written, which no
+/// manifest knows of.
+#[test]
+fn a_lost_newest_file_with_older_ones_left_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = clock(NOW);
+    let e = Engine::open(config(dir.path(), &clock, false)).unwrap();
+    // Today's records stay in memory; 200-byte files rotate every few records.
+    fill(&e, 0..20, NOW - 60);
+    drop(e);
+    let log = files(dir.path());
+    assert!(log.len() >= 3, "{log:?}");
+    let (head, path) = log.last().unwrap().clone();
+    std::fs::remove_file(&path).unwrap();
+    let left = log[log.len() - 2].0;
+    let err = Engine::open(config(dir.path(), &clock, false)).unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            OpenError::Wal(WalError::LostNewest { head: h, newest: Some(n), .. })
+                if *h == head && *n == left
+        ),
+        "{err:?}"
+    );
+    assert!(
+        says(&err).contains(&format!("the newest log file left starts at record {left}")),
+        "{err}"
+    );
+    assert_eq!(damage(dir.path()).len(), 1);
+    // A log left whole opens as before.
+    let whole = tempfile::tempdir().unwrap();
+    let e = Engine::open(config(whole.path(), &clock, false)).unwrap();
+    fill(&e, 0..20, NOW - 60);
+    drop(e);
+    let e = Engine::open(config(whole.path(), &clock, false)).unwrap();
+    assert_eq!(total(&e, "clicks", "k19", 3600), 1);
+}
+
+/// A damaged `wal/HEAD` is named, not trusted and not ignored; accepting data loss starts
+/// without it. A log without one (written before it existed) opens and gets one.
+#[test]
+fn a_damaged_head_is_refused_and_a_missing_one_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = clock(NOW);
+    let e = Engine::open(config(dir.path(), &clock, false)).unwrap();
+    fill(&e, 0..3, NOW - 60);
+    drop(e);
+    let head = dir.path().join("wal").join(tally_engine::wal::HEAD);
+    let mut bytes = std::fs::read(&head).unwrap();
+    bytes[5] ^= 1;
+    std::fs::write(&head, &bytes).unwrap();
+    let err = Engine::open(config(dir.path(), &clock, false)).unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            OpenError::Wal(WalError::BadFile { why: FileProblem::DamagedHead, file })
+                if file == &head
+        ),
+        "{err:?}"
+    );
+    assert_eq!(damage(dir.path()).len(), 1);
+    let e = Engine::open(config(dir.path(), &clock, true)).unwrap();
+    assert_eq!(total(&e, "clicks", "k2", 3600), 1);
+    drop(e);
+    // Rewritten at that open; gone, it is written again at the next.
+    assert_eq!(
+        tally_engine::wal::read_head(&dir.path().join("wal")).unwrap(),
+        Some(files(dir.path()).last().unwrap().0)
+    );
+    std::fs::remove_file(&head).unwrap();
+    let e = Engine::open(config(dir.path(), &clock, false)).unwrap();
+    assert_eq!(total(&e, "clicks", "k2", 3600), 1);
+    drop(e);
+    assert!(head.exists());
 }
