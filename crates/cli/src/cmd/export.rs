@@ -76,6 +76,9 @@ pub fn run(a: ExportArgs) -> anyhow::Result<()> {
             done.display()
         );
     }
+    // A failed export leaves no `<out>` it made (an empty directory looked like an export
+    // of nothing).
+    let made_out = !a.out.exists();
     // (Removed when it goes out of scope, whatever happens; by then the tree is in place, or
     // the export failed.)
     let stage = Stage::new(&a.out)?;
@@ -88,7 +91,16 @@ pub fn run(a: ExportArgs) -> anyhow::Result<()> {
         None => from_data(&a, &mut parts, &progress),
     }
     .and_then(|()| parts.finish());
-    let (rows, files) = written?;
+    let (rows, files) = match written {
+        Ok(w) => w,
+        Err(e) => {
+            drop(stage);
+            if made_out {
+                let _ = std::fs::remove_dir(&a.out);
+            }
+            return Err(e);
+        }
+    };
     std::fs::rename(&partial, &done)
         .with_context(|| format!("renaming {} to {}", partial.display(), done.display()))?;
     drop(stage);

@@ -170,12 +170,8 @@ fn exports_read_back_by_duckdb_match_the_series_answers() {
         !o.status.success() && said.contains("no 15m tier"),
         "{said}"
     );
-    assert!(!out_dir("bad").join("ns=clicks").exists());
-    assert_eq!(
-        std::fs::read_dir(out_dir("bad")).unwrap().count(),
-        0,
-        "partial left behind"
-    );
+    // Nothing left behind: not even the --out it made.
+    assert!(!out_dir("bad").exists(), "partial left behind");
     // Nor beside them: the staging directories (`.<out>.tally-partial-<pid>`) went.
     let staged: Vec<_> = std::fs::read_dir(dir.path())
         .unwrap()
@@ -343,6 +339,58 @@ fn csv_rows(dir: &Path) -> Vec<String> {
     }
     rows.sort();
     rows
+}
+
+/// A failed export leaves nothing behind: no `--out` it made, no staging directory (the
+/// first cut left an empty `--out`, which looked like an export of nothing).
+#[test]
+fn a_failed_export_leaves_no_directory_it_made() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let missing = dir.path().join("nowhere");
+    let o = export(&[
+        "--ns",
+        "clicks",
+        "--from",
+        "0",
+        "--to",
+        "3600",
+        "--resolution",
+        "1h",
+        "--out",
+        out.to_str().unwrap(),
+        "--data",
+        missing.to_str().unwrap(),
+    ]);
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && said.contains("is not a tally data directory"),
+        "{said}"
+    );
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+    // An --out that was there stays, as it was.
+    std::fs::create_dir(&out).unwrap();
+    let o = export(&[
+        "--ns",
+        "clicks",
+        "--from",
+        "0",
+        "--to",
+        "3600",
+        "--resolution",
+        "1h",
+        "--out",
+        out.to_str().unwrap(),
+        "--data",
+        missing.to_str().unwrap(),
+    ]);
+    assert!(!o.status.success());
+    assert!(out.is_dir());
+    assert_eq!(std::fs::read_dir(&out).unwrap().count(), 0);
 }
 
 /// A server whose `[limits] max_points` holds less than a day of the tier: the export cuts
