@@ -278,17 +278,31 @@ fn check_once(dir: &Path) -> Result<CheckReport, std::io::Error> {
     // (Reported once: a log ending before what the archive holds was reported above.)
     if let Some(head) = head
         && !tail_missing
-        && newest.is_none_or(|n| n < head)
     {
-        report.damage.push(
-            WalError::LostNewest {
-                dir: wal_dir.clone(),
-                first: next_seq.min(head),
-                head,
-                newest,
-            }
-            .into(),
-        );
+        if newest.is_none_or(|n| n < head.newest) {
+            report.damage.push(
+                WalError::LostNewest {
+                    dir: wal_dir.clone(),
+                    first: next_seq.min(head.newest),
+                    head: head.newest,
+                    newest,
+                }
+                .into(),
+            );
+        } else if let Some(closed) = head.closed_at
+            && next_seq < closed
+        {
+            // Closed cleanly after record `closed - 1`: a shorter log was cut since (a server
+            // started meanwhile only appends).
+            report.damage.push(
+                WalError::CutAfterClose {
+                    dir: wal_dir.clone(),
+                    first: next_seq,
+                    last: closed - 1,
+                }
+                .into(),
+            );
+        }
     }
     Ok(report)
 }

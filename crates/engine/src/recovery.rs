@@ -433,6 +433,8 @@ pub(crate) fn replay(
     // removes only its oldest files. Without it, the records written since the last publish
     // are gone, and nothing else would tell.
     let newest = files.last().map(|f| f.0);
+    let closed_at = head.and_then(|h| h.closed_at);
+    let head = head.map(|h| h.newest);
     if let Some(head) = head
         && newest.is_none_or(|n| n < head)
     {
@@ -453,9 +455,30 @@ pub(crate) fn replay(
                     newest,
                 },
             )?;
-            // Never number a record as one the lost files may have held.
+            // New records are numbered past the lost file's first one, so the file they go in
+            // is named apart from the lost one. (The lost records are gone, and no segment
+            // claims them: the archive's claims were checked above.)
             next_seq = next_seq.max(head + 1);
         }
+    } else if let Some(closed) = closed_at
+        && log_next < closed
+    {
+        // Closed cleanly with every record before `closed`: a shorter log lost its end since
+        // (cut off, zeroed, damaged), which recovery would otherwise take for a torn write.
+        if !tail_missing {
+            gap(
+                accept_data_loss,
+                &mut lost,
+                log_next,
+                closed - 1,
+                WalError::CutAfterClose {
+                    dir: wal_dir.to_owned(),
+                    first: log_next,
+                    last: closed - 1,
+                },
+            )?;
+        }
+        next_seq = next_seq.max(closed);
     }
     recovery.lost = lost;
     // The file appended to from here on, and its first record number.
@@ -488,6 +511,11 @@ pub(crate) fn replay(
         ),
     };
     // That file is the newest one (a log from before HEAD existed gets one now).
-    crate::wal::write_head(wal_dir, appending).map_err(io_at(wal_dir))?;
+    // Open again: not closed until the writer closes it.
+    let head = crate::wal::Head {
+        newest: appending,
+        closed_at: None,
+    };
+    crate::wal::write_head(wal_dir, head).map_err(io_at(wal_dir))?;
     Ok((file, next_seq, recovery))
 }

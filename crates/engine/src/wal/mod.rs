@@ -82,6 +82,14 @@ pub enum WalError {
         head: u64,
         newest: Option<u64>,
     },
+    /// The log was closed cleanly after record `last` (`wal/HEAD`), but its end is cut off
+    /// or damaged since: not a torn write, which only a crash leaves.
+    #[error(
+        "{}: records {first}..={last} are missing: the log was closed cleanly after record {last} (wal/HEAD says so), but it now ends at record {} (its end was cut off or damaged since); {ACCEPT_DATA_LOSS}",
+        dir.display(),
+        .first.saturating_sub(1)
+    )]
+    CutAfterClose { dir: PathBuf, first: u64, last: u64 },
 }
 
 /// What is wrong with a log file as a whole (its header, its place in the sequence).
@@ -118,7 +126,7 @@ pub enum FileProblem {
     #[error("sequence number {seq} is outside the numbers a log uses (1 up to 2^63)")]
     SequenceOutOfRange { seq: u64 },
     #[error(
-        "damaged: {HEAD_LEN} bytes of magic {HEAD_MAGIC:?}, a record number and their CRC32C were expected"
+        "damaged: {HEAD_LEN} bytes of magic {HEAD_MAGIC:?}, two record numbers and their CRC32C were expected"
     )]
     DamagedHead,
     #[error("cannot be read: {0}")]
@@ -196,22 +204,37 @@ pub fn put_frame(out: &mut Vec<u8>, seq: u64, payload: &[u8]) {
 /// rewritten (atomically, synced) each time one is started and at each open. The log only
 /// ever removes its oldest files, so a log whose newest file starts before it lost its
 /// newest files — and with them the records written since the last publish, which nothing
-/// else remembers (docs/format.md, "Write-ahead log").
+/// else remembers. A clean close also writes where the log ended, so that an end cut off or
+/// damaged since (which recovery would take for a torn write) is refused (docs/format.md,
+/// "Write-ahead log").
 pub const HEAD: &str = "HEAD";
 /// `TLH` and the marker's version.
 pub const HEAD_MAGIC: [u8; 4] = *b"TLH\x01";
-/// Magic (4), first record number of the newest file (8, little-endian), CRC32C of both (4).
-pub const HEAD_LEN: usize = 16;
+/// Magic (4), first record number of the newest file (8, little-endian), the record number
+/// after the last one at a clean close (8; 0 while the log is open, or after a crash),
+/// CRC32C of the 20 bytes before (4).
+pub const HEAD_LEN: usize = 24;
 
-/// Records `first_seq` as the first record of the newest log file in `dir` (see [`HEAD`]):
-/// written under a temporary name, synced, renamed over the old one, the directory synced.
-pub fn write_head(dir: &Path, first_seq: u64) -> std::io::Result<()> {
+/// What `wal/HEAD` records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Head {
+    /// The first record number of the newest log file ever started.
+    pub newest: u64,
+    /// At a clean close, the number the next record would have had: the log held every
+    /// record before it. `None` while the log is open or after a crash.
+    pub closed_at: Option<u64>,
+}
+
+/// Records `head` in `dir` (see [`HEAD`]): written under a temporary name, synced, renamed
+/// over the old one, the directory synced.
+pub fn write_head(dir: &Path, head: Head) -> std::io::Result<()> {
     use std::io::Write;
     let mut b = [0u8; HEAD_LEN];
     b[..4].copy_from_slice(&HEAD_MAGIC);
-    b[4..12].copy_from_slice(&first_seq.to_le_bytes());
-    let crc = crc32c::crc32c(&b[..12]);
-    b[12..].copy_from_slice(&crc.to_le_bytes());
+    b[4..12].copy_from_slice(&head.newest.to_le_bytes());
+    b[12..20].copy_from_slice(&head.closed_at.unwrap_or(0).to_le_bytes());
+    let crc = crc32c::crc32c(&b[..20]);
+    b[20..].copy_from_slice(&crc.to_le_bytes());
     let tmp = dir.join("HEAD.tmp");
     let mut f = std::fs::File::create(&tmp)?;
     f.write_all(&b)?;
@@ -223,7 +246,7 @@ pub fn write_head(dir: &Path, first_seq: u64) -> std::io::Result<()> {
 
 /// What `wal/HEAD` records; `None` when there is none (a log written before it existed, or
 /// a copy of a log made by `tally backup`).
-pub fn read_head(dir: &Path) -> Result<Option<u64>, WalError> {
+pub fn read_head(dir: &Path) -> Result<Option<Head>, WalError> {
     let path = dir.join(HEAD);
     let bytes = match std::fs::read(&path) {
         Ok(b) => b,
@@ -242,13 +265,21 @@ pub fn read_head(dir: &Path) -> Result<Option<u64>, WalError> {
     if bytes.len() != HEAD_LEN || bytes[..4] != HEAD_MAGIC {
         return Err(damaged());
     }
-    if crc32c::crc32c(&bytes[..12]) != read_u32(&bytes, 12) {
+    if crc32c::crc32c(&bytes[..20]) != read_u32(&bytes, 20) {
         return Err(damaged());
     }
-    match read_u64(&bytes, 4) {
-        seq if seq == 0 || seq >= MAX_SEQ => Err(damaged()),
-        seq => Ok(Some(seq)),
+    let (newest, closed_at) = (read_u64(&bytes, 4), read_u64(&bytes, 12));
+    if newest == 0
+        || newest >= MAX_SEQ
+        || closed_at >= MAX_SEQ
+        || (closed_at != 0 && closed_at < newest)
+    {
+        return Err(damaged());
     }
+    Ok(Some(Head {
+        newest,
+        closed_at: (closed_at != 0).then_some(closed_at),
+    }))
 }
 
 /// `<dir>/<first_seq, 20 digits>.wal`: names sort in log order.

@@ -203,6 +203,19 @@ impl State {
         {
             self.poison("fsync on close", e);
         }
+        // A whole log, closed: say where it ends, so that an end cut off later is not taken
+        // for a torn write (see `super::HEAD`).
+        if self.poisoned().is_none()
+            && let Ok(Some(head)) = super::read_head(&self.dir)
+        {
+            let closed = super::Head {
+                closed_at: Some(self.next_seq),
+                ..head
+            };
+            if let Err(e) = super::write_head(&self.dir, closed) {
+                tracing::warn!(error = %e, "could not record the log's end at close");
+            }
+        }
     }
 
     fn poisoned(&self) -> Option<StoreError> {
@@ -324,7 +337,13 @@ impl State {
         }
         let path = file_name(&self.dir, self.next_seq);
         self.file = LogFile::create(&path, &file_header(self.next_seq), self.faults.clone())?;
-        super::write_head(&self.dir, self.next_seq)?;
+        super::write_head(
+            &self.dir,
+            super::Head {
+                newest: self.next_seq,
+                closed_at: None,
+            },
+        )?;
         tracing::debug!(file = %path.display(), "rotated the write-ahead log");
         Ok(())
     }

@@ -635,10 +635,16 @@ fn a_damaged_head_is_refused_and_a_missing_one_is_written() {
     let e = Engine::open(config(dir.path(), &clock, true)).unwrap();
     assert_eq!(total(&e, "clicks", "k2", 3600), 1);
     drop(e);
-    // Rewritten at that open; gone, it is written again at the next.
+    // Rewritten at that open, and at the close after it with where the log ended; gone, it
+    // is written again at the next open.
+    let written = tally_engine::wal::read_head(&dir.path().join("wal"))
+        .unwrap()
+        .unwrap();
+    assert_eq!(written.newest, files(dir.path()).last().unwrap().0);
     assert_eq!(
-        tally_engine::wal::read_head(&dir.path().join("wal")).unwrap(),
-        Some(files(dir.path()).last().unwrap().0)
+        written.closed_at,
+        Some(4),
+        "three records, closed after record 3"
     );
     std::fs::remove_file(&head).unwrap();
     let e = Engine::open(config(dir.path(), &clock, false)).unwrap();

@@ -38,6 +38,20 @@ pub fn open(dir: &Path, clock: &Arc<ManualClock>, fsync: FsyncPolicy) -> Engine 
     Engine::open(c).unwrap()
 }
 
+/// Makes the log in `dir` look as a crash leaves it: its `wal/HEAD` without the end a clean
+/// close records (tests that damage the end of a log cleanly closed stand for the torn
+/// write of a crash; after a clean close the same damage is refused).
+pub fn as_after_a_crash(dir: &Path) {
+    let wal = dir.join("wal");
+    if let Some(head) = tally_engine::wal::read_head(&wal).unwrap() {
+        let open = tally_engine::wal::Head {
+            closed_at: None,
+            ..head
+        };
+        tally_engine::wal::write_head(&wal, open).unwrap();
+    }
+}
+
 pub fn raw(ns: &str, key: &str, ts: i64, n: i64, dims: &[(&str, &str)]) -> RawEvent {
     RawEvent {
         ns: ns.into(),
