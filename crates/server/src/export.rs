@@ -5,9 +5,10 @@
 //! like any other. Rows are then written on the blocking pool into 64 KiB chunks that wait in
 //! a queue of four for the client: a slow client slows the export, it never grows in memory.
 //! Each page of keys has its own `[limits] query_timeout_ms`. The answer starts (`200`) at
-//! the first row found: a failure before it is a JSON error like any query's (a damaged
-//! segment's `500 corrupt_data`, a `503 query_timeout`); a failure after it cuts the response
-//! off (no last chunk), so a client never takes a partial export for a whole one. A client that goes away stops the export at its next chunk; one that
+//! the first row found or once the first page is read: a failure before it is a JSON error
+//! like any query's (a damaged segment's `500 corrupt_data`, a `503 query_timeout`); a
+//! failure after it cuts the response off (no last chunk), so a client never takes a partial
+//! export for a whole one. A client that goes away stops the export at its next chunk; one that
 //! takes nothing for `[limits] body_timeout_ms`, or takes the answer slower than
 //! `export_min_bytes_per_sec` (see [`Pace`]), is cut off. At most `max_concurrent_queries`
 //! exports stream at once (each holds a permit of its own until it ends: it outlives its
@@ -107,11 +108,13 @@ pub async fn export(
         app.settings().server.export_min_bytes_per_sec,
     );
     let handle = tokio::runtime::Handle::current();
-    // Told once: at the first row (the answer then starts, 200) or at the end, with the
-    // error of an export that failed before finding any row — answered as any query's
-    // error is, with its code, rather than a 200 cut off before its first byte.
+    // Told once: at the first row or once the first page of keys is read (the answer then
+    // starts, 200), or at the end, with the error of an export that failed before — answered
+    // as any query's error is, with its code, rather than a 200 cut off before its first
+    // byte. The handler waits for it, holding its admission permit, for one page at most:
+    // as long as any query may.
     let (started_tx, started) = tokio::sync::oneshot::channel::<Result<(), ApiError>>();
-    let mut started_tx = Some(started_tx);
+    let started_tx = std::sync::Mutex::new(Some(started_tx));
     // Set as soon as the client goes away (the body, and so the receiver, dropped): every
     // page's deadline shares it, so the scan stops at once even if it has found no row to
     // send (an export of a sparse range learns of it at no chunk).
@@ -125,6 +128,13 @@ pub async fn export(
     };
     tokio::task::spawn_blocking(move || {
         let _permit = permit;
+        let start = |r: Result<(), ApiError>| {
+            let t = started_tx
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take();
+            t.map(|t| t.send(r)).is_some()
+        };
         let mut send = |chunk: Result<Bytes, std::io::Error>| {
             let len = chunk.as_ref().map_or(0, Bytes::len);
             let started = std::time::Instant::now();
@@ -137,12 +147,17 @@ pub async fn export(
         let mut buf = String::with_capacity(CHUNK_BYTES + 4096);
         buf.push_str(HEADER);
         let (ns, res) = (plan.ns.to_string(), plan.resolution.to_string());
-        let deadline = || Deadline::new(timeout, cancelled.clone());
+        // Each page asks for its deadline first: the second ask means the first page was read.
+        let pages = std::sync::atomic::AtomicUsize::new(0);
+        let deadline = || {
+            if pages.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 1 {
+                start(Ok(()));
+            }
+            Deadline::new(timeout, cancelled.clone())
+        };
         let mut cut = false;
         let done = query::export(&**app.store(), &plan, &deadline, &mut |row| {
-            if let Some(t) = started_tx.take() {
-                let _ = t.send(Ok(()));
-            }
+            start(Ok(()));
             write_row(&mut buf, &ns, &res, row);
             if buf.len() < CHUNK_BYTES {
                 return true;
@@ -152,16 +167,14 @@ pub async fn export(
             cut |= !sent;
             sent
         });
-        let done = match (done, started_tx.take()) {
-            (Err(e), Some(t)) => {
-                let _ = t.send(Err(ApiError::from(e)));
+        let done = match done {
+            // Nothing sent yet: the handler answers with the error.
+            Err(e) if start(Err(ApiError::from(e.clone()))) => {
                 watch.abort();
                 return;
             }
-            (done, t) => {
-                if let Some(t) = t {
-                    let _ = t.send(Ok(()));
-                }
+            done => {
+                start(Ok(()));
                 done
             }
         };

@@ -351,3 +351,52 @@ fn an_export_with_no_rows_stops_when_its_client_leaves() {
     assert_eq!(st, 200, "{csv}");
     assert_eq!(csv, "ns,key,ts,resolution,dim,value,n\n");
 }
+
+/// An export answers (its head, 200) once its first page of keys is read, even if that page
+/// holds no row: the handler waits for it holding one of the `max_concurrent_queries`
+/// permits, so it must not hold it for a whole scan of pages without rows (found by a
+/// review: a handler waiting for the first row held up every query meanwhile).
+#[test]
+fn an_export_without_rows_yet_holds_no_query_permit_past_its_first_page() {
+    use std::sync::atomic::Ordering;
+    let s = Server::with_config("[limits]\nmax_concurrent_queries = 1");
+    let body: String = (0..2560)
+        .map(|i| {
+            format!(
+                "{{\"ns\":\"big\",\"key\":\"k{i:05}\",\"ts\":{}}}\n",
+                NOW - 100
+            )
+        })
+        .collect();
+    let ndjson = [("Content-Type", "application/x-ndjson")];
+    assert_eq!(s.req("POST", "/v1/events", Some(&body), &ndjson).0, 200);
+    // Ten pages of keys, each listed in 300 ms; the range before the data holds no rows.
+    *s.store.slow_keys.lock().unwrap() = Duration::from_millis(300);
+    let path = format!(
+        "/v1/ns/big/export?from={}&to={}&resolution=1h",
+        NOW - 10 * 3600,
+        NOW - 5 * 3600
+    );
+    std::thread::scope(|scope| {
+        let export = scope.spawn(|| s.raw("GET", &path, None, &[]));
+        while s.store.keys_calls.load(Ordering::SeqCst) < 2 {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // A query while the export still scans: answered, not queued behind it.
+        let (st, v) = s.get(&format!(
+            "/v1/ns/big/keys/k00001/series?from={}&to={NOW}&unit=hour",
+            NOW - 3600
+        ));
+        assert_eq!(st, 200, "{v}");
+        let listed = s.store.keys_calls.load(Ordering::SeqCst);
+        assert!(
+            listed < 10,
+            "the query waited for the export's scan ({listed} pages)"
+        );
+        let (st, csv) = export.join().unwrap();
+        assert_eq!(
+            (st, csv.as_str()),
+            (200, "ns,key,ts,resolution,dim,value,n\n")
+        );
+    });
+}
