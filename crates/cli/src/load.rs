@@ -500,21 +500,35 @@ impl Digest {
     }
 }
 
-/// Copies stdin into a temporary file (the load may read its input twice); answers the file
-/// (hold it while the path is read) and a path that opens it again, `/proc/self/fd/N`. The
-/// file has no name in any directory (`O_TMPFILE`, or unlinked at once), so nothing is left
-/// behind whatever ends the process — SIGINT and SIGKILL included.
-pub fn spool_stdin() -> anyhow::Result<(File, PathBuf)> {
+/// stdin's copy (see [`spool_stdin`]), held while the load reads it.
+#[derive(Debug)]
+#[allow(dead_code, reason = "held, never read: dropping it lets the copy go")]
+pub enum Spooled {
+    /// A file with no name, read again through `/proc/self/fd/N`.
+    Unnamed(File),
+    /// A named file in a temporary directory removed when this is dropped (no `/proc`).
+    Named(tempfile::TempDir),
+}
+
+/// Copies stdin into a temporary file (the load may read its input twice); answers it (hold
+/// it while the path is read) and a path that opens it again. Where `/proc` is (Linux), the
+/// file has no name in any directory (`O_TMPFILE`, or unlinked at once), read again through
+/// `/proc/self/fd/N`, so nothing is left behind whatever ends the process — SIGINT and
+/// SIGKILL included. Elsewhere it is a named file in a temporary directory, removed when
+/// the load ends (a killed load leaves it).
+pub fn spool_stdin() -> anyhow::Result<(Spooled, PathBuf)> {
     use std::os::fd::AsRawFd;
-    let mut f = tempfile::tempfile().context("creating a temporary file for stdin")?;
-    io::copy(&mut io::stdin().lock(), &mut f).context("reading stdin")?;
-    let path = PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()));
-    if !path.exists() {
-        anyhow::bail!(
-            "reading stdin (-) needs /proc to read its copy again; give the load a file instead"
-        );
+    if Path::new("/proc/self/fd").is_dir() {
+        let mut f = tempfile::tempfile().context("creating a temporary file for stdin")?;
+        io::copy(&mut io::stdin().lock(), &mut f).context("reading stdin")?;
+        let path = PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()));
+        return Ok((Spooled::Unnamed(f), path));
     }
-    Ok((f, path))
+    let dir = tempfile::tempdir().context("creating a temporary directory for stdin")?;
+    let path = dir.path().join("stdin");
+    let mut f = File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+    io::copy(&mut io::stdin().lock(), &mut f).context("reading stdin")?;
+    Ok((Spooled::Named(dir), path))
 }
 
 #[cfg(test)]

@@ -77,32 +77,47 @@ pub fn run(a: ExportArgs) -> anyhow::Result<()> {
         );
     }
     // A failed export leaves no `<out>` it made (an empty directory looked like an export
-    // of nothing).
+    // of nothing). Only an empty one is removed: another export may have put its tree there.
     let made_out = !a.out.exists();
+    let forget_out = |e: anyhow::Error| {
+        if made_out {
+            let _ = std::fs::remove_dir(&a.out);
+        }
+        e
+    };
     // (Removed when it goes out of scope, whatever happens; by then the tree is in place, or
     // the export failed.)
-    let stage = Stage::new(&a.out)?;
+    let stage = Stage::new(&a.out).map_err(forget_out)?;
     let partial = stage.dir.join(format!("ns={}", a.ns));
-    std::fs::create_dir_all(&partial).with_context(|| format!("creating {}", partial.display()))?;
     let progress = Progress::new(a.quiet);
-    let mut parts = Parts::new(&partial, a.format);
-    let written = match &a.server {
-        Some(server) => from_server(&a, server, &mut parts, &progress),
-        None => from_data(&a, &mut parts, &progress),
-    }
-    .and_then(|()| parts.finish());
+    let written = std::fs::create_dir_all(&partial)
+        .with_context(|| format!("creating {}", partial.display()))
+        .and_then(|()| {
+            let mut parts = Parts::new(&partial, a.format);
+            match &a.server {
+                Some(server) => from_server(&a, server, &mut parts, &progress),
+                None => from_data(&a, &mut parts, &progress),
+            }
+            .and_then(|()| parts.finish())
+        })
+        .and_then(|w| {
+            // Another export into the same new `<out>` that failed may have removed it
+            // meanwhile (it was empty): make it again.
+            let renamed = std::fs::rename(&partial, &done).or_else(|_| {
+                std::fs::create_dir_all(&a.out)?;
+                std::fs::rename(&partial, &done)
+            });
+            renamed
+                .with_context(|| format!("renaming {} to {}", partial.display(), done.display()))
+                .map(|()| w)
+        });
     let (rows, files) = match written {
         Ok(w) => w,
         Err(e) => {
             drop(stage);
-            if made_out {
-                let _ = std::fs::remove_dir(&a.out);
-            }
-            return Err(e);
+            return Err(forget_out(e));
         }
     };
-    std::fs::rename(&partial, &done)
-        .with_context(|| format!("renaming {} to {}", partial.display(), done.display()))?;
     drop(stage);
     if let Ok(dir) = std::fs::File::open(&a.out) {
         let _ = dir.sync_all();

@@ -7,7 +7,13 @@
 //! process-wide: past it the least recently used are dropped, and a read of a dropped one
 //! reads its bytes from the file again (checked against the CRC32C taken at open) and
 //! decodes them. A dictionary larger than the whole budget is decoded for each read that
-//! needs it and never kept.
+//! needs it and never kept (each such read counts as a miss).
+//!
+//! The budget bounds what is held between reads. A read holds its segment's dictionary
+//! while it runs (a scan or a compaction's merge for its whole length, one for each segment
+//! it merges), in addition, and a read that misses a dictionary another still holds decodes
+//! a copy of its own. One segment's dictionary is decoded whole, however large: the format
+//! has no way to read part of it.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
