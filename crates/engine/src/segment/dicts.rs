@@ -15,9 +15,9 @@
 //! a copy of its own. One segment's dictionary is decoded whole, however large: the format
 //! has no way to read part of it.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 
 use super::codec::Dictionary;
 
@@ -27,28 +27,44 @@ pub const DEFAULT_BUDGET: usize = 256 << 20;
 
 static BUDGET: AtomicUsize = AtomicUsize::new(DEFAULT_BUDGET);
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+/// Ticks at every dictionary decoded: when a slot was read last, roughly (reads store it,
+/// only decodes move it, so a read costs no write to a line every thread shares).
+static CLOCK: AtomicU64 = AtomicU64::new(1);
 /// Dictionaries decoded again because they had been dropped (for tests and metrics).
 static MISSES: AtomicU64 = AtomicU64::new(0);
 
-struct Cache {
-    /// Segment's id → (its dictionary, its weight in bytes, when last used).
-    held: BTreeMap<u64, (Arc<Dictionary>, usize, u64)>,
-    /// When last used → segment's id: the least recently used first.
-    order: BTreeMap<u64, u64>,
-    bytes: usize,
-    clock: u64,
+/// One segment's place in the cache: its dictionary while held. A read takes it under a
+/// read lock of its own (no lock every reader shares); only holding and dropping take the
+/// cache's lock. Dropping the slot (the segment is gone) forgets it.
+#[derive(Debug)]
+pub(crate) struct Slot {
+    id: u64,
+    inner: Arc<Inner>,
 }
 
-static CACHE: Mutex<Cache> = Mutex::new(Cache {
-    held: BTreeMap::new(),
-    order: BTreeMap::new(),
-    bytes: 0,
-    clock: 0,
-});
+#[derive(Debug)]
+struct Inner {
+    dict: RwLock<Option<Arc<Dictionary>>>,
+    /// `CLOCK` when last read.
+    used: AtomicU64,
+}
 
-fn cache() -> MutexGuard<'static, Cache> {
-    // Every update leaves the maps consistent before it can panic (none of them does).
-    CACHE.lock().unwrap_or_else(PoisonError::into_inner)
+struct Cache {
+    /// Every live slot, held or not, by id, with the weight of what it holds (0: nothing).
+    slots: HashMap<u64, (Arc<Inner>, usize)>,
+    bytes: usize,
+}
+
+static CACHE: Mutex<Option<Cache>> = Mutex::new(None);
+
+fn with_cache<R>(f: impl FnOnce(&mut Cache) -> R) -> R {
+    // Every update leaves the map and the count consistent before it can panic; nothing
+    // dropped under this lock takes it again (no `Drop` of `Inner` or `Dictionary` does).
+    let mut g: MutexGuard<'_, Option<Cache>> = CACHE.lock().unwrap_or_else(PoisonError::into_inner);
+    f(g.get_or_insert_with(|| Cache {
+        slots: HashMap::new(),
+        bytes: 0,
+    }))
 }
 
 /// The bound in force, in bytes.
@@ -60,12 +76,12 @@ pub fn budget() -> usize {
 /// dropped now.
 pub fn set_budget(bytes: usize) {
     BUDGET.store(bytes.max(1), Ordering::Relaxed);
-    cache().shrink(None);
+    with_cache(|c| c.shrink(None));
 }
 
 /// Bytes of dictionaries held now.
 pub fn held_bytes() -> usize {
-    cache().bytes
+    with_cache(|c| c.bytes)
 }
 
 /// Dictionaries decoded again since the process started, because they had been dropped.
@@ -73,65 +89,92 @@ pub fn misses() -> u64 {
     MISSES.load(Ordering::Relaxed)
 }
 
-/// A new segment's id in this cache.
-pub(crate) fn new_id() -> u64 {
-    NEXT_ID.fetch_add(1, Ordering::Relaxed)
+fn write(inner: &Inner) -> std::sync::RwLockWriteGuard<'_, Option<Arc<Dictionary>>> {
+    inner.dict.write().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Segment `id`'s dictionary if it is held (it becomes the most recently used).
-pub(crate) fn get(id: u64) -> Option<Arc<Dictionary>> {
-    let mut c = cache();
-    c.clock += 1;
-    let now = c.clock;
-    let (dict, _, used) = c.held.get_mut(&id)?;
-    let (dict, before) = (Arc::clone(dict), std::mem::replace(used, now));
-    c.order.remove(&before);
-    c.order.insert(now, id);
-    Some(dict)
+impl Slot {
+    /// A new segment's slot, holding `dict` (just decoded at open) if the budget allows.
+    pub(crate) fn new(dict: &Arc<Dictionary>) -> Slot {
+        let slot = Slot {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            inner: Arc::new(Inner {
+                dict: RwLock::new(None),
+                used: AtomicU64::new(0),
+            }),
+        };
+        with_cache(|c| {
+            c.slots.insert(slot.id, (Arc::clone(&slot.inner), 0));
+        });
+        slot.hold(dict, false);
+        slot
+    }
+
+    /// Its dictionary if held (it becomes the most recently used).
+    pub(crate) fn get(&self) -> Option<Arc<Dictionary>> {
+        let d = self
+            .inner
+            .dict
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()?;
+        self.inner
+            .used
+            .store(CLOCK.load(Ordering::Relaxed), Ordering::Relaxed);
+        Some(d)
+    }
+
+    /// Holds `dict`, dropping the least recently used others past the budget; one larger
+    /// than the budget is not held. `again`: it had been dropped before.
+    pub(crate) fn hold(&self, dict: &Arc<Dictionary>, again: bool) {
+        if again {
+            MISSES.fetch_add(1, Ordering::Relaxed);
+        }
+        let now = CLOCK.fetch_add(1, Ordering::Relaxed) + 1;
+        let weight = dict.bytes();
+        if weight > budget() {
+            return;
+        }
+        with_cache(|c| {
+            let Some(entry) = c.slots.get_mut(&self.id) else {
+                return;
+            };
+            let before = std::mem::replace(&mut entry.1, weight);
+            c.bytes = c.bytes - before + weight;
+            *write(&self.inner) = Some(Arc::clone(dict));
+            self.inner.used.store(now, Ordering::Relaxed);
+            c.shrink(Some(self.id));
+        });
+    }
 }
 
-/// Holds segment `id`'s dictionary, dropping the least recently used others past the
-/// budget; one larger than the budget is not held. `again`: it had been dropped before.
-pub(crate) fn put(id: u64, dict: &Arc<Dictionary>, again: bool) {
-    if again {
-        MISSES.fetch_add(1, Ordering::Relaxed);
-    }
-    let weight = dict.bytes();
-    if weight > budget() {
-        return;
-    }
-    let mut c = cache();
-    c.clock += 1;
-    let now = c.clock;
-    if let Some((_, w, used)) = c.held.insert(id, (Arc::clone(dict), weight, now)) {
-        c.bytes -= w;
-        c.order.remove(&used);
-    }
-    c.bytes += weight;
-    c.order.insert(now, id);
-    c.shrink(Some(id));
-}
-
-/// Drops segment `id`'s dictionary (the segment is gone).
-pub(crate) fn forget(id: u64) {
-    let mut c = cache();
-    if let Some((_, w, used)) = c.held.remove(&id) {
-        c.bytes -= w;
-        c.order.remove(&used);
+impl Drop for Slot {
+    fn drop(&mut self) {
+        with_cache(|c| {
+            if let Some((_, w)) = c.slots.remove(&self.id) {
+                c.bytes -= w;
+            }
+        });
     }
 }
 
 impl Cache {
-    /// Drops the least recently used dictionaries, but `keep`, until the budget holds.
+    /// Drops the least recently used dictionaries, but `keep`'s, until the budget holds.
     fn shrink(&mut self, keep: Option<u64>) {
         let budget = budget();
         while self.bytes > budget {
-            let Some((&used, &id)) = self.order.iter().find(|(_, id)| Some(**id) != keep) else {
+            let oldest = self
+                .slots
+                .iter()
+                .filter(|(id, (_, w))| *w > 0 && Some(**id) != keep)
+                .map(|(id, (inner, _))| (inner.used.load(Ordering::Relaxed), *id))
+                .min();
+            let Some((_, id)) = oldest else {
                 break;
             };
-            self.order.remove(&used);
-            if let Some((_, w, _)) = self.held.remove(&id) {
-                self.bytes -= w;
+            if let Some((inner, w)) = self.slots.get_mut(&id) {
+                *write(inner) = None;
+                self.bytes -= std::mem::take(w);
             }
         }
     }

@@ -36,9 +36,9 @@ pub struct Segment {
     meta: SegmentMeta,
     period: Period,
     codec: u8,
-    /// The dictionary: held in [`dicts`] (bounded per process) under `dict_id`, read from
-    /// the file again (`dict_at`, checked against `dict_crc`) when it was dropped there.
-    dict_id: u64,
+    /// The dictionary: held in its slot while [`dicts`] (bounded per process) allows, read
+    /// from the file again (`dict_at`, checked against `dict_crc`) when it was dropped.
+    dict_slot: dicts::Slot,
     dict_at: (u64, usize),
     dict_crc: u32,
     dict_strings: usize,
@@ -429,11 +429,7 @@ impl Segment {
             },
             meta: footer.meta,
             codec: footer.codec,
-            dict_id: {
-                let id = dicts::new_id();
-                dicts::put(id, &dict, false);
-                id
-            },
+            dict_slot: dicts::Slot::new(&dict),
             dict_at: (footer.index_offset, footer.dict_len as usize),
             dict_crc,
             dict_strings: dict.strings(),
@@ -556,7 +552,7 @@ impl Segment {
     /// The segment's dictionary: held in [`dicts`], or read from the file again, checked
     /// against the CRC32C taken at open, and decoded (see that module).
     fn dict(&self) -> Result<Arc<Dictionary>, SegmentError> {
-        if let Some(d) = dicts::get(self.dict_id) {
+        if let Some(d) = self.dict_slot.get() {
             return Ok(d);
         }
         let (at, len) = self.dict_at;
@@ -579,7 +575,7 @@ impl Segment {
             decode_dictionary(&stored, self.codec)
                 .map_err(|why| self.corrupt(format!("dictionary: {why}")))?,
         );
-        dicts::put(self.dict_id, &dict, true);
+        self.dict_slot.hold(&dict, true);
         Ok(dict)
     }
 
@@ -1366,12 +1362,6 @@ impl Cursor {
         };
         r.record(ord, &dict, &seg.period)
             .map_err(|why| seg.corrupt(format!("block {block}: {why}")))
-    }
-}
-
-impl Drop for Segment {
-    fn drop(&mut self) {
-        dicts::forget(self.dict_id);
     }
 }
 
