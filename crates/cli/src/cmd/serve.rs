@@ -365,4 +365,11 @@ fn maintain(engine: &Engine) {
         Ok(_) => {}
         Err(e) => tracing::warn!(error = %e.detail(), "compaction failed; will retry"),
     }
+    // One segment a minute read whole against its checksums: damage shows in /healthz
+    // before a query meets it.
+    if let Err(e) = engine.scrub_next()
+        && !stopping()
+    {
+        tracing::error!(error = %e.detail(), "verifying the archive found damage");
+    }
 }

@@ -891,6 +891,43 @@ fn a_damaged_block_fails_the_reads_that_touch_it_and_is_named_by_check() {
     );
 }
 
+/// Damage no query has met shows in health once the minutely scrub reaches its segment
+/// (found by a black-box review: `/healthz` said 200 until a query happened to read it).
+#[test]
+fn the_scrub_finds_damage_no_query_has_met() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = crate::clock(NOW);
+    let (e, path) = flushed_with_day_segment(dir.path(), &clock);
+    let segments = manifest::load(dir.path()).unwrap().unwrap().segments.len();
+    assert!(segments >= 2, "{segments}");
+    // A whole archive: each call verifies the next segment, in turn, wrapping around.
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..2 * segments {
+        seen.insert(e.scrub_next().unwrap().unwrap());
+    }
+    assert_eq!(seen.len(), segments, "every segment, in turn");
+    assert_eq!(e.health().ok(), Some(()));
+    drop(e);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[tally_engine::segment::layout::MAGIC_V1.len() + 3] ^= 0x40;
+    std::fs::write(&path, bytes).unwrap();
+    let e = open(dir.path(), &clock);
+    assert_eq!(e.health().ok(), Some(()), "opening reads no block");
+    let found = (0..segments)
+        .find_map(|_| e.scrub_next().err())
+        .expect("the scrub reached the damaged segment");
+    assert_eq!(found.code(), tally_core::ErrorCode::CorruptData, "{found}");
+    let health = e.health().unwrap_err();
+    assert!(
+        health.detail().contains(&path.display().to_string()),
+        "{}",
+        health.detail()
+    );
+    // An empty archive has nothing to verify.
+    let empty = tempfile::tempdir().unwrap();
+    assert_eq!(open(empty.path(), &clock).scrub_next().unwrap(), None);
+}
+
 /// A segment cut short under a running engine is damage too: the reads that need its
 /// missing bytes fail with `corrupt_data` and health names the file — they used to fail as
 /// an I/O error ("failed to fill whole buffer"), `503` for clients to retry, health ok.
