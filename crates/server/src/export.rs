@@ -128,6 +128,15 @@ pub async fn export(
     };
     tokio::task::spawn_blocking(move || {
         let _permit = permit;
+        // However this ends (a panic included), the watch goes, and with it the last sender
+        // besides this closure's: the body then ends, cut off unless complete.
+        struct Unwatch(tokio::task::JoinHandle<()>);
+        impl Drop for Unwatch {
+            fn drop(&mut self) {
+                self.0.abort();
+            }
+        }
+        let _unwatch = Unwatch(watch);
         let start = |r: Result<(), ApiError>| {
             let t = started_tx
                 .lock()
@@ -169,10 +178,7 @@ pub async fn export(
         });
         let done = match done {
             // Nothing sent yet: the handler answers with the error.
-            Err(e) if start(Err(ApiError::from(e.clone()))) => {
-                watch.abort();
-                return;
-            }
+            Err(e) if start(Err(ApiError::from(e.clone()))) => return,
             done => {
                 start(Ok(()));
                 done
@@ -190,10 +196,25 @@ pub async fn export(
                 send(Err(std::io::Error::other(e.to_string())));
             }
         }
-        watch.abort();
     });
-    if let Ok(Err(e)) = started.await {
-        return Err(e);
+    // One page at most, bounded as any query is (a page checks its deadline between the
+    // store's calls, not inside them); giving up drops the receiver, which stops the scan.
+    let ms = timeout.as_millis();
+    match tokio::time::timeout(timeout + Duration::from_millis(50), started).await {
+        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Err(e))) => return Err(e),
+        Ok(Err(_)) => {
+            return Err(ApiError::new(
+                ErrorCode::Internal,
+                "the export stopped before it started (see the server's log)",
+            ));
+        }
+        Err(_) => {
+            return Err(ApiError::new(
+                ErrorCode::QueryTimeout,
+                format!("the export's first page ran past {ms} ms ([limits] query_timeout_ms)"),
+            ));
+        }
     }
     Ok((
         [(axum::http::header::CONTENT_TYPE, "text/csv; charset=utf-8")],

@@ -27,9 +27,15 @@ pub const DEFAULT_BUDGET: usize = 256 << 20;
 
 static BUDGET: AtomicUsize = AtomicUsize::new(DEFAULT_BUDGET);
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-/// Ticks at every dictionary decoded: when a slot was read last, roughly (reads store it,
-/// only decodes move it, so a read costs no write to a line every thread shares).
-static CLOCK: AtomicU64 = AtomicU64::new(1);
+/// Microseconds since the cache was first used: when a slot was read last (a read stores
+/// it in its own slot, writing no line every thread shares).
+fn now() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_micros() as u64
+}
 /// Dictionaries decoded again because they had been dropped (for tests and metrics).
 static MISSES: AtomicU64 = AtomicU64::new(0);
 
@@ -45,13 +51,15 @@ pub(crate) struct Slot {
 #[derive(Debug)]
 struct Inner {
     dict: RwLock<Option<Arc<Dictionary>>>,
-    /// `CLOCK` when last read.
+    /// [`now`] when last read.
     used: AtomicU64,
 }
 
 struct Cache {
     /// Every live slot, held or not, by id, with the weight of what it holds (0: nothing).
     slots: HashMap<u64, (Arc<Inner>, usize)>,
+    /// The ids of the slots holding a dictionary.
+    held: std::collections::HashSet<u64>,
     bytes: usize,
 }
 
@@ -63,6 +71,7 @@ fn with_cache<R>(f: impl FnOnce(&mut Cache) -> R) -> R {
     let mut g: MutexGuard<'_, Option<Cache>> = CACHE.lock().unwrap_or_else(PoisonError::into_inner);
     f(g.get_or_insert_with(|| Cache {
         slots: HashMap::new(),
+        held: std::collections::HashSet::new(),
         bytes: 0,
     }))
 }
@@ -118,9 +127,7 @@ impl Slot {
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()?;
-        self.inner
-            .used
-            .store(CLOCK.load(Ordering::Relaxed), Ordering::Relaxed);
+        self.inner.used.store(now(), Ordering::Relaxed);
         Some(d)
     }
 
@@ -130,7 +137,7 @@ impl Slot {
         if again {
             MISSES.fetch_add(1, Ordering::Relaxed);
         }
-        let now = CLOCK.fetch_add(1, Ordering::Relaxed) + 1;
+        let now = now();
         let weight = dict.bytes();
         if weight > budget() {
             return;
@@ -141,6 +148,7 @@ impl Slot {
             };
             let before = std::mem::replace(&mut entry.1, weight);
             c.bytes = c.bytes - before + weight;
+            c.held.insert(self.id);
             *write(&self.inner) = Some(Arc::clone(dict));
             self.inner.used.store(now, Ordering::Relaxed);
             c.shrink(Some(self.id));
@@ -154,6 +162,7 @@ impl Drop for Slot {
             if let Some((_, w)) = c.slots.remove(&self.id) {
                 c.bytes -= w;
             }
+            c.held.remove(&self.id);
         });
     }
 }
@@ -162,20 +171,26 @@ impl Cache {
     /// Drops the least recently used dictionaries, but `keep`'s, until the budget holds.
     fn shrink(&mut self, keep: Option<u64>) {
         let budget = budget();
-        while self.bytes > budget {
-            let oldest = self
-                .slots
-                .iter()
-                .filter(|(id, (_, w))| *w > 0 && Some(**id) != keep)
-                .map(|(id, (inner, _))| (inner.used.load(Ordering::Relaxed), *id))
-                .min();
-            let Some((_, id)) = oldest else {
+        if self.bytes <= budget {
+            return;
+        }
+        // The held ones, least recently read first: one pass, however many go.
+        let mut held: Vec<(u64, u64)> = self
+            .held
+            .iter()
+            .filter(|id| Some(**id) != keep)
+            .filter_map(|id| Some((self.slots.get(id)?.0.used.load(Ordering::Relaxed), *id)))
+            .collect();
+        held.sort_unstable();
+        for (_, id) in held {
+            if self.bytes <= budget {
                 break;
-            };
+            }
             if let Some((inner, w)) = self.slots.get_mut(&id) {
                 *write(inner) = None;
                 self.bytes -= std::mem::take(w);
             }
+            self.held.remove(&id);
         }
     }
 }

@@ -400,3 +400,36 @@ fn an_export_without_rows_yet_holds_no_query_permit_past_its_first_page() {
         );
     });
 }
+
+/// An export whose first page outlasts `query_timeout_ms` inside one store call (a page
+/// checks its deadline only between calls) is `503 query_timeout` once that time is up; and
+/// one whose scan panics is `500 internal`, its connection free. Found by a review: the
+/// handler waited for the page however long it took, and a panic left the answer open for
+/// good (a watcher held the body's sender).
+#[test]
+fn an_export_s_first_page_is_bounded_and_a_panic_ends_it() {
+    let s = Server::with_config("[limits]\nquery_timeout_ms = 300");
+    seed(&s);
+    let path = format!(
+        "/v1/ns/clicks/export?from={}&to={NOW}&resolution=1h",
+        NOW - 86_400
+    );
+    *s.store.slow_keys.lock().unwrap() = Duration::from_secs(3);
+    let started = std::time::Instant::now();
+    err(s.get(&path), 503, "query_timeout");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "answered after {:?}",
+        started.elapsed()
+    );
+    *s.store.slow_keys.lock().unwrap() = Duration::ZERO;
+    s.store
+        .panic_reads
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    err(s.get(&path), 500, "internal");
+    s.store
+        .panic_reads
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    let (st, csv) = s.raw("GET", &path, None, &[]);
+    assert_eq!(st, 200, "{csv}");
+}

@@ -113,6 +113,8 @@ pub struct Gated {
     pub limited_waiting: std::sync::atomic::AtomicUsize,
     /// While set, every `read` fails as a damaged segment makes it fail.
     pub fail_reads: std::sync::atomic::AtomicBool,
+    /// While set, every `read` panics (a bug in a store).
+    pub panic_reads: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Gated {
@@ -176,6 +178,9 @@ impl Store for Gated {
         self.inner.apply_if(batch, window, decide)
     }
     fn read(&self, reads: &[KeyRead<'_>]) -> Result<Vec<KeyData>, StoreError> {
+        if self.panic_reads.load(std::sync::atomic::Ordering::SeqCst) {
+            panic!("a store's bug (the harness's panic_reads)");
+        }
         if self.fail_reads.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(StoreError::corrupt(
                 "segment 7.tls block 0 (a test's damage)",
@@ -334,6 +339,7 @@ impl Server {
             limited_lock: Mutex::new(()),
             limited_waiting: Default::default(),
             fail_reads: Default::default(),
+            panic_reads: Default::default(),
         });
         let app = App::new(store.clone(), settings.clone(), clock.clone());
         app.apply_config_namespaces().unwrap();

@@ -285,7 +285,7 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
         );
     }
     let rules = Rules::of(&a)?;
-    // stdin's copy, held until the load ends (it has no name: see `spool_stdin`).
+    // stdin's copy, held until the load ends (see `spool_stdin`).
     let mut spooled = None;
     let mut sources = Vec::new();
     for f in &a.files {
