@@ -348,20 +348,23 @@ fn a_failed_export_leaves_no_directory_it_made() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
     let missing = dir.path().join("nowhere");
-    let o = export(&[
-        "--ns",
-        "clicks",
-        "--from",
-        "0",
-        "--to",
-        "3600",
-        "--resolution",
-        "1h",
-        "--out",
-        out.to_str().unwrap(),
-        "--data",
-        missing.to_str().unwrap(),
-    ]);
+    let run = || {
+        export(&[
+            "--ns",
+            "clicks",
+            "--from",
+            "0",
+            "--to",
+            "3600",
+            "--resolution",
+            "1h",
+            "--out",
+            out.to_str().unwrap(),
+            "--data",
+            missing.to_str().unwrap(),
+        ])
+    };
+    let o = run();
     let said = String::from_utf8_lossy(&o.stderr);
     assert!(
         !o.status.success() && said.contains("is not a tally data directory"),
@@ -374,20 +377,7 @@ fn a_failed_export_leaves_no_directory_it_made() {
     assert!(left.is_empty(), "left behind: {left:?}");
     // An --out that was there stays, as it was.
     std::fs::create_dir(&out).unwrap();
-    let o = export(&[
-        "--ns",
-        "clicks",
-        "--from",
-        "0",
-        "--to",
-        "3600",
-        "--resolution",
-        "1h",
-        "--out",
-        out.to_str().unwrap(),
-        "--data",
-        missing.to_str().unwrap(),
-    ]);
+    let o = run();
     assert!(!o.status.success());
     assert!(out.is_dir());
     assert_eq!(std::fs::read_dir(&out).unwrap().count(), 0);
