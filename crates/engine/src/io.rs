@@ -131,6 +131,22 @@ pub trait Fs: Send + Sync + std::fmt::Debug {
     fn remove(&self, path: &Path) -> io::Result<()>;
 }
 
+/// Replaces `path` with a file holding `bytes`, atomically and durably: written as
+/// `<path>.tmp` (a leftover one removed first) and fsynced, renamed over `path`, the
+/// directory synced. A crash leaves `path` whole, old or new.
+pub fn replace(fs: &dyn Fs, path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = std::path::PathBuf::from(tmp);
+    fs.remove(&tmp)?;
+    fs.write_new(&tmp, bytes)?;
+    fs.rename(&tmp, path)?;
+    match path.parent() {
+        Some(dir) => fs.sync_dir(dir),
+        None => Ok(()),
+    }
+}
+
 /// The real file system.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct OsFs;

@@ -520,12 +520,8 @@ pub fn publish(fs: &dyn Fs, dir: &Path, m: &Manifest) -> std::io::Result<()> {
     fs.remove(&path)?;
     fs.write_new(&path, &m.encode())?;
     fs.sync_dir(dir)?;
-    let tmp = dir.join("CURRENT.tmp");
-    fs.remove(&tmp)?;
     let name = format!("MANIFEST-{:020}\n", m.number);
-    fs.write_new(&tmp, name.as_bytes())?;
-    fs.rename(&tmp, &dir.join(CURRENT))?;
-    fs.sync_dir(dir)
+    crate::io::replace(fs, &dir.join(CURRENT), name.as_bytes())
 }
 
 #[cfg(test)]

@@ -226,22 +226,15 @@ pub struct Head {
 }
 
 /// Records `head` in `dir` (see [`HEAD`]): written under a temporary name, synced, renamed
-/// over the old one, the directory synced.
+/// over the old one, the directory synced (`io::replace`).
 pub fn write_head(dir: &Path, head: Head) -> std::io::Result<()> {
-    use std::io::Write;
     let mut b = [0u8; HEAD_LEN];
     b[..4].copy_from_slice(&HEAD_MAGIC);
     b[4..12].copy_from_slice(&head.newest.to_le_bytes());
     b[12..20].copy_from_slice(&head.closed_at.unwrap_or(0).to_le_bytes());
     let crc = crc32c::crc32c(&b[..20]);
     b[20..].copy_from_slice(&crc.to_le_bytes());
-    let tmp = dir.join("HEAD.tmp");
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(&b)?;
-    f.sync_all()?;
-    drop(f);
-    std::fs::rename(&tmp, dir.join(HEAD))?;
-    crate::io::sync_dir(dir)
+    crate::io::replace(&crate::io::OsFs, &dir.join(HEAD), &b)
 }
 
 /// What `wal/HEAD` records; `None` when there is none (a log written before it existed, or
