@@ -45,7 +45,7 @@ const QUEUED_CHUNKS: usize = 4;
 
 /// One tier's totals and subtotals of every key as CSV rows.
 #[utoipa::path(get, path = "/v1/ns/{ns}/export", tag = "queries",
-    description = "Streaming CSV `ns,key,ts,resolution,dim,value,n` (header first): every key's totals (empty `dim` and `value`) and subtotals in the tier `resolution` over [from, to) widened to whole buckets, zero counts left out, and so are a dimension's buckets from before a schema change began counting it; keys in byte order. `ts` is the bucket's start in unix seconds. A tier that is not whole from the range's start (added, or made a breakdown tier, by a schema change since) is `422 no_tier_for_range`.",
+    description = "Streaming CSV `ns,key,ts,resolution,dim,value,n` (header first): every key's totals (empty `dim` and `value`) and subtotals in the tier `resolution` over [from, to) widened to whole buckets, zero counts left out, and so are a dimension's buckets from before a schema change began counting it; keys in byte order. `ts` is the bucket's start in unix seconds. A tier that is not whole from the range's start (added, or made a breakdown tier, by a schema change since) is `422 no_tier_for_range`. The answer starts at the first row or once the first page of keys is read: a failure before that is a JSON error like any query's (`500 corrupt_data`, `503 query_timeout`); one after it cuts the stream off without its last chunk.",
     params(("ns" = String, Path), ("from" = String, Query), ("to" = String, Query), ("resolution" = String, Query, description = "one of the namespace's tiers, e.g. 1h")),
     responses((status = 200, description = "CSV rows", content_type = "text/csv"), (status = 422, description = "no_tier_for_range")))]
 pub async fn export(

@@ -244,5 +244,12 @@ fn document_errors(path: &str, method: &str, op: &mut Map<String, Value>) {
             .or_insert_with(|| json!({"description": codes}));
         entry["content"] =
             json!({"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}});
+        if status == "503" {
+            // Every backend_unavailable says when to try again (admission's and the store's).
+            entry["headers"] = json!({"Retry-After": {
+                "description": "seconds to wait before trying again (1); sent with backend_unavailable",
+                "schema": {"type": "integer"}
+            }});
+        }
     }
 }

@@ -439,6 +439,10 @@ fn health_metrics_openapi() {
                 "{method} {path} {status}"
             );
         }
+        assert_eq!(
+            responses["503"]["headers"]["Retry-After"]["schema"]["type"], "integer",
+            "{method} {path}: a 503 says when to try again"
+        );
     }
     // Parameters carry the server's own rules.
     let param = |path: &str, method: &str, name: &str| {
