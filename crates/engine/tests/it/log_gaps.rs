@@ -651,4 +651,17 @@ fn a_damaged_head_is_refused_and_a_missing_one_is_written() {
     assert_eq!(total(&e, "clicks", "k2", 3600), 1);
     drop(e);
     assert!(head.exists());
+    // One that cannot be read (a directory in its place) is named with the reason.
+    std::fs::remove_file(&head).unwrap();
+    std::fs::create_dir(&head).unwrap();
+    let err = Engine::open(config(dir.path(), &clock, false)).unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            OpenError::Wal(WalError::BadFile { why: FileProblem::Unreadable(_), file })
+                if file == &head
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("cannot be read"), "{err}");
 }
