@@ -425,6 +425,19 @@ impl Engine {
         Ok(Some(seg.path().to_path_buf()))
     }
 
+    /// How long to wait, after a [`Engine::scrub_next`] that took `took`, before the next
+    /// one, so that the scrub takes at most `percent` % of one core (and of the disk's reads)
+    /// on average and runs at most once a minute, whatever the segments' sizes: a month's
+    /// segment of a busy namespace (tens of MB, seconds to verify) waits longer than a day's.
+    /// `None` when `percent` is 0: no scrub.
+    pub fn scrub_pause(took: StdDuration, percent: u8) -> Option<StdDuration> {
+        if percent == 0 {
+            return None;
+        }
+        let paced = took.saturating_mul(100) / u32::from(percent.min(100));
+        Some(paced.max(StdDuration::from_secs(60)))
+    }
+
     /// Syncs the log and stops its thread; later writes fail.
     pub fn close(&self) {
         self.wal.close();

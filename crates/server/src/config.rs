@@ -135,6 +135,7 @@ struct LimitsDoc {
     max_idempotency_keys: Option<usize>,
     export_min_bytes_per_sec: Option<usize>,
     dictionary_cache_bytes: Option<usize>,
+    scrub_percent: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -257,6 +258,10 @@ pub struct ServerLimits {
     /// held in memory at once, process-wide; past it the least recently read are dropped
     /// and read from their files again when next needed.
     pub dictionary_cache_bytes: usize,
+    /// Embedded engine: the share of one core (and of the disk's reads), in percent, that
+    /// `tally serve`'s background check of archive segments may take on average; 0 turns it
+    /// off.
+    pub scrub_percent: u8,
 }
 
 impl Default for ServerLimits {
@@ -274,6 +279,7 @@ impl Default for ServerLimits {
             max_idempotency_keys: 1_000_000,
             export_min_bytes_per_sec: 16 * 1024,
             dictionary_cache_bytes: 256 * 1024 * 1024,
+            scrub_percent: 1,
         }
     }
 }
@@ -453,6 +459,16 @@ impl Settings {
                     l.dictionary_cache_bytes,
                     d.dictionary_cache_bytes,
                 )?,
+                scrub_percent: match l.scrub_percent {
+                    None => d.scrub_percent,
+                    Some(p @ 0..=100) => p as u8,
+                    Some(_) => {
+                        return Err(ConfigError::Limit {
+                            key: "scrub_percent",
+                            rule: "from 0 (off) to 100",
+                        });
+                    }
+                },
             };
         }
         for (i, t) in file.tokens.iter().enumerate() {
@@ -587,6 +603,7 @@ max_answer_bytes_in_flight = 536870912
 max_idempotency_keys = 1000000
 export_min_bytes_per_sec = 16384
 dictionary_cache_bytes = 268435456
+scrub_percent = 1
 
 [[tokens]]
 token = "s3cret"
@@ -712,6 +729,14 @@ dimensions = ["status"]
             (
                 "[limits]\ndictionary_cache_bytes = 0",
                 "dictionary_cache_bytes must be greater than 0",
+            ),
+            (
+                "[limits]\nscrub_percent = 101",
+                "scrub_percent must be from 0 (off) to 100",
+            ),
+            (
+                "[limits]\nscrub_percent = -1",
+                "invalid value: integer `-1`",
             ),
             ("[[tokens]]\ntoken = \"t\"\nscopes = [\"peek:*\"]", "scope"),
             ("[defaults]\ntiers = []", "[defaults]"),

@@ -197,12 +197,20 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         );
         let sweeper = {
             let engine = engine.clone();
+            let scrub_percent = app.settings().server.scrub_percent;
             tokio::spawn(async move {
                 let mut tick = tokio::time::interval(Duration::from_secs(60));
+                let mut next_scrub = Some(std::time::Instant::now());
                 loop {
                     tick.tick().await;
                     let e = engine.clone();
-                    let _ = tokio::task::spawn_blocking(move || maintain(&e)).await;
+                    let scrub = next_scrub.is_some_and(|at| std::time::Instant::now() >= at);
+                    if let Ok(Some(took)) =
+                        tokio::task::spawn_blocking(move || maintain(&e, scrub)).await
+                    {
+                        next_scrub = Engine::scrub_pause(took, scrub_percent)
+                            .map(|pause| std::time::Instant::now() + pause);
+                    }
                 }
             })
         };
@@ -327,12 +335,13 @@ fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
 
 /// The minute's housekeeping: expired counters out of memory, closed periods into the
 /// archive (and the log truncated behind them), then compaction (deltas merged, segments
-/// past retention dropped). A failed step changes nothing and is tried again a minute
-/// later; it is logged, never fatal.
+/// past retention dropped), then, when `scrub`, one archive segment verified: answers how
+/// long that took, from which the next scrub is paced (`[limits] scrub_percent`). A failed
+/// step changes nothing and is tried again a minute later; it is logged, never fatal.
 ///
 /// A step cut short because the server is stopping (the engine closed under it) is not
 /// a failure: it says so once, at debug level, and the rest is skipped.
-fn maintain(engine: &Engine) {
+fn maintain(engine: &Engine, scrub: bool) -> Option<Duration> {
     let stopping = || {
         let closed = engine.is_closed();
         if closed {
@@ -342,7 +351,7 @@ fn maintain(engine: &Engine) {
     };
     engine.sweep();
     match engine.flush() {
-        Err(_) if stopping() => return,
+        Err(_) if stopping() => return None,
         Ok(r) if r.segments > 0 => tracing::info!(
             segments = r.segments,
             keys = r.keys,
@@ -365,11 +374,19 @@ fn maintain(engine: &Engine) {
         Ok(_) => {}
         Err(e) => tracing::warn!(error = %e.detail(), "compaction failed; will retry"),
     }
-    // One segment a minute read whole against its checksums: damage shows in /healthz
-    // before a query meets it.
-    if let Err(e) = engine.scrub_next()
-        && !stopping()
-    {
-        tracing::error!(error = %e.detail(), "verifying the archive found damage");
+    // One segment read whole against its checksums: damage shows in /healthz before a
+    // query meets it.
+    if !scrub {
+        return None;
     }
+    let start = std::time::Instant::now();
+    match engine.scrub_next() {
+        Ok(Some(file)) => {
+            tracing::debug!(file = %file.display(), took_ms = start.elapsed().as_millis(), "verified an archive segment")
+        }
+        Ok(None) => {}
+        Err(_) if stopping() => {}
+        Err(e) => tracing::error!(error = %e.detail(), "verifying the archive found damage"),
+    }
+    Some(start.elapsed())
 }

@@ -1148,9 +1148,10 @@ impl Segment {
         let dict = self.dict()?;
         let mut stream = self.index.stream();
         let mut points = 0u64;
-        // Version 2: each span's (rank, sum) entries as the records say they must be.
-        let mut spans: Vec<Vec<(u64, i64)>> = vec![Vec::new(); self.spans.len()];
-        let mut hours: Vec<Vec<(u64, i64)>> = vec![Vec::new(); self.hours.len()];
+        // Version 2: each span's and hour's (rank, sum) entries as the records say they must
+        // be, as a digest: a month holds an entry per key and hour, millions of them.
+        let mut spans = vec![Digest::default(); self.spans.len()];
+        let mut hours = vec![Digest::default(); self.hours.len()];
         let mut rank = 0u64;
         for (b, entry) in self.blocks.iter().enumerate() {
             let r = self.block(b)?;
@@ -1223,9 +1224,9 @@ impl Segment {
                     }
                     for (s, sum) in sums {
                         if sum != 0
-                            && let Some(list) = lists.get_mut(s)
+                            && let Some(digest) = lists.get_mut(s)
                         {
-                            list.push((rank, sum));
+                            digest.add(rank, sum);
                         }
                     }
                 }
@@ -1239,9 +1240,9 @@ impl Segment {
         for (wanted, entries, frame) in checks {
             for (i, (want, e)) in wanted.iter().zip(entries).enumerate() {
                 let raw = self.frame(e, frame(i))?;
-                let mut got = Vec::with_capacity(want.len());
+                let mut got = Digest::default();
                 decode_span(&raw, e.keys, self.keys, (0, u64::MAX), true, &mut |r, n| {
-                    got.push((r, n))
+                    got.add(r, n)
                 })
                 .map_err(|why| self.corrupt(format!("{}: {why}", frame(i))))?;
                 if &got != want {
@@ -1262,6 +1263,30 @@ impl Segment {
             )));
         }
         Ok(self.stats())
+    }
+}
+
+/// A list of (rank, sum) entries as [`Segment::verify`] compares a span or hour frame with
+/// the records: their number and an order-dependent 64-bit hash of them (splitmix64's
+/// finalizer), so that verifying holds a few bytes per frame rather than every entry (a
+/// month segment of 100 000 keys held ~130 MB of them). Two lists that differ agree by
+/// chance about once in 2^64; damage is found by the checksums before this.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Digest {
+    entries: u64,
+    hash: u64,
+}
+
+impl Digest {
+    fn add(&mut self, rank: u64, sum: i64) {
+        fn mix(mut z: u64) -> u64 {
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        }
+        self.entries += 1;
+        let h = mix(self.hash ^ rank.wrapping_add(0x9e37_79b9_7f4a_7c15));
+        self.hash = mix(h ^ sum as u64);
     }
 }
 

@@ -928,6 +928,43 @@ fn the_scrub_finds_damage_no_query_has_met() {
     assert_eq!(open(empty.path(), &clock).scrub_next().unwrap(), None);
 }
 
+/// The scrub's pace: at most its share of a core on average, at most once a minute, never
+/// when turned off.
+#[test]
+fn the_scrub_waits_in_proportion_to_what_it_took() {
+    use std::time::Duration;
+    use tally_engine::Engine;
+    let s = Duration::from_secs;
+    let ms = Duration::from_millis;
+    assert_eq!(
+        Engine::scrub_pause(ms(5), 1),
+        Some(s(60)),
+        "a small segment: a minute"
+    );
+    assert_eq!(
+        Engine::scrub_pause(s(3), 1),
+        Some(s(300)),
+        "3 s at 1%: 5 minutes"
+    );
+    assert_eq!(
+        Engine::scrub_pause(s(3), 10),
+        Some(s(60)),
+        "3 s at 10%: a minute"
+    );
+    assert_eq!(Engine::scrub_pause(s(2), 2), Some(s(100)));
+    assert_eq!(
+        Engine::scrub_pause(s(90), 100),
+        Some(s(90)),
+        "all of a core: no rest"
+    );
+    assert_eq!(Engine::scrub_pause(s(3), 0), None, "off");
+    assert_eq!(
+        Engine::scrub_pause(Duration::MAX, 1),
+        Some(Duration::MAX),
+        "no overflow"
+    );
+}
+
 /// A segment cut short under a running engine is damage too: the reads that need its
 /// missing bytes fail with `corrupt_data` and health names the file — they used to fail as
 /// an I/O error ("failed to fill whole buffer"), `503` for clients to retry, health ok.

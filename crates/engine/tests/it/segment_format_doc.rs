@@ -167,10 +167,26 @@ fn a_rollup_frame_has_the_documented_layout() {
 
     // The sum changed to 13 behind recomputed checksums (frame, index section, footer): the
     // file opens and a read trusts the frame, but `verify` (`tally check`) names it.
-    let mut forged = b.clone();
-    forged[at + 4] = 26;
-    let entry = r_at;
-    let crc = crc32c_of(&frame[..4].iter().chain(&[26]).copied().collect::<Vec<_>>());
+    std::fs::write(&path, forge(&b, r_at, at + 4, 26)).unwrap();
+    let seg = Segment::open(&path).unwrap();
+    assert_eq!(us(&seg), vec![("country".into(), "US".into(), 13)]);
+    let err = seg.verify().unwrap_err().to_string();
+    assert!(err.contains("rollup frame 0"), "{err}");
+}
+
+/// `b` with byte `at` of the frame whose table entry starts at `entry` set to `to`, behind
+/// recomputed checksums (the frame's, the index section's and the footer's): a file that
+/// opens and reads, which only `verify` can find wrong.
+fn forge(b: &[u8], entry: usize, at: usize, to: u8) -> Vec<u8> {
+    let mut forged = b.to_vec();
+    let start = u64_at(&b[entry..], 0) as usize;
+    let len = u32_at(&b[entry..], 8) as usize;
+    assert!(
+        (start..start + len).contains(&at),
+        "byte {at} is in the frame"
+    );
+    forged[at] = to;
+    let crc = crc32c_of(&forged[start..start + len]);
     forged[entry + 16..entry + 20].copy_from_slice(&crc.to_le_bytes());
     let footer = forged.len() - FOOTER_LEN;
     let index_at = u64_at(&forged[footer..], 48) as usize;
@@ -178,11 +194,7 @@ fn a_rollup_frame_has_the_documented_layout() {
     forged[footer + 68..footer + 72].copy_from_slice(&crc.to_le_bytes());
     let crc = crc32c_of(&forged[footer..footer + 72]);
     forged[footer + 72..footer + 76].copy_from_slice(&crc.to_le_bytes());
-    std::fs::write(&path, &forged).unwrap();
-    let seg = Segment::open(&path).unwrap();
-    assert_eq!(us(&seg), vec![("country".into(), "US".into(), 13)]);
-    let err = seg.verify().unwrap_err().to_string();
-    assert!(err.contains("rollup frame 0"), "{err}");
+    forged
 }
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
@@ -337,4 +349,28 @@ fn a_real_segment_file_has_the_documented_layout() {
     );
     assert_eq!(seg.meta().first_bucket(), FIRST);
     assert_eq!(seg.version(), Version::V2);
+    seg.verify().unwrap();
+    drop(seg);
+
+    // A span frame and an hour frame whose sums differ from the records' behind recomputed
+    // checksums: the file opens, `verify` names the frame (it compares each with a digest
+    // of what the records say, not a list of every entry).
+    let span_entry = index_at + dict_len + fst_len + BLOCK_ENTRY_LEN + SUMS_HEADER_LEN;
+    let hour_entry = |hour: usize| span_entry + (3 + hour) * BLOCK_ENTRY_LEN;
+    let hour_2_at = u64_at(&b[hour_entry(2)..], 0) as usize;
+    for (forged, frame) in [
+        (forge(&b, span_entry, frames_at + 3, 6), "span frame 0"),
+        (forge(&b, hour_entry(2), hour_2_at + 3, 8), "hour frame 2"),
+    ] {
+        std::fs::write(&path, &forged).unwrap();
+        let err = Segment::open(&path)
+            .unwrap()
+            .verify()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(&format!("{frame} does not hold the sums")),
+            "{err}"
+        );
+    }
 }
