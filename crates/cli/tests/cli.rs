@@ -683,6 +683,18 @@ fn compact_archives_history_and_check_names_damage() {
         &run(&["backup", "--data", d, copy.to_str().unwrap()]),
         "is not an empty directory",
     );
+    // A backup cut short keeps its marker: check and every command that opens it refuse.
+    let marker = copy.join("BACKUP-UNFINISHED");
+    std::fs::write(&marker, b"").unwrap();
+    refused(
+        &run(&["check", "--data", copy.to_str().unwrap()]),
+        "1 damaged or missing file(s)",
+    );
+    refused(
+        &run(&["compact", "--data", copy.to_str().unwrap()]),
+        "a backup that did not finish",
+    );
+    std::fs::remove_file(&marker).unwrap();
     let inside = data.join("backups").join("today");
     refused(
         &run(&["backup", "--data", d, inside.to_str().unwrap()]),

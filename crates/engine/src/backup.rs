@@ -4,7 +4,14 @@
 //! are copied, oldest first — a log only grows at its end, so what is copied is a prefix of
 //! it, and a record cut short at the very end is a torn tail recovery drops. If a flush or a
 //! compaction publishes a new manifest meanwhile and removes a file the copy needs, the copy
-//! starts over (a few times at most).
+//! starts over (a few times at most), keeping what it already placed that is still needed
+//! (segments and answers files never change; a log file that has not grown is the same), so
+//! that each attempt copies only what changed and a large copy converges under a live
+//! server's flushes.
+//!
+//! A backup cut short must never pass for a data directory: [`UNFINISHED`] is written into
+//! the destination first and removed last, once every file is synced, and everything that
+//! opens a data directory refuses one holding it.
 
 use std::path::{Path, PathBuf};
 
@@ -42,6 +49,12 @@ pub enum BackupError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("copying {} to {}", from.display(), to.display())]
+    Copy {
+        from: PathBuf,
+        to: PathBuf,
+        source: std::io::Error,
+    },
     #[error(transparent)]
     Manifest(#[from] ManifestError),
     #[error("the archive kept changing under the copy ({attempts} attempts); try again")]
@@ -56,6 +69,24 @@ fn io(path: &Path) -> impl Fn(std::io::Error) -> BackupError + '_ {
 }
 
 const ATTEMPTS: usize = 5;
+
+/// The file a backup in progress keeps in its destination (see the module's docs).
+pub const UNFINISHED: &str = "BACKUP-UNFINISHED";
+
+/// The marker of an unfinished backup in `dir`, if it holds one.
+pub fn unfinished(dir: &Path) -> Option<PathBuf> {
+    let marker = dir.join(UNFINISHED);
+    std::fs::symlink_metadata(&marker).is_ok().then_some(marker)
+}
+
+/// The error for a directory holding an unfinished backup's marker.
+pub fn unfinished_error(marker: &Path) -> std::io::Error {
+    std::io::Error::other(format!(
+        "{} is there: this directory is a backup that did not finish and may lack files; take \
+         the backup again (or, to use what it holds anyway, remove that file)",
+        marker.display()
+    ))
+}
 
 /// `path` with every link and `..` resolved, as far as it exists; the part that does not
 /// exist yet is appended as given.
@@ -101,16 +132,30 @@ pub fn backup(src: &Path, dest: &Path) -> Result<BackupReport, BackupError> {
             path: dest.to_owned(),
         });
     }
-    for attempt in 1..=ATTEMPTS {
+    let fail = |e| {
+        // A failed backup leaves nothing behind: run again, it finds an empty place.
         let _ = std::fs::remove_dir_all(dest);
+        e
+    };
+    std::fs::create_dir_all(dest)
+        .and_then(|()| std::fs::write(dest.join(UNFINISHED), b"a backup in progress\n"))
+        .and_then(|()| std::fs::File::open(dest.join(UNFINISHED))?.sync_all())
+        .and_then(|()| sync_dir(dest))
+        .map_err(io(dest))
+        .map_err(fail)?;
+    for attempt in 1..=ATTEMPTS {
         match try_once(src, dest) {
-            Ok(Some(report)) => return Ok(report),
-            Ok(None) => {}
-            Err(e) => {
-                // A failed backup leaves nothing behind: run again, it finds an empty place.
-                let _ = std::fs::remove_dir_all(dest);
-                return Err(e);
+            Ok(Some(report)) => {
+                // Every file is synced: only now is the copy a data directory.
+                let marker = dest.join(UNFINISHED);
+                std::fs::remove_file(&marker)
+                    .and_then(|()| sync_dir(dest))
+                    .map_err(io(&marker))
+                    .map_err(fail)?;
+                return Ok(report);
             }
+            Ok(None) => {}
+            Err(e) => return Err(fail(e)),
         }
         tracing::info!(
             attempt,
@@ -128,18 +173,54 @@ enum Placed {
     Copied(u64),
     /// The source is gone.
     Gone,
+    /// An earlier attempt placed it.
+    Kept,
 }
 
-/// Hard-links `from` to `to`, else copies it.
+/// Hard-links `from` to `to`, else copies it; kept as it is when an earlier attempt placed
+/// it already (`to` of `from`'s length: the files this places never change).
 fn link_or_copy(from: &Path, to: &Path) -> Result<Placed, BackupError> {
+    if same_length(from, to) {
+        return Ok(Placed::Kept);
+    }
+    let _ = std::fs::remove_file(to);
     if std::fs::hard_link(from, to).is_ok() {
         return Ok(Placed::Linked);
     }
-    match std::fs::copy(from, to) {
-        Ok(n) => Ok(Placed::Copied(n)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Placed::Gone),
-        Err(e) => Err(io(from)(e)),
+    copy(from, to).map(|n| n.map_or(Placed::Gone, Placed::Copied))
+}
+
+/// Whether `to` exists with `from`'s length.
+fn same_length(from: &Path, to: &Path) -> bool {
+    match (std::fs::metadata(from), std::fs::metadata(to)) {
+        (Ok(f), Ok(t)) => f.len() == t.len(),
+        _ => false,
     }
+}
+
+/// Copies `from` to `to`: the bytes copied, `None` when `from` is gone.
+fn copy(from: &Path, to: &Path) -> Result<Option<u64>, BackupError> {
+    match std::fs::copy(from, to) {
+        Ok(n) => Ok(Some(n)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !from.exists() => Ok(None),
+        Err(source) => Err(BackupError::Copy {
+            from: from.to_owned(),
+            to: to.to_owned(),
+            source,
+        }),
+    }
+}
+
+/// Removes from `dir` every file not in `keep` (what earlier attempts placed and this one
+/// does not need).
+fn remove_others(dir: &Path, keep: &[PathBuf]) -> Result<(), BackupError> {
+    for entry in std::fs::read_dir(dir).map_err(io(dir))? {
+        let p = entry.map_err(io(dir))?.path();
+        if !keep.contains(&p) {
+            std::fs::remove_file(&p).map_err(io(&p))?;
+        }
+    }
+    Ok(())
 }
 
 /// One attempt; `None` when the source changed in a way that spoils it.
@@ -171,32 +252,39 @@ fn try_once(src: &Path, dest: &Path) -> Result<Option<BackupReport>, BackupError
     // manifest names may be gone since it was read (compacted away, or all its answers
     // expired): start over.
     let src_segs = src.join("segments");
-    for e in m.iter().flat_map(|m| &m.segments) {
-        let (from, to) = (
-            segment_path(&src_segs, e.id),
-            segment_path(&dest_segs, e.id),
-        );
+    let mut placed_segs = Vec::new();
+    let files = m.iter().flat_map(|m| {
+        let segs = m.segments.iter().map(|e| {
+            (
+                segment_path(&src_segs, e.id),
+                segment_path(&dest_segs, e.id),
+                true,
+            )
+        });
+        let answers = m.answers.iter().map(|a| {
+            (
+                answers_path(&src_segs, a.id),
+                answers_path(&dest_segs, a.id),
+                false,
+            )
+        });
+        segs.chain(answers)
+    });
+    for (from, to, segment) in files {
         match link_or_copy(&from, &to)? {
             Placed::Gone => return Ok(None),
-            Placed::Linked => {}
+            Placed::Linked | Placed::Kept => {}
             Placed::Copied(n) => {
-                report.segments_copied += 1;
+                report.segments_copied += usize::from(segment);
                 report.bytes_copied += n;
             }
         }
-        report.segments += 1;
-    }
-    for a in m.iter().flat_map(|m| &m.answers) {
-        let (from, to) = (
-            answers_path(&src_segs, a.id),
-            answers_path(&dest_segs, a.id),
-        );
-        match link_or_copy(&from, &to)? {
-            Placed::Gone => return Ok(None),
-            Placed::Linked => {}
-            Placed::Copied(n) => report.bytes_copied += n,
+        if segment {
+            report.segments += 1;
+        } else {
+            report.answers_files += 1;
         }
-        report.answers_files += 1;
+        placed_segs.push(to);
     }
     let files = list_files(&src.join("wal")).map_err(io(&src.join("wal")))?;
     let needed: Vec<&(u64, PathBuf)> = files
@@ -208,25 +296,45 @@ fn try_once(src: &Path, dest: &Path) -> Result<Option<BackupReport>, BackupError
     if needed.first().is_some_and(|(first, _)| *first > wal_start) {
         return Ok(None);
     }
+    let mut placed_wal = Vec::new();
     for (_, path) in &needed {
         let Some(name) = path.file_name() else {
             continue;
         };
-        match std::fs::copy(path, dest_wal.join(name)) {
-            Ok(n) => report.bytes_copied += n,
-            // Truncated away by a flush that published a newer manifest: start over.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(io(path)(e)),
+        let to = dest_wal.join(name);
+        // A log file only grows: one of the length an earlier attempt copied is the same.
+        if !same_length(path, &to) {
+            match copy(path, &to)? {
+                Some(n) => report.bytes_copied += n,
+                // Truncated away by a flush that published a newer manifest: start over.
+                None => return Ok(None),
+            }
         }
         report.log_files += 1;
+        placed_wal.push(to);
     }
+    // The newest log file copied, recorded as `wal/HEAD` records it (open: the copy ends
+    // where a crash would have cut it), so that losing it from the backup is found.
+    if let Some(&&(newest, _)) = needed.last() {
+        crate::wal::write_head(
+            &dest_wal,
+            crate::wal::Head {
+                newest,
+                closed_at: None,
+            },
+        )
+        .map_err(io(&dest_wal))?;
+        placed_wal.push(dest_wal.join(crate::wal::HEAD));
+    }
+    // What earlier attempts placed and this one does not need goes.
+    remove_others(&dest_segs, &placed_segs)?;
+    remove_others(&dest_wal, &placed_wal)?;
     if let Some(m) = &m {
         let name = manifest::file_name(src, m.number);
         let to = manifest::file_name(dest, m.number);
-        match std::fs::copy(&name, &to) {
-            Ok(n) => report.bytes_copied += n,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(io(&name)(e)),
+        match copy(&name, &to)? {
+            Some(n) => report.bytes_copied += n,
+            None => return Ok(None),
         }
         let current = dest.join(CURRENT);
         std::fs::write(&current, format!("MANIFEST-{:020}\n", m.number)).map_err(io(&current))?;

@@ -108,6 +108,12 @@ fn not_found(e: &SegmentError) -> bool {
 
 fn check_once(dir: &Path) -> Result<CheckReport, std::io::Error> {
     let mut report = CheckReport::default();
+    if let Some(marker) = crate::backup::unfinished(dir) {
+        report.damage.push(Damage::Io {
+            path: dir.to_owned(),
+            err: crate::backup::unfinished_error(&marker),
+        });
+    }
     // The log is listed before the manifest is read: a flush in between only raises
     // wal_start, so the files listed still cover what the manifest read needs.
     let wal_dir = dir.join("wal");

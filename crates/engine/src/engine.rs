@@ -282,6 +282,9 @@ impl Engine {
     pub fn open(config: Config) -> Result<Engine, OpenError> {
         let started = Instant::now();
         let dir = config.dir.clone();
+        if let Some(marker) = crate::backup::unfinished(&dir) {
+            return Err(io_at(&dir)(crate::backup::unfinished_error(&marker)));
+        }
         make_dir(&dir)?;
         let lock_path = dir.join("LOCK");
         let lock = File::options()

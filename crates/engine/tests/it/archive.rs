@@ -1228,6 +1228,95 @@ fn a_backup_taken_while_writing_and_flushing_opens_to_a_consistent_prefix() {
         "{before} <= {got} <= {after}"
     );
     assert!(tally_engine::check::check(&busy).unwrap().is_whole());
+    // What attempts started over by a flush placed and the last one did not need is gone:
+    // the copy holds exactly the files its manifest names.
+    drop(b);
+    let m = manifest::load(&busy).unwrap().unwrap();
+    let held = std::fs::read_dir(busy.join("segments")).unwrap().count();
+    assert_eq!(held, m.segments.len() + m.answers.len());
+}
+
+/// A backup cut short (killed, the machine lost) must never pass for a data directory: it
+/// keeps `BACKUP-UNFINISHED` until every file is synced, and opening or checking a directory
+/// holding it is refused (found by a black-box review: a backup killed after its segments
+/// opened as an empty database, deleting them, and one killed amid its log files opened with
+/// the counts of the files copied, `check` passing both). A finished backup records its
+/// newest log file in `wal/HEAD`, so losing that file from the copy is refused too.
+#[test]
+fn an_unfinished_backup_is_refused_and_a_finished_one_knows_its_newest_log_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let (clock, reference, e) = seeded(dir.path());
+    e.flush().unwrap();
+    write_both(&e, &reference, NOW, &late_event());
+    let out = tempfile::tempdir().unwrap();
+    let copy = out.path().join("copy");
+    let (whole, cut) = (out.path().join("whole"), out.path().join("cut"));
+    for to in [&copy, &whole, &cut] {
+        tally_engine::backup::backup(dir.path(), to).unwrap();
+        assert!(!to.join(tally_engine::backup::UNFINISHED).exists());
+    }
+    drop(e);
+
+    // The copy as a kill after its segments left it: the marker, the segments, no log.
+    std::fs::write(copy.join(tally_engine::backup::UNFINISHED), b"").unwrap();
+    std::fs::remove_dir_all(copy.join("wal")).unwrap();
+    std::fs::create_dir(copy.join("wal")).unwrap();
+    for f in std::fs::read_dir(&copy).unwrap() {
+        let p = f.unwrap().path();
+        if p.file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("MANIFEST-")
+            || p.ends_with("CURRENT")
+        {
+            std::fs::remove_file(p).unwrap();
+        }
+    }
+    let segments = std::fs::read_dir(copy.join("segments")).unwrap().count();
+    let chain = |e: &OpenError| {
+        std::iter::successors(Some(e as &dyn std::error::Error), |e| e.source())
+            .map(|e| e.to_string())
+            .collect::<Vec<_>>()
+            .join(": ")
+    };
+    let err = match Engine::open(Config::new(&copy)) {
+        Ok(_) => panic!("opened"),
+        Err(e) => e,
+    };
+    let msg = chain(&err);
+    assert!(msg.contains("a backup that did not finish"), "{msg}");
+    let report = tally_engine::check::check(&copy).unwrap();
+    assert!(!report.is_whole());
+    assert!(
+        report.damage[0].to_string().contains("BACKUP-UNFINISHED"),
+        "{}",
+        report.damage[0]
+    );
+    assert_eq!(
+        std::fs::read_dir(copy.join("segments")).unwrap().count(),
+        segments,
+        "nothing was removed"
+    );
+
+    // A whole copy opens with every count; one without its newest log file (which holds
+    // only records written since the last publish) is refused, before any open wrote a
+    // `wal/HEAD` of its own.
+    let b = open(&whole, &clock);
+    same(&b, &reference, NOW);
+    drop(b);
+    let files = tally_engine::wal::list_files(&cut.join("wal")).unwrap();
+    assert!(files.len() >= 2, "{files:?}");
+    let newest = tally_engine::wal::list_files(&cut.join("wal"))
+        .unwrap()
+        .pop()
+        .unwrap()
+        .1;
+    std::fs::remove_file(newest).unwrap();
+    let err = match Engine::open(Config::new(&cut)) {
+        Ok(_) => panic!("opened"),
+        Err(e) => e,
+    };
+    assert!(chain(&err).contains("wal/HEAD says so"), "{}", chain(&err));
 }
 
 /// The flush policy is not stored: reopening with other periods must neither double nor drop
