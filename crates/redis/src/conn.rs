@@ -296,6 +296,17 @@ pub fn store_error(target: &str, e: RedisError) -> StoreError {
         ))
         .because(e);
     }
+    // A script running past Redis' `busy-reply-threshold` (5 s by default: another
+    // client's, or another tally server's very large batch) makes Redis refuse every other
+    // command until it ends: nothing was run, so it is unavailable for a moment, not a bug.
+    // (A pipeline's error names its failed command's only in its text.)
+    if e.code() == Some("BUSY") || e.to_string().contains("\"BUSY\": ") {
+        return StoreError::unavailable(format!(
+            "{target} is busy running a script and refuses other commands until it ends; \
+             retry"
+        ))
+        .because(e);
+    }
     let unexpected = matches!(
         e.kind(),
         ErrorKind::UnexpectedReturnType | ErrorKind::Parse | ErrorKind::Extension

@@ -337,6 +337,68 @@ fn eviction_is_refused_and_a_full_redis_is_unavailable() {
     assert_eq!(total(&store, "m", "k1", 3600), 1);
 }
 
+/// A Redis busy running a long script refuses every other command (`BUSY`) until it ends:
+/// that is `Unavailable` (503 with `Retry-After`), not an internal error, and nothing is
+/// applied (found by a black-box review: another tally server's 100 000-event batch made
+/// writes, reads and `/healthz` answer 500 on the others).
+#[test]
+fn a_redis_busy_running_a_script_is_unavailable() {
+    let server = RedisServer::start_with_args(&["--busy-reply-threshold", "50"]);
+    let store = RedisStore::connect(&server.url()).unwrap();
+    let now = real_now();
+    let one = batch(
+        &store,
+        now,
+        &[raw("m", "k", now, 1, &[])],
+        &Defaults::default(),
+    );
+    store.apply(&one).unwrap();
+    let mut applied = 1;
+    // A script that spins for two seconds (what the review saw, from a very large batch).
+    let busy = {
+        let port = server.port().to_string();
+        std::thread::spawn(move || {
+            std::process::Command::new("redis-cli")
+                .args(["-p", &port, "EVAL"])
+                .arg(
+                    "local s = tonumber(redis.call('TIME')[1]) \
+                     while tonumber(redis.call('TIME')[1]) < s + 2 do end return 1",
+                )
+                .arg("0")
+                .output()
+                .unwrap()
+        })
+    };
+    let start = Instant::now();
+    let refused = loop {
+        match store.apply(&one) {
+            Err(e) => break e,
+            Ok(()) => {
+                applied += 1;
+                assert!(
+                    start.elapsed() < Duration::from_secs(2),
+                    "Redis was never busy"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    };
+    unavailable(&refused, server.port());
+    assert!(
+        refused.detail().contains("busy running a script"),
+        "{}",
+        refused.detail()
+    );
+    busy.join().unwrap();
+    assert_eq!(
+        total(&store, "m", "k", 3600),
+        applied,
+        "the refused batch applied nothing"
+    );
+    store.apply(&one).unwrap();
+    assert_eq!(total(&store, "m", "k", 3600), applied + 1);
+}
+
 /// A call that times out makes the store open its connections anew, and it goes on with
 /// them. (After a cluster master failed over, the cluster client was seen to stop sending
 /// anything for good; the review's repro is not a test: it needs replicas and a failover,
