@@ -82,7 +82,23 @@ pub struct RedisStore {
     listed: write::Listed,
     /// `[limits] max_future_secs`, for `Schema::replacing`.
     max_future_secs: i64,
+    /// What `connect` checked of Redis, checked again now and then ([`RedisStore::vet`]).
+    vetted: Mutex<Vetted>,
 }
+
+/// When [`RedisStore::vet`] last checked Redis, and the refusal it found, if any.
+struct Vetted {
+    at: Instant,
+    every: Duration,
+    refusal: Option<StoreError>,
+}
+
+/// How often writes and `/healthz` check again what `connect` checked: a Redis restarted or
+/// reconfigured under a running store may now evict keys or hold another layout, and the
+/// store's connections open anew without a word. While a check refuses, it is made again
+/// every [`VET_RETRY`].
+const VET_EVERY: Duration = Duration::from_secs(10);
+const VET_RETRY: Duration = Duration::from_secs(1);
 
 /// The store's two connections: `main` carries every call but one, `side` the
 /// compare-and-set of new codes and its `WAIT` (a `WAIT` blocks its connection). Both are
@@ -116,6 +132,16 @@ const RENEW_TIMEOUT: Duration = Duration::from_secs(15);
 const INDEX_PAGE_DEFAULT: usize = 128;
 const INDEX_PAGE_MIN: usize = 4;
 const INDEX_PAGE_MAX: usize = 1024;
+
+/// A node's `maxmemory` and `maxmemory-policy` from its `INFO memory` text, if it says both.
+fn eviction_of(text: &str) -> Option<(String, String)> {
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.trim().to_owned())
+    };
+    Some((field("maxmemory:")?, field("maxmemory_policy:")?))
+}
 
 /// The key index's page size for a `zset-max-listpack-entries` of `configured` (`None`: not
 /// readable, e.g. `CONFIG` renamed away on a managed Redis).
@@ -213,6 +239,11 @@ impl RedisStore {
             index_page: INDEX_PAGE_DEFAULT,
             listed: write::Listed::default(),
             max_future_secs: tally_core::ingest::Limits::default().max_future_secs,
+            vetted: Mutex::new(Vetted {
+                at: Instant::now(),
+                every: VET_EVERY,
+                refusal: None,
+            }),
         };
         store.index_page = index_page_size(store.block_on(store.listpack_entries()));
         store.block_on(store.check_eviction())?;
@@ -240,6 +271,85 @@ impl RedisStore {
     pub fn with_max_future_secs(mut self, secs: i64) -> Self {
         self.max_future_secs = secs;
         self
+    }
+
+    /// How often writes and `/healthz` check Redis again ([`VET_EVERY`] by default; tests
+    /// make it short).
+    pub fn with_vet_every(self, every: Duration) -> Self {
+        self.vetted
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .every = every;
+        self
+    }
+
+    /// Checks again, at most every [`VET_EVERY`], what `connect` checked: that no node may
+    /// evict keys and that Redis holds this build's layout (an emptied Redis gets it marked
+    /// again, as at connect). A refusal found is kept, and answered to every write and
+    /// health check until a check finds it gone. A check Redis does not answer refuses
+    /// nothing (the call that follows fails on its own).
+    pub(crate) async fn vet(&self) -> Result<(), StoreError> {
+        {
+            let mut v = self.vetted.lock().unwrap_or_else(PoisonError::into_inner);
+            let due = match v.refusal {
+                Some(_) => v.every.min(VET_RETRY),
+                None => v.every,
+            };
+            if v.at.elapsed() < due {
+                return v.refusal.clone().map_or(Ok(()), Err);
+            }
+            // This caller checks; the others meanwhile take the last answer.
+            v.at = Instant::now();
+        }
+        let refusal = match self.memory_info().await {
+            Ok(texts) => self.eviction_refusal(&texts),
+            Err(_) => None,
+        };
+        let refusal = match refusal {
+            Some(r) => Some(r),
+            None => self.layout_refusal().await,
+        };
+        let mut v = self.vetted.lock().unwrap_or_else(PoisonError::into_inner);
+        match (&v.refusal, &refusal) {
+            (None, Some(r)) => {
+                tracing::error!(error = %r.detail(), "Redis changed under this server: refusing writes")
+            }
+            (Some(_), None) => {
+                tracing::info!(redis = %self.label, "Redis is fit again: writes resume")
+            }
+            _ => {}
+        }
+        v.refusal = refusal.clone();
+        refusal.map_or(Ok(()), Err)
+    }
+
+    /// What [`RedisStore::check_layout`] would refuse, read now: another layout version
+    /// (an absent one is marked again, as at connect: an emptied Redis).
+    async fn layout_refusal(&self) -> Option<StoreError> {
+        let stored: Result<Option<String>, StoreError> = self
+            .retry(|mut c| async move {
+                redis::cmd("SET")
+                    .arg(LAYOUT_KEY)
+                    .arg(LAYOUT_VERSION)
+                    .arg("NX")
+                    .exec_async(&mut c)
+                    .await?;
+                redis::cmd("GET").arg(LAYOUT_KEY).query_async(&mut c).await
+            })
+            .await;
+        match stored {
+            Ok(Some(v)) if v != LAYOUT_VERSION.to_string() => Some(self.foreign_layout(Some(&v))),
+            _ => None,
+        }
+    }
+
+    fn foreign_layout(&self, stored: Option<&str>) -> StoreError {
+        StoreError::corrupt(format!(
+            "{} holds tally key layout version {}; this build reads and writes version \
+             {LAYOUT_VERSION} (docs/redis.md): use another Redis database or migrate it",
+            self.label,
+            stored.unwrap_or("(none)")
+        ))
     }
 
     /// Whether this store talks to a cluster.
@@ -505,12 +615,7 @@ impl RedisStore {
                 );
                 Ok(())
             }
-            other => Err(StoreError::corrupt(format!(
-                "{} holds tally key layout version {}; this build reads and writes version \
-                 {LAYOUT_VERSION} (docs/redis.md): use another Redis database or migrate it",
-                self.label,
-                other.unwrap_or("(none)")
-            ))),
+            other => Err(self.foreign_layout(other)),
         }
     }
 
@@ -543,32 +648,10 @@ impl RedisStore {
                 return Ok(());
             }
         };
-        // Per node: a node with no maxmemory (0) never evicts, whatever its policy.
-        let field = |text: &str, name: &str| {
-            text.lines()
-                .find_map(|l| l.strip_prefix(name))
-                .map(|v| v.trim().to_owned())
-        };
-        let mut unsaid = texts.is_empty();
-        for text in &texts {
-            let (Some(max), Some(policy)) =
-                (field(text, "maxmemory:"), field(text, "maxmemory_policy:"))
-            else {
-                unsaid = true;
-                continue;
-            };
-            if max != "0" && policy != "noeviction" {
-                return Err(StoreError::unavailable(format!(
-                    "{}: maxmemory-policy is {policy} with a maxmemory of {max} bytes; tally \
-                     needs noeviction, since a key Redis evicts loses counts, schemas or \
-                     idempotency answers without an error (CONFIG SET maxmemory-policy \
-                     noeviction on every node and in its config file, or on a managed Redis \
-                     in its parameter group); past maxmemory, writes are then refused with 503",
-                    self.label
-                )));
-            }
+        if let Some(refusal) = self.eviction_refusal(&texts) {
+            return Err(refusal);
         }
-        if unsaid {
+        if texts.is_empty() || texts.iter().any(|t| eviction_of(t).is_none()) {
             tracing::warn!(
                 redis = %self.label,
                 "INFO does not say maxmemory and maxmemory-policy of every node: make sure no \
@@ -576,6 +659,26 @@ impl RedisStore {
             );
         }
         Ok(())
+    }
+
+    /// The refusal of a Redis one of whose nodes (`INFO memory` texts) may evict keys.
+    fn eviction_refusal(&self, texts: &[String]) -> Option<StoreError> {
+        // Per node: a node with no maxmemory (0) never evicts, whatever its policy.
+        texts
+            .iter()
+            .filter_map(|t| eviction_of(t))
+            .find_map(|(max, policy)| {
+                (max != "0" && policy != "noeviction").then(|| {
+                    StoreError::unavailable(format!(
+                        "{}: maxmemory-policy is {policy} with a maxmemory of {max} bytes; tally \
+                     needs noeviction, since a key Redis evicts loses counts, schemas or \
+                     idempotency answers without an error (CONFIG SET maxmemory-policy \
+                     noeviction on every node and in its config file, or on a managed Redis \
+                     in its parameter group); past maxmemory, writes are then refused with 503",
+                        self.label
+                    ))
+                })
+            })
     }
 
     /// `INFO memory` of the server, or of every master of a cluster: one text a node.
@@ -699,8 +802,11 @@ impl Store for RedisStore {
     }
 
     fn health(&self) -> Result<(), StoreError> {
-        self.block_on(self.retry(|c| c.on_every_master(redis::cmd("PING"))))
-            .map(|_| ())
+        self.block_on(async {
+            self.retry(|c| c.on_every_master(redis::cmd("PING")))
+                .await?;
+            self.vet().await
+        })
     }
 
     fn gauges(&self) -> Vec<Gauge> {

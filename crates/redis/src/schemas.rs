@@ -114,6 +114,7 @@ impl RedisStore {
         ns: &Namespace,
         schema: &Schema,
     ) -> Result<(), StoreError> {
+        self.vet().await?;
         let stored = self
             .update_record(ns, |previous| {
                 // Read for each attempt, just before its compare-and-set.

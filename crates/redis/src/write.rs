@@ -449,6 +449,7 @@ impl RedisStore {
         id: Option<&str>,
         fence: Option<&Fence>,
     ) -> Result<(), StoreError> {
+        self.vet().await?;
         let now = self.now();
         // Under its idempotency key, a batch's marker says which request applied it: the
         // request's fingerprint, so a different request under the key is told apart (and

@@ -337,6 +337,74 @@ fn eviction_is_refused_and_a_full_redis_is_unavailable() {
     assert_eq!(total(&store, "m", "k1", 3600), 1);
 }
 
+/// What `connect` refuses is refused again when Redis changes under a running store (found
+/// by a black-box review: a Redis restarted with `allkeys-lru`, or holding another layout,
+/// took writes from a server that had connected before, `/healthz` ok): writes and health
+/// are refused within the check's period, and resume once Redis is fit again.
+#[test]
+fn a_redis_changed_under_a_running_store_is_refused_until_fit_again() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url())
+        .unwrap()
+        .with_vet_every(Duration::from_millis(100));
+    let now = real_now();
+    let one = batch(
+        &store,
+        now,
+        &[raw("m", "k", now, 1, &[])],
+        &Defaults::default(),
+    );
+    // Every apply answered `Ok` counts once, every refused one not at all.
+    let applied = std::cell::Cell::new(0);
+    let apply = || {
+        let r = store.apply(&one);
+        applied.set(applied.get() + i64::from(r.is_ok()));
+        r
+    };
+    apply().unwrap();
+    let refused_within = |what: &str| {
+        let start = Instant::now();
+        loop {
+            match (apply(), store.health()) {
+                (Err(w), Err(h)) => {
+                    assert!(w.detail().contains(what), "{}", w.detail());
+                    assert!(h.detail().contains(what), "{}", h.detail());
+                    return w;
+                }
+                _ => {
+                    assert!(start.elapsed() < Duration::from_secs(5), "never refused");
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+        }
+    };
+    let resumed_within = || {
+        let start = Instant::now();
+        while apply().is_err() {
+            assert!(start.elapsed() < Duration::from_secs(5), "never resumed");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        store.health().unwrap();
+    };
+
+    server.cli(&["config", "set", "maxmemory", "100mb"]);
+    server.cli(&["config", "set", "maxmemory-policy", "allkeys-lru"]);
+    let e = refused_within("maxmemory-policy is allkeys-lru");
+    unavailable(&e, server.port());
+    server.cli(&["config", "set", "maxmemory-policy", "noeviction"]);
+    resumed_within();
+
+    server.cli(&["set", layout::LAYOUT_KEY, "1"]);
+    refused_within("holds tally key layout version 1");
+    server.cli(&[
+        "set",
+        layout::LAYOUT_KEY,
+        &layout::LAYOUT_VERSION.to_string(),
+    ]);
+    resumed_within();
+    assert_eq!(total(&store, "m", "k", 3600), applied.get());
+}
+
 /// A Redis busy running a long script refuses every other command (`BUSY`) until it ends:
 /// that is `Unavailable` (503 with `Retry-After`), not an internal error, and nothing is
 /// applied (found by a black-box review: another tally server's 100 000-event batch made
