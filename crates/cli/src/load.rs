@@ -28,6 +28,17 @@ use tally_core::model::{self as m, RawEvent};
 /// The longest line read.
 pub const MAX_LINE_BYTES: usize = 1024 * 1024;
 
+/// The most bytes of lines a batch of `tally load` holds (a CSV record's fields, an NDJSON
+/// line, as read; a line that is not a record weighs nothing): once its lines reach it, a
+/// batch ends before `--batch` lines. Lines of wide names (up to 16 values of 2 KB each)
+/// would otherwise make the few batches in flight between the reading thread and the
+/// loading one hold gigabytes, whatever `--memory-mb` says (a 20 000-line batch of 16 KB
+/// lines peaked at 2.7 GB at `--memory-mb 16`, 120 MB since). The default batch of 5 000
+/// lines reaches it only with lines of more than 1.6 KB. Where a batch ends is part of its
+/// idempotency key, so a re-run counts once with the same files, `--batch` and a `tally`
+/// that cuts batches the same way.
+pub const MAX_BATCH_BYTES: usize = 8 << 20;
+
 /// The input's format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
@@ -156,7 +167,7 @@ impl Input {
     /// An I/O or decompression error stops the read.
     pub fn events(
         self,
-        each: &mut dyn FnMut(u64, Result<RawEvent, String>) -> anyhow::Result<()>,
+        each: &mut dyn FnMut(u64, usize, Result<RawEvent, String>) -> anyhow::Result<()>,
     ) -> anyhow::Result<()> {
         // (The reader runs on its own thread in `tally load`: see `cmd::load::each_batch`.)
         let name = self.name.clone();
@@ -223,7 +234,7 @@ fn read_line(r: &mut dyn BufRead, buf: &mut Vec<u8>) -> io::Result<Option<bool>>
 fn ndjson(
     mut r: Box<dyn BufRead + Send>,
     name: &str,
-    each: &mut dyn FnMut(u64, Result<RawEvent, String>) -> anyhow::Result<()>,
+    each: &mut dyn FnMut(u64, usize, Result<RawEvent, String>) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
     let mut buf = Vec::new();
     let mut line = 0u64;
@@ -232,6 +243,7 @@ fn ndjson(
         if !ok {
             each(
                 line,
+                0,
                 Err(format!("the line is longer than {MAX_LINE_BYTES} bytes")),
             )?;
             continue;
@@ -244,9 +256,9 @@ fn ndjson(
             continue;
         }
         match tally_server::parse_events(text, true, 1) {
-            Ok(mut events) if events.len() == 1 => each(line, Ok(events.remove(0)))?,
-            Ok(_) => each(line, Err("not one event".into()))?,
-            Err(e) => each(line, Err(e.message))?,
+            Ok(mut events) if events.len() == 1 => each(line, buf.len(), Ok(events.remove(0)))?,
+            Ok(_) => each(line, buf.len(), Err("not one event".into()))?,
+            Err(e) => each(line, buf.len(), Err(e.message))?,
         }
     }
     Ok(())
@@ -255,14 +267,14 @@ fn ndjson(
 fn csv(
     r: Box<dyn BufRead + Send>,
     name: &str,
-    each: &mut dyn FnMut(u64, Result<RawEvent, String>) -> anyhow::Result<()>,
+    each: &mut dyn FnMut(u64, usize, Result<RawEvent, String>) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
     let mut records = CsvRecords::new(r, name)?;
     let mut rec = csv::ByteRecord::new();
     while let Some(read) = records.next(&mut rec)? {
         match read {
-            Ok(line) => each(line, csv_event(&rec, &records.dims))?,
-            Err((line, why)) => each(line, Err(why))?,
+            Ok(line) => each(line, rec.as_slice().len(), csv_event(&rec, &records.dims))?,
+            Err((line, why)) => each(line, 0, Err(why))?,
         }
     }
     Ok(())
@@ -546,7 +558,7 @@ mod tests {
         let input = Input::open(&p, name, None, &indicatif::ProgressBar::hidden()).unwrap();
         let mut out = Vec::new();
         input
-            .events(&mut |line, e| {
+            .events(&mut |line, _, e| {
                 out.push((line, e));
                 Ok(())
             })
@@ -655,7 +667,7 @@ mod tests {
         );
         std::fs::write(&p, text).unwrap();
         let input = Input::open(&p, "x.csv", None, &indicatif::ProgressBar::hidden()).unwrap();
-        let err = input.events(&mut |_, _| Ok(())).unwrap_err();
+        let err = input.events(&mut |_, _, _| Ok(())).unwrap_err();
         assert!(
             format!("{err:#}").contains("line 2 is longer than"),
             "{err:#}"
@@ -666,7 +678,7 @@ mod tests {
         let input = Input::open(&p, "x.csv", None, &indicatif::ProgressBar::hidden()).unwrap();
         let mut n = 0;
         input
-            .events(&mut |_, _| {
+            .events(&mut |_, _, _| {
                 n += 1;
                 Ok(())
             })
@@ -677,7 +689,7 @@ mod tests {
         let text = format!("ns,key,ts,n\nclicks,\"k\n{}", "x,1,1\n".repeat(900_000));
         std::fs::write(&p, text).unwrap();
         let input = Input::open(&p, "x.csv", None, &indicatif::ProgressBar::hidden()).unwrap();
-        let err = input.events(&mut |_, _| Ok(())).unwrap_err();
+        let err = input.events(&mut |_, _, _| Ok(())).unwrap_err();
         assert!(format!("{err:#}").contains("may not span lines"), "{err:#}");
     }
 
@@ -715,7 +727,7 @@ mod tests {
         let p = dir.path().join("x.csv");
         std::fs::write(&p, "key,ns,ts,n\n").unwrap();
         let input = Input::open(&p, "x.csv", None, &indicatif::ProgressBar::hidden()).unwrap();
-        let err = input.events(&mut |_, _| Ok(())).unwrap_err();
+        let err = input.events(&mut |_, _, _| Ok(())).unwrap_err();
         assert!(err.to_string().contains("must start ns,key,ts,n"), "{err}");
     }
 
@@ -787,7 +799,7 @@ mod tests {
                 .unwrap();
                 let mut n = 0;
                 input
-                    .events(&mut |_, e| {
+                    .events(&mut |_, _, e| {
                         n += e.unwrap().n.unwrap();
                         Ok(())
                     })
@@ -826,7 +838,7 @@ mod tests {
             let input = Input::open(&p, name, None, &indicatif::ProgressBar::hidden()).unwrap();
             let mut n = 0;
             input
-                .events(&mut |_, e| {
+                .events(&mut |_, _, e| {
                     n += e.unwrap().n.unwrap();
                     Ok(())
                 })

@@ -24,7 +24,7 @@
 //! The keys are made of the file's bytes and name (its path's last part, not the path as
 //! typed: `a.csv`, `./a.csv` and `/data/a.csv` are one file; stdin: its bytes alone),
 //! `--batch` and the batch's first line: a re-run counts once only with the same files and
-//! the same `--batch`. A file given twice in one run counts once (online the server replays
+//! the same `--batch`. (A batch also ends early at `load::MAX_BATCH_BYTES` of lines.) A file given twice in one run counts once (online the server replays
 //! the second copy's batches; offline they are skipped).
 //!
 //! stdin (`-`) is copied to a temporary file first, as it may be read twice.
@@ -848,9 +848,12 @@ fn each_batch(
     let (tx, rx) = std::sync::mpsc::sync_channel::<Read>(2);
     let reader = std::thread::spawn(move || {
         let mut lines = Vec::with_capacity(batch);
-        let read = input.events(&mut |line, e| {
+        let mut bytes = 0;
+        let read = input.events(&mut |line, weight, e| {
+            bytes += weight;
             lines.push((line, e));
-            if lines.len() >= batch {
+            if lines.len() >= batch || bytes >= crate::load::MAX_BATCH_BYTES {
+                bytes = 0;
                 tx.send(Read::Lines(std::mem::take(&mut lines)))
                     .map_err(|_| anyhow::anyhow!("the load stopped"))?;
             }

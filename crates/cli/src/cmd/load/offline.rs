@@ -902,6 +902,7 @@ fn read(
             found: &mut found,
             chunk: Chunk::default(),
             lines: 0,
+            bytes: 0,
             skip: false,
         };
         match input.format {
@@ -913,7 +914,12 @@ fn read(
                     let line = match next {
                         Ok(line) | Err((line, _)) => line,
                     };
-                    chunks.line(scanner, line, |scanner, chunk| match next {
+                    // (As `Input::events` weighs a line: the same batches online.)
+                    let bytes = match &next {
+                        Ok(_) => rec.as_slice().len(),
+                        Err(_) => 0,
+                    };
+                    chunks.line(scanner, line, bytes, |scanner, chunk| match next {
                         Err((_, why)) => Ok(Err(why)),
                         Ok(_) if scanner.fast(&rec, chunk)? => Ok(Ok(())),
                         Ok(_) => scanner.slow(&rec, chunk),
@@ -922,8 +928,8 @@ fn read(
             }
             Format::Ndjson => {
                 scanner.header(&[]);
-                input.events(&mut |line, event| {
-                    chunks.line(scanner, line, |scanner, chunk| match event {
+                input.events(&mut |line, bytes, event| {
+                    chunks.line(scanner, line, bytes, |scanner, chunk| match event {
                         Err(why) => Ok(Err(why)),
                         Ok(raw) => scanner.slow_event(raw, chunk),
                     })
@@ -946,22 +952,27 @@ struct Chunker<'r> {
     chunk: Chunk,
     /// Lines in `chunk`, good or bad.
     lines: usize,
+    /// Their bytes, as [`crate::load::MAX_BATCH_BYTES`] counts them.
+    bytes: usize,
     /// An earlier run installed this chunk: its lines are checked, not sent.
     skip: bool,
 }
 
 impl Chunker<'_> {
-    /// Checks line `line` with `check` (which adds its row to the chunk, or says why it is
-    /// bad), in the chunk it belongs to.
+    /// Checks line `line` (of `bytes`) with `check` (which adds its row to the chunk, or
+    /// says why it is bad), in the chunk it belongs to: a chunk ends at `--batch` lines, or
+    /// once its lines reach [`crate::load::MAX_BATCH_BYTES`].
     fn line(
         &mut self,
         scanner: &mut Scanner<'_>,
         line: u64,
+        bytes: usize,
         check: impl FnOnce(&mut Scanner<'_>, &mut Chunk) -> anyhow::Result<Result<(), String>>,
     ) -> anyhow::Result<()> {
-        if self.lines == self.a.batch as usize {
+        if self.lines == self.a.batch as usize || self.bytes >= crate::load::MAX_BATCH_BYTES {
             self.send(scanner)?;
         }
+        self.bytes += bytes;
         if self.lines == 0 {
             if self.forget.swap(false, Ordering::Relaxed) {
                 scanner.forget();
@@ -1023,6 +1034,7 @@ impl Chunker<'_> {
             .send(std::mem::take(&mut self.chunk))
             .map_err(|_| anyhow::anyhow!("the load stopped"))?;
         self.lines = 0;
+        self.bytes = 0;
         Ok(())
     }
 }
