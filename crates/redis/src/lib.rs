@@ -100,6 +100,9 @@ struct Vetted {
 const VET_EVERY: Duration = Duration::from_secs(10);
 const VET_RETRY: Duration = Duration::from_secs(1);
 
+/// How long a health check waits for Redis.
+const HEALTH_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// The store's two connections: `main` carries every call but one, `side` the
 /// compare-and-set of new codes and its `WAIT` (a `WAIT` blocks its connection). Both are
 /// replaced whole when calls stall: after a cluster master failed over, the cluster client
@@ -801,11 +804,26 @@ impl Store for RedisStore {
         self.block_on(self.idempotency_async(key))
     }
 
+    /// A `PING` to the server or every master, and [`RedisStore::vet`]'s checks, within
+    /// [`HEALTH_TIMEOUT`]: a Redis that does not answer (stopped, or paused) is unhealthy
+    /// then, not after every call's retries have timed out (30 s, found by a black-box
+    /// review: longer than load balancers wait).
     fn health(&self) -> Result<(), StoreError> {
         self.block_on(async {
-            self.retry(|c| c.on_every_master(redis::cmd("PING")))
-                .await?;
-            self.vet().await
+            let check = async {
+                self.retry(|c| c.on_every_master(redis::cmd("PING")))
+                    .await?;
+                self.vet().await
+            };
+            tokio::time::timeout(HEALTH_TIMEOUT, check)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(StoreError::unavailable(format!(
+                        "{}: no answer to PING within {} s",
+                        self.label,
+                        HEALTH_TIMEOUT.as_secs()
+                    )))
+                })
         })
     }
 

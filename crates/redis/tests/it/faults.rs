@@ -405,6 +405,35 @@ fn a_redis_changed_under_a_running_store_is_refused_until_fit_again() {
     assert_eq!(total(&store, "m", "k", 3600), applied.get());
 }
 
+/// A Redis that does not answer is unhealthy within the health check's 5 s, not after every
+/// call's retries (30 s: longer than load balancers wait; found by a black-box review).
+#[test]
+fn a_paused_redis_is_unhealthy_within_seconds() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).unwrap();
+    store.health().unwrap();
+    server.pause();
+    let start = Instant::now();
+    let e = store.health().unwrap_err();
+    let took = start.elapsed();
+    server.resume();
+    unavailable(&e, server.port());
+    assert!(
+        e.detail().contains("no answer to PING within 5 s"),
+        "{}",
+        e.detail()
+    );
+    assert!(took < Duration::from_secs(8), "{took:?}");
+    let start = Instant::now();
+    while store.health().is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "never healthy again"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// A Redis busy running a long script refuses every other command (`BUSY`) until it ends:
 /// that is `Unavailable` (503 with `Retry-After`), not an internal error, and nothing is
 /// applied (found by a black-box review: another tally server's 100 000-event batch made
