@@ -270,12 +270,18 @@ fn serve_refuses_half_or_bad_tls_flags_and_says_https_when_ready() {
         ]),
         "not a certificate file",
     );
-    sigterm_and_wait(Serving { child, url });
+    sigterm_and_wait(Serving {
+        child,
+        url,
+        before_ready: Vec::new(),
+    });
 }
 
 struct Serving {
     child: Child,
     url: String,
+    /// What it logged before it was ready.
+    before_ready: Vec<String>,
 }
 
 /// A test that fails before `sigterm_and_wait` must not leave its server running.
@@ -307,6 +313,7 @@ fn serve_cmd(cmd: &mut Command, args: &[&str]) -> Serving {
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut before_ready = Vec::new();
     let url = loop {
         let line = lines
             .next()
@@ -315,10 +322,53 @@ fn serve_cmd(cmd: &mut Command, args: &[&str]) -> Serving {
         if let Some(rest) = line.split("listening on ").nth(1) {
             break rest.split_whitespace().next().unwrap().to_owned();
         }
+        before_ready.push(line);
     };
     // Keep draining the log so the server never blocks on a full pipe.
     std::thread::spawn(move || for _ in lines {});
-    Serving { child, url }
+    Serving {
+        child,
+        url,
+        before_ready,
+    }
+}
+
+/// A config file's `[namespaces]` that changes a stored schema says so at start (servers
+/// sharing a Redis with different files rewrite each other's namespaces; found by a
+/// black-box review, where nothing was logged); one that matches says nothing.
+#[test]
+fn a_config_that_changes_a_namespace_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let config = |tiers: &str| {
+        let path = dir.path().join(format!("{}.toml", tiers.len()));
+        std::fs::write(&path, format!("[namespaces.cfg]\ntiers = [{tiers}]\n")).unwrap();
+        path
+    };
+    let (two, one) = (
+        config(r#""1m:2d", "1h:forever""#),
+        config(r#""1h:forever""#),
+    );
+    let said = |path: &Path| {
+        let s = serve_with(&data, &["--config", path.to_str().unwrap()]);
+        let lines = s.before_ready.join("\n");
+        sigterm_and_wait(s);
+        lines
+    };
+    let changed = "the config file's [namespaces] changed this namespace's schema";
+    assert!(
+        !said(&two).contains(changed),
+        "a new namespace is no change"
+    );
+    assert!(
+        !said(&two).contains(changed),
+        "the same schema is no change"
+    );
+    let lines = said(&one);
+    assert!(
+        lines.contains(changed) && lines.contains("namespace=cfg") && lines.contains("1m:2d"),
+        "{lines}"
+    );
 }
 
 fn sigterm_and_wait(mut s: Serving) {

@@ -117,13 +117,22 @@ impl App {
     /// more: no write will make a new one.
     pub fn apply_config_namespaces(&self) -> Result<(), StoreError> {
         for (ns, schema) in &self.0.settings.namespaces {
-            if !self
-                .0
-                .store
-                .schema(ns)?
-                .is_some_and(|s| s.declares_same(schema))
-            {
+            let stored = self.0.store.schema(ns)?;
+            if !stored.as_ref().is_some_and(|s| s.declares_same(schema)) {
                 self.0.store.put_schema(ns, schema)?;
+            }
+            if let Some(before) = stored.filter(|s| !s.declares_same(schema)) {
+                // Servers sharing a Redis with different config files rewrite each other's
+                // namespaces at every start: say so (found by a black-box review).
+                let doc = |s: &tally_core::model::Schema| {
+                    serde_json::to_string(&s.to_doc()).unwrap_or_default()
+                };
+                tracing::warn!(
+                    namespace = %ns,
+                    before = %doc(&before),
+                    after = %doc(schema),
+                    "the config file's [namespaces] changed this namespace's schema"
+                );
             }
         }
         let (count, max) = (
