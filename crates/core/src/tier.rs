@@ -69,10 +69,11 @@ fn instant(t: i64) -> String {
 /// Where in the UTC hour a boundary falls: ":30", or ":58:59".
 fn at(b: i64) -> String {
     let (m, s) = (b.rem_euclid(3600) / 60, b.rem_euclid(60));
-    if s == 0 {
-        format!(":{m:02}")
-    } else {
-        format!(":{m:02}:{s:02}")
+    let plural = |n: i64| if n == 1 { "" } else { "s" };
+    match (m, s) {
+        (m, 0) => format!("{m} minute{} past the hour", plural(m)),
+        (0, s) => format!("{s} second{} past the hour", plural(s)),
+        (m, s) => format!("{m} min {s} s past the hour"),
     }
 }
 
@@ -165,7 +166,7 @@ pub fn choose(
             .next();
         if let Some(b) = misaligned {
             message.push_str(&format!(
-                "; {} data holds it, but {what} boundaries fall on {}",
+                "; {} data holds it, but {what} boundaries fall {}",
                 words(holding.into_iter()),
                 at(*b)
             ));
@@ -185,7 +186,7 @@ pub fn choose(
     let suggest = Duration::from_secs(g.unsigned_abs()).map_or("1s".into(), |d| d.to_string());
     Err(NoTier {
         message: format!(
-            "namespace {ns} keeps {kind}{} data; {what} boundaries fall on {} — add a {suggest} or finer tier",
+            "namespace {ns} keeps {kind}{} data; {what} boundaries fall {} — add a {suggest} or finer tier",
             words(candidates.iter().copied()),
             at(off)
         ),
@@ -196,6 +197,18 @@ pub fn choose(
 mod tests {
     use super::*;
     use crate::model::SchemaDoc;
+
+    /// A boundary is named by where it falls in its hour, in words: a black-box review read
+    /// the old ":01" (one minute past) as a second.
+    #[test]
+    fn boundaries_are_named_by_where_they_fall_in_the_hour() {
+        assert_eq!(at(60), "1 minute past the hour");
+        assert_eq!(at(7200 + 1800), "30 minutes past the hour");
+        assert_eq!(at(1), "1 second past the hour");
+        assert_eq!(at(45), "45 seconds past the hour");
+        assert_eq!(at(3599), "59 min 59 s past the hour");
+        assert_eq!(at(-60), "59 minutes past the hour");
+    }
 
     fn schema(tiers: &[&str], bd: Option<&[&str]>) -> Schema {
         Schema::from_doc(&SchemaDoc {
@@ -235,7 +248,7 @@ mod tests {
                 Reads::Totals,
                 vec![NOW - 3 * H - 1, NOW],
                 Err(
-                    "per-second data is kept for 2h, and the range starts 3h ago; minute and hourly data holds it, but Asia/Kolkata day boundaries fall on :59:59",
+                    "per-second data is kept for 2h, and the range starts 3h ago; minute and hourly data holds it, but Asia/Kolkata day boundaries fall 59 min 59 s past the hour",
                 ),
             ),
             // Minute boundaries older than 48h.
@@ -244,7 +257,7 @@ mod tests {
                 Reads::Totals,
                 vec![NOW - 49 * H - 60, NOW],
                 Err(
-                    "minute data is kept for 2d, and the range starts 49h ago; hourly data holds it, but Asia/Kolkata day boundaries fall on :59",
+                    "minute data is kept for 2d, and the range starts 49h ago; hourly data holds it, but Asia/Kolkata day boundaries fall 59 minutes past the hour",
                 ),
             ),
             // Kolkata days on an hourly-only namespace.
@@ -253,7 +266,7 @@ mod tests {
                 Reads::Totals,
                 kolkata_day.to_vec(),
                 Err(
-                    "namespace clicks keeps hourly data; Asia/Kolkata day boundaries fall on :30 — add a 30m or finer tier",
+                    "namespace clicks keeps hourly data; Asia/Kolkata day boundaries fall 30 minutes past the hour — add a 30m or finer tier",
                 ),
             ),
             // ... but a namespace with a minute tier serves them while it holds them.
@@ -264,7 +277,7 @@ mod tests {
                 Reads::Dimension("country"),
                 vec![NOW - 61, NOW - 1],
                 Err(
-                    "namespace clicks keeps breakdowns in minute and hourly data; Asia/Kolkata day boundaries fall on :58:59 — add a 1s or finer tier",
+                    "namespace clicks keeps breakdowns in minute and hourly data; Asia/Kolkata day boundaries fall 58 min 59 s past the hour — add a 1s or finer tier",
                 ),
             ),
             (

@@ -312,7 +312,7 @@ fn series_refusals() {
     assert_eq!(e.code(), ErrorCode::NoTierForRange);
     assert_eq!(
         e.to_string(),
-        "namespace clicks keeps hourly data; Asia/Kolkata day boundaries fall on :30 — add a 30m or finer tier"
+        "namespace clicks keeps hourly data; Asia/Kolkata day boundaries fall 30 minutes past the hour — add a 30m or finer tier"
     );
     let long = with(&[("from", "2000-01-01T00:00:00Z"), ("unit", "hour")]);
     let q = query::SeriesQuery::parse("clicks", "k", long.as_slice()).unwrap();

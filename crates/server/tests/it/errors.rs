@@ -263,7 +263,7 @@ fn bad_query_parameters() {
     );
     assert_eq!(
         kolkata["error"]["message"],
-        "namespace strict keeps hourly data; Asia/Kolkata day boundaries fall on :30 — add a 30m or finer tier"
+        "namespace strict keeps hourly data; Asia/Kolkata day boundaries fall 30 minutes past the hour — add a 30m or finer tier"
     );
 }
 
