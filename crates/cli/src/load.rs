@@ -29,7 +29,8 @@ use tally_core::model::{self as m, RawEvent};
 pub const MAX_LINE_BYTES: usize = 1024 * 1024;
 
 /// The most bytes of lines a batch of `tally load` holds (a CSV record's fields, an NDJSON
-/// line, as read; a line that is not a record weighs nothing): once its lines reach it, a
+/// line, as read; a CSV line that is not a record, and a line past `MAX_LINE_BYTES`, weigh
+/// nothing): once its lines reach it, a
 /// batch ends before `--batch` lines. Lines of wide names (up to 16 values of 2 KB each)
 /// would otherwise make the few batches in flight between the reading thread and the
 /// loading one hold gigabytes, whatever `--memory-mb` says (a 20 000-line batch of 16 KB

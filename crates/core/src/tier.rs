@@ -66,7 +66,8 @@ fn instant(t: i64) -> String {
     jiff::Timestamp::from_second(t).map_or_else(|_| t.to_string(), |t| t.to_string())
 }
 
-/// Where in the UTC hour a boundary falls: ":30", or ":58:59".
+/// Where in the UTC hour a boundary falls, in words: "30 minutes past the hour", "58 min
+/// 59 s past the hour".
 fn at(b: i64) -> String {
     let (m, s) = (b.rem_euclid(3600) / 60, b.rem_euclid(60));
     let plural = |n: i64| if n == 1 { "" } else { "s" };

@@ -13,6 +13,7 @@
 //! the destination first and removed last, once every file is synced, and everything that
 //! opens a data directory refuses one holding it.
 
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use crate::archive::segment_path;
@@ -83,7 +84,7 @@ pub fn unfinished(dir: &Path) -> Option<PathBuf> {
 pub fn unfinished_error(marker: &Path) -> std::io::Error {
     std::io::Error::other(format!(
         "{} is there: this directory is a backup that did not finish and may lack files; take \
-         the backup again (or, to use what it holds anyway, remove that file)",
+         the backup again",
         marker.display()
     ))
 }
@@ -118,6 +119,13 @@ fn resolved(path: &Path) -> std::io::Result<PathBuf> {
 /// Copies the data directory `src` to `dest` (created; must not hold anything yet, nor
 /// lie inside `src`: the server would find the copy among its own files).
 pub fn backup(src: &Path, dest: &Path) -> Result<BackupReport, BackupError> {
+    // A backup of an unfinished backup would lack what it lacks, without its marker.
+    if let Some(marker) = unfinished(src) {
+        return Err(BackupError::Io {
+            path: src.to_owned(),
+            source: unfinished_error(&marker),
+        });
+    }
     let data = resolved(src).map_err(io(src))?;
     if resolved(dest).map_err(io(dest))?.starts_with(&data) {
         return Err(BackupError::DestinationInside {
@@ -134,20 +142,41 @@ pub fn backup(src: &Path, dest: &Path) -> Result<BackupReport, BackupError> {
     }
     let fail = |e| {
         // A failed backup leaves nothing behind: run again, it finds an empty place.
-        let _ = std::fs::remove_dir_all(dest);
+        remove_copy(dest);
         e
     };
-    std::fs::create_dir_all(dest)
-        .and_then(|()| std::fs::write(dest.join(UNFINISHED), b"a backup in progress\n"))
-        .and_then(|()| std::fs::File::open(dest.join(UNFINISHED))?.sync_all())
-        .and_then(|()| sync_dir(dest))
-        .map_err(io(dest))
-        .map_err(fail)?;
+    std::fs::create_dir_all(dest).map_err(io(dest))?;
+    if let Some(parent) = dest.parent().filter(|p| !p.as_os_str().is_empty()) {
+        sync_dir(parent).map_err(io(parent))?;
+    }
+    // Made by this backup alone: of two backups into one empty place, the second stops here
+    // and leaves the first's copy alone.
+    let marker = dest.join(UNFINISHED);
+    match std::fs::File::options()
+        .write(true)
+        .create_new(true)
+        .open(&marker)
+    {
+        Ok(mut f) => {
+            use std::io::Write;
+            f.write_all(b"a backup in progress\n")
+                .and_then(|()| f.sync_all())
+                .and_then(|()| sync_dir(dest))
+                .map_err(io(&marker))
+                .map_err(fail)?;
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            return Err(BackupError::DestinationNotEmpty {
+                path: dest.to_owned(),
+            });
+        }
+        Err(e) => return Err(fail(io(&marker)(e))),
+    }
+    let mut logs = HashMap::new();
     for attempt in 1..=ATTEMPTS {
-        match try_once(src, dest) {
+        match try_once(src, dest, &mut logs) {
             Ok(Some(report)) => {
                 // Every file is synced: only now is the copy a data directory.
-                let marker = dest.join(UNFINISHED);
                 std::fs::remove_file(&marker)
                     .and_then(|()| sync_dir(dest))
                     .map_err(io(&marker))
@@ -162,8 +191,31 @@ pub fn backup(src: &Path, dest: &Path) -> Result<BackupReport, BackupError> {
             "the archive changed during the backup; starting over"
         );
     }
-    let _ = std::fs::remove_dir_all(dest);
+    remove_copy(dest);
     Err(BackupError::Unstable { attempts: ATTEMPTS })
+}
+
+/// Removes a failed backup's copy: everything but its [`UNFINISHED`] marker first, synced,
+/// then the marker and the directory, so that a crash on the way never leaves copied files
+/// without the marker (a removal in the order the directory lists its files may take the
+/// marker first: found by a black-box review on ext4 without `dir_index`).
+fn remove_copy(dest: &Path) {
+    let Ok(entries) = std::fs::read_dir(dest) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let p = entry.path();
+        if p.file_name() == Some(std::ffi::OsStr::new(UNFINISHED)) {
+            continue;
+        }
+        let _ = match entry.file_type() {
+            Ok(t) if t.is_dir() => std::fs::remove_dir_all(&p),
+            _ => std::fs::remove_file(&p),
+        };
+    }
+    let _ = sync_dir(dest);
+    let _ = std::fs::remove_file(dest.join(UNFINISHED));
+    let _ = std::fs::remove_dir(dest);
 }
 
 /// What [`link_or_copy`] did.
@@ -173,15 +225,42 @@ enum Placed {
     Copied(u64),
     /// The source is gone.
     Gone,
-    /// An earlier attempt placed it.
-    Kept,
+}
+
+/// What tells a file's bytes unchanged since it was copied: its identity (device and inode),
+/// its length and its last change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    file: (u64, u64),
+    len: u64,
+    modified: Option<std::time::SystemTime>,
+}
+
+fn stamp(path: &Path) -> Option<Stamp> {
+    let m = std::fs::metadata(path).ok()?;
+    #[cfg(unix)]
+    let file = {
+        use std::os::unix::fs::MetadataExt;
+        (m.dev(), m.ino())
+    };
+    #[cfg(not(unix))]
+    let file = (0, 0);
+    Some(Stamp {
+        file,
+        len: m.len(),
+        modified: m.modified().ok(),
+    })
 }
 
 /// Hard-links `from` to `to`, else copies it; kept as it is when an earlier attempt placed
-/// it already (`to` of `from`'s length: the files this places never change).
+/// it already (`to` of `from`'s length: the files this places never change), and then told
+/// as what that attempt did.
 fn link_or_copy(from: &Path, to: &Path) -> Result<Placed, BackupError> {
     if same_length(from, to) {
-        return Ok(Placed::Kept);
+        return Ok(match (stamp(from), stamp(to)) {
+            (Some(f), Some(t)) if f.file == t.file => Placed::Linked,
+            (_, t) => Placed::Copied(t.map_or(0, |t| t.len)),
+        });
     }
     let _ = std::fs::remove_file(to);
     if std::fs::hard_link(from, to).is_ok() {
@@ -214,6 +293,7 @@ fn copy(from: &Path, to: &Path) -> Result<Option<u64>, BackupError> {
 /// Removes from `dir` every file not in `keep` (what earlier attempts placed and this one
 /// does not need).
 fn remove_others(dir: &Path, keep: &[PathBuf]) -> Result<(), BackupError> {
+    let keep: HashSet<&PathBuf> = keep.iter().collect();
     for entry in std::fs::read_dir(dir).map_err(io(dir))? {
         let p = entry.map_err(io(dir))?.path();
         if !keep.contains(&p) {
@@ -223,8 +303,13 @@ fn remove_others(dir: &Path, keep: &[PathBuf]) -> Result<(), BackupError> {
     Ok(())
 }
 
-/// One attempt; `None` when the source changed in a way that spoils it.
-fn try_once(src: &Path, dest: &Path) -> Result<Option<BackupReport>, BackupError> {
+/// One attempt; `None` when the source changed in a way that spoils it. `logs` holds, from
+/// attempt to attempt, each log file copied and its source's [`Stamp`] just before.
+fn try_once(
+    src: &Path,
+    dest: &Path,
+    logs: &mut HashMap<PathBuf, Stamp>,
+) -> Result<Option<BackupReport>, BackupError> {
     let (dest_wal, dest_segs) = (dest.join("wal"), dest.join("segments"));
     for d in [dest, &dest_wal, &dest_segs] {
         std::fs::create_dir_all(d).map_err(io(d))?;
@@ -273,7 +358,7 @@ fn try_once(src: &Path, dest: &Path) -> Result<Option<BackupReport>, BackupError
     for (from, to, segment) in files {
         match link_or_copy(&from, &to)? {
             Placed::Gone => return Ok(None),
-            Placed::Linked | Placed::Kept => {}
+            Placed::Linked => {}
             Placed::Copied(n) => {
                 report.segments_copied += usize::from(segment);
                 report.bytes_copied += n;
@@ -302,12 +387,18 @@ fn try_once(src: &Path, dest: &Path) -> Result<Option<BackupReport>, BackupError
             continue;
         };
         let to = dest_wal.join(name);
-        // A log file only grows: one of the length an earlier attempt copied is the same.
-        if !same_length(path, &to) {
+        // A log file copied by an earlier attempt is kept if it has not changed since (a
+        // log mostly grows at its end, but a restart may cut a torn tail and write again
+        // over it, to the same length).
+        let now = stamp(path);
+        if now.is_none() || logs.get(path) != now.as_ref() || !to.exists() {
             match copy(path, &to)? {
                 Some(n) => report.bytes_copied += n,
                 // Truncated away by a flush that published a newer manifest: start over.
                 None => return Ok(None),
+            }
+            if let Some(now) = now {
+                logs.insert(path.clone(), now);
             }
         }
         report.log_files += 1;

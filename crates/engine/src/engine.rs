@@ -406,8 +406,8 @@ impl Engine {
 
     /// Verifies one archive segment — every block and frame against its checksum, the index
     /// against the records (what `tally check` does) — the one after the segment verified by
-    /// the previous call, in id order, wrapping around: called every minute, it reads the
-    /// whole archive in turn, so that damage no query has met yet still shows in
+    /// the previous call, in id order, wrapping around: called now and then (see
+    /// [`ScrubPace`]), it reads the whole archive in turn, so that damage no query has met yet still shows in
     /// `/healthz`. Answers the file verified (`None` for an empty archive); damage is an
     /// error remembered for `/healthz` as a query meeting it is.
     pub fn scrub_next(&self) -> Result<Option<PathBuf>, StoreError> {
@@ -426,19 +426,6 @@ impl Engine {
         self.scrubbed.store(entry.id, Ordering::Relaxed);
         seg.verify().map_err(|e| self.core.archive_error(e))?;
         Ok(Some(seg.path().to_path_buf()))
-    }
-
-    /// How long to wait, after a [`Engine::scrub_next`] that took `took`, before the next
-    /// one, so that the scrub takes at most `percent` % of one core (and of the disk's reads)
-    /// on average and runs at most once a minute, whatever the segments' sizes: a month's
-    /// segment of a busy namespace (tens of MB, seconds to verify) waits longer than a day's.
-    /// `None` when `percent` is 0: no scrub.
-    pub fn scrub_pause(took: StdDuration, percent: u8) -> Option<StdDuration> {
-        if percent == 0 {
-            return None;
-        }
-        let paced = took.saturating_mul(100) / u32::from(percent.min(100));
-        Some(paced.max(StdDuration::from_secs(60)))
     }
 
     /// Syncs the log and stops its thread; later writes fail.
@@ -743,6 +730,45 @@ impl Store for Engine {
 /// Memory a rebuild through the API may hold (the new counts, bounded by the request's
 /// size, and what the range held, subtracted): past it the rebuild stops, changing nothing.
 const REBUILD_BUDGET: usize = 1 << 30;
+
+/// When `tally serve`'s minutely housekeeping verifies the next archive segment
+/// ([`Engine::scrub_next`]): at most at every tick, and after a segment that took `t`, not
+/// before `t × 100 / percent` has passed since the tick it ran at, so that the scrub takes at
+/// most `percent` % of one core (and of the disk's reads) on average whatever the segments'
+/// sizes (a month's segment of a busy namespace takes seconds). Never with `percent` 0.
+#[derive(Debug, Clone, Copy)]
+pub struct ScrubPace {
+    percent: u8,
+    next: Option<Instant>,
+}
+
+impl ScrubPace {
+    /// Due at the first tick (at or after `start`), unless `percent` is 0.
+    pub fn new(percent: u8, start: Instant) -> Self {
+        ScrubPace {
+            percent: percent.min(100),
+            next: (percent > 0).then_some(start),
+        }
+    }
+
+    /// Whether the housekeeping of the tick scheduled at `tick` scrubs.
+    pub fn due(&self, tick: Instant) -> bool {
+        self.next.is_some_and(|next| tick >= next)
+    }
+
+    /// The scrub of the tick scheduled at `tick` took `took`. (Measured from the tick, not
+    /// from when it ended: a small segment is due at the very next tick.)
+    pub fn ran(&mut self, tick: Instant, took: StdDuration) {
+        if self.percent == 0 {
+            self.next = None;
+            return;
+        }
+        // (At most a day: a scrub that took absurdly long still comes round again.)
+        let rest = (took.saturating_mul(100) / u32::from(self.percent))
+            .min(StdDuration::from_secs(86_400));
+        self.next = Some(tick.checked_add(rest).unwrap_or(tick));
+    }
+}
 
 impl Drop for Engine {
     fn drop(&mut self) {

@@ -30,7 +30,7 @@ pub mod wal;
 pub use archive::FlushPolicy;
 pub use bulk::{Bulk, Counter, KeyId, SubId};
 pub use compaction::CompactReport;
-pub use engine::{Config, Engine, EngineStats, OpenError};
+pub use engine::{Config, Engine, EngineStats, OpenError, ScrubPace};
 pub use flush::FlushReport;
 pub use recovery::Recovery;
 pub use tally_core::store::FsyncPolicy;

@@ -102,6 +102,8 @@ const VET_RETRY: Duration = Duration::from_secs(1);
 
 /// How long a health check waits for Redis.
 const HEALTH_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long [`RedisStore::vet`]'s checks may take.
+const VET_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The store's two connections: `main` carries every call but one, `side` the
 /// compare-and-set of new codes and its `WAIT` (a `WAIT` blocks its connection). Both are
@@ -304,14 +306,21 @@ impl RedisStore {
             // This caller checks; the others meanwhile take the last answer.
             v.at = Instant::now();
         }
-        let refusal = match self.memory_info().await {
-            Ok(texts) => self.eviction_refusal(&texts),
-            Err(_) => None,
+        // Within `VET_TIMEOUT`: a Redis that is slow or gone refuses nothing here (the
+        // caller's own call finds it out), and delays a write by that much at most.
+        let check = async {
+            match self.memory_info().await {
+                Ok(texts) => match self.eviction_refusal(&texts) {
+                    Some(r) => Some(r),
+                    None => self.layout_refusal().await,
+                },
+                Err(_) => None,
+            }
         };
-        let refusal = match refusal {
-            Some(r) => Some(r),
-            None => self.layout_refusal().await,
-        };
+        let refusal = tokio::time::timeout(VET_TIMEOUT, check)
+            .await
+            .ok()
+            .flatten();
         let mut v = self.vetted.lock().unwrap_or_else(PoisonError::into_inner);
         match (&v.refusal, &refusal) {
             (None, Some(r)) => {
@@ -341,6 +350,15 @@ impl RedisStore {
             })
             .await;
         match stored {
+            // An older layout this build upgrades (Redis restored from an older snapshot):
+            // only at connect, where the upgrade is done whole.
+            Ok(Some(v)) if UPGRADES_FROM.iter().any(|u| u.to_string() == v) => {
+                Some(StoreError::corrupt(format!(
+                    "{} now holds tally key layout version {v}, which this build upgrades \
+                     when it connects: restart this server to upgrade it",
+                    self.label
+                )))
+            }
             Ok(Some(v)) if v != LAYOUT_VERSION.to_string() => Some(self.foreign_layout(Some(&v))),
             _ => None,
         }
@@ -740,6 +758,9 @@ impl Store for RedisStore {
     ) -> Result<bool, StoreError> {
         let local = tally_core::store::stripe(&self.conditional, window.ns, window.key);
         let _queued = local.lock().unwrap_or_else(PoisonError::into_inner);
+        // Checked before the lock is taken: a check that waits on a slow Redis must not eat
+        // into the lock's lease (the write checks again only when due).
+        self.block_on(self.vet())?;
         let name = layout::lock_key(&layout::series_tag(window.ns, window.key.as_str()));
         let token = self.batch_ids.fresh();
         self.block_on(self.lock(&name, &token))?;
@@ -818,8 +839,11 @@ impl Store for RedisStore {
             tokio::time::timeout(HEALTH_TIMEOUT, check)
                 .await
                 .unwrap_or_else(|_| {
+                    // As a call that timed out would: a stuck client is replaced, even when
+                    // nothing but health checks reach this server.
+                    self.suspect();
                     Err(StoreError::unavailable(format!(
-                        "{}: no answer to PING within {} s",
+                        "{}: no answer within {} s",
                         self.label,
                         HEALTH_TIMEOUT.as_secs()
                     )))

@@ -118,10 +118,11 @@ impl App {
     pub fn apply_config_namespaces(&self) -> Result<(), StoreError> {
         for (ns, schema) in &self.0.settings.namespaces {
             let stored = self.0.store.schema(ns)?;
-            if !stored.as_ref().is_some_and(|s| s.declares_same(schema)) {
+            let changed = stored.as_ref().filter(|s| !s.declares_same(schema));
+            if stored.is_none() || changed.is_some() {
                 self.0.store.put_schema(ns, schema)?;
             }
-            if let Some(before) = stored.filter(|s| !s.declares_same(schema)) {
+            if let Some(before) = changed {
                 // Servers sharing a Redis with different config files rewrite each other's
                 // namespaces at every start: say so (found by a black-box review).
                 let doc = |s: &tally_core::model::Schema| {
@@ -129,7 +130,7 @@ impl App {
                 };
                 tracing::warn!(
                     namespace = %ns,
-                    before = %doc(&before),
+                    before = %doc(before),
                     after = %doc(schema),
                     "the config file's [namespaces] changed this namespace's schema"
                 );

@@ -197,19 +197,21 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         );
         let sweeper = {
             let engine = engine.clone();
-            let scrub_percent = app.settings().server.scrub_percent;
+            let mut pace = tally_engine::ScrubPace::new(
+                app.settings().server.scrub_percent,
+                std::time::Instant::now(),
+            );
             tokio::spawn(async move {
                 let mut tick = tokio::time::interval(Duration::from_secs(60));
-                let mut next_scrub = Some(std::time::Instant::now());
                 loop {
-                    tick.tick().await;
+                    // The tick as scheduled: paced from it, a scrub is due again on time.
+                    let at = tick.tick().await.into_std();
                     let e = engine.clone();
-                    let scrub = next_scrub.is_some_and(|at| std::time::Instant::now() >= at);
+                    let scrub = pace.due(at);
                     if let Ok(Some(took)) =
                         tokio::task::spawn_blocking(move || maintain(&e, scrub)).await
                     {
-                        next_scrub = Engine::scrub_pause(took, scrub_percent)
-                            .map(|pause| std::time::Instant::now() + pause);
+                        pace.ran(at, took);
                     }
                 }
             })

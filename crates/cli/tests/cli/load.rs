@@ -872,6 +872,24 @@ fn a_batch_of_wide_lines_ends_at_its_bytes() {
         .map(|n| n.parse::<usize>().unwrap())
         .sum();
     assert_eq!(answers, 2, "{said}");
+
+    // Online, the same two batches (cut where the offline load cuts).
+    let online = tmp.path().join("online");
+    std::fs::create_dir(&online).unwrap();
+    let s = serve_dir_with(&online, "");
+    let url = s.url.trim_end_matches('/').to_owned();
+    let o = load(&[f.to_str().unwrap(), "--server", &url]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let mut r = http_agent().get(format!("{url}/metrics")).call().unwrap();
+    let metrics = r.body_mut().read_to_string().unwrap();
+    for (name, want) in [
+        ("tally_batches_accepted_total ", "2"),
+        ("tally_events_accepted_total ", "600"),
+    ] {
+        let got = metrics.lines().find_map(|l| l.strip_prefix(name));
+        assert_eq!(got, Some(want), "{name}");
+    }
+    sigterm_and_wait(s);
 }
 
 /// Compressed stdin is decompressed: told by its first bytes, as it has no name to tell.

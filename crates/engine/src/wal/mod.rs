@@ -238,7 +238,7 @@ pub fn write_head(dir: &Path, head: Head) -> std::io::Result<()> {
 }
 
 /// What `wal/HEAD` records; `None` when there is none (a log written before it existed, or
-/// a copy of a log made by `tally backup`).
+/// a copy of a log made by a `tally backup` from before backups wrote one).
 pub fn read_head(dir: &Path) -> Result<Option<Head>, WalError> {
     let path = dir.join(HEAD);
     let bytes = match std::fs::read(&path) {

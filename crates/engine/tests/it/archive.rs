@@ -928,41 +928,51 @@ fn the_scrub_finds_damage_no_query_has_met() {
     assert_eq!(open(empty.path(), &clock).scrub_next().unwrap(), None);
 }
 
-/// The scrub's pace: at most its share of a core on average, at most once a minute, never
-/// when turned off.
+/// The scrub's pace: at most at every tick, at most its share of a core on average, never
+/// when turned off. (A review found the first version paced from the end of the scrub, so a
+/// small segment skipped every other minute, and scrubbed once at start when turned off.)
 #[test]
 fn the_scrub_waits_in_proportion_to_what_it_took() {
-    use std::time::Duration;
-    use tally_engine::Engine;
-    let s = Duration::from_secs;
-    let ms = Duration::from_millis;
+    use std::time::{Duration, Instant};
+    use tally_engine::ScrubPace;
+    let t0 = Instant::now();
+    let tick = |minutes: u64| t0 + Duration::from_secs(60 * minutes);
+    let dues = |pace: &mut ScrubPace, took: Duration| {
+        (0..12)
+            .filter(|&m| {
+                let due = pace.due(tick(m));
+                if due {
+                    pace.ran(tick(m), took);
+                }
+                due
+            })
+            .collect::<Vec<u64>>()
+    };
+    // A small segment at 1%: every minute.
+    let mut pace = ScrubPace::new(1, t0);
     assert_eq!(
-        Engine::scrub_pause(ms(5), 1),
-        Some(s(60)),
-        "a small segment: a minute"
+        dues(&mut pace, Duration::from_millis(5)),
+        (0..12).collect::<Vec<_>>()
     );
+    // Exactly a minute's share: every minute still.
+    let mut pace = ScrubPace::new(1, t0);
     assert_eq!(
-        Engine::scrub_pause(s(3), 1),
-        Some(s(300)),
-        "3 s at 1%: 5 minutes"
+        dues(&mut pace, Duration::from_millis(600)),
+        (0..12).collect::<Vec<_>>()
     );
-    assert_eq!(
-        Engine::scrub_pause(s(3), 10),
-        Some(s(60)),
-        "3 s at 10%: a minute"
-    );
-    assert_eq!(Engine::scrub_pause(s(2), 2), Some(s(100)));
-    assert_eq!(
-        Engine::scrub_pause(s(90), 100),
-        Some(s(90)),
-        "all of a core: no rest"
-    );
-    assert_eq!(Engine::scrub_pause(s(3), 0), None, "off");
-    assert_eq!(
-        Engine::scrub_pause(Duration::MAX, 1),
-        Some(Duration::MAX),
-        "no overflow"
-    );
+    // 3 s at 1%: every 5 minutes; at 10%, every minute.
+    let mut pace = ScrubPace::new(1, t0);
+    assert_eq!(dues(&mut pace, Duration::from_secs(3)), vec![0, 5, 10]);
+    let mut pace = ScrubPace::new(10, t0);
+    assert_eq!(dues(&mut pace, Duration::from_secs(3)).len(), 12);
+    // 0: never, not even once at start.
+    let mut pace = ScrubPace::new(0, t0);
+    assert_eq!(dues(&mut pace, Duration::from_millis(1)), Vec::<u64>::new());
+    // A scrub that took absurdly long comes round again within a day.
+    let mut pace = ScrubPace::new(1, t0);
+    pace.ran(t0, Duration::MAX);
+    assert!(pace.due(t0 + Duration::from_secs(86_400)));
+    assert!(!pace.due(t0 + Duration::from_secs(86_399)));
 }
 
 /// A segment cut short under a running engine is damage too: the reads that need its
@@ -1297,6 +1307,16 @@ fn an_unfinished_backup_is_refused_and_a_finished_one_knows_its_newest_log_file(
         segments,
         "nothing was removed"
     );
+    // Nor is it backed up again, which would copy what it holds without its marker.
+    let again = out.path().join("again");
+    match tally_engine::backup::backup(&copy, &again) {
+        Err(e @ tally_engine::backup::BackupError::Io { .. }) => {
+            let msg = std::error::Error::source(&e).unwrap().to_string();
+            assert!(msg.contains("a backup that did not finish"), "{msg}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(!again.exists());
 
     // A whole copy opens with every count; one without its newest log file (which holds
     // only records written since the last publish) is refused, before any open wrote a
