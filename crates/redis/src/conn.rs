@@ -34,7 +34,8 @@ impl Target {
                 .collect();
             if nodes.is_empty() {
                 return Err(StoreError::unavailable(format!(
-                    "backend {url:?} names no cluster node (redis+cluster://host:port,host:port,…)"
+                    "backend {:?} names no cluster node (redis+cluster://host:port,host:port,…)",
+                    redact(url)
                 )));
             }
             Ok(Target::Cluster(nodes))
@@ -42,23 +43,85 @@ impl Target {
             Ok(Target::Single(url.to_owned()))
         } else {
             Err(StoreError::unavailable(format!(
-                "backend {url:?} is neither redis://host:port/db nor redis+cluster://host:port,…"
+                "backend {:?} is neither redis://host:port/db nor redis+cluster://host:port,…",
+                redact(url)
             )))
         }
     }
 
-    /// How messages name it: `redis at 127.0.0.1:6379`, `redis cluster at a:1,b:2`.
+    /// How messages name it: `redis at 127.0.0.1:6379`, `redis cluster at a:1,b:2`; a
+    /// password in the URL is left out ([`redact`]).
     pub fn describe(&self) -> String {
         match self {
-            Target::Single(url) => format!("redis at {}", url.trim_start_matches("redis://")),
+            Target::Single(url) => {
+                format!("redis at {}", redact(url.trim_start_matches("redis://")))
+            }
             Target::Cluster(nodes) => {
-                let nodes: Vec<&str> = nodes
+                let nodes: Vec<String> = nodes
                     .iter()
-                    .map(|n| n.trim_start_matches("redis://"))
+                    .map(|n| redact(n.trim_start_matches("redis://")))
                     .collect();
                 format!("redis cluster at {}", nodes.join(","))
             }
         }
+    }
+}
+
+/// `url` (a backend URL, or one node of it) with every password in it replaced by `***`,
+/// user names kept: `redis://app:***@host:6379/0`. Messages, error answers and logs name
+/// the backend this way (found by a black-box review: the password was in every `503`).
+pub fn redact(url: &str) -> String {
+    let (scheme, rest) = match url.find("://") {
+        Some(i) => url.split_at(i + 3),
+        None => ("", url),
+    };
+    let nodes: Vec<String> = rest
+        .split(',')
+        .map(|node| match node.rfind('@') {
+            Some(at) if node[..at].contains(':') => {
+                let user = node[..at].split(':').next().unwrap_or_default();
+                format!("{user}:***{}", &node[at..])
+            }
+            _ => node.to_owned(),
+        })
+        .collect();
+    format!("{scheme}{}", nodes.join(","))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_reach_a_message() {
+        for (url, shown) in [
+            ("redis://127.0.0.1:6379/0", "redis at 127.0.0.1:6379/0"),
+            (
+                "redis://tl:pw@127.0.0.1:6379/0",
+                "redis at tl:***@127.0.0.1:6379/0",
+            ),
+            ("redis://:pw@h:1", "redis at :***@h:1"),
+            ("redis://user@h:1", "redis at user@h:1"),
+            ("redis://u:p@ss@h:1/2", "redis at u:***@h:1/2"),
+            (
+                "redis+cluster://a:x@h1:1,h2:2,b:y@h3:3",
+                "redis cluster at a:***@h1:1,h2:2,b:***@h3:3",
+            ),
+        ] {
+            assert_eq!(Target::parse(url).unwrap().describe(), shown, "{url}");
+        }
+        let e = Target::parse("rediss://u:secret@h:1").unwrap_err();
+        assert!(!e.detail().contains("secret"), "{}", e.detail());
+        let e = Target::parse("redis+cluster://").unwrap_err();
+        assert!(
+            e.detail().contains("names no cluster node"),
+            "{}",
+            e.detail()
+        );
+        assert_eq!(
+            redact("redis+cluster://u:pw@a:1"),
+            "redis+cluster://u:***@a:1"
+        );
     }
 }
 
@@ -304,8 +367,7 @@ pub fn store_error(target: &str, e: RedisError) -> StoreError {
         return StoreError::unavailable(format!(
             "{target} is busy running a script and refuses other commands until it ends; \
              retry"
-        ))
-        .because(e);
+        ));
     }
     let unexpected = matches!(
         e.kind(),

@@ -43,8 +43,8 @@ use tally_core::store::{
     SystemClock,
 };
 
-pub use conn::Target;
 use conn::{Conn, store_error, transient};
+pub use conn::{Target, redact};
 use layout::{LAYOUT_KEY, LAYOUT_VERSION, Stored, UPGRADES_FROM};
 
 /// How often a call that failed transiently is sent (the first time included), and the
@@ -252,6 +252,7 @@ impl RedisStore {
         };
         store.index_page = index_page_size(store.block_on(store.listpack_entries()));
         store.block_on(store.check_eviction())?;
+        store.block_on(store.check_info())?;
         store.block_on(store.check_layout())?;
         if let Err(e) = store.block_on(store.resume_extends()) {
             tracing::warn!(
@@ -700,6 +701,27 @@ impl RedisStore {
                     ))
                 })
             })
+    }
+
+    /// Refuses a Redis user that may not run `INFO`: `APPLY` runs it for the key index's
+    /// epoch (`scripts.rs`), so every write would fail as an internal error (found by a
+    /// black-box review with an ACL user given `-info`).
+    async fn check_info(&self) -> Result<(), StoreError> {
+        let info: Result<redis::Value, StoreError> = self
+            .retry(
+                |mut c| async move { redis::cmd("INFO").arg("server").query_async(&mut c).await },
+            )
+            .await;
+        match info {
+            Err(e) if e.detail().to_ascii_lowercase().contains("noperm") => {
+                Err(StoreError::unavailable(format!(
+                    "{}: this Redis user may not run INFO, which tally's write script runs; \
+                 grant it (ACL SETUSER <user> +info)",
+                    self.label
+                )))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// `INFO memory` of the server, or of every master of a cluster: one text a node.

@@ -139,7 +139,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         ));
         if let Some(url) = redis {
             // Redis: the store is stateless here; connecting checks the layout version.
-            tracing::info!("connecting to {url} (answering 503 on {scheme}://{addr} meanwhile)");
+            // (Named without a password it may hold, here and in every message.)
+            let shown = tally_redis::redact(&url);
+            tracing::info!("connecting to {shown} (answering 503 on {scheme}://{addr} meanwhile)");
             let u = url.clone();
             let future = settings.limits.max_future_secs;
             let store = tokio::task::spawn_blocking(move || {
@@ -148,7 +150,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 .await
                 .context("connecting to Redis")?
                 .map_err(|e| anyhow::anyhow!(e.detail()))
-                .with_context(|| format!("backend {url}"))?;
+                .with_context(|| format!("backend {shown}"))?;
             let app = App::new(Arc::new(store), settings, Arc::new(SystemClock));
             let a = app.clone();
             tokio::task::spawn_blocking(move || a.apply_config_namespaces())
@@ -157,7 +159,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 .context("applying the config's namespaces")?;
             routes.ready(&app);
             let statsd = statsd.map(|sockets| Statsd::start(sockets, &app));
-            tracing::info!("tally listening on {scheme}://{addr} (backend {url})");
+            tracing::info!("tally listening on {scheme}://{addr} (backend {shown})");
             stop.await;
             tracing::info!("shutting down: finishing in-flight requests");
             let _ = tx.send(());

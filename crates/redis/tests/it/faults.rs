@@ -420,6 +420,29 @@ fn a_redis_changed_under_a_running_store_is_refused_until_fit_again() {
     assert_eq!(total(&store, "m", "k", 3600), applied.get());
 }
 
+/// A Redis user that may not run `INFO` (which the write script runs) is refused at
+/// connect, clearly, where every write answered 500; and no message shows the URL's
+/// password (both found by a black-box review).
+#[test]
+fn a_user_without_info_is_refused_and_its_password_never_shown() {
+    let mut server = RedisServer::start();
+    server.cli(&[
+        "ACL", "SETUSER", "tl", "on", ">s3cret", "~*", "&*", "+@all", "-info",
+    ]);
+    let url = format!("redis://tl:s3cret@127.0.0.1:{}/0", server.port());
+    let e = RedisStore::connect(&url).unwrap_err();
+    assert!(e.detail().contains("may not run INFO"), "{}", e.detail());
+    assert!(e.detail().contains("tl:***@127.0.0.1"), "{}", e.detail());
+    assert!(!e.detail().contains("s3cret"), "{}", e.detail());
+    // With INFO, it connects; a failure names the server without the password either.
+    server.cli(&["ACL", "SETUSER", "tl", "+info"]);
+    let store = RedisStore::connect(&url).unwrap();
+    server.stop();
+    let e = store.health().unwrap_err();
+    assert!(!e.detail().contains("s3cret"), "{}", e.detail());
+    assert!(e.detail().contains("tl:***@"), "{}", e.detail());
+}
+
 /// A Redis that does not answer is unhealthy within the health check's 5 s, not after every
 /// call's retries (30 s: longer than load balancers wait; found by a black-box review).
 #[test]
