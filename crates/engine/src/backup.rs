@@ -32,6 +32,9 @@ pub struct BackupReport {
     pub answers_files: usize,
     pub log_files: usize,
     pub bytes_copied: u64,
+    /// Attempts made: more than one when a flush or a compaction changed the archive under
+    /// the copy (each keeps what the ones before placed).
+    pub attempts: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -175,7 +178,8 @@ pub fn backup(src: &Path, dest: &Path) -> Result<BackupReport, BackupError> {
     let mut logs = HashMap::new();
     for attempt in 1..=ATTEMPTS {
         match try_once(src, dest, &mut logs) {
-            Ok(Some(report)) => {
+            Ok(Some(mut report)) => {
+                report.attempts = attempt;
                 // Every file is synced: only now is the copy a data directory.
                 std::fs::remove_file(&marker)
                     .and_then(|()| sync_dir(dest))

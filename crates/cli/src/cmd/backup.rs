@@ -39,14 +39,19 @@ pub fn run(args: BackupArgs) -> anyhow::Result<()> {
             "answers_files": r.answers_files,
             "log_files": r.log_files,
             "bytes_copied": r.bytes_copied,
+            "attempts": r.attempts,
         }));
     }
     let answers = match r.answers_files {
         0 => String::new(),
         n => format!(", {n} idempotency answers file(s)"),
     };
+    let attempts = match r.attempts {
+        0 | 1 => String::new(),
+        n => format!(" (in {n} attempts: the archive changed under the copy)"),
+    };
     write_stdout(&format!(
-        "backed up {} to {}: {} segment(s) ({} copied, the rest hard-linked){answers}, {} log file(s), {} bytes copied\n",
+        "backed up {} to {}: {} segment(s) ({} copied, the rest hard-linked){answers}, {} log file(s), {} bytes copied{attempts}\n",
         args.data.display(),
         args.dest.display(),
         r.segments,
