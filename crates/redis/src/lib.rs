@@ -339,17 +339,7 @@ impl RedisStore {
     /// What [`RedisStore::check_layout`] would refuse, read now: another layout version
     /// (an absent one is marked again, as at connect: an emptied Redis).
     async fn layout_refusal(&self) -> Option<StoreError> {
-        let stored: Result<Option<String>, StoreError> = self
-            .retry(|mut c| async move {
-                redis::cmd("SET")
-                    .arg(LAYOUT_KEY)
-                    .arg(LAYOUT_VERSION)
-                    .arg("NX")
-                    .exec_async(&mut c)
-                    .await?;
-                redis::cmd("GET").arg(LAYOUT_KEY).query_async(&mut c).await
-            })
-            .await;
+        let stored = self.marked_layout().await;
         match stored {
             // An older layout this build upgrades (Redis restored from an older snapshot):
             // only at connect, where the upgrade is done whole.
@@ -598,18 +588,23 @@ impl RedisStore {
         Ok(())
     }
 
+    /// The layout version Redis holds, this build's marked first if it holds none (an empty
+    /// or emptied Redis).
+    async fn marked_layout(&self) -> Result<Option<String>, StoreError> {
+        self.retry(|mut c| async move {
+            redis::cmd("SET")
+                .arg(LAYOUT_KEY)
+                .arg(LAYOUT_VERSION)
+                .arg("NX")
+                .exec_async(&mut c)
+                .await?;
+            redis::cmd("GET").arg(LAYOUT_KEY).query_async(&mut c).await
+        })
+        .await
+    }
+
     async fn check_layout(&self) -> Result<(), StoreError> {
-        let stored: Option<String> = self
-            .retry(|mut c| async move {
-                redis::cmd("SET")
-                    .arg(LAYOUT_KEY)
-                    .arg(LAYOUT_VERSION)
-                    .arg("NX")
-                    .exec_async(&mut c)
-                    .await?;
-                redis::cmd("GET").arg(LAYOUT_KEY).query_async(&mut c).await
-            })
-            .await?;
+        let stored = self.marked_layout().await?;
         match stored.as_deref() {
             // A server of an older layout still running may have created records since.
             Some(v) if v == LAYOUT_VERSION.to_string() => {

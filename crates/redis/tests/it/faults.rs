@@ -14,6 +14,17 @@ use tally_redis::{RedisStore, layout};
 
 use crate::{batch, raw, read_all, real_now, total};
 
+/// A batch of one event (`m`/`k`, now), prepared against `store`.
+fn one_event(store: &RedisStore) -> tally_core::store::Batch {
+    let now = real_now();
+    batch(
+        store,
+        now,
+        &[raw("m", "k", now, 1, &[])],
+        &Defaults::default(),
+    )
+}
+
 fn unavailable(e: &StoreError, port: u16) {
     assert!(
         matches!(e, StoreError::Unavailable { .. }),
@@ -347,13 +358,7 @@ fn a_redis_changed_under_a_running_store_is_refused_until_fit_again() {
     let store = RedisStore::connect(&server.url())
         .unwrap()
         .with_vet_every(Duration::from_millis(100));
-    let now = real_now();
-    let one = batch(
-        &store,
-        now,
-        &[raw("m", "k", now, 1, &[])],
-        &Defaults::default(),
-    );
+    let one = one_event(&store);
     // Every apply answered `Ok` counts once, every refused one not at all.
     let applied = std::cell::Cell::new(0);
     let apply = || {
@@ -489,13 +494,7 @@ fn a_paused_redis_is_unhealthy_within_seconds() {
 fn a_redis_busy_running_a_script_is_unavailable() {
     let server = RedisServer::start_with_args(&["--busy-reply-threshold", "50"]);
     let store = RedisStore::connect(&server.url()).unwrap();
-    let now = real_now();
-    let one = batch(
-        &store,
-        now,
-        &[raw("m", "k", now, 1, &[])],
-        &Defaults::default(),
-    );
+    let one = one_event(&store);
     store.apply(&one).unwrap();
     let mut applied = 1;
     // A script that spins for two seconds (what the review saw, from a very large batch).
