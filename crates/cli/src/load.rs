@@ -30,14 +30,13 @@ pub const MAX_LINE_BYTES: usize = 1024 * 1024;
 
 /// The most bytes of lines a batch of `tally load` holds (a CSV record's fields, an NDJSON
 /// line, as read; a CSV line that is not a record, and a line past `MAX_LINE_BYTES`, weigh
-/// nothing): once its lines reach it, a
-/// batch ends before `--batch` lines. Lines of wide names (up to 16 values of 2 KB each)
-/// would otherwise make the few batches in flight between the reading thread and the
-/// loading one hold gigabytes, whatever `--memory-mb` says (a 20 000-line batch of 16 KB
-/// lines peaked at 2.7 GB at `--memory-mb 16`, 120 MB since). The default batch of 5 000
-/// lines reaches it only with lines of more than 1.6 KB. Where a batch ends is part of its
-/// idempotency key, so a re-run counts once with the same files, `--batch` and a `tally`
-/// that cuts batches the same way.
+/// nothing): once its lines reach it, a batch ends before `--batch` lines. Lines of wide
+/// names (up to 16 values of 2 KB each) would otherwise make the few batches in flight
+/// between the reading thread and the loading one hold gigabytes, whatever `--memory-mb`
+/// says (a 20 000-line batch of 16 KB lines peaked at 2.7 GB at `--memory-mb 16`, 120 MB
+/// since). The default batch of 5 000 lines reaches it only with lines of more than 1.6 KB.
+/// Where a batch ends is part of its idempotency key, so a re-run counts once with the same
+/// files, `--batch` and a `tally` that cuts batches the same way.
 pub const MAX_BATCH_BYTES: usize = 8 << 20;
 
 /// The input's format.
@@ -164,7 +163,8 @@ impl Input {
         CsvRecords::new(self.reader, &self.name)
     }
 
-    /// Reads the events, calling `each` with (line number, the event or why the line is bad).
+    /// Reads the events, calling `each` with (line number, the line's bytes as
+    /// [`MAX_BATCH_BYTES`] weighs them, the event or why the line is bad).
     /// An I/O or decompression error stops the read.
     pub fn events(
         self,

@@ -292,8 +292,8 @@ impl RedisStore {
     /// Checks again, at most every [`VET_EVERY`], what `connect` checked: that no node may
     /// evict keys and that Redis holds this build's layout (an emptied Redis gets it marked
     /// again, as at connect). A refusal found is kept, and answered to every write and
-    /// health check until a check finds it gone. A check Redis does not answer refuses
-    /// nothing (the call that follows fails on its own).
+    /// health check until a check finds it gone. A check Redis does not answer within
+    /// [`VET_TIMEOUT`] changes nothing: the last answer stands.
     pub(crate) async fn vet(&self) -> Result<(), StoreError> {
         {
             let mut v = self.vetted.lock().unwrap_or_else(PoisonError::into_inner);
@@ -307,22 +307,24 @@ impl RedisStore {
             // This caller checks; the others meanwhile take the last answer.
             v.at = Instant::now();
         }
-        // Within `VET_TIMEOUT`: a Redis that is slow or gone refuses nothing here (the
-        // caller's own call finds it out), and delays a write by that much at most.
+        // Within `VET_TIMEOUT`: a check Redis does not answer (slow, or gone) says nothing,
+        // either way: the last answer stands (the caller's own call finds out the rest), and
+        // a write waits that much at most.
         let check = async {
-            match self.memory_info().await {
-                Ok(texts) => match self.eviction_refusal(&texts) {
-                    Some(r) => Some(r),
-                    None => self.layout_refusal().await,
-                },
-                Err(_) => None,
+            let texts = self.memory_info().await.ok()?;
+            match self.eviction_refusal(&texts) {
+                Some(r) => Some(Some(r)),
+                None => self.layout_refusal().await,
             }
         };
-        let refusal = tokio::time::timeout(VET_TIMEOUT, check)
+        let answer = tokio::time::timeout(VET_TIMEOUT, check)
             .await
             .ok()
             .flatten();
         let mut v = self.vetted.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(refusal) = answer else {
+            return v.refusal.clone().map_or(Ok(()), Err);
+        };
         match (&v.refusal, &refusal) {
             (None, Some(r)) => {
                 tracing::error!(error = %r.detail(), "Redis changed under this server: refusing writes")
@@ -337,22 +339,23 @@ impl RedisStore {
     }
 
     /// What [`RedisStore::check_layout`] would refuse, read now: another layout version
-    /// (an absent one is marked again, as at connect: an emptied Redis).
-    async fn layout_refusal(&self) -> Option<StoreError> {
-        let stored = self.marked_layout().await;
-        match stored {
+    /// (an absent one is marked again, as at connect: an emptied Redis). `None` when Redis
+    /// did not say.
+    async fn layout_refusal(&self) -> Option<Option<StoreError>> {
+        let stored = self.marked_layout().await.ok()?;
+        Some(match stored {
             // An older layout this build upgrades (Redis restored from an older snapshot):
             // only at connect, where the upgrade is done whole.
-            Ok(Some(v)) if UPGRADES_FROM.iter().any(|u| u.to_string() == v) => {
+            Some(v) if UPGRADES_FROM.iter().any(|u| u.to_string() == v) => {
                 Some(StoreError::corrupt(format!(
                     "{} now holds tally key layout version {v}, which this build upgrades \
                      when it connects: restart this server to upgrade it",
                     self.label
                 )))
             }
-            Ok(Some(v)) if v != LAYOUT_VERSION.to_string() => Some(self.foreign_layout(Some(&v))),
+            Some(v) if v != LAYOUT_VERSION.to_string() => Some(self.foreign_layout(Some(&v))),
             _ => None,
-        }
+        })
     }
 
     fn foreign_layout(&self, stored: Option<&str>) -> StoreError {

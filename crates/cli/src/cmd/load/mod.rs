@@ -24,8 +24,9 @@
 //! The keys are made of the file's bytes and name (its path's last part, not the path as
 //! typed: `a.csv`, `./a.csv` and `/data/a.csv` are one file; stdin: its bytes alone),
 //! `--batch` and the batch's first line: a re-run counts once only with the same files and
-//! the same `--batch`. (A batch also ends early at `load::MAX_BATCH_BYTES` of lines.) A file given twice in one run counts once (online the server replays
-//! the second copy's batches; offline they are skipped).
+//! the same `--batch`. (A batch also ends early at `load::MAX_BATCH_BYTES` of lines.) A
+//! file given twice in one run counts once (online the server replays the second copy's
+//! batches; offline they are skipped).
 //!
 //! stdin (`-`) is copied to a temporary file first, as it may be read twice.
 
