@@ -407,9 +407,9 @@ impl Engine {
     /// Verifies one archive segment — every block and frame against its checksum, the index
     /// against the records (what `tally check` does) — the one after the segment verified by
     /// the previous call, in id order, wrapping around: called now and then (see
-    /// [`ScrubPace`]), it reads the whole archive in turn, so that damage no query has met yet still shows in
-    /// `/healthz`. Answers the file verified (`None` for an empty archive); damage is an
-    /// error remembered for `/healthz` as a query meeting it is.
+    /// [`ScrubPace`]), it reads the whole archive in turn, so that damage no query has met
+    /// yet still shows in `/healthz`. Answers the file verified (`None` for an empty
+    /// archive); damage is an error remembered for `/healthz` as a query meeting it is.
     pub fn scrub_next(&self) -> Result<Option<PathBuf>, StoreError> {
         use std::sync::atomic::Ordering;
         let archive = Arc::clone(&self.core.archive());
