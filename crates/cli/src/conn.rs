@@ -23,7 +23,7 @@ pub struct Conn {
     )]
     server: String,
     /// Bearer token, when the server requires one.
-    #[arg(long, env = "TALLY_TOKEN", global = true, value_parser = crate::http::token)]
+    #[arg(long, env = "TALLY_TOKEN", hide_env_values = true, global = true, value_parser = crate::http::token)]
     token: Option<String>,
     /// Print JSON instead of a table: the server's answer as it came (for `bench`, its
     /// report).

@@ -333,6 +333,38 @@ fn serve_cmd(cmd: &mut Command, args: &[&str]) -> Serving {
     }
 }
 
+/// A backend URL's password, and a token given in the environment, are never printed: not
+/// in a refusal, not by `--help` (found by reviews: a refused `rediss://` URL and clap's
+/// `[env: …]` showed them).
+#[test]
+fn secrets_are_never_printed() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let out = tally()
+        .args(["serve", "--backend", "rediss://u:s3cret@h:1", "--data"])
+        .arg(&data)
+        .output()
+        .unwrap();
+    refused(&out, "is not one this build knows");
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("s3cret"));
+    for (args, var, value) in [
+        (
+            vec!["serve", "--help"],
+            "TALLY_BACKEND",
+            "redis://u:s3cret@h:1/0",
+        ),
+        (vec!["keys", "--help"], "TALLY_TOKEN", "s3cret"),
+        (vec!["load", "--help"], "TALLY_TOKEN", "s3cret"),
+        (vec!["export", "--help"], "TALLY_TOKEN", "s3cret"),
+        (vec!["compact", "--help"], "TALLY_TOKEN", "s3cret"),
+    ] {
+        let out = tally().args(&args).env(var, value).output().unwrap();
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(said.contains(var), "{args:?}: {said}");
+        assert!(!said.contains("s3cret"), "{args:?}: {said}");
+    }
+}
+
 /// A config file's `[namespaces]` that changes a stored schema says so at start (servers
 /// sharing a Redis with different files rewrite each other's namespaces; found by a
 /// black-box review, where nothing was logged); one that matches says nothing.

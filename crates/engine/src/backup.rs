@@ -31,6 +31,8 @@ pub struct BackupReport {
     /// Idempotency answers files (hard-linked or copied as segments are).
     pub answers_files: usize,
     pub log_files: usize,
+    /// Bytes of the copy not shared with the source through hard links: what this attempt
+    /// or an earlier one copied.
     pub bytes_copied: u64,
     /// Attempts made: more than one when a flush or a compaction changed the archive under
     /// the copy (each keeps what the ones before placed).
@@ -143,9 +145,11 @@ pub fn backup(src: &Path, dest: &Path) -> Result<BackupReport, BackupError> {
             path: dest.to_owned(),
         });
     }
+    // (A destination made here is removed with a failed copy; one the user made stays.)
+    let created = std::fs::symlink_metadata(dest).is_err();
     let fail = |e| {
         // A failed backup leaves nothing behind: run again, it finds an empty place.
-        remove_copy(dest);
+        remove_copy(dest, created);
         e
     };
     std::fs::create_dir_all(dest).map_err(io(dest))?;
@@ -173,7 +177,21 @@ pub fn backup(src: &Path, dest: &Path) -> Result<BackupReport, BackupError> {
                 path: dest.to_owned(),
             });
         }
-        Err(e) => return Err(fail(io(&marker)(e))),
+        // Not this backup's marker: nothing here is this backup's but the directory.
+        Err(e) => {
+            if created {
+                let _ = std::fs::remove_dir(dest);
+            }
+            return Err(io(&marker)(e));
+        }
+    }
+    // Something else arrived between the check that the place was empty and the marker (a
+    // whole backup, in that moment): leave it alone.
+    if std::fs::read_dir(dest).map_err(io(dest))?.count() > 1 {
+        let _ = std::fs::remove_file(&marker);
+        return Err(BackupError::DestinationNotEmpty {
+            path: dest.to_owned(),
+        });
     }
     let mut logs = HashMap::new();
     for attempt in 1..=ATTEMPTS {
@@ -182,9 +200,10 @@ pub fn backup(src: &Path, dest: &Path) -> Result<BackupReport, BackupError> {
                 report.attempts = attempt;
                 // Every file is synced: only now is the copy a data directory.
                 std::fs::remove_file(&marker)
-                    .and_then(|()| sync_dir(dest))
                     .map_err(io(&marker))
                     .map_err(fail)?;
+                // (Whole now: a failure to sync its directory is said, the copy kept.)
+                sync_dir(dest).map_err(io(dest))?;
                 return Ok(report);
             }
             Ok(None) => {}
@@ -195,31 +214,48 @@ pub fn backup(src: &Path, dest: &Path) -> Result<BackupReport, BackupError> {
             "the archive changed during the backup; starting over"
         );
     }
-    remove_copy(dest);
+    remove_copy(dest, created);
     Err(BackupError::Unstable { attempts: ATTEMPTS })
 }
 
-/// Removes a failed backup's copy: everything but its [`UNFINISHED`] marker first, synced,
-/// then the marker and the directory, so that a crash on the way never leaves copied files
-/// without the marker (a removal in the order the directory lists its files may take the
-/// marker first: found by a black-box review on ext4 without `dir_index`).
-fn remove_copy(dest: &Path) {
+/// Removes a failed backup's copy: what a backup makes (`segments/`, `wal/`, `CURRENT`,
+/// `MANIFEST-*`) first, synced, and only then — if that left nothing but the
+/// [`UNFINISHED`] marker — the marker, and the directory if this backup made it. A crash on
+/// the way, or a file that would not go, never leaves copied files without the marker (a
+/// removal in the order the directory lists its files may take the marker first: found by
+/// a black-box review on ext4 without `dir_index`).
+fn remove_copy(dest: &Path, created: bool) {
+    let ours =
+        |name: &str| matches!(name, "segments" | "wal" | CURRENT) || name.starts_with("MANIFEST-");
     let Ok(entries) = std::fs::read_dir(dest) else {
         return;
     };
     for entry in entries.flatten() {
-        let p = entry.path();
-        if p.file_name() == Some(std::ffi::OsStr::new(UNFINISHED)) {
+        let name = entry.file_name();
+        if !ours(&name.to_string_lossy()) {
             continue;
         }
+        let p = entry.path();
         let _ = match entry.file_type() {
             Ok(t) if t.is_dir() => std::fs::remove_dir_all(&p),
             _ => std::fs::remove_file(&p),
         };
     }
-    let _ = sync_dir(dest);
+    let left: Vec<_> = match std::fs::read_dir(dest) {
+        Ok(entries) => entries.flatten().map(|e| e.file_name()).collect(),
+        Err(_) => return,
+    };
+    if sync_dir(dest).is_err() || left.iter().any(|n| n != UNFINISHED) {
+        tracing::warn!(
+            dest = %dest.display(),
+            "a failed backup's copy could not be removed whole; its BACKUP-UNFINISHED stays"
+        );
+        return;
+    }
     let _ = std::fs::remove_file(dest.join(UNFINISHED));
-    let _ = std::fs::remove_dir(dest);
+    if created {
+        let _ = std::fs::remove_dir(dest);
+    }
 }
 
 /// What [`link_or_copy`] did.
@@ -238,21 +274,24 @@ struct Stamp {
     file: (u64, u64),
     len: u64,
     modified: Option<std::time::SystemTime>,
+    /// The inode's last change (s, ns): finer than some file systems' modification times.
+    changed: (i64, i64),
 }
 
 fn stamp(path: &Path) -> Option<Stamp> {
     let m = std::fs::metadata(path).ok()?;
     #[cfg(unix)]
-    let file = {
+    let (file, changed) = {
         use std::os::unix::fs::MetadataExt;
-        (m.dev(), m.ino())
+        ((m.dev(), m.ino()), (m.ctime(), m.ctime_nsec()))
     };
     #[cfg(not(unix))]
-    let file = (0, 0);
+    let (file, changed) = ((0, 0), (0, 0));
     Some(Stamp {
         file,
         len: m.len(),
         modified: m.modified().ok(),
+        changed,
     })
 }
 
@@ -395,14 +434,19 @@ fn try_once(
         // log mostly grows at its end, but a restart may cut a torn tail and write again
         // over it, to the same length).
         let now = stamp(path);
-        if now.is_none() || logs.get(path) != now.as_ref() || !to.exists() {
-            match copy(path, &to)? {
-                Some(n) => report.bytes_copied += n,
-                // Truncated away by a flush that published a newer manifest: start over.
-                None => return Ok(None),
+        match now {
+            Some(now) if logs.get(path) == Some(&now) && to.exists() => {
+                report.bytes_copied += now.len;
             }
-            if let Some(now) = now {
-                logs.insert(path.clone(), now);
+            _ => {
+                match copy(path, &to)? {
+                    Some(n) => report.bytes_copied += n,
+                    // Truncated away by a flush that published a newer manifest: start over.
+                    None => return Ok(None),
+                }
+                if let Some(now) = now {
+                    logs.insert(path.clone(), now);
+                }
             }
         }
         report.log_files += 1;
@@ -454,4 +498,82 @@ fn try_once(
     }
     sync_dir(dest).map_err(io(dest))?;
     Ok(Some(report))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A log file an earlier attempt copied is kept only while its source is unchanged: one
+    /// rewritten to the same length (a restart cutting a torn tail and writing over it) is
+    /// copied again (found by a review: the length alone kept the stale bytes).
+    #[test]
+    fn a_log_file_is_copied_again_once_it_changed() {
+        let src = tempfile::tempdir().unwrap();
+        let dest = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(src.path().join("wal")).unwrap();
+        let log = crate::wal::file_name(&src.path().join("wal"), 1);
+        std::fs::write(&log, b"first bytes").unwrap();
+        let mut logs = HashMap::new();
+        let copy = crate::wal::file_name(&dest.path().join("wal"), 1);
+        // The copy's bytes, and its stamp (a file written again gets a new one).
+        let copied = |logs: &mut HashMap<PathBuf, Stamp>| {
+            let r = try_once(src.path(), dest.path(), logs).unwrap().unwrap();
+            assert_eq!(r.bytes_copied, 11);
+            (std::fs::read(&copy).unwrap(), stamp(&copy).unwrap())
+        };
+        let (bytes, first) = copied(&mut logs);
+        assert_eq!(bytes, b"first bytes");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let (bytes, kept) = copied(&mut logs);
+        assert_eq!(bytes, b"first bytes");
+        assert_eq!(kept, first, "unchanged: kept, not written again");
+        std::fs::write(&log, b"other bytes").unwrap();
+        let (bytes, again) = copied(&mut logs);
+        assert_eq!(bytes, b"other bytes", "changed: copied again");
+        assert_ne!(again, first);
+        // Its HEAD names it, open.
+        let head = crate::wal::read_head(&dest.path().join("wal"))
+            .unwrap()
+            .unwrap();
+        assert_eq!((head.newest, head.closed_at), (1, None));
+    }
+
+    /// A failed copy goes with its marker last, and only what a backup makes: a file of the
+    /// user's keeps the marker (and itself) in place; a directory the user made stays.
+    #[test]
+    fn a_failed_copy_is_removed_with_its_marker_last() {
+        let place = tempfile::tempdir().unwrap();
+        let dest = place.path().join("copy");
+        let fill = |extra: bool| {
+            std::fs::create_dir_all(dest.join("segments")).unwrap();
+            std::fs::create_dir_all(dest.join("wal")).unwrap();
+            std::fs::write(dest.join("wal").join("x.wal"), b"x").unwrap();
+            std::fs::write(dest.join(CURRENT), b"MANIFEST-1\n").unwrap();
+            std::fs::write(dest.join("MANIFEST-00000000000000000001"), b"m").unwrap();
+            std::fs::write(dest.join(UNFINISHED), b"").unwrap();
+            if extra {
+                std::fs::write(dest.join("notes.txt"), b"mine").unwrap();
+            }
+        };
+        fill(true);
+        remove_copy(&dest, true);
+        let mut left: Vec<_> = std::fs::read_dir(&dest)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        assert_eq!(left, [UNFINISHED, "notes.txt"]);
+        std::fs::remove_file(dest.join("notes.txt")).unwrap();
+        fill(false);
+        remove_copy(&dest, false);
+        assert_eq!(
+            std::fs::read_dir(&dest).unwrap().count(),
+            0,
+            "the user's directory stays"
+        );
+        fill(false);
+        remove_copy(&dest, true);
+        assert!(!dest.exists(), "a directory the backup made goes");
+    }
 }

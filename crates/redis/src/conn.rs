@@ -14,7 +14,7 @@ use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, ServerErrorKind, 
 use tally_core::store::StoreError;
 
 /// Where the store's Redis is, parsed from `--backend`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub enum Target {
     /// `redis://host:port/db`
     Single(String),
@@ -67,25 +67,46 @@ impl Target {
     }
 }
 
+/// Shown as [`Target::describe`] says, without a password.
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.describe())
+    }
+}
+
 /// `url` (a backend URL, or one node of it) with every password in it replaced by `***`,
 /// user names kept: `redis://app:***@host:6379/0`. Messages, error answers and logs name
 /// the backend this way (found by a black-box review: the password was in every `503`).
+/// As the `redis` crate reads a URL: a node's authority ends at the first `/`, `?` or `#`,
+/// and its user information at the last `@` in it; a query (`?pass=…` of a unix socket URL)
+/// is hidden whole. Only `redis+cluster://` lists several nodes, split at `,`.
 pub fn redact(url: &str) -> String {
     let (scheme, rest) = match url.find("://") {
         Some(i) => url.split_at(i + 3),
         None => ("", url),
     };
-    let nodes: Vec<String> = rest
-        .split(',')
-        .map(|node| match node.rfind('@') {
-            Some(at) if node[..at].contains(':') => {
-                let user = node[..at].split(':').next().unwrap_or_default();
-                format!("{user}:***{}", &node[at..])
+    let one = |node: &str| {
+        let end = node.find(['/', '?', '#']).unwrap_or(node.len());
+        let (authority, tail) = node.split_at(end);
+        let authority = match authority.rfind('@') {
+            Some(at) if authority[..at].contains(':') => {
+                let user = authority[..at].split(':').next().unwrap_or_default();
+                format!("{user}:***{}", &authority[at..])
             }
-            _ => node.to_owned(),
-        })
-        .collect();
-    format!("{scheme}{}", nodes.join(","))
+            _ => authority.to_owned(),
+        };
+        let tail = match tail.find('?') {
+            Some(q) => format!("{}?***", &tail[..q]),
+            None => tail.to_owned(),
+        };
+        format!("{authority}{tail}")
+    };
+    let shown = if scheme == "redis+cluster://" {
+        rest.split(',').map(one).collect::<Vec<_>>().join(",")
+    } else {
+        one(rest)
+    };
+    format!("{scheme}{shown}")
 }
 
 #[cfg(test)]
@@ -103,6 +124,8 @@ mod tests {
             ("redis://:pw@h:1", "redis at :***@h:1"),
             ("redis://user@h:1", "redis at user@h:1"),
             ("redis://u:p@ss@h:1/2", "redis at u:***@h:1/2"),
+            ("redis://u:p,w@h:1", "redis at u:***@h:1"),
+            ("redis://u:p%2Cw@h:1/0?x=1", "redis at u:***@h:1/0?***"),
             (
                 "redis+cluster://a:x@h1:1,h2:2,b:y@h3:3",
                 "redis cluster at a:***@h1:1,h2:2,b:***@h3:3",
@@ -121,6 +144,11 @@ mod tests {
         assert_eq!(
             redact("redis+cluster://u:pw@a:1"),
             "redis+cluster://u:***@a:1"
+        );
+        assert_eq!(redact("rediss://u:s,e@cret@h:1"), "rediss://u:***@h:1");
+        assert_eq!(
+            redact("unix:///run/redis.sock?db=0&pass=secret"),
+            "unix:///run/redis.sock?***"
         );
     }
 }
@@ -352,7 +380,12 @@ pub fn store_error(target: &str, e: RedisError) -> StoreError {
     // Past `maxmemory` (the policy is `noeviction`, checked at connect) Redis refuses
     // writes, inside a script too (then the error is the script's): unavailable until
     // memory is freed, not a bug.
-    if e.code() == Some("OOM") || e.to_string().contains("OOM command not allowed") {
+    // (A pipeline's error names its failed command's code only in its text.)
+    let text = e.to_string();
+    if e.code() == Some("OOM")
+        || text.contains("OOM command not allowed")
+        || text.contains("\"OOM\": ")
+    {
         return StoreError::unavailable(format!(
             "{target} is out of memory (maxmemory) and refuses writes: free memory or \
              raise maxmemory, then retry"
@@ -362,8 +395,7 @@ pub fn store_error(target: &str, e: RedisError) -> StoreError {
     // A script running past Redis' `busy-reply-threshold` (5 s by default: another
     // client's, or another tally server's very large batch) makes Redis refuse every other
     // command until it ends: nothing was run, so it is unavailable for a moment, not a bug.
-    // (A pipeline's error names its failed command's only in its text.)
-    if e.code() == Some("BUSY") || e.to_string().contains("\"BUSY\": ") {
+    if e.code() == Some("BUSY") || text.contains("\"BUSY\": ") {
         return StoreError::unavailable(format!(
             "{target} is busy running a script and refuses other commands until it ends; \
              retry"
@@ -375,7 +407,7 @@ pub fn store_error(target: &str, e: RedisError) -> StoreError {
     ) || matches!(
         e.kind(),
         ErrorKind::Server(ServerErrorKind::ResponseError | ServerErrorKind::ExecAbort)
-    ) && !e.to_string().contains("OOM");
+    ) && !text.contains("OOM");
     if unexpected && !transient(&e) {
         return StoreError::internal(format!("{target} answered unexpectedly: {e}"));
     }

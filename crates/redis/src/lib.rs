@@ -86,11 +86,19 @@ pub struct RedisStore {
     vetted: Mutex<Vetted>,
 }
 
-/// When [`RedisStore::vet`] last checked Redis, and the refusal it found, if any.
+/// When [`RedisStore::vet`] last checked Redis, and the refusals it found, if any: each
+/// check's own, kept until that check answers again.
 struct Vetted {
     at: Instant,
     every: Duration,
-    refusal: Option<StoreError>,
+    eviction: Option<StoreError>,
+    layout: Option<StoreError>,
+}
+
+impl Vetted {
+    fn refusal(&self) -> Option<StoreError> {
+        self.eviction.clone().or_else(|| self.layout.clone())
+    }
 }
 
 /// How often writes and `/healthz` check again what `connect` checked: a Redis restarted or
@@ -247,7 +255,8 @@ impl RedisStore {
             vetted: Mutex::new(Vetted {
                 at: Instant::now(),
                 every: VET_EVERY,
-                refusal: None,
+                eviction: None,
+                layout: None,
             }),
         };
         store.index_page = index_page_size(store.block_on(store.listpack_entries()));
@@ -297,35 +306,38 @@ impl RedisStore {
     pub(crate) async fn vet(&self) -> Result<(), StoreError> {
         {
             let mut v = self.vetted.lock().unwrap_or_else(PoisonError::into_inner);
-            let due = match v.refusal {
+            let due = match v.refusal() {
                 Some(_) => v.every.min(VET_RETRY),
                 None => v.every,
             };
             if v.at.elapsed() < due {
-                return v.refusal.clone().map_or(Ok(()), Err);
+                return v.refusal().map_or(Ok(()), Err);
             }
             // This caller checks; the others meanwhile take the last answer.
             v.at = Instant::now();
         }
-        // Within `VET_TIMEOUT`: a check Redis does not answer (slow, or gone) says nothing,
-        // either way: the last answer stands (the caller's own call finds out the rest), and
-        // a write waits that much at most.
-        let check = async {
+        // Each check within `VET_TIMEOUT`, and each answer alone: a check Redis does not
+        // answer (slow, gone, or full: a full Redis still answers reads) leaves its last
+        // answer as it was, and a write waits that much at most.
+        let eviction = async {
             let texts = self.memory_info().await.ok()?;
-            match self.eviction_refusal(&texts) {
-                Some(r) => Some(Some(r)),
-                None => self.layout_refusal().await,
-            }
+            Some(self.eviction_refusal(&texts))
         };
-        let answer = tokio::time::timeout(VET_TIMEOUT, check)
-            .await
-            .ok()
-            .flatten();
+        let (eviction, layout) = futures_util::future::join(
+            tokio::time::timeout(VET_TIMEOUT, eviction),
+            tokio::time::timeout(VET_TIMEOUT, self.layout_refusal()),
+        )
+        .await;
         let mut v = self.vetted.lock().unwrap_or_else(PoisonError::into_inner);
-        let Some(refusal) = answer else {
-            return v.refusal.clone().map_or(Ok(()), Err);
-        };
-        match (&v.refusal, &refusal) {
+        let before = v.refusal();
+        if let Ok(Some(answer)) = eviction {
+            v.eviction = answer;
+        }
+        if let Ok(Some(answer)) = layout {
+            v.layout = answer;
+        }
+        let after = v.refusal();
+        match (&before, &after) {
             (None, Some(r)) => {
                 tracing::error!(error = %r.detail(), "Redis changed under this server: refusing writes")
             }
@@ -334,8 +346,7 @@ impl RedisStore {
             }
             _ => {}
         }
-        v.refusal = refusal.clone();
-        refusal.map_or(Ok(()), Err)
+        after.map_or(Ok(()), Err)
     }
 
     /// What [`RedisStore::check_layout`] would refuse, read now: another layout version
@@ -592,9 +603,17 @@ impl RedisStore {
     }
 
     /// The layout version Redis holds, this build's marked first if it holds none (an empty
-    /// or emptied Redis).
+    /// or emptied Redis). Read first, written only when absent: a full Redis refuses even a
+    /// `SET NX` of a key it holds, and reads go on.
     async fn marked_layout(&self) -> Result<Option<String>, StoreError> {
         self.retry(|mut c| async move {
+            let held: Option<String> = redis::cmd("GET")
+                .arg(LAYOUT_KEY)
+                .query_async(&mut c)
+                .await?;
+            if held.is_some() {
+                return Ok(held);
+            }
             redis::cmd("SET")
                 .arg(LAYOUT_KEY)
                 .arg(LAYOUT_VERSION)
@@ -705,16 +724,20 @@ impl RedisStore {
     /// epoch (`scripts.rs`), so every write would fail as an internal error (found by a
     /// black-box review with an ACL user given `-info`).
     async fn check_info(&self) -> Result<(), StoreError> {
-        let info: Result<redis::Value, StoreError> = self
-            .retry(
-                |mut c| async move { redis::cmd("INFO").arg("server").query_async(&mut c).await },
-            )
-            .await;
+        use redis::{ErrorKind, ServerErrorKind};
+        let mut c = self.conn();
+        let info: Result<redis::Value, RedisError> =
+            redis::cmd("INFO").arg("server").query_async(&mut c).await;
         match info {
-            Err(e) if e.detail().to_ascii_lowercase().contains("noperm") => {
+            // Refused by the user's ACL, or renamed away (`rename-command INFO ""`).
+            Err(e)
+                if matches!(e.kind(), ErrorKind::Server(ServerErrorKind::NoPerm))
+                    || (matches!(e.kind(), ErrorKind::Server(ServerErrorKind::ResponseError))
+                        && e.to_string().contains("unknown command")) =>
+            {
                 Err(StoreError::unavailable(format!(
                     "{}: this Redis user may not run INFO, which tally's write script runs; \
-                 grant it (ACL SETUSER <user> +info)",
+                     grant it (ACL SETUSER <user> +info, and no rename-command of INFO)",
                     self.label
                 )))
             }

@@ -29,6 +29,7 @@ pub struct CompactArgs {
     #[arg(
         long,
         env = "TALLY_TOKEN",
+        hide_env_values = true,
         requires = "server",
         value_parser = crate::http::token
     )]

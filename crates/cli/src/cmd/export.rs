@@ -56,6 +56,7 @@ pub struct ExportArgs {
     #[arg(
         long,
         env = "TALLY_TOKEN",
+        hide_env_values = true,
         requires = "server",
         value_parser = crate::http::token
     )]

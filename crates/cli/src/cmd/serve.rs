@@ -30,7 +30,7 @@ pub struct ServeArgs {
     config: Option<PathBuf>,
     /// Backend: empty for the embedded engine, else redis://host:port/db or
     /// redis+cluster://host:port,host:port,… (then --data is not used).
-    #[arg(long, env = "TALLY_BACKEND")]
+    #[arg(long, env = "TALLY_BACKEND", hide_env_values = true)]
     backend: Option<String>,
     /// TLS certificate chain (PEM); needs --tls-key.
     #[arg(long, env = "TALLY_TLS_CERT", requires = "tls_key")]
@@ -76,8 +76,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             Some(b.to_owned())
         }
         Some(b) => bail!(
-            "backend {b:?} is not one this build knows: give none for the embedded engine, \
-             redis://host:port/db or redis+cluster://host:port,host:port,…"
+            "backend {:?} is not one this build knows: give none for the embedded engine, \
+             redis://host:port/db or redis+cluster://host:port,host:port,…",
+            tally_redis::redact(b)
         ),
     };
     let tls = match (&args.tls_cert, &args.tls_key) {
@@ -205,6 +206,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             );
             tokio::spawn(async move {
                 let mut tick = tokio::time::interval(Duration::from_secs(60));
+                // After a long housekeeping, the next tick a minute on, not the missed ones
+                // at once (the scrub runs at most once a minute).
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 loop {
                     // The tick as scheduled: paced from it, a scrub is due again on time.
                     let at = tick.tick().await.into_std();

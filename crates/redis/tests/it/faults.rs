@@ -423,6 +423,29 @@ fn a_redis_changed_under_a_running_store_is_refused_until_fit_again() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert_eq!(total(&store, "m", "k", 3600), applied.get());
+
+    // An evicting Redis made fit while it is full: the refusal of its policy goes (a full
+    // Redis still answers the checks' reads), and what is left is the full Redis' own 503.
+    // (Last: an evicting Redis at a maxmemory of 1 byte evicts everything, counts included.)
+    server.cli(&["config", "set", "maxmemory-policy", "allkeys-lru"]);
+    server.cli(&["config", "set", "maxmemory", "1"]);
+    refused_within("maxmemory-policy is allkeys-lru");
+    server.cli(&["config", "set", "maxmemory-policy", "noeviction"]);
+    let start = Instant::now();
+    loop {
+        let e = apply().unwrap_err();
+        if e.detail().contains("out of memory") {
+            break;
+        }
+        assert!(e.detail().contains("maxmemory-policy"), "{}", e.detail());
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the refusal stayed"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    server.cli(&["config", "set", "maxmemory", "0"]);
+    resumed_within();
 }
 
 /// A Redis user that may not run `INFO` (which the write script runs) is refused at

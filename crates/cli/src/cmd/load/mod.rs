@@ -65,6 +65,7 @@ pub struct LoadArgs {
     #[arg(
         long,
         env = "TALLY_TOKEN",
+        hide_env_values = true,
         requires = "server",
         value_parser = crate::http::token
     )]
