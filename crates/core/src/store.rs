@@ -389,6 +389,13 @@ pub trait Store: Send + Sync {
         Ok(())
     }
 
+    /// The refusal a write would get now for the state of the backend itself (a log that
+    /// failed; a Redis that may evict keys), cheaply: what a dry run answers beside its
+    /// checks of the batch, since it applies nothing.
+    fn writable(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     /// Backend figures for `/metrics`, as Prometheus gauges or counters.
     fn gauges(&self) -> Vec<Gauge> {
         Vec::new()

@@ -570,6 +570,10 @@ impl Store for Engine {
         self.core.top(scan, limit, self.clock.now())
     }
 
+    fn writable(&self) -> Result<(), StoreError> {
+        self.wal.poisoned().map_or(Ok(()), Err)
+    }
+
     fn health(&self) -> Result<(), StoreError> {
         if let Some(e) = self.wal.poisoned() {
             return Err(e);

@@ -872,6 +872,10 @@ impl Store for RedisStore {
     /// [`HEALTH_TIMEOUT`]: a Redis that does not answer (stopped, or paused) is unhealthy
     /// then, not after every call's retries have timed out (30 s, found by a black-box
     /// review: longer than load balancers wait).
+    fn writable(&self) -> Result<(), StoreError> {
+        self.block_on(self.vet())
+    }
+
     fn health(&self) -> Result<(), StoreError> {
         self.block_on(async {
             let check = async {

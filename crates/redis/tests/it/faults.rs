@@ -374,6 +374,9 @@ fn a_redis_changed_under_a_running_store_is_refused_until_fit_again() {
                 (Err(w), Err(h)) => {
                     assert!(w.detail().contains(what), "{}", w.detail());
                     assert!(h.detail().contains(what), "{}", h.detail());
+                    // A dry run is told too (`Store::writable`).
+                    let d = store.writable().unwrap_err();
+                    assert!(d.detail().contains(what), "{}", d.detail());
                     return w;
                 }
                 _ => {

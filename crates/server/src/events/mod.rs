@@ -143,6 +143,9 @@ pub async fn post_events(
         app.blocking(move |app| {
             let s = app.settings();
             ingest::prepare_owned(&**app.store(), raws, app.now(), &s.limits, &s.defaults)?;
+            // What the backend itself would answer the write (a failed log, a Redis that
+            // may evict keys), as the real request would get it.
+            app.store().writable()?;
             Ok(())
         })
         .await?;

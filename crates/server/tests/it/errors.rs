@@ -602,6 +602,12 @@ fn a_failed_disk_gives_503_and_unhealthy() {
         "backend_unavailable",
     );
     err(s.get("/healthz"), 503, "backend_unavailable");
+    // A dry run answers what the write would get.
+    err(
+        s.post("/v1/events?dry_run=true", &e),
+        503,
+        "backend_unavailable",
+    );
     // Each such 503 says when to try again, as admission's own do.
     let answer = raw_http(
         s.addr,

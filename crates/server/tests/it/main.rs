@@ -232,6 +232,9 @@ impl Store for Gated {
         self.health_inside.fetch_sub(1, SeqCst);
         self.inner.health()
     }
+    fn writable(&self) -> Result<(), StoreError> {
+        self.inner.writable()
+    }
     fn gauges(&self) -> Vec<Gauge> {
         self.inner.gauges()
     }
