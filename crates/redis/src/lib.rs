@@ -401,7 +401,7 @@ impl RedisStore {
     /// A call timed out: opens both connections anew in the background and puts them in place
     /// of the old ones (calls in flight finish on those), unless that was done less than
     /// [`RENEW_EVERY`] ago.
-    fn suspect(&self) {
+    fn suspect(&self, why: &'static str) {
         {
             let mut renewed = self
                 .conns
@@ -426,15 +426,15 @@ impl RedisStore {
                     *conns.main.write().unwrap_or_else(PoisonError::into_inner) = main;
                     *conns.side.write().unwrap_or_else(PoisonError::into_inner) = side;
                     conns.renewals.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(redis = %label, "a call timed out: connected anew");
+                    tracing::warn!(redis = %label, why, "connected anew");
                 }
                 Ok(Err(e)) => tracing::warn!(
                     redis = %label, error = %e,
-                    "a call timed out and connecting anew failed; the next time out tries again"
+                    why, "connecting anew failed; the next time out tries again"
                 ),
                 Err(_) => tracing::warn!(
                     redis = %label,
-                    "a call timed out and connecting anew timed out too; the next time out tries again"
+                    why, "connecting anew timed out too; the next time out tries again"
                 ),
             }
         });
@@ -467,7 +467,7 @@ impl RedisStore {
             if let Err(e) = &result
                 && e.is_timeout()
             {
-                self.suspect();
+                self.suspect("a call timed out");
             }
             match result {
                 Ok(v) => return Ok(v),
@@ -888,7 +888,7 @@ impl Store for RedisStore {
                 .unwrap_or_else(|_| {
                     // As a call that timed out would: a stuck client is replaced, even when
                     // nothing but health checks reach this server.
-                    self.suspect();
+                    self.suspect("a health check timed out");
                     Err(StoreError::unavailable(format!(
                         "{}: no answer within {} s",
                         self.label,
