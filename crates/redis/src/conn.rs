@@ -57,11 +57,16 @@ impl Target {
                 format!("redis at {}", redact(url.trim_start_matches("redis://")))
             }
             Target::Cluster(nodes) => {
-                let nodes: Vec<String> = nodes
+                // Redacted as one list: a password's unescaped `,` split it into nodes.
+                let nodes: Vec<&str> = nodes
                     .iter()
-                    .map(|n| redact(n.trim_start_matches("redis://")))
+                    .map(|n| n.trim_start_matches("redis://"))
                     .collect();
-                format!("redis cluster at {}", nodes.join(","))
+                let shown = redact(&format!("redis+cluster://{}", nodes.join(",")));
+                format!(
+                    "redis cluster at {}",
+                    shown.trim_start_matches("redis+cluster://")
+                )
             }
         }
     }
@@ -77,31 +82,50 @@ impl std::fmt::Debug for Target {
 /// `url` (a backend URL, or one node of it) with every password in it replaced by `***`,
 /// user names kept: `redis://app:***@host:6379/0`. Messages, error answers and logs name
 /// the backend this way (found by a black-box review: the password was in every `503`).
-/// As the `redis` crate reads a URL: a node's authority ends at the first `/`, `?` or `#`,
-/// and its user information at the last `@` in it; a query (`?pass=…` of a unix socket URL)
-/// is hidden whole. Only `redis+cluster://` lists several nodes, split at `,`.
+/// Malformed URLs too: a password with an unescaped `/`, `#`, `?` or `,` must not show,
+/// so a node's user information runs to its *last* `@` whatever comes before it; a query
+/// (`?pass=…` of a unix socket URL) is hidden whole; a node with a `?` before its last `@`
+/// (a `?` in the password, or an `@` in the query) is hidden whole. Only `redis+cluster://`
+/// lists several nodes, split at `,` (where a `,` in a password is `%2C`).
 pub fn redact(url: &str) -> String {
     let (scheme, rest) = match url.find("://") {
         Some(i) => url.split_at(i + 3),
         None => ("", url),
     };
     let one = |node: &str| {
-        let end = node.find(['/', '?', '#']).unwrap_or(node.len());
-        let (authority, tail) = node.split_at(end);
-        let authority = match authority.rfind('@') {
-            Some(at) if authority[..at].contains(':') => {
-                let user = authority[..at].split(':').next().unwrap_or_default();
-                format!("{user}:***{}", &authority[at..])
+        let hide_query = |s: &str| match s.find('?') {
+            Some(q) => format!("{}?***", &s[..q]),
+            None => s.to_owned(),
+        };
+        match (node.find('?'), node.rfind('@')) {
+            (Some(q), Some(at)) if q < at => "***".to_owned(),
+            (_, Some(at)) if node[..at].contains(':') => {
+                let user = node[..at].split(':').next().unwrap_or_default();
+                format!("{user}:***@{}", hide_query(&node[at + 1..]))
             }
-            _ => authority.to_owned(),
-        };
-        let tail = match tail.find('?') {
-            Some(q) => format!("{}?***", &tail[..q]),
-            None => tail.to_owned(),
-        };
-        format!("{authority}{tail}")
+            _ => hide_query(node),
+        }
     };
-    let shown = if scheme == "redis+cluster://" {
+    let shown = if scheme == "redis+cluster://" && rest.contains('@') {
+        // A piece without `@` may be a node given without credentials (`host:port`) or
+        // the part of an unescaped password before its `,` (`user:pa`): shown only when
+        // it reads as a host and a numeric port.
+        let host_port = |p: &str| {
+            p.rsplit_once(':').is_some_and(|(h, port)| {
+                !h.is_empty() && !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit())
+            })
+        };
+        rest.split(',')
+            .map(|p| match p.rfind('@') {
+                Some(at) if p[..at].contains(':') => one(p),
+                // (`pw@host`: maybe the tail of a password cut at its `,`.)
+                Some(at) => format!("***@{}", one(&p[at + 1..])),
+                None if host_port(p) => p.to_owned(),
+                None => "***".to_owned(),
+            })
+            .collect::<Vec<_>>()
+            .join(",")
+    } else if scheme == "redis+cluster://" {
         rest.split(',').map(one).collect::<Vec<_>>().join(",")
     } else {
         one(rest)
@@ -133,6 +157,11 @@ mod tests {
         ] {
             assert_eq!(Target::parse(url).unwrap().describe(), shown, "{url}");
         }
+        let t = Target::parse("redis+cluster://comma:pa,ss@127.0.0.1:26391").unwrap();
+        assert!(
+            !t.describe().contains("pa") && !t.describe().contains("ss@"),
+            "{t:?}"
+        );
         let e = Target::parse("rediss://u:secret@h:1").unwrap_err();
         assert!(!e.detail().contains("secret"), "{}", e.detail());
         let e = Target::parse("redis+cluster://").unwrap_err();
@@ -149,6 +178,25 @@ mod tests {
         assert_eq!(
             redact("unix:///run/redis.sock?db=0&pass=secret"),
             "unix:///run/redis.sock?***"
+        );
+        // Malformed: unescaped characters in a password (found by a black-box check).
+        for (url, secret) in [
+            ("redis://user:s3c/ret@127.0.0.1:1/0", "ret"),
+            ("redis://user:s3c#ret@127.0.0.1:1/0", "ret"),
+            ("redis://user:s3c?ret@127.0.0.1:1/0", "s3c"),
+            ("redis://:s3c/ret@h:1", "ret"),
+            ("redis+cluster://comma:pa,ss@127.0.0.1:26391", "pa"),
+            ("redis+cluster://comma:wrong,pw@h:1,h:2", "wrong"),
+            ("redis+cluster://comma:wrong,pw@h:1,h:2", "pw"),
+            ("unix:///x.sock?pass=a@b", "a@b"),
+        ] {
+            let shown = redact(url);
+            assert!(!shown.contains(secret), "{url}: {shown}");
+            assert!(!shown.contains("s3c"), "{url}: {shown}");
+        }
+        assert_eq!(
+            redact("redis://user:s3c/ret@127.0.0.1:1/0"),
+            "redis://user:***@127.0.0.1:1/0"
         );
     }
 }

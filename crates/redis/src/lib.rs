@@ -260,8 +260,10 @@ impl RedisStore {
             }),
         };
         store.index_page = index_page_size(store.block_on(store.listpack_entries()));
-        store.block_on(store.check_eviction())?;
+        // (INFO first: a user that may not run it would otherwise be warned about first
+        // that its eviction policy cannot be read.)
         store.block_on(store.check_info())?;
+        store.block_on(store.check_eviction())?;
         store.block_on(store.check_layout())?;
         if let Err(e) = store.block_on(store.resume_extends()) {
             tracing::warn!(
