@@ -33,6 +33,16 @@ pub fn open_with(dir: &Path, clock: &Arc<ManualClock>, flush: FlushPolicy) -> En
     Engine::open(c).unwrap()
 }
 
+/// `e` is unhealthy, and says which file is damaged.
+fn unhealthy_naming(e: &Engine, path: &Path) {
+    let health = e.health().unwrap_err();
+    assert!(
+        health.detail().contains(&path.display().to_string()),
+        "{}",
+        health.detail()
+    );
+}
+
 fn open(dir: &Path, clock: &Arc<ManualClock>) -> Engine {
     open_with(dir, clock, FlushPolicy::default())
 }
@@ -883,12 +893,7 @@ fn a_damaged_block_fails_the_reads_that_touch_it_and_is_named_by_check() {
         ..read
     };
     assert!(e.read(&[elsewhere]).is_ok());
-    let health = e.health().unwrap_err();
-    assert!(
-        health.detail().contains(&path.display().to_string()),
-        "{}",
-        health.detail()
-    );
+    unhealthy_naming(&e, &path);
 }
 
 /// Damage no query has met shows in health once the minutely scrub reaches its segment
@@ -917,12 +922,7 @@ fn the_scrub_finds_damage_no_query_has_met() {
         .find_map(|_| e.scrub_next().err())
         .expect("the scrub reached the damaged segment");
     assert_eq!(found.code(), tally_core::ErrorCode::CorruptData, "{found}");
-    let health = e.health().unwrap_err();
-    assert!(
-        health.detail().contains(&path.display().to_string()),
-        "{}",
-        health.detail()
-    );
+    unhealthy_naming(&e, &path);
     // An empty archive has nothing to verify.
     let empty = tempfile::tempdir().unwrap();
     assert_eq!(open(empty.path(), &clock).scrub_next().unwrap(), None);
@@ -993,12 +993,7 @@ fn a_segment_cut_short_while_open_fails_its_reads_as_damage() {
     let key = tally_core::model::Key::new("lnk_1").unwrap();
     let err = e.read(&[three_days_of_lnk_1(&ns, &key)]).unwrap_err();
     assert_eq!(err.code(), tally_core::ErrorCode::CorruptData, "{err}");
-    let health = e.health().unwrap_err();
-    assert!(
-        health.detail().contains(&path.display().to_string()),
-        "{}",
-        health.detail()
-    );
+    unhealthy_naming(&e, &path);
 }
 
 #[test]

@@ -44,6 +44,13 @@ fn says(err: &OpenError) -> String {
     text
 }
 
+/// A log of `batches` batches of today (in memory, nothing flushed), the engine closed.
+fn unflushed_log(dir: &Path, clock: &Arc<ManualClock>, batches: usize) {
+    let e = Engine::open(config(dir, clock, false)).unwrap();
+    fill(&e, 0..batches, NOW - 60);
+    drop(e);
+}
+
 /// A log of 30 batches in several files, with the first 10 (two days back) archived.
 fn flushed_log(dir: &Path, clock: &Arc<ManualClock>) -> u64 {
     let e = Engine::open(config(dir, clock, false)).unwrap();
@@ -352,10 +359,8 @@ fn accept_data_loss_starts_without_a_middle_file() {
 fn accept_data_loss_recreates_a_namespace_whose_creation_is_lost() {
     let dir = tempfile::tempdir().unwrap();
     let clock = clock(NOW);
-    let e = Engine::open(config(dir.path(), &clock, false)).unwrap();
     // Record 1 creates the namespace; nothing is flushed.
-    fill(&e, 0..30, NOW - 60);
-    drop(e);
+    unflushed_log(dir.path(), &clock, 30);
     let log = files(dir.path());
     std::fs::remove_file(&log[0].1).unwrap();
     let err = Engine::open(config(dir.path(), &clock, false)).unwrap_err();
@@ -577,10 +582,8 @@ fn a_lost_newest_file_after_a_publish_is_refused() {
 fn a_lost_newest_file_with_older_ones_left_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let clock = clock(NOW);
-    let e = Engine::open(config(dir.path(), &clock, false)).unwrap();
     // Today's records stay in memory; 200-byte files rotate every few records.
-    fill(&e, 0..20, NOW - 60);
-    drop(e);
+    unflushed_log(dir.path(), &clock, 20);
     let log = files(dir.path());
     assert!(log.len() >= 3, "{log:?}");
     let (head, path) = log.last().unwrap().clone();
@@ -602,9 +605,7 @@ fn a_lost_newest_file_with_older_ones_left_is_refused() {
     assert_eq!(damage(dir.path()).len(), 1);
     // A log left whole opens as before.
     let whole = tempfile::tempdir().unwrap();
-    let e = Engine::open(config(whole.path(), &clock, false)).unwrap();
-    fill(&e, 0..20, NOW - 60);
-    drop(e);
+    unflushed_log(whole.path(), &clock, 20);
     let e = Engine::open(config(whole.path(), &clock, false)).unwrap();
     assert_eq!(total(&e, "clicks", "k19", 3600), 1);
 }
@@ -615,9 +616,7 @@ fn a_lost_newest_file_with_older_ones_left_is_refused() {
 fn a_damaged_head_is_refused_and_a_missing_one_is_written() {
     let dir = tempfile::tempdir().unwrap();
     let clock = clock(NOW);
-    let e = Engine::open(config(dir.path(), &clock, false)).unwrap();
-    fill(&e, 0..3, NOW - 60);
-    drop(e);
+    unflushed_log(dir.path(), &clock, 3);
     let head = dir.path().join("wal").join(tally_engine::wal::HEAD);
     let mut bytes = std::fs::read(&head).unwrap();
     bytes[5] ^= 1;

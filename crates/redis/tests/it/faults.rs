@@ -25,6 +25,15 @@ fn one_event(store: &RedisStore) -> tally_core::store::Batch {
     )
 }
 
+/// Waits until `done` holds, asking every 50 ms; fails the test, naming `what`, past `limit`.
+fn eventually(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 fn unavailable(e: &StoreError, port: u16) {
     assert!(
         matches!(e, StoreError::Unavailable { .. }),
@@ -93,11 +102,9 @@ fn redis_restart_gives_clear_errors_then_recovers_with_whole_batches_only() {
     std::thread::sleep(Duration::from_millis(500));
     server.restart();
     // The store reconnects by itself.
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while store.health().is_err() {
-        assert!(Instant::now() < deadline, "no reconnection within 15 s");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    eventually(Duration::from_secs(15), "reconnected", || {
+        store.health().is_ok()
+    });
     std::thread::sleep(Duration::from_millis(300));
     stop.store(true, Ordering::SeqCst);
     let (batches, errors) = writer.join().unwrap();
@@ -387,11 +394,7 @@ fn a_redis_changed_under_a_running_store_is_refused_until_fit_again() {
         }
     };
     let resumed_within = || {
-        let start = Instant::now();
-        while apply().is_err() {
-            assert!(start.elapsed() < Duration::from_secs(5), "never resumed");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        eventually(Duration::from_secs(5), "resumed", || apply().is_ok());
         store.health().unwrap();
     };
 
@@ -416,15 +419,10 @@ fn a_redis_changed_under_a_running_store_is_refused_until_fit_again() {
     resumed_within();
     // An emptied Redis is marked again, and writes go on.
     server.cli(&["del", layout::LAYOUT_KEY]);
-    let start = Instant::now();
-    while server.cli(&["get", layout::LAYOUT_KEY]).trim() != current {
-        assert!(
-            start.elapsed() < Duration::from_secs(5),
-            "never marked again"
-        );
+    eventually(Duration::from_secs(5), "marked again", || {
         apply().unwrap();
-        std::thread::sleep(Duration::from_millis(50));
-    }
+        server.cli(&["get", layout::LAYOUT_KEY]).trim() == current
+    });
     assert_eq!(total(&store, "m", "k", 3600), applied.get());
 
     // An evicting Redis made fit while it is full: the refusal of its policy goes (a full
@@ -434,19 +432,16 @@ fn a_redis_changed_under_a_running_store_is_refused_until_fit_again() {
     server.cli(&["config", "set", "maxmemory", "1"]);
     refused_within("maxmemory-policy is allkeys-lru");
     server.cli(&["config", "set", "maxmemory-policy", "noeviction"]);
-    let start = Instant::now();
-    loop {
+    eventually(Duration::from_secs(5), "the policy's refusal gone", || {
         let e = apply().unwrap_err();
-        if e.detail().contains("out of memory") {
-            break;
-        }
-        assert!(e.detail().contains("maxmemory-policy"), "{}", e.detail());
+        let full = e.detail().contains("out of memory");
         assert!(
-            start.elapsed() < Duration::from_secs(5),
-            "the refusal stayed"
+            full || e.detail().contains("maxmemory-policy"),
+            "{}",
+            e.detail()
         );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+        full
+    });
     server.cli(&["config", "set", "maxmemory", "0"]);
     resumed_within();
 }
@@ -493,23 +488,14 @@ fn a_paused_redis_is_unhealthy_within_seconds() {
         e.detail()
     );
     assert!(took < Duration::from_secs(8), "{took:?}");
-    let start = Instant::now();
-    while store.health().is_err() {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "never healthy again"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    eventually(Duration::from_secs(30), "healthy again", || {
+        store.health().is_ok()
+    });
     // The health check that timed out opened the connections anew, as a call would: a
     // stuck client is replaced even when only health checks reach the server.
-    while store.renewals() == 0 {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "never connected anew"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    eventually(Duration::from_secs(30), "connected anew", || {
+        store.renewals() > 0
+    });
 }
 
 /// A Redis busy running a long script refuses every other command (`BUSY`) until it ends:
@@ -594,14 +580,9 @@ fn a_timed_out_call_opens_the_connections_anew() {
     std::thread::sleep(Duration::from_secs(11));
     server.resume();
     assert!(read.join().unwrap().is_ok());
-    let start = Instant::now();
-    while store.renewals() == 0 {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "never connected anew"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    eventually(Duration::from_secs(20), "connected anew", || {
+        store.renewals() > 0
+    });
     store.apply(&one).unwrap();
     assert_eq!(total(&*store, "m", "k", 3600), 2);
 }
