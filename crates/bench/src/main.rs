@@ -12,6 +12,7 @@
 
 mod archive;
 mod export;
+mod floor;
 mod http;
 mod idempotency;
 mod ratelimit;
@@ -376,6 +377,7 @@ fn main() {
     match args.first().map(String::as_str) {
         Some("engine") | None => engine_bench(),
         Some("replay") => replay_bench(rest),
+        Some("floor") => floor::bench(rest),
         Some("compare") => compare_bench(),
         Some("http") => http::bench(),
         Some("export") => export::bench(rest),
@@ -391,7 +393,7 @@ fn main() {
         Some("soak-disk-full") => soak::disk_full(rest),
         Some(other) => {
             eprintln!(
-                "unknown benchmark {other:?}; known: engine, replay, compare, http, idempotency, export, load, ratelimit, statsd, redis-backend, archive, archive-year, archive-queries, soak, soak-disk-full"
+                "unknown benchmark {other:?}; known: engine, replay, floor, compare, http, idempotency, export, load, ratelimit, statsd, redis-backend, archive, archive-year, archive-queries, soak, soak-disk-full"
             );
             std::process::exit(2);
         }

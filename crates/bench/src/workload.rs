@@ -77,6 +77,15 @@ impl Default for Shape {
     }
 }
 
+/// One clickstream event as the ranks its names are made of.
+#[derive(Debug, Clone, Copy)]
+pub struct Draw {
+    pub key: usize,
+    pub ts: i64,
+    pub country: usize,
+    pub referrer: usize,
+}
+
 /// Draws clickstream events one at a time, so a long stream (days of traffic) need not be
 /// held in memory. The same seed gives the same events.
 #[derive(Debug, Clone)]
@@ -99,19 +108,33 @@ impl Generator {
         }
     }
 
-    /// One event in namespace `clicks`; `ts` draws its timestamp from the same generator
-    /// (between the key and the dimensions, the order `raw_batches` always used).
-    pub fn event(&mut self, ts: impl FnOnce(&mut Rng) -> i64) -> RawEvent {
-        let key = format!("lnk_{}", self.keys.sample(&mut self.rng));
+    /// One event as ranks: `ts` draws its timestamp from the same generator (between the
+    /// key and the dimensions, the order `raw_batches` always used).
+    pub fn draw(&mut self, ts: impl FnOnce(&mut Rng) -> i64) -> Draw {
+        let key = self.keys.sample(&mut self.rng);
         let ts = ts(&mut self.rng);
-        let country = format!("C{}", self.countries.sample(&mut self.rng));
-        let referrer = format!("r{}.example", self.referrers.sample(&mut self.rng));
+        let country = self.countries.sample(&mut self.rng);
+        let referrer = self.referrers.sample(&mut self.rng);
+        Draw {
+            key,
+            ts,
+            country,
+            referrer,
+        }
+    }
+
+    /// One event in namespace `clicks`: [`Generator::draw`] with its names spelt out.
+    pub fn event(&mut self, ts: impl FnOnce(&mut Rng) -> i64) -> RawEvent {
+        let d = self.draw(ts);
         RawEvent {
             ns: "clicks".into(),
-            key,
-            ts: Some(ts),
+            key: format!("lnk_{}", d.key),
+            ts: Some(d.ts),
             n: Some(1),
-            dims: vec![("country".into(), country), ("referrer".into(), referrer)],
+            dims: vec![
+                ("country".into(), format!("C{}", d.country)),
+                ("referrer".into(), format!("r{}.example", d.referrer)),
+            ],
         }
     }
 
