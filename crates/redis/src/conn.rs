@@ -449,6 +449,15 @@ pub fn store_error(target: &str, e: RedisError) -> StoreError {
              retry"
         ));
     }
+    // A command or key the user's ACL refuses (changed under a running store: connect
+    // checks `INFO`), directly or inside a script, where Redis does not name the command:
+    // the operator's to grant, not a bug.
+    if e.code() == Some("NOPERM") || text.contains("The user executing the script can't") {
+        return StoreError::unavailable(format!(
+            "{target} refuses this Redis user a command or key that tally needs (ACL: \
+             {e}); grant every command on tally's keys (INFO included), then retry"
+        ));
+    }
     let unexpected = matches!(
         e.kind(),
         ErrorKind::UnexpectedReturnType | ErrorKind::Parse | ErrorKind::Extension

@@ -93,11 +93,15 @@ struct Vetted {
     every: Duration,
     eviction: Option<StoreError>,
     layout: Option<StoreError>,
+    info: Option<StoreError>,
 }
 
 impl Vetted {
     fn refusal(&self) -> Option<StoreError> {
-        self.eviction.clone().or_else(|| self.layout.clone())
+        self.info
+            .clone()
+            .or_else(|| self.eviction.clone())
+            .or_else(|| self.layout.clone())
     }
 }
 
@@ -256,6 +260,7 @@ impl RedisStore {
                 at: Instant::now(),
                 every: VET_EVERY,
                 eviction: None,
+                info: None,
                 layout: None,
             }),
         };
@@ -300,9 +305,9 @@ impl RedisStore {
         self
     }
 
-    /// Checks again, at most every [`VET_EVERY`], what `connect` checked: that no node may
-    /// evict keys and that Redis holds this build's layout (an emptied Redis gets it marked
-    /// again, as at connect). A refusal found is kept, and answered to every write and
+    /// Checks again, at most every [`VET_EVERY`], what `connect` checked: that the user may
+    /// run `INFO`, that no node may evict keys and that Redis holds this build's layout (an
+    /// emptied Redis gets it marked again, as at connect). A refusal found is kept, and answered to every write and
     /// health check until a check finds it gone. A check Redis does not answer within
     /// [`VET_TIMEOUT`] changes nothing: the last answer stands.
     pub(crate) async fn vet(&self) -> Result<(), StoreError> {
@@ -325,9 +330,10 @@ impl RedisStore {
             let texts = self.memory_info().await.ok()?;
             Some(self.eviction_refusal(&texts))
         };
-        let (eviction, layout) = futures_util::future::join(
+        let (eviction, layout, info) = futures_util::future::join3(
             tokio::time::timeout(VET_TIMEOUT, eviction),
             tokio::time::timeout(VET_TIMEOUT, self.layout_refusal()),
+            tokio::time::timeout(VET_TIMEOUT, self.info_refusal()),
         )
         .await;
         let mut v = self.vetted.lock().unwrap_or_else(PoisonError::into_inner);
@@ -337,6 +343,9 @@ impl RedisStore {
         }
         if let Ok(Some(answer)) = layout {
             v.layout = answer;
+        }
+        if let Ok(Some(answer)) = info {
+            v.info = answer;
         }
         let after = v.refusal();
         match (&before, &after) {
@@ -726,24 +735,35 @@ impl RedisStore {
     /// epoch (`scripts.rs`), so every write would fail as an internal error (found by a
     /// black-box review with an ACL user given `-info`).
     async fn check_info(&self) -> Result<(), StoreError> {
+        match self.info_refusal().await {
+            Some(Some(refused)) => Err(refused),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether the user may run `INFO`, asked now: `Some(None)` if it may, `Some(Some(_))`
+    /// the refusal if not (an ACL changed under a running store is found by
+    /// [`RedisStore::vet`]), `None` when Redis did not say.
+    async fn info_refusal(&self) -> Option<Option<StoreError>> {
         use redis::{ErrorKind, ServerErrorKind};
         let mut c = self.conn();
         let info: Result<redis::Value, RedisError> =
             redis::cmd("INFO").arg("server").query_async(&mut c).await;
         match info {
+            Ok(_) => Some(None),
             // Refused by the user's ACL, or renamed away (`rename-command INFO ""`).
             Err(e)
                 if matches!(e.kind(), ErrorKind::Server(ServerErrorKind::NoPerm))
                     || (matches!(e.kind(), ErrorKind::Server(ServerErrorKind::ResponseError))
                         && e.to_string().contains("unknown command")) =>
             {
-                Err(StoreError::unavailable(format!(
+                Some(Some(StoreError::unavailable(format!(
                     "{}: this Redis user may not run INFO, which tally's write script runs; \
                      grant it (ACL SETUSER <user> +info, and no rename-command of INFO)",
                     self.label
-                )))
+                ))))
             }
-            _ => Ok(()),
+            Err(_) => None,
         }
     }
 

@@ -469,6 +469,65 @@ fn a_user_without_info_is_refused_and_its_password_never_shown() {
     assert!(e.detail().contains("tl:***@"), "{}", e.detail());
 }
 
+/// `INFO` taken from the user under a running store (`ACL SETUSER … -info`): a write that
+/// lists a new key (its script runs `INFO` first, before any write) answers 503 naming the
+/// ACL, not 500; once the store checks the user again, writes and health answer that
+/// `INFO` must be granted, until it is (the black-box review of 2026-11-28 saw 500 on every
+/// such write and `/healthz` at 200).
+#[test]
+fn info_taken_from_the_user_of_a_running_store_is_unavailable_until_given_back() {
+    let server = RedisServer::start();
+    server.cli(&["ACL", "SETUSER", "tl", "on", ">s3cret", "~*", "&*", "+@all"]);
+    let url = format!("redis://tl:s3cret@127.0.0.1:{}/0", server.port());
+    let now = real_now();
+    let event = |store: &RedisStore, key: &str| {
+        batch(
+            store,
+            now,
+            &[raw("m", key, now, 1, &[])],
+            &Defaults::default(),
+        )
+    };
+    // Checked again only every 10 s (the default): the write script meets the refusal.
+    let slow = RedisStore::connect(&url).unwrap();
+    slow.apply(&event(&slow, "k0")).unwrap();
+    server.cli(&["ACL", "SETUSER", "tl", "-info"]);
+    let e = slow.apply(&event(&slow, "k1")).unwrap_err();
+    assert!(
+        matches!(e, StoreError::Unavailable { .. }),
+        "expected Unavailable, got {e:?}"
+    );
+    assert!(e.detail().contains("ACL"), "{}", e.detail());
+    assert!(!e.detail().contains("s3cret"), "{}", e.detail());
+    // Checked every 100 ms: health and writes name the grant.
+    server.cli(&["ACL", "SETUSER", "tl", "+info"]);
+    let store = RedisStore::connect(&url)
+        .unwrap()
+        .with_vet_every(Duration::from_millis(100));
+    store.apply(&event(&store, "k2")).unwrap();
+    server.cli(&["ACL", "SETUSER", "tl", "-info"]);
+    eventually(Duration::from_secs(30), "unhealthy", || {
+        store.health().is_err()
+    });
+    let e = store.health().unwrap_err();
+    assert!(e.detail().contains("may not run INFO"), "{}", e.detail());
+    let e = store.apply(&event(&store, "k3")).unwrap_err();
+    assert!(e.detail().contains("may not run INFO"), "{}", e.detail());
+    server.cli(&["ACL", "SETUSER", "tl", "+info"]);
+    eventually(Duration::from_secs(30), "healthy again", || {
+        store.health().is_ok()
+    });
+    store.apply(&event(&store, "k3")).unwrap();
+    for key in ["k0", "k2", "k3"] {
+        assert_eq!(total(&store, "m", key, 60), 1, "{key}");
+    }
+    assert_eq!(
+        total(&store, "m", "k1", 60),
+        0,
+        "the refused write changed nothing"
+    );
+}
+
 /// A Redis that does not answer is unhealthy within the health check's 5 s, not after every
 /// call's retries (30 s: longer than load balancers wait; found by a black-box review).
 #[test]
