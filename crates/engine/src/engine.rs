@@ -428,7 +428,8 @@ impl Engine {
         Ok(Some(seg.path().to_path_buf()))
     }
 
-    /// Syncs the log and stops its thread; later writes fail.
+    /// Waits for the log's records in flight, syncs it and records its end; later writes
+    /// fail.
     pub fn close(&self) {
         self.wal.close();
     }

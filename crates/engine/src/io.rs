@@ -15,6 +15,8 @@ pub struct Faults {
     /// Writes put their bytes in the file, then report failure: what a write cut short by a
     /// full disk does to the records it wrote whole before the cut.
     pub fail_after_writes: AtomicBool,
+    /// Writes panic before writing anything: a bug in the middle of a log round.
+    pub panic_writes: AtomicBool,
 }
 
 impl Faults {
@@ -77,6 +79,10 @@ impl LogFile {
     pub fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
         if let Some(f) = &self.faults {
             Faults::check(&f.fail_writes, "write")?;
+            assert!(
+                !f.panic_writes.load(Ordering::SeqCst),
+                "injected panic in a log write"
+            );
             if f.fail_after_writes.load(Ordering::SeqCst) {
                 self.file.write_all(buf)?;
                 return Err(io::Error::other(

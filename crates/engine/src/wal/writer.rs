@@ -269,6 +269,14 @@ impl Shared {
         struct HandOver<'a>(&'a Shared);
         impl Drop for HandOver<'_> {
             fn drop(&mut self) {
+                if std::thread::panicking() {
+                    // The round may have numbered records it never wrote: nothing more may
+                    // be logged after them (a gap would stop recovery).
+                    lock(&self.0.poisoned).get_or_insert_with(|| {
+                        tracing::error!("the log writer panicked; refusing further writes");
+                        StoreError::poisoned("a round of the log writer (it panicked)", None)
+                    });
+                }
                 let mut q = lock(&self.0.queue);
                 loop {
                     if q.reqs.is_empty() {
@@ -297,7 +305,9 @@ impl Shared {
     }
 
     /// With `interval`: fsyncs what is written and unsynced once the interval has passed
-    /// since the last fsync, until the writer closes.
+    /// since the last fsync, until the writer closes. A clean log sleeps a whole interval
+    /// (a record written meanwhile is then synced at the next wake-up, within an interval
+    /// of its write).
     fn sync_every(&self, every: Duration) {
         let mut wait = every;
         loop {
@@ -316,13 +326,16 @@ impl Shared {
             }
             let mut state = lock(&self.state);
             let since = state.last_sync.elapsed();
-            if state.dirty && since >= every && state.poisoned().is_none() {
+            wait = every;
+            if !state.dirty || state.poisoned().is_some() {
+                continue;
+            }
+            if since >= every {
                 if let Err(e) = state.sync() {
                     state.poison("fsync of the log", e);
                 }
-                wait = every;
             } else {
-                wait = every.saturating_sub(since).max(Duration::from_millis(1));
+                wait = (every - since).max(Duration::from_millis(1));
             }
         }
     }
@@ -520,6 +533,15 @@ mod tests {
 
     /// A writer whose leaders hand over after every round, so that hand-overs happen often.
     fn writer(dir: &Path, policy: FsyncPolicy, faults: Option<Arc<Faults>>) -> Writer {
+        writer_with(dir, policy, faults, 1)
+    }
+
+    fn writer_with(
+        dir: &Path,
+        policy: FsyncPolicy,
+        faults: Option<Arc<Faults>>,
+        rounds_per_leader: usize,
+    ) -> Writer {
         let open = super::super::Head {
             newest: 1,
             closed_at: None,
@@ -534,7 +556,7 @@ mod tests {
                 max_file_bytes: 64 << 20,
                 faults,
             },
-            1,
+            rounds_per_leader,
         )
         .unwrap()
     }
@@ -568,9 +590,12 @@ mod tests {
 
     #[test]
     fn concurrent_writers_each_get_their_own_number_and_the_log_holds_every_record() {
-        for policy in [FsyncPolicy::Never, FsyncPolicy::Always] {
+        let settings = [FsyncPolicy::Never, FsyncPolicy::Always]
+            .into_iter()
+            .flat_map(|p| [(p, 1), (p, ROUNDS_PER_LEADER)]);
+        for (policy, rounds) in settings {
             let dir = tempfile::tempdir().unwrap();
-            let w = Arc::new(writer(dir.path(), policy, None));
+            let w = Arc::new(writer_with(dir.path(), policy, None, rounds));
             let (threads, each) = (8u64, 300u64);
             let got = within_a_minute({
                 let w = w.clone();
@@ -601,10 +626,14 @@ mod tests {
             assert_eq!(
                 got.iter().map(|(seq, _)| *seq).collect::<Vec<_>>(),
                 (1..=n).collect::<Vec<_>>(),
-                "{policy:?}: every number given once, none skipped"
+                "{policy:?}, {rounds} rounds a leader: every number given once, none skipped"
             );
             // Each writer's answer names the record that holds its payload.
-            assert_eq!(records(dir.path()), got, "{policy:?}");
+            assert_eq!(
+                records(dir.path()),
+                got,
+                "{policy:?}, {rounds} rounds a leader"
+            );
             if policy == FsyncPolicy::Always {
                 let s = w.stats();
                 assert!(s.fsyncs >= 1 && s.fsyncs <= n, "{s:?}");
@@ -687,6 +716,155 @@ mod tests {
                 }
             }
         });
+        w.close();
+    }
+
+    #[test]
+    fn a_close_racing_writers_leaves_exactly_the_acknowledged_records() {
+        for policy in [
+            FsyncPolicy::Always,
+            FsyncPolicy::Interval(Duration::from_millis(1)),
+        ] {
+            for _ in 0..20 {
+                let dir = tempfile::tempdir().unwrap();
+                let w = Arc::new(writer(dir.path(), policy, None));
+                let (acked, refusals) = within_a_minute({
+                    let w = w.clone();
+                    move || {
+                        let writers: Vec<_> = (0..6u64)
+                            .map(|t| {
+                                let w = w.clone();
+                                std::thread::spawn(move || {
+                                    let (mut acked, mut refused) = (Vec::new(), Vec::new());
+                                    for i in 0.. {
+                                        if i % 7 == 0 && w.sync().is_err() {
+                                            break;
+                                        }
+                                        let payload = format!("{t}/{i}").into_bytes();
+                                        match w.append(payload.clone()) {
+                                            Ok(seq) => acked.push((seq, payload)),
+                                            Err(e) => {
+                                                refused.push(e.to_string());
+                                                break;
+                                            }
+                                        }
+                                    }
+                                    (acked, refused)
+                                })
+                            })
+                            .collect();
+                        std::thread::sleep(Duration::from_millis(5));
+                        let closers: Vec<_> = (0..2)
+                            .map(|_| {
+                                let w = w.clone();
+                                std::thread::spawn(move || w.close())
+                            })
+                            .collect();
+                        closers.into_iter().for_each(|c| c.join().unwrap());
+                        let (mut acked, mut refused) = (Vec::new(), Vec::new());
+                        for h in writers {
+                            let (a, r) = h.join().unwrap();
+                            acked.extend(a);
+                            refused.extend(r);
+                        }
+                        acked.sort();
+                        (acked, refused)
+                    }
+                });
+                let n = acked.len() as u64;
+                assert_eq!(
+                    acked.iter().map(|(seq, _)| *seq).collect::<Vec<_>>(),
+                    (1..=n).collect::<Vec<_>>(),
+                    "{policy:?}"
+                );
+                assert_eq!(
+                    records(dir.path()),
+                    acked,
+                    "{policy:?}: the file holds them all"
+                );
+                assert!(
+                    refusals.iter().all(|e| e.contains("closed")),
+                    "{refusals:?}"
+                );
+                let head = super::super::read_head(dir.path()).unwrap().unwrap();
+                assert_eq!(head.closed_at, Some(n + 1), "{policy:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_round_that_panics_poisons_the_writer_and_leaves_none_waiting() {
+        let dir = tempfile::tempdir().unwrap();
+        let faults = Arc::new(Faults::default());
+        let w = Arc::new(writer(dir.path(), FsyncPolicy::Never, Some(faults.clone())));
+        assert_eq!(w.append(b"kept".to_vec()).unwrap(), 1);
+        faults.panic_writes.store(true, Ordering::SeqCst);
+        let outcomes = within_a_minute({
+            let w = w.clone();
+            move || {
+                let handles: Vec<_> = (0..4)
+                    .map(|_| {
+                        let w = w.clone();
+                        std::thread::spawn(move || w.append(b"lost".to_vec()).is_ok())
+                    })
+                    .collect();
+                // A leader's own call panics with its round; the others are refused.
+                handles
+                    .into_iter()
+                    .map(|h| h.join().unwrap_or(false))
+                    .collect::<Vec<_>>()
+            }
+        });
+        assert!(outcomes.iter().all(|ok| !ok), "{outcomes:?}");
+        faults.panic_writes.store(false, Ordering::SeqCst);
+        let e = w.append(b"after".to_vec()).unwrap_err();
+        assert!(e.to_string().contains("panicked"), "{e}");
+        assert!(w.poisoned().is_some());
+        w.close();
+        assert_eq!(records(dir.path()), vec![(1, b"kept".to_vec())]);
+    }
+
+    /// How many times the thread named `name` in this process has gone to sleep.
+    #[cfg(target_os = "linux")]
+    fn sleeps_of(name: &str) -> u64 {
+        for task in std::fs::read_dir("/proc/self/task").unwrap() {
+            let task = task.unwrap().path();
+            let comm = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
+            if comm.trim() == name {
+                let status = std::fs::read_to_string(task.join("status")).unwrap();
+                return status
+                    .lines()
+                    .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap();
+            }
+        }
+        panic!("no thread named {name}");
+    }
+
+    /// A clean log's interval thread sleeps whole intervals (a review found it waking
+    /// every millisecond once the log had been synced).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn the_interval_thread_of_a_quiet_log_sleeps() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = writer(
+            dir.path(),
+            FsyncPolicy::Interval(Duration::from_millis(50)),
+            None,
+        );
+        w.append(b"a".to_vec()).unwrap();
+        let stats = w.shared.stats.clone();
+        within_a_minute(move || {
+            while lock(&stats).fsyncs == 0 {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        });
+        let before = sleeps_of("tally-wal-sync");
+        std::thread::sleep(Duration::from_millis(500));
+        let woke = sleeps_of("tally-wal-sync") - before;
+        // About ten intervals; a thread polling every millisecond sleeps ~500 times.
+        assert!(woke <= 40, "the thread slept {woke} times in 500 ms");
         w.close();
     }
 }
