@@ -9,6 +9,8 @@ use std::fmt;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ErrorCode {
     MalformedBody,
+    /// A request whose head is not HTTP/1.1 (its request line or a header): 400.
+    MalformedRequest,
     MissingParameter,
     InvalidParameter,
     InvalidName,
@@ -54,8 +56,9 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, for tests and documentation.
-    pub const ALL: [ErrorCode; 37] = [
+    pub const ALL: [ErrorCode; 38] = [
         ErrorCode::MalformedBody,
+        ErrorCode::MalformedRequest,
         ErrorCode::MissingParameter,
         ErrorCode::InvalidParameter,
         ErrorCode::InvalidName,
@@ -98,6 +101,7 @@ impl ErrorCode {
     pub fn as_str(self) -> &'static str {
         match self {
             ErrorCode::MalformedBody => "malformed_body",
+            ErrorCode::MalformedRequest => "malformed_request",
             ErrorCode::MissingParameter => "missing_parameter",
             ErrorCode::InvalidParameter => "invalid_parameter",
             ErrorCode::InvalidName => "invalid_name",

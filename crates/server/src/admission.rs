@@ -5,12 +5,12 @@
 //!    without a known token is 401 before anything else is looked at): a request target
 //!    over [`MAX_URI_BYTES`] is `414 uri_too_long`;
 //!    more than [`MAX_HEADER_FIELDS`] header fields or [`MAX_HEADER_BYTES`] of them is
-//!    `431 headers_too_large` — JSON, like every error. (hyper itself still answers a bare
-//!    414 past 64 KiB of target and a bare 431 past its ~400 KiB read buffer or 1,024
-//!    fields: those heads never reach us.) Then, for `/v1` routes, the head's form: a
-//!    malformed percent-escape in the path is `400 invalid_parameter` (axum would read it
-//!    as text), and a `Content-Encoding` other than `identity` is `400 malformed_body` (no
-//!    coding is taken).
+//!    `431 headers_too_large` — JSON, like every error. (Heads hyper refuses itself — past
+//!    64 KiB of target, its ~400 KiB read buffer or 1,024 fields, or not HTTP/1.1 at all —
+//!    never reach us: `bare::JsonBare` gives its empty answers the same JSON.) Then, for
+//!    `/v1` routes, the head's form: a malformed percent-escape in the path is
+//!    `400 invalid_parameter` (axum would read it as text), and a `Content-Encoding` other
+//!    than `identity` is `400 malformed_body` (no coding is taken).
 //! 2. Routes outside `/v1` (`/healthz`, `/metrics`, `/openapi.json`, the dashboard) go
 //!    straight on: they read no body and take no permit, so a flood of `/v1` traffic
 //!    cannot hide the server's health.

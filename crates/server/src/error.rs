@@ -60,6 +60,7 @@ impl ApiError {
 pub fn status_of(code: ErrorCode) -> StatusCode {
     match code {
         ErrorCode::MalformedBody
+        | ErrorCode::MalformedRequest
         | ErrorCode::MissingParameter
         | ErrorCode::InvalidParameter
         | ErrorCode::InvalidName

@@ -8,6 +8,7 @@
 mod admission;
 mod app;
 mod auth;
+mod bare;
 mod body;
 pub mod config;
 mod dashboard;

@@ -42,6 +42,7 @@ use tokio::sync::{Notify, Semaphore, watch};
 use tokio::time::Instant;
 
 use crate::app::App;
+use crate::bare::JsonBare;
 use crate::body::Holding;
 use crate::config::ServerLimits;
 use crate::error::ApiError;
@@ -299,7 +300,7 @@ impl Conn {
             .timer(TokioTimer::new())
             .header_read_timeout(None)
             .max_headers(HYPER_MAX_HEADERS);
-        let conn = builder.serve_connection(TokioIo::new(io), service);
+        let conn = builder.serve_connection(TokioIo::new(JsonBare::new(io)), service);
         tokio::pin!(conn);
         let mut stopping = false;
         loop {

@@ -150,13 +150,16 @@ fn errors(path: &str, method: &str) -> Vec<(&'static str, &'static str)> {
     ];
     if path.starts_with("/v1/") {
         out.extend([
-            ("400", "malformed_body, missing_parameter, invalid_parameter, invalid_name, invalid_key, invalid_dimension, unknown_dimension, too_many_dimensions, invalid_timestamp, timestamp_in_future, invalid_amount, invalid_timezone, invalid_unit, invalid_range, invalid_duration, invalid_limit, invalid_schema"),
+            ("400", "malformed_body, malformed_request, missing_parameter, invalid_parameter, invalid_name, invalid_key, invalid_dimension, unknown_dimension, too_many_dimensions, invalid_timestamp, timestamp_in_future, invalid_amount, invalid_timezone, invalid_unit, invalid_range, invalid_duration, invalid_limit, invalid_schema"),
             ("401", "unauthorized"),
             ("403", "forbidden"),
             ("404", "unknown_namespace, not_found"),
             ("422", "no_tier_for_range, too_many_points, idempotency_key_reused, too_many_namespaces"),
             ("500", "corrupt_data, internal"),
         ]);
+    } else {
+        // A request whose head is not HTTP/1.1, whatever it was meant for.
+        out.push(("400", "malformed_request"));
     }
     if path.ends_with("/incr") {
         out.push(("429", "limit_exceeded"));
