@@ -226,7 +226,9 @@ fn rate(n: usize, d: Duration) -> String {
     format!("{:.2} M events/s", n as f64 / d.as_secs_f64() / 1e6)
 }
 
-pub fn bench() {
+/// `only=ingest` runs the NDJSON ingest rows alone (to profile the write path).
+pub fn bench(args: &[String]) {
+    let only_ingest = args.iter().any(|a| a == "only=ingest");
     let now = SystemClock.now();
     let shape = workload::Shape::default();
     let nbatches = 600;
@@ -266,6 +268,11 @@ pub fn bench() {
             format!("NDJSON ingest over HTTP, fsync={fsync}, {conns} connections"),
             rate(events, t.elapsed()),
         ));
+    }
+
+    if only_ingest {
+        print_rows(&rows);
+        return;
     }
 
     // The peer on the same batches: Redis doing the seeds' scheme, no persistence.
@@ -406,6 +413,10 @@ pub fn bench() {
         ),
     ));
 
+    print_rows(&rows);
+}
+
+fn print_rows(rows: &[(String, String)]) {
     println!("\n| measurement | result |\n|---|---|");
     for (a, b) in rows {
         println!("| {a} | {b} |");

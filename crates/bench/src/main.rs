@@ -379,7 +379,7 @@ fn main() {
         Some("replay") => replay_bench(rest),
         Some("floor") => floor::bench(rest),
         Some("compare") => compare_bench(),
-        Some("http") => http::bench(),
+        Some("http") => http::bench(rest),
         Some("export") => export::bench(rest),
         Some("load") => export::load_bench(rest),
         Some("ratelimit") => ratelimit::bench(rest),

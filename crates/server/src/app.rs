@@ -2,8 +2,9 @@
 //! the idempotency keys in flight and the rendered OpenAPI document — and the one way a
 //! handler reaches the store, [`App::blocking`].
 //!
-//! Store calls block (the embedded engine waits for fsync), so every one runs on tokio's
-//! blocking pool, never on the async workers.
+//! Store calls block (the embedded engine waits for fsync), so none runs as async work: a
+//! write or a schema call runs where tokio has given up the thread as an async worker for
+//! its time (`block_in_place`), a read on the blocking pool under its time limit.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -47,7 +48,7 @@ impl Drop for Reservation<'_> {
 pub struct App(Arc<Inner>);
 
 /// Bodies up to this many bytes are parsed on the async worker that read them (about a
-/// millisecond's work at most); larger ones on the blocking pool.
+/// millisecond's work at most); larger ones as blocking work ([`App::blocking`]).
 const INLINE_PARSE_BYTES: usize = 256 * 1024;
 
 impl std::fmt::Debug for App {
@@ -69,7 +70,7 @@ struct Inner {
     exports: Arc<tokio::sync::Semaphore>,
     /// `/healthz` and `/metrics` asking the backend now, at most [`crate::ops::OPS_PROBES`]:
     /// they need no token and take no admission permit, so a flood of them must not fill
-    /// the blocking pool every write and query needs (a slow Redis holds each for seconds).
+    /// the threads every write and query needs (a slow Redis holds each for seconds).
     probes: tokio::sync::Semaphore,
     /// Namespaces this server's batches are creating now, each with how many batches hold
     /// it (see [`App::reserve_creations`]).
@@ -266,11 +267,29 @@ impl App {
         }
     }
 
-    /// Runs a store call on the blocking pool.
+    /// Runs a store call where it may block: on this very thread, which tokio gives up as
+    /// an async worker meanwhile (`block_in_place`: no hop to another thread, which costs
+    /// a wake-up on each side), or on the blocking pool where the runtime cannot do that
+    /// (a current-thread runtime, as in some tests). Either way the call runs to its end
+    /// even if the request is dropped meanwhile (a client gone mid-write still has its
+    /// batch applied whole), and a panic in it is a 500, not a lost connection task.
     pub(crate) async fn blocking<T: Send + 'static>(
         &self,
         f: impl FnOnce(&App) -> Result<T, ApiError> + Send + 'static,
     ) -> Result<T, ApiError> {
+        if tokio::runtime::Handle::current().runtime_flavor()
+            == tokio::runtime::RuntimeFlavor::MultiThread
+        {
+            let run = std::panic::AssertUnwindSafe(|| f(self));
+            return tokio::task::block_in_place(|| std::panic::catch_unwind(run)).map_err(|p| {
+                let why = p
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| p.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a panic".into());
+                ApiError::new(ErrorCode::Internal, format!("a request task failed: {why}"))
+            })?;
+        }
         let app = self.clone();
         tokio::task::spawn_blocking(move || f(&app))
             .await
@@ -342,5 +361,31 @@ mod tests {
         drop(second);
         assert!(app.creation_lock().is_empty());
         assert_eq!(store.namespace_count().unwrap(), 2);
+    }
+
+    /// A store call that panics answers 500 naming the panic, on either kind of runtime
+    /// (`block_in_place` on a multi-thread one, the blocking pool on a current-thread one),
+    /// and the server goes on: the next call runs.
+    #[test]
+    fn a_blocking_call_that_panics_is_an_internal_error() {
+        let clock = Arc::new(ManualClock::new(1000));
+        let store = Arc::new(MemStore::new(clock.clone()));
+        let app = App::new(store, Settings::default(), clock);
+        let multi = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .build()
+            .unwrap();
+        let current = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        for rt in [multi, current] {
+            let e = rt
+                .block_on(app.blocking(|_| -> Result<(), ApiError> { panic!("boom") }))
+                .unwrap_err();
+            assert_eq!(e.code, ErrorCode::Internal);
+            assert!(e.message.contains("boom"), "{}", e.message);
+            let n = rt.block_on(app.blocking(|app| Ok(app.store().namespace_count()?)));
+            assert_eq!(n.unwrap(), 0);
+        }
     }
 }

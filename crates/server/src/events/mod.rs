@@ -25,7 +25,7 @@ use crate::error::ApiError;
 use crate::idempotency::{self, Held, Idem, Ticket};
 use crate::params;
 
-/// Validates, remembers the answer if asked to, and applies — on the blocking pool. A
+/// Validates, remembers the answer if asked to, and applies — as blocking work. A
 /// refusal of the events is told by `refused` (a batch names the event's index, `incr` the
 /// parameter).
 fn apply(
