@@ -96,10 +96,58 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
     }
 }
 
+/// How often one error code is logged at most: a failure that refuses every request (a full
+/// disk, Redis gone) would otherwise write a line per request, as fast as clients retry
+/// (found by a black-box review).
+const LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Per error code, when it was last logged and how many since were not.
+#[derive(Debug, Default)]
+struct Quiet(Vec<(ErrorCode, std::time::Instant, u64)>);
+
+impl Quiet {
+    /// Whether a failure with `code` at `now` is logged, and if so how many of its code were
+    /// left out since the last line.
+    fn admit(&mut self, code: ErrorCode, now: std::time::Instant) -> Option<u64> {
+        match self.0.iter_mut().find(|(c, _, _)| *c == code) {
+            Some((_, at, left_out)) if now.duration_since(*at) < LOG_EVERY => {
+                *left_out += 1;
+                None
+            }
+            Some((_, at, left_out)) => {
+                *at = now;
+                Some(std::mem::take(left_out))
+            }
+            None => {
+                self.0.push((code, now, 0));
+                Some(0)
+            }
+        }
+    }
+}
+
+fn log_failure(e: &ApiError) {
+    static QUIET: std::sync::Mutex<Quiet> = std::sync::Mutex::new(Quiet(Vec::new()));
+    let admitted = QUIET
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .admit(e.code, std::time::Instant::now());
+    match admitted {
+        Some(0) => tracing::error!(code = %e.code, message = %e.message, "request failed"),
+        Some(left_out) => tracing::error!(
+            code = %e.code,
+            message = %e.message,
+            left_out,
+            "request failed (and {left_out} more with this code since the last line)"
+        ),
+        None => {}
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         if self.status().is_server_error() {
-            tracing::error!(code = %self.code, message = %self.message, "request failed");
+            log_failure(&self);
         }
         let mut response = (self.status(), Json(self.to_json())).into_response();
         if self.code == ErrorCode::Unauthorized {
@@ -167,6 +215,22 @@ impl From<IngestError> for ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failing_code_is_logged_once_a_second_with_the_count_left_out() {
+        let mut q = Quiet::default();
+        let t0 = std::time::Instant::now();
+        let at = |ms| t0 + std::time::Duration::from_millis(ms);
+        let unavailable = ErrorCode::BackendUnavailable;
+        assert_eq!(q.admit(unavailable, at(0)), Some(0));
+        for ms in 1..500 {
+            assert_eq!(q.admit(unavailable, at(ms)), None);
+        }
+        // Another code has its own second.
+        assert_eq!(q.admit(ErrorCode::Internal, at(10)), Some(0));
+        assert_eq!(q.admit(unavailable, at(1_000)), Some(499));
+        assert_eq!(q.admit(unavailable, at(2_500)), Some(0));
+    }
 
     #[test]
     fn every_code_has_an_error_status() {
