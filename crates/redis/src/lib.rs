@@ -13,7 +13,8 @@
 //!   compare-and-set, dimension codes given and confirmed, rewrites on upgrade.
 //! - `retention`: extending expiries when a tier's retention grows.
 //!
-//! [`Store`] is synchronous (the server calls it from tokio's blocking pool): the store owns a
+//! [`Store`] is synchronous (the server calls it from tokio's blocking pool, or from a worker
+//! given up for the call with `block_in_place`): the store owns a
 //! small runtime of its own and blocks on it, which works from any thread that is not itself
 //! driving async tasks.
 
@@ -307,8 +308,8 @@ impl RedisStore {
 
     /// Checks again, at most every [`VET_EVERY`], what `connect` checked: that the user may
     /// run `INFO`, that no node may evict keys and that Redis holds this build's layout (an
-    /// emptied Redis gets it marked again, as at connect). A refusal found is kept, and answered to every write and
-    /// health check until a check finds it gone. A check Redis does not answer within
+    /// emptied Redis gets it marked again, as at connect). A refusal found is kept, and
+    /// answered to every write and health check until a check finds it gone. A check Redis does not answer within
     /// [`VET_TIMEOUT`] changes nothing: the last answer stands.
     pub(crate) async fn vet(&self) -> Result<(), StoreError> {
         {

@@ -2,12 +2,13 @@
 //! the idempotency keys in flight and the rendered OpenAPI document — and the one way a
 //! handler reaches the store, [`App::blocking`].
 //!
-//! Store calls block (the embedded engine waits for fsync), so none runs as async work: a
-//! write or a schema call runs where tokio has given up the thread as an async worker for
-//! its time (`block_in_place`), a read on the blocking pool under its time limit.
+//! Store calls block (the embedded engine waits for fsync), so none runs as async work:
+//! [`App::blocking`] runs one where tokio has given up the thread as an async worker for its
+//! time (`block_in_place`; writes, schema calls, health checks, the few small reads handlers
+//! make), [`App::query`] a query on the blocking pool under its time limit.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use tally_core::model::Namespace;
@@ -75,6 +76,31 @@ struct Inner {
     /// Namespaces this server's batches are creating now, each with how many batches hold
     /// it (see [`App::reserve_creations`]).
     creating: std::sync::Mutex<HashMap<Namespace, usize>>,
+    /// Store calls and reads running now, in place or on the blocking pool (see
+    /// [`App::blocking`]).
+    blocking_now: Arc<AtomicUsize>,
+}
+
+/// [`App::blocking`] runs a call in place only while fewer than this many store calls and
+/// reads run: each call in place has tokio move its worker's tasks to a thread of the
+/// blocking pool, and a pool with no thread left (512) would stall them; past this, calls
+/// go to the pool and wait there, as every call did before.
+const IN_PLACE_BELOW: usize = 64;
+
+/// Counts one call running until dropped.
+struct Running(Arc<AtomicUsize>);
+
+impl Running {
+    fn start(count: &Arc<AtomicUsize>) -> (Running, usize) {
+        let before = count.fetch_add(1, Ordering::SeqCst);
+        (Running(Arc::clone(count)), before)
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl App {
@@ -90,6 +116,7 @@ impl App {
             )),
             probes: tokio::sync::Semaphore::new(crate::ops::OPS_PROBES),
             creating: std::sync::Mutex::new(HashMap::new()),
+            blocking_now: Arc::new(AtomicUsize::new(0)),
             settings,
         }))
     }
@@ -237,7 +264,11 @@ impl App {
         let _cancel_on_drop = CancelOnDrop(Arc::clone(&cancelled));
         let deadline = Deadline::new(limit, cancelled);
         let app = self.clone();
-        let task = tokio::task::spawn_blocking(move || f(&app, &deadline));
+        let (running, _) = Running::start(&self.0.blocking_now);
+        let task = tokio::task::spawn_blocking(move || {
+            let _running = running;
+            f(&app, &deadline)
+        });
         // A little grace so the read's own check, with its clearer message, usually wins.
         let grace = limit + std::time::Duration::from_millis(50);
         match tokio::time::timeout(grace, task).await {
@@ -268,20 +299,25 @@ impl App {
     }
 
     /// Runs a store call where it may block: on this very thread, which tokio gives up as
-    /// an async worker meanwhile (`block_in_place`: no hop to another thread, which costs
-    /// a wake-up on each side), or on the blocking pool where the runtime cannot do that
-    /// (a current-thread runtime, as in some tests). Either way the call runs to its end
-    /// even if the request is dropped meanwhile (a client gone mid-write still has its
-    /// batch applied whole), and a panic in it is a 500, not a lost connection task.
+    /// an async worker meanwhile (`block_in_place`: the request's own path makes no hop to
+    /// another thread and back, which costs a wake-up on each side), or on the blocking pool
+    /// — on a current-thread runtime (some tests), and while [`IN_PLACE_BELOW`] or more
+    /// calls and reads run. Either way the call runs to its end even if the request is
+    /// dropped meanwhile (a client gone mid-write still has its batch applied whole), and a
+    /// panic in it is a 500 naming it, not a lost connection task.
     pub(crate) async fn blocking<T: Send + 'static>(
         &self,
         f: impl FnOnce(&App) -> Result<T, ApiError> + Send + 'static,
     ) -> Result<T, ApiError> {
-        if tokio::runtime::Handle::current().runtime_flavor()
-            == tokio::runtime::RuntimeFlavor::MultiThread
+        let (running, before) = Running::start(&self.0.blocking_now);
+        if before < IN_PLACE_BELOW
+            && tokio::runtime::Handle::current().runtime_flavor()
+                == tokio::runtime::RuntimeFlavor::MultiThread
         {
             let run = std::panic::AssertUnwindSafe(|| f(self));
-            return tokio::task::block_in_place(|| std::panic::catch_unwind(run)).map_err(|p| {
+            let done = tokio::task::block_in_place(|| std::panic::catch_unwind(run));
+            drop(running);
+            return done.map_err(|p| {
                 let why = p
                     .downcast_ref::<&str>()
                     .map(|s| (*s).to_owned())
@@ -291,11 +327,12 @@ impl App {
             })?;
         }
         let app = self.clone();
-        tokio::task::spawn_blocking(move || f(&app))
-            .await
-            .map_err(|e| {
-                ApiError::new(ErrorCode::Internal, format!("a request task failed: {e}"))
-            })?
+        tokio::task::spawn_blocking(move || {
+            let _running = running;
+            f(&app)
+        })
+        .await
+        .map_err(|e| ApiError::new(ErrorCode::Internal, format!("a request task failed: {e}")))?
     }
 }
 
@@ -379,13 +416,62 @@ mod tests {
             .build()
             .unwrap();
         for rt in [multi, current] {
+            // In a task, as a handler runs: on a worker thread of the multi-thread runtime.
+            let a = app.clone();
             let e = rt
-                .block_on(app.blocking(|_| -> Result<(), ApiError> { panic!("boom") }))
+                .block_on(rt.spawn(async move {
+                    a.blocking(|_| -> Result<(), ApiError> { panic!("boom") })
+                        .await
+                }))
+                .unwrap()
                 .unwrap_err();
             assert_eq!(e.code, ErrorCode::Internal);
             assert!(e.message.contains("boom"), "{}", e.message);
             let n = rt.block_on(app.blocking(|app| Ok(app.store().namespace_count()?)));
             assert_eq!(n.unwrap(), 0);
         }
+        assert_eq!(app.0.blocking_now.load(Ordering::SeqCst), 0);
+    }
+
+    /// Past [`IN_PLACE_BELOW`] calls at once, calls wait on the blocking pool rather than
+    /// run in place: with more calls in place than the pool has threads, the runtime's own
+    /// timers stalled until a call ended (a review's reproduction; here, without the bound,
+    /// this timer of 100 ms fired after 1.5 s).
+    #[test]
+    fn many_slow_calls_at_once_leave_the_async_workers_running() {
+        let clock = Arc::new(ManualClock::new(1000));
+        let store = Arc::new(MemStore::new(clock.clone()));
+        let app = App::new(store, Settings::default(), clock);
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .max_blocking_threads(IN_PLACE_BELOW + 8)
+            .enable_time()
+            .build()
+            .unwrap();
+        let late = rt.block_on(async {
+            let calls: Vec<_> = (0..IN_PLACE_BELOW + 24)
+                .map(|_| {
+                    let app = app.clone();
+                    tokio::spawn(async move {
+                        app.blocking(|_| {
+                            std::thread::sleep(std::time::Duration::from_millis(1500));
+                            Ok(())
+                        })
+                        .await
+                    })
+                })
+                .collect();
+            // A timer of the runtime's own (the `block_on` future, as `tally serve`'s
+            // accept loop): it was the one to stall.
+            let t = std::time::Instant::now();
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            let late = t.elapsed();
+            for c in calls {
+                c.await.unwrap().unwrap();
+            }
+            late
+        });
+        assert!(late < std::time::Duration::from_millis(1000), "{late:?}");
+        assert_eq!(app.0.blocking_now.load(Ordering::SeqCst), 0);
     }
 }

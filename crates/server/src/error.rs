@@ -96,30 +96,56 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
     }
 }
 
-/// How often one error code is logged at most: a failure that refuses every request (a full
-/// disk, Redis gone) would otherwise write a line per request, as fast as clients retry
-/// (found by a black-box review).
+/// How often one kind of failure is logged at most: a failure that refuses every request (a
+/// full disk, Redis gone) would otherwise write a line per request, as fast as clients
+/// retry (found by a black-box review). The count left out is told at the kind's next line
+/// (none if it never fails again).
 const LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Per error code, when it was last logged and how many since were not.
+/// The kinds of failure [`Quiet`] tells apart at once; past this, the longest quiet is
+/// forgotten.
+const QUIET_KINDS: usize = 64;
+
+/// Per kind of failure (its code and the start of its message, up to the first `:` — a
+/// poisoned log and a failed request task are both `internal`), when it was last logged
+/// and how many since were not.
 #[derive(Debug, Default)]
-struct Quiet(Vec<(ErrorCode, std::time::Instant, u64)>);
+struct Quiet(Vec<(ErrorCode, String, std::time::Instant, u64)>);
+
+fn kind_of(message: &str) -> &str {
+    let head = message.split(':').next().unwrap_or(message);
+    let mut end = head.len().min(64);
+    while !head.is_char_boundary(end) {
+        end -= 1;
+    }
+    &head[..end]
+}
 
 impl Quiet {
-    /// Whether a failure with `code` at `now` is logged, and if so how many of its code were
-    /// left out since the last line.
-    fn admit(&mut self, code: ErrorCode, now: std::time::Instant) -> Option<u64> {
-        match self.0.iter_mut().find(|(c, _, _)| *c == code) {
-            Some((_, at, left_out)) if now.duration_since(*at) < LOG_EVERY => {
+    /// Whether a failure with `code` and `message` at `now` is logged, and if so how many
+    /// of its kind were left out since its last line.
+    fn admit(&mut self, code: ErrorCode, message: &str, now: std::time::Instant) -> Option<u64> {
+        let kind = kind_of(message);
+        match self
+            .0
+            .iter_mut()
+            .find(|(c, k, _, _)| *c == code && k == kind)
+        {
+            Some((_, _, at, left_out)) if now.duration_since(*at) < LOG_EVERY => {
                 *left_out += 1;
                 None
             }
-            Some((_, at, left_out)) => {
+            Some((_, _, at, left_out)) => {
                 *at = now;
                 Some(std::mem::take(left_out))
             }
             None => {
-                self.0.push((code, now, 0));
+                if self.0.len() >= QUIET_KINDS
+                    && let Some(oldest) = (0..self.0.len()).min_by_key(|&i| self.0[i].2)
+                {
+                    self.0.swap_remove(oldest);
+                }
+                self.0.push((code, kind.to_owned(), now, 0));
                 Some(0)
             }
         }
@@ -127,18 +153,19 @@ impl Quiet {
 }
 
 fn log_failure(e: &ApiError) {
+    // One for the process: servers in one process (tests) share it.
     static QUIET: std::sync::Mutex<Quiet> = std::sync::Mutex::new(Quiet(Vec::new()));
     let admitted = QUIET
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .admit(e.code, std::time::Instant::now());
+        .admit(e.code, &e.message, std::time::Instant::now());
     match admitted {
         Some(0) => tracing::error!(code = %e.code, message = %e.message, "request failed"),
         Some(left_out) => tracing::error!(
             code = %e.code,
             message = %e.message,
             left_out,
-            "request failed (and {left_out} more with this code since the last line)"
+            "request failed (and {left_out} more like it since the last line)"
         ),
         None => {}
     }
@@ -217,19 +244,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_failing_code_is_logged_once_a_second_with_the_count_left_out() {
+    fn a_failing_kind_is_logged_once_a_second_with_the_count_left_out() {
         let mut q = Quiet::default();
         let t0 = std::time::Instant::now();
         let at = |ms| t0 + std::time::Duration::from_millis(ms);
-        let unavailable = ErrorCode::BackendUnavailable;
-        assert_eq!(q.admit(unavailable, at(0)), Some(0));
+        let (unavailable, poisoned) = (
+            ErrorCode::BackendUnavailable,
+            "the write-ahead log is poisoned: No space left on device (os error 28)",
+        );
+        assert_eq!(q.admit(unavailable, poisoned, at(0)), Some(0));
         for ms in 1..500 {
-            assert_eq!(q.admit(unavailable, at(ms)), None);
+            assert_eq!(q.admit(unavailable, poisoned, at(ms)), None);
         }
-        // Another code has its own second.
-        assert_eq!(q.admit(ErrorCode::Internal, at(10)), Some(0));
-        assert_eq!(q.admit(unavailable, at(1_000)), Some(499));
-        assert_eq!(q.admit(unavailable, at(2_500)), Some(0));
+        // Another code, or another failure of the same code, has its own second.
+        assert_eq!(q.admit(ErrorCode::Internal, poisoned, at(10)), Some(0));
+        assert_eq!(
+            q.admit(unavailable, "redis at 127.0.0.1:1: timed out", at(20)),
+            Some(0)
+        );
+        assert_eq!(q.admit(unavailable, poisoned, at(1_000)), Some(499));
+        assert_eq!(q.admit(unavailable, poisoned, at(2_500)), Some(0));
+        // Kinds past QUIET_KINDS forget the quietest: the table stays small.
+        for i in 0..200 {
+            q.admit(ErrorCode::Internal, &format!("failure {i}"), at(3_000));
+        }
+        assert!(q.0.len() <= QUIET_KINDS);
     }
 
     #[test]

@@ -255,11 +255,16 @@ impl Drop for Writer {
 
 /// The most rounds one leader runs back to back while writers keep arriving, before it
 /// hands the queue over and returns to its caller. Each hand-over costs the next leader's
-/// wake-up (~50-100 µs on this machine), each extra round its caller's wait: with 32
-/// concurrent `incr` requests under `fsync=always` a round took ~0.35 ms, so at most ~6 ms.
-/// Measured (docs/benchmarks.md, "The log written by its writers"): at 4 rounds those
-/// requests were ~5% slower than with a log thread, at 16 the same.
+/// wake-up (~50-100 µs on this machine), each extra round its caller's wait. Measured
+/// (docs/benchmarks.md, "The log written by its writers"): with 32 concurrent `incr`
+/// requests under `fsync=always` (a round ~0.35 ms here), at 4 rounds a leader they were
+/// ~5% slower than with a log thread, at 16 the same.
 const ROUNDS_PER_LEADER: usize = 16;
+
+/// A leader starts no further round once it has led this long: where an fsync is slow (a
+/// real disk's few ms), a hand-over's wake-up is cheap beside it, and its caller should not
+/// wait 16 of them.
+const LEAD_AT_MOST: Duration = Duration::from_millis(2);
 
 impl Shared {
     /// Leads one round: everything queued (the leader's own request among it) is written
@@ -295,7 +300,11 @@ impl Shared {
             }
         }
         let _hand_over = HandOver(self);
-        for _ in 0..self.rounds_per_leader {
+        let started = Instant::now();
+        for round in 0..self.rounds_per_leader {
+            if round > 0 && started.elapsed() >= LEAD_AT_MOST {
+                break;
+            }
             let mut reqs = std::mem::take(&mut lock(&self.queue).reqs);
             if reqs.is_empty() {
                 break;

@@ -1,5 +1,6 @@
 //! The synchronous `Store` on the store's own runtime: called from a plain thread, from
-//! another runtime's `spawn_blocking` (what the server does), and dropped inside a runtime.
+//! another runtime's `spawn_blocking` (the server's reads) and `block_in_place` (its writes),
+//! and dropped inside a runtime.
 
 use std::sync::Arc;
 
@@ -11,7 +12,7 @@ use tally_redis::testing::RedisServer;
 use crate::{batch, raw, real_now, total};
 
 #[test]
-fn works_from_plain_threads_and_from_spawn_blocking() {
+fn works_from_plain_threads_spawn_blocking_and_block_in_place() {
     let server = RedisServer::start();
     let store = Arc::new(RedisStore::connect(&server.url()).unwrap());
     let now = real_now();
@@ -51,12 +52,29 @@ fn works_from_plain_threads_and_from_spawn_blocking() {
         for t in tasks {
             t.await.unwrap();
         }
+        // In tasks on the workers, giving each up for the call (`App::blocking`).
+        let tasks: Vec<_> = (0..8)
+            .map(|_| {
+                let s = s.clone();
+                tokio::spawn(async move {
+                    tokio::task::block_in_place(|| {
+                        let raws = [raw("m", "shared", now, 1, &[("country", "fr")])];
+                        let b = batch(&*s, now, &raws, &Defaults::default());
+                        s.apply(&b).unwrap();
+                        s.health().unwrap();
+                    })
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
         let s2 = s.clone();
         tokio::task::spawn_blocking(move || total(&*s2, "m", "shared", 3600))
             .await
             .unwrap()
     });
-    assert_eq!(n, 8);
+    assert_eq!(n, 16);
 
     // Dropping the last handle inside a runtime must not panic.
     rt.block_on(async move {
