@@ -400,14 +400,19 @@ mod tests {
         assert_eq!(store.namespace_count().unwrap(), 2);
     }
 
+    /// An app over an empty reference store with the default settings.
+    fn memory_app() -> App {
+        let clock = Arc::new(ManualClock::new(1000));
+        let store = Arc::new(MemStore::new(clock.clone()));
+        App::new(store, Settings::default(), clock)
+    }
+
     /// A store call that panics answers 500 naming the panic, on either kind of runtime
     /// (`block_in_place` on a multi-thread one, the blocking pool on a current-thread one),
     /// and the server goes on: the next call runs.
     #[test]
     fn a_blocking_call_that_panics_is_an_internal_error() {
-        let clock = Arc::new(ManualClock::new(1000));
-        let store = Arc::new(MemStore::new(clock.clone()));
-        let app = App::new(store, Settings::default(), clock);
+        let app = memory_app();
         let multi = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .build()
@@ -439,9 +444,7 @@ mod tests {
     /// this timer of 100 ms fired after 1.5 s).
     #[test]
     fn many_slow_calls_at_once_leave_the_async_workers_running() {
-        let clock = Arc::new(ManualClock::new(1000));
-        let store = Arc::new(MemStore::new(clock.clone()));
-        let app = App::new(store, Settings::default(), clock);
+        let app = memory_app();
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .max_blocking_threads(IN_PLACE_BELOW + 8)

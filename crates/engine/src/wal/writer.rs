@@ -583,6 +583,19 @@ mod tests {
         out
     }
 
+    /// The acknowledged `(seq, payload)`s, sorted, are numbered 1 to n with none given twice
+    /// or skipped, and the log holds exactly them: each answer names the record that holds
+    /// its payload.
+    #[track_caller]
+    fn holds_exactly(dir: &Path, acked: &[(u64, Vec<u8>)], what: &str) {
+        assert_eq!(
+            acked.iter().map(|(seq, _)| *seq).collect::<Vec<_>>(),
+            (1..=acked.len() as u64).collect::<Vec<_>>(),
+            "{what}: every number given once, none skipped"
+        );
+        assert_eq!(records(dir), acked, "{what}: the file holds them all");
+    }
+
     /// Runs `f` on a thread and fails the test if it has not returned within a minute
     /// (a writer left waiting for a round nobody leads would hang the test otherwise).
     fn within_a_minute<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
@@ -632,16 +645,11 @@ mod tests {
             });
             w.close();
             let n = threads * each;
-            assert_eq!(
-                got.iter().map(|(seq, _)| *seq).collect::<Vec<_>>(),
-                (1..=n).collect::<Vec<_>>(),
-                "{policy:?}, {rounds} rounds a leader: every number given once, none skipped"
-            );
-            // Each writer's answer names the record that holds its payload.
-            assert_eq!(
-                records(dir.path()),
-                got,
-                "{policy:?}, {rounds} rounds a leader"
+            assert_eq!(got.len() as u64, n);
+            holds_exactly(
+                dir.path(),
+                &got,
+                &format!("{policy:?}, {rounds} rounds a leader"),
             );
             if policy == FsyncPolicy::Always {
                 let s = w.stats();
@@ -781,16 +789,7 @@ mod tests {
                     }
                 });
                 let n = acked.len() as u64;
-                assert_eq!(
-                    acked.iter().map(|(seq, _)| *seq).collect::<Vec<_>>(),
-                    (1..=n).collect::<Vec<_>>(),
-                    "{policy:?}"
-                );
-                assert_eq!(
-                    records(dir.path()),
-                    acked,
-                    "{policy:?}: the file holds them all"
-                );
+                holds_exactly(dir.path(), &acked, &format!("{policy:?}"));
                 assert!(
                     refusals.iter().all(|e| e.contains("closed")),
                     "{refusals:?}"

@@ -37,36 +37,28 @@ fn works_from_plain_threads_spawn_blocking_and_block_in_place() {
         .build()
         .unwrap();
     let s = store.clone();
+    // One event and a health check, as a request's store call makes them.
+    let call = move |s: Arc<RedisStore>| {
+        let raws = [raw("m", "shared", now, 1, &[("country", "fr")])];
+        let b = batch(&*s, now, &raws, &Defaults::default());
+        s.apply(&b).unwrap();
+        s.health().unwrap();
+    };
     let n = rt.block_on(async move {
-        let tasks: Vec<_> = (0..8)
+        let pooled: Vec<_> = (0..8)
             .map(|_| {
                 let s = s.clone();
-                tokio::task::spawn_blocking(move || {
-                    let raws = [raw("m", "shared", now, 1, &[("country", "fr")])];
-                    let b = batch(&*s, now, &raws, &Defaults::default());
-                    s.apply(&b).unwrap();
-                    s.health().unwrap();
-                })
+                tokio::task::spawn_blocking(move || call(s))
             })
             .collect();
-        for t in tasks {
-            t.await.unwrap();
-        }
         // In tasks on the workers, giving each up for the call (`App::blocking`).
-        let tasks: Vec<_> = (0..8)
+        let in_place: Vec<_> = (0..8)
             .map(|_| {
                 let s = s.clone();
-                tokio::spawn(async move {
-                    tokio::task::block_in_place(|| {
-                        let raws = [raw("m", "shared", now, 1, &[("country", "fr")])];
-                        let b = batch(&*s, now, &raws, &Defaults::default());
-                        s.apply(&b).unwrap();
-                        s.health().unwrap();
-                    })
-                })
+                tokio::spawn(async move { tokio::task::block_in_place(|| call(s)) })
             })
             .collect();
-        for t in tasks {
+        for t in pooled.into_iter().chain(in_place) {
             t.await.unwrap();
         }
         let s2 = s.clone();
