@@ -1,11 +1,11 @@
 //! The log writer: records from any number of writers go to the log in groups. The first
 //! writer to arrive while nobody writes becomes the *leader*: it writes everything waiting
 //! in one `write`, fsyncs once for all of them (group commit) per the policy, and answers
-//! them. Writers that arrive meanwhile queue; when its round is done the leader hands the
-//! queue to the first of them, which leads the next round, and returns to its caller. A
-//! writer alone thus writes its own record with no thread in between (a hand-over to a
-//! log thread and back cost ~100 µs a batch on this machine, a tenth of applying 1 000
-//! events); concurrent writers share fsyncs as before. With `interval`, a thread syncs
+//! them, and again for those who arrived meanwhile (a few rounds, a few ms at most); then it
+//! hands the queue to the first writer still waiting, which leads next, and returns to its
+//! caller. A writer alone thus writes its own record with no thread in between (a
+//! hand-over to a log thread and back cost ~100 µs a batch on this machine, a tenth of
+//! applying 1 000 events); concurrent writers share fsyncs as before. With `interval`, a thread syncs
 //! what is left unsynced once the interval has passed. An I/O failure poisons the writer:
 //! every later append fails with the first error (its `io::Error` kept as the cause),
 //! because after a failed fsync nothing written can be assumed durable.
@@ -267,9 +267,10 @@ const ROUNDS_PER_LEADER: usize = 16;
 const LEAD_AT_MOST: Duration = Duration::from_millis(2);
 
 impl Shared {
-    /// Leads one round: everything queued (the leader's own request among it) is written
-    /// and answered; then the queue goes to the first writer that arrived meanwhile, if
-    /// any. The hand-over happens even if the round panicked, so no writer waits forever.
+    /// Leads rounds: everything queued (the leader's own request among it, in the first) is
+    /// written and answered, again while writers keep arriving, up to [`ROUNDS_PER_LEADER`]
+    /// rounds or [`LEAD_AT_MOST`]; then the queue goes to the first writer still waiting,
+    /// if any. The hand-over happens even if a round panicked, so no writer waits forever.
     fn lead(&self) {
         struct HandOver<'a>(&'a Shared);
         impl Drop for HandOver<'_> {
@@ -283,20 +284,16 @@ impl Shared {
                     });
                 }
                 let mut q = lock(&self.0.queue);
-                loop {
-                    if q.reqs.is_empty() {
-                        q.leading = false;
-                        self.0.idle.notify_all();
-                        return;
-                    }
-                    // The first waiting writer leads next. Its answer channel is empty (it
-                    // waits on it), so this does not block; if it is gone, the next one.
-                    let first = q.reqs.remove(0);
+                // The first waiting writer leads next. Its answer channel is empty (it
+                // waits on it), so this does not block; if it is gone, the next one.
+                while let Some(first) = q.reqs.first() {
                     if first.reply.try_send(Answer::Lead).is_ok() {
-                        q.reqs.insert(0, first);
                         return;
                     }
+                    q.reqs.remove(0);
                 }
+                q.leading = false;
+                self.0.idle.notify_all();
             }
         }
         let _hand_over = HandOver(self);
