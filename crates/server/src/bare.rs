@@ -49,21 +49,20 @@ fn replacement(status_line: &[u8]) -> Option<ApiError> {
 fn rewrite(head: &[u8]) -> Option<Vec<u8>> {
     // Most writes are other answers and their bodies: a look at the first line settles it.
     let first = &head[..head.len().min(64)];
-    let line = &first[..first.windows(2).position(|w| w == b"\r\n")?];
-    replacement(line)?;
+    let status = &first[..first.windows(2).position(|w| w == b"\r\n")?];
+    let error = replacement(status)?;
     let end = head.windows(4).position(|w| w == b"\r\n\r\n")?;
-    let text = &head[..end];
-    let mut lines = text
+    let fields: Vec<&[u8]> = head
+        .get(status.len() + 2..end)
+        .unwrap_or_default()
         .split(|&b| b == b'\n')
-        .map(|l| l.strip_suffix(b"\r").unwrap_or(l));
-    let error = replacement(lines.next()?)?;
-    let fields: Vec<&[u8]> = lines.collect();
+        .map(|l| l.strip_suffix(b"\r").unwrap_or(l))
+        .collect();
     let has = |f: &[u8]| fields.iter().any(|l| l.eq_ignore_ascii_case(f));
     if !has(b"connection: close") || !has(b"content-length: 0") {
         return None;
     }
     let body = error.to_json().to_string();
-    let status = &text[..text.iter().position(|&b| b == b'\r')?];
     let mut out = Vec::with_capacity(head.len() + body.len() + 64);
     out.extend_from_slice(status);
     out.extend_from_slice(b"\r\ncontent-type: application/json\r\n");
@@ -229,6 +228,7 @@ mod tests {
             "HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
             "HTTP/1.1 100 Continue\r\n\r\n",
             "HTTP/1.1 400 Bad Request\r\nconnection: close\r\ncontent-length: 0\r\n",
+            "HTTP/1.1 400 Bad Request\r\n\r\n",
         ] {
             assert_eq!(rewrite(head.as_bytes()), None, "{head}");
         }
