@@ -309,8 +309,8 @@ impl RedisStore {
     /// Checks again, at most every [`VET_EVERY`], what `connect` checked: that the user may
     /// run `INFO`, that no node may evict keys and that Redis holds this build's layout (an
     /// emptied Redis gets it marked again, as at connect). A refusal found is kept, and
-    /// answered to every write and health check until a check finds it gone. A check Redis does not answer within
-    /// [`VET_TIMEOUT`] changes nothing: the last answer stands.
+    /// answered to every write and health check until a check finds it gone. A check Redis
+    /// does not answer within [`VET_TIMEOUT`] changes nothing: the last answer stands.
     pub(crate) async fn vet(&self) -> Result<(), StoreError> {
         {
             let mut v = self.vetted.lock().unwrap_or_else(PoisonError::into_inner);

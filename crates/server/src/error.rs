@@ -113,7 +113,7 @@ const QUIET_KINDS: usize = 64;
 struct Quiet(Vec<(ErrorCode, String, std::time::Instant, u64)>);
 
 fn kind_of(message: &str) -> &str {
-    let head = message.split(':').next().unwrap_or(message);
+    let head = message.split_once(':').map_or(message, |(head, _)| head);
     let mut end = head.len().min(64);
     while !head.is_char_boundary(end) {
         end -= 1;

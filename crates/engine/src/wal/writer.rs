@@ -5,10 +5,10 @@
 //! hands the queue to the first writer still waiting, which leads next, and returns to its
 //! caller. A writer alone thus writes its own record with no thread in between (a
 //! hand-over to a log thread and back cost ~100 µs a batch on this machine, a tenth of
-//! applying 1 000 events); concurrent writers share fsyncs as before. With `interval`, a thread syncs
-//! what is left unsynced once the interval has passed. An I/O failure poisons the writer:
-//! every later append fails with the first error (its `io::Error` kept as the cause),
-//! because after a failed fsync nothing written can be assumed durable.
+//! applying 1 000 events); concurrent writers share fsyncs as before. With `interval`, a
+//! thread syncs what is left unsynced once the interval has passed. An I/O failure poisons
+//! the writer: every later append fails with the first error (its `io::Error` kept as the
+//! cause), because after a failed fsync nothing written can be assumed durable.
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, SyncSender};
