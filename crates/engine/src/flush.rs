@@ -31,7 +31,7 @@ use crate::archive::{Archive, segment_path};
 use crate::catalog::{Bits, KeyId, SeriesId, TOTAL, is_total};
 use crate::engine::Engine;
 use crate::manifest::{self, AnswersEntry, Manifest, SegmentEntry};
-use crate::memtable::{Frozen, split_key};
+use crate::memtable::{Counters, Frozen, split_key};
 use crate::segment::{
     Buckets, DimRecord, KeyRecord, Segment, SegmentKind, SegmentMeta, SegmentWriter,
 };
@@ -679,7 +679,7 @@ impl Engine {
         let (mut subs, mut totals) = (Bits::default(), Bits::default());
         for s in 0..self.core.mem.shards() {
             let shard = self.core.mem.lock(s);
-            let keys = shard.maps.iter().flat_map(|m| m.keys().copied());
+            let keys = shard.maps.iter().flat_map(Counters::keys);
             for k in keys.chain(shard.frozen.iter().flat_map(|f| f.iter()).map(|e| e.0)) {
                 let sid = split_key(k).0;
                 if is_total(sid) {

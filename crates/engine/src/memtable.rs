@@ -3,8 +3,10 @@
 //! critical section and a read of a key holds that same lock, which is what makes an
 //! event visible wholly or not at all.
 //!
-//! A counter is one `u64 → i64` entry: `series id << 32 | bucket index` (the bucket start
-//! divided by the resolution; timestamps are below 2^32, so it fits). Two maps per
+//! A counter is named by `series id << 32 | bucket index` (the bucket start divided by the
+//! resolution; timestamps are below 2^32, so it fits), and held in 12 bytes: the name as two
+//! `u32`s and the count as an `i32`, with counts past that range kept whole in a small map
+//! beside it (see [`Counters`]). Two maps per
 //! resolution slot, one per [`Lane`]: totals apart from subtotals, so that a walk over a
 //! tier's totals (a top of keys over today) does not step over every subtotal, and an
 //! event's total lands in the smaller map. Zero counters are removed rather than kept. Counters a flush is writing
@@ -19,7 +21,159 @@ use foldhash::fast::FixedState;
 
 use crate::catalog::SeriesId;
 
-pub type Counters = HashMap<u64, i64, FixedState>;
+/// A counter's name as a map key: `counter_key` split in two `u32`s, so that an entry (with
+/// its `i32` count) takes 12 bytes rather than 16. Hashed as the `u64` it stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Name([u32; 2]);
+
+impl Name {
+    fn of(k: u64) -> Name {
+        Name([(k >> 32) as u32, k as u32])
+    }
+
+    fn key(self) -> u64 {
+        (u64::from(self.0[0]) << 32) | u64::from(self.0[1])
+    }
+}
+
+impl std::hash::Hash for Name {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        h.write_u64(self.key());
+    }
+}
+
+/// What a counter's entry holds when its count does not fit an `i32`: the count is in
+/// [`Counters::wide`].
+const WIDE: i32 = i32::MIN;
+
+/// One lane's live counters. A count is 64 bits (and wraps past them, as in Redis), but
+/// nearly every count fits 32: each counter is a 12-byte entry whose `i32` is its count,
+/// or [`WIDE`] when the count is in `wide`, a map of the few that do not fit. (16-byte
+/// entries took ~28 of the ~60 bytes a live counter cost the process.)
+#[derive(Debug, Default)]
+pub struct Counters {
+    narrow: HashMap<Name, i32, FixedState>,
+    wide: HashMap<u64, i64, FixedState>,
+}
+
+impl Counters {
+    pub fn len(&self) -> usize {
+        self.narrow.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.narrow.is_empty()
+    }
+
+    /// Bytes the maps hold (entries, control bytes, spare capacity).
+    pub fn bytes(&self) -> usize {
+        self.narrow.capacity() * (std::mem::size_of::<(Name, i32)>() + 1)
+            + self.wide.capacity() * (std::mem::size_of::<(u64, i64)>() + 1)
+    }
+
+    /// A counter's count, if held.
+    pub fn get(&self, k: u64) -> Option<i64> {
+        self.narrow.get(&Name::of(k)).map(|&n| self.whole(k, n))
+    }
+
+    fn whole(&self, k: u64, n: i32) -> i64 {
+        if n == WIDE {
+            self.wide.get(&k).copied().unwrap_or(0)
+        } else {
+            i64::from(n)
+        }
+    }
+
+    /// Adds `n` to a counter (made if new; removed when it comes to zero). Counts wrap past
+    /// 64 bits.
+    pub fn add(&mut self, k: u64, n: i64) {
+        match self.narrow.entry(Name::of(k)) {
+            Entry::Occupied(mut e) => {
+                let was = *e.get();
+                if was != WIDE {
+                    let sum = i64::from(was).wrapping_add(n);
+                    match i32::try_from(sum) {
+                        Ok(0) => {
+                            e.remove();
+                        }
+                        Ok(s) if s != WIDE => *e.get_mut() = s,
+                        _ => {
+                            *e.get_mut() = WIDE;
+                            self.wide.insert(k, sum);
+                        }
+                    }
+                    return;
+                }
+                let sum = self.wide.get(&k).copied().unwrap_or(0).wrapping_add(n);
+                match i32::try_from(sum) {
+                    Ok(0) => {
+                        e.remove();
+                        self.wide.remove(&k);
+                    }
+                    Ok(s) if s != WIDE => {
+                        *e.get_mut() = s;
+                        self.wide.remove(&k);
+                    }
+                    _ => {
+                        self.wide.insert(k, sum);
+                    }
+                }
+            }
+            Entry::Vacant(e) => match i32::try_from(n) {
+                Ok(0) => {}
+                Ok(s) if s != WIDE => {
+                    e.insert(s);
+                }
+                _ => {
+                    e.insert(WIDE);
+                    self.wide.insert(k, n);
+                }
+            },
+        }
+    }
+
+    /// Every counter, `(counter key, count)`, in no order.
+    pub fn iter(&self) -> impl Iterator<Item = (u64, i64)> + '_ {
+        self.narrow.iter().map(|(k, &n)| {
+            let k = k.key();
+            (k, self.whole(k, n))
+        })
+    }
+
+    /// Every counter's key, in no order.
+    pub fn keys(&self) -> impl Iterator<Item = u64> + '_ {
+        self.narrow.keys().map(|k| k.key())
+    }
+
+    /// Keeps the counters `keep` accepts.
+    pub fn retain(&mut self, mut keep: impl FnMut(u64, i64) -> bool) {
+        let wide = &mut self.wide;
+        self.narrow.retain(|k, n| {
+            let k = k.key();
+            let whole = if *n == WIDE {
+                wide.get(&k).copied().unwrap_or(0)
+            } else {
+                i64::from(*n)
+            };
+            let kept = keep(k, whole);
+            if !kept && *n == WIDE {
+                wide.remove(&k);
+            }
+            kept
+        });
+    }
+
+    /// Gives back spare capacity once a map holds under a quarter of it (a flush empties
+    /// most of a map: memory goes back rather than stay at the peak).
+    fn shrink_if_sparse(&mut self) {
+        if self.narrow.len() < self.narrow.capacity() / 4 {
+            self.narrow.shrink_to_fit();
+        }
+        if self.wide.len() < self.wide.capacity() / 4 {
+            self.wide.shrink_to_fit();
+        }
+    }
+}
 
 /// Frozen counters: `(counter key, count)` sorted by key, keys unique.
 pub type Frozen = Vec<(u64, i64)>;
@@ -92,7 +246,7 @@ impl Shard {
     /// Keeps a slot's live counters (both lanes) that `keep` accepts.
     pub fn retain_live(&mut self, slot: usize, mut keep: impl FnMut(u64) -> bool) {
         for lane in Lane::ALL {
-            self.map(slot, lane).retain(|k, _| keep(*k));
+            self.map(slot, lane).retain(|k, _| keep(k));
         }
     }
 
@@ -124,37 +278,28 @@ impl Shard {
         self.map(slot, lane);
         let e = &mut self.extent[slot];
         *e = union(*e, (bucket_index, bucket_index));
-        match self.maps[at(slot, lane)].entry(counter_key(series, bucket_index)) {
-            Entry::Occupied(mut e) => {
-                // Counters wrap past 64 bits (as in a release build, and in Redis).
-                *e.get_mut() = e.get().wrapping_add(n);
-                if *e.get() == 0 {
-                    e.remove();
-                }
-            }
-            Entry::Vacant(e) => {
-                e.insert(n);
-            }
-        }
+        self.maps[at(slot, lane)].add(counter_key(series, bucket_index), n);
     }
 
     /// A counter's value: live plus frozen.
     pub fn get(&self, slot: usize, lane: Lane, series: SeriesId, bucket_index: u32) -> i64 {
         let k = counter_key(series, bucket_index);
-        let live = self.live_map(slot, lane).and_then(|m| m.get(&k)).copied();
-        live.unwrap_or(0) + self.frozen.get(slot).map_or(0, |f| frozen_get(f, k))
+        let live = self.live_map(slot, lane).and_then(|m| m.get(k));
+        // Counts wrap past 64 bits, their sums too.
+        live.unwrap_or(0)
+            .wrapping_add(self.frozen.get(slot).map_or(0, |f| frozen_get(f, k)))
     }
 
     /// Counters held, live and frozen.
     pub fn live(&self) -> usize {
-        self.maps.iter().map(HashMap::len).sum::<usize>()
+        self.maps.iter().map(Counters::len).sum::<usize>()
             + self.frozen.iter().map(|f| f.len()).sum::<usize>()
     }
 
     /// How many counters one lane of a slot holds, live, plus the slot's frozen counters
     /// (of both lanes; a key can be live and frozen): what walking them costs.
     pub fn count(&self, slot: usize, lane: Lane) -> usize {
-        self.live_map(slot, lane).map_or(0, HashMap::len)
+        self.live_map(slot, lane).map_or(0, Counters::len)
             + self.frozen.get(slot).map_or(0, |f| f.len())
     }
 
@@ -165,8 +310,7 @@ impl Shard {
         let live = self
             .live_map(slot, lane)
             .into_iter()
-            .flatten()
-            .map(|(&k, &n)| (k, n));
+            .flat_map(Counters::iter);
         live.chain(
             self.frozen
                 .get(slot)
@@ -190,9 +334,9 @@ impl Shard {
         for lane in Lane::ALL {
             let live = &mut self.maps[at(slot, lane)];
             live.retain(|k, n| {
-                let i = split_key(*k).1;
+                let i = split_key(k).1;
                 if ranges.iter().any(|&(lo, hi)| lo <= i && i < hi) {
-                    frozen.push((*k, *n));
+                    frozen.push((k, n));
                     moved = union(moved, (i, i));
                     false
                 } else {
@@ -200,10 +344,7 @@ impl Shard {
                     true
                 }
             });
-            // A flush empties most of a map: give the memory back rather than keep the peak.
-            if live.len() < live.capacity() / 4 {
-                live.shrink_to_fit();
-            }
+            live.shrink_if_sparse();
         }
         self.extent[slot] = kept;
         self.frozen_extent[slot] = moved;
@@ -213,7 +354,7 @@ impl Shard {
             frozen.dedup_by(|later, first| {
                 let same = later.0 == first.0;
                 if same {
-                    first.1 += later.1;
+                    first.1 = first.1.wrapping_add(later.1);
                 }
                 same
             });
@@ -301,13 +442,7 @@ impl Memtable {
     /// Bytes the counter maps hold (entries, control bytes, spare capacity).
     pub fn bytes(&self) -> usize {
         (0..self.shards.len())
-            .map(|i| {
-                self.lock(i)
-                    .maps
-                    .iter()
-                    .map(|m| m.capacity() * (std::mem::size_of::<(u64, i64)>() + 1))
-                    .sum::<usize>()
-            })
+            .map(|i| self.lock(i).maps.iter().map(Counters::bytes).sum::<usize>())
             .sum()
     }
 }
@@ -326,6 +461,67 @@ mod tests {
         s.add(1, Lane::Total, u32::MAX, u32::MAX, -3);
         assert_eq!(s.get(1, Lane::Total, u32::MAX, u32::MAX), -3);
         assert_eq!(split_key(counter_key(u32::MAX, 9)), (u32::MAX, 9));
+    }
+
+    /// Counts past 32 bits, the entry's marker value itself, and 64-bit wrapping: every
+    /// count reads back whole, through `get`, `iter`, `retain` and a freeze, and a count
+    /// that comes back into range (or to zero) leaves no wide entry behind.
+    #[test]
+    fn counts_past_32_bits_are_kept_whole() {
+        let mut c = Counters::default();
+        let big = i64::from(i32::MAX);
+        c.add(1, big);
+        c.add(1, 1);
+        assert_eq!((c.get(1), c.wide.len()), (Some(big + 1), 1));
+        c.add(1, -2);
+        assert_eq!((c.get(1), c.wide.len()), (Some(big - 1), 0), "narrow again");
+        c.add(2, i64::from(WIDE));
+        assert_eq!(
+            c.get(2),
+            Some(i64::from(i32::MIN)),
+            "the marker's own value"
+        );
+        c.add(3, i64::MAX);
+        c.add(3, 2);
+        assert_eq!(c.get(3), Some(i64::MIN + 1), "wraps past 64 bits");
+        c.add(3, i64::MAX);
+        assert_eq!(c.get(3), None, "back to zero: gone, wide entry too");
+        c.add(4, -5);
+        c.add(4, i64::MIN);
+        assert_eq!(c.get(4), Some(i64::MAX - 4));
+        let mut all: Vec<(u64, i64)> = c.iter().collect();
+        all.sort_unstable();
+        assert_eq!(
+            all,
+            vec![(1, big - 1), (2, i64::from(i32::MIN)), (4, i64::MAX - 4)]
+        );
+        c.retain(|k, n| k != 2 && n != i64::MAX - 4);
+        assert_eq!(
+            (c.len(), c.wide.len()),
+            (1, 0),
+            "retain drops wide entries too"
+        );
+
+        let mut s = Shard::default();
+        s.add(0, Lane::Sub, 9, 3, i64::MAX);
+        s.add(0, Lane::Sub, 9, 4, 7);
+        s.freeze(0, &[(0, 4)]);
+        assert_eq!(s.frozen[0].as_slice(), &[(counter_key(9, 3), i64::MAX)]);
+        assert_eq!(s.get(0, Lane::Sub, 9, 3), i64::MAX);
+        s.add(0, Lane::Sub, 9, 3, 1);
+        assert_eq!(
+            s.get(0, Lane::Sub, 9, 3),
+            i64::MIN,
+            "live plus frozen wraps"
+        );
+        s.freeze(0, &[(0, 4)]);
+        assert_eq!(
+            s.frozen[0].as_slice(),
+            &[(counter_key(9, 3), i64::MIN)],
+            "frozen twice: summed, wrapping"
+        );
+        s.thaw(&|_| false);
+        assert_eq!((s.get(0, Lane::Sub, 9, 3), s.live()), (i64::MIN, 2));
     }
 
     #[test]

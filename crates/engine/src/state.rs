@@ -723,7 +723,7 @@ impl Core {
                 let frozen = |idx: u32| lo <= idx && idx <= hi;
                 let before = map.len();
                 map.retain(|k, _| {
-                    let (sid, idx) = split_key(*k);
+                    let (sid, idx) = split_key(k);
                     let ns = cat.ns_of_series(sid).unwrap_or(u32::MAX);
                     let expired = match cutoffs.get(ns as usize).and_then(|c| c.get(slot)) {
                         Some(Some(Some(first))) => idx < *first,
