@@ -4,9 +4,9 @@
 //! event visible wholly or not at all.
 //!
 //! A counter is named by `series id << 32 | bucket index` (the bucket start divided by the
-//! resolution; timestamps are below 2^32, so it fits), and held in 12 bytes: the name as two
-//! `u32`s and the count as an `i32`, with counts past that range kept whole in a small map
-//! beside it (see [`Counters`]). Two maps per
+//! resolution; timestamps are below 2^32, so it fits), and held in 10 bytes: the name and
+//! the count as an `i16`, with counts past that range kept whole in a small map beside it
+//! (see [`Counters`]). Two maps per
 //! resolution slot, one per [`Lane`]: totals apart from subtotals, so that a walk over a
 //! tier's totals (a top of keys over today) does not step over every subtotal, and an
 //! event's total lands in the smaller map. Zero counters are removed rather than kept. Counters a flush is writing
@@ -21,18 +21,25 @@ use foldhash::fast::FixedState;
 
 use crate::catalog::SeriesId;
 
-/// A counter's name as a map key: `counter_key` split in two `u32`s, so that an entry (with
-/// its `i32` count) takes 12 bytes rather than 16. Hashed as the `u64` it stands for.
+/// A counter's name as a map key: `counter_key` as four `u16`s, so that an entry (with its
+/// [`Narrow`] count) takes 10 bytes rather than 16. Hashed as the `u64` it stands for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Name([u32; 2]);
+struct Name([u16; 4]);
 
 impl Name {
     fn of(k: u64) -> Name {
-        Name([(k >> 32) as u32, k as u32])
+        Name([
+            (k >> 48) as u16,
+            (k >> 32) as u16,
+            (k >> 16) as u16,
+            k as u16,
+        ])
     }
 
     fn key(self) -> u64 {
-        (u64::from(self.0[0]) << 32) | u64::from(self.0[1])
+        self.0
+            .iter()
+            .fold(0, |k, &part| (k << 16) | u64::from(part))
     }
 }
 
@@ -42,17 +49,21 @@ impl std::hash::Hash for Name {
     }
 }
 
-/// What a counter's entry holds when its count does not fit an `i32`: the count is in
+/// A count as a counter's entry holds it.
+type Narrow = i16;
+
+/// What a counter's entry holds when its count does not fit a [`Narrow`]: the count is in
 /// [`Counters::wide`].
-const WIDE: i32 = i32::MIN;
+const WIDE: Narrow = Narrow::MIN;
 
 /// One lane's live counters. A count is 64 bits (and wraps past them, as in Redis), but
-/// nearly every count fits 32: each counter is a 12-byte entry whose `i32` is its count,
-/// or [`WIDE`] when the count is in `wide`, a map of the few that do not fit. (16-byte
-/// entries took ~28 of the ~60 bytes a live counter cost the process.)
+/// nearly every count is small: each counter is a 10-byte entry whose `i16` is its count,
+/// or [`WIDE`] when the count is in `wide`, a map of the few that do not fit (a busy key's
+/// hourly total, say: 28 bytes then, the two entries). (16-byte entries took ~28 of the
+/// ~60 bytes a live counter cost the process.)
 #[derive(Debug, Default)]
 pub struct Counters {
-    narrow: HashMap<Name, i32, FixedState>,
+    narrow: HashMap<Name, Narrow, FixedState>,
     wide: HashMap<u64, i64, FixedState>,
 }
 
@@ -67,7 +78,7 @@ impl Counters {
 
     /// Bytes the maps hold (entries, control bytes, spare capacity).
     pub fn bytes(&self) -> usize {
-        self.narrow.capacity() * (std::mem::size_of::<(Name, i32)>() + 1)
+        self.narrow.capacity() * (std::mem::size_of::<(Name, Narrow)>() + 1)
             + self.wide.capacity() * (std::mem::size_of::<(u64, i64)>() + 1)
     }
 
@@ -76,7 +87,7 @@ impl Counters {
         self.narrow.get(&Name::of(k)).map(|&n| self.whole(k, n))
     }
 
-    fn whole(&self, k: u64, n: i32) -> i64 {
+    fn whole(&self, k: u64, n: Narrow) -> i64 {
         if n == WIDE {
             self.wide.get(&k).copied().unwrap_or(0)
         } else {
@@ -92,7 +103,7 @@ impl Counters {
                 let was = *e.get();
                 if was != WIDE {
                     let sum = i64::from(was).wrapping_add(n);
-                    match i32::try_from(sum) {
+                    match Narrow::try_from(sum) {
                         Ok(0) => {
                             e.remove();
                         }
@@ -105,7 +116,7 @@ impl Counters {
                     return;
                 }
                 let sum = self.wide.get(&k).copied().unwrap_or(0).wrapping_add(n);
-                match i32::try_from(sum) {
+                match Narrow::try_from(sum) {
                     Ok(0) => {
                         e.remove();
                         self.wide.remove(&k);
@@ -119,7 +130,7 @@ impl Counters {
                     }
                 }
             }
-            Entry::Vacant(e) => match i32::try_from(n) {
+            Entry::Vacant(e) => match Narrow::try_from(n) {
                 Ok(0) => {}
                 Ok(s) if s != WIDE => {
                     e.insert(s);
@@ -463,13 +474,13 @@ mod tests {
         assert_eq!(split_key(counter_key(u32::MAX, 9)), (u32::MAX, 9));
     }
 
-    /// Counts past 32 bits, the entry's marker value itself, and 64-bit wrapping: every
+    /// Counts past the entry's 16 bits, the entry's marker value itself, and 64-bit wrapping: every
     /// count reads back whole, through `get`, `iter`, `retain` and a freeze, and a count
     /// that comes back into range (or to zero) leaves no wide entry behind.
     #[test]
-    fn counts_past_32_bits_are_kept_whole() {
+    fn counts_past_the_entry_are_kept_whole() {
         let mut c = Counters::default();
-        let big = i64::from(i32::MAX);
+        let big = i64::from(Narrow::MAX);
         c.add(1, big);
         c.add(1, 1);
         assert_eq!((c.get(1), c.wide.len()), (Some(big + 1), 1));
@@ -478,7 +489,7 @@ mod tests {
         c.add(2, i64::from(WIDE));
         assert_eq!(
             c.get(2),
-            Some(i64::from(i32::MIN)),
+            Some(i64::from(Narrow::MIN)),
             "the marker's own value"
         );
         c.add(3, i64::MAX);
@@ -493,7 +504,7 @@ mod tests {
         all.sort_unstable();
         assert_eq!(
             all,
-            vec![(1, big - 1), (2, i64::from(i32::MIN)), (4, i64::MAX - 4)]
+            vec![(1, big - 1), (2, i64::from(Narrow::MIN)), (4, i64::MAX - 4)]
         );
         c.retain(|k, n| k != 2 && n != i64::MAX - 4);
         assert_eq!(
