@@ -230,20 +230,20 @@ impl Engine {
     /// is checked here): whatever is logged is replayed, and such a record would stop
     /// recovery. Also a batch with a new idempotency key once `max_idempotency_answers` are
     /// remembered.
-    fn check_before_logging(&self, batch: &Batch) -> Result<(), StoreError> {
-        if let Some(inc) = batch
-            .increments
+    fn check_before_logging(&self, view: &BatchView<'_>) -> Result<(), StoreError> {
+        if let Some(inc) = view
+            .incs
             .iter()
             .find(|inc| !(0..tally_core::model::MAX_TS).contains(&inc.ts))
         {
             return Err(StoreError::internal(format!(
                 "timestamp {} of key {} is out of range (0 to {} s)",
                 inc.ts,
-                inc.key,
+                view.str(inc.key),
                 tally_core::model::MAX_TS - 1
             )));
         }
-        if let Some(r) = &batch.idempotency {
+        if let Some(r) = &view.idempotency {
             let idem = self
                 .core
                 .idem
@@ -258,22 +258,23 @@ impl Engine {
                 )));
             }
         }
-        let mut last: Option<&Namespace> = None;
-        // A set: a batch may create tens of thousands of namespaces (one per event).
-        let creates: std::collections::HashSet<&Namespace> =
-            batch.create.iter().map(|(n, _)| n).collect();
-        for inc in &batch.increments {
-            if last == Some(&inc.ns) {
+        // Each namespace string of the batch's table once (a batch may create tens of
+        // thousands, one per event), compared by index: no string compare per event.
+        let mut known = vec![false; view.strings.len()];
+        for &(ns, _) in &view.creates {
+            known[ns as usize] = true;
+        }
+        for inc in &view.incs {
+            if known[inc.ns as usize] {
                 continue;
             }
-            let created = creates.contains(&inc.ns);
-            if !created && self.core.read_cat().ns_id(inc.ns.as_str()).is_none() {
+            let name = view.str(inc.ns);
+            if self.core.read_cat().ns_id(name).is_none() {
                 return Err(StoreError::internal(format!(
-                    "namespace {} is unknown and the batch does not create it",
-                    inc.ns
+                    "namespace {name} is unknown and the batch does not create it"
                 )));
             }
-            last = Some(&inc.ns);
+            known[inc.ns as usize] = true;
         }
         Ok(())
     }
@@ -544,9 +545,9 @@ impl Store for Engine {
 
     fn apply(&self, batch: &Batch) -> Result<(), StoreError> {
         let _gate = self.gate_shared();
-        self.check_before_logging(batch)?;
-        let now = self.clock.now();
         let mut view = BatchView::from_batch(batch);
+        self.check_before_logging(&view)?;
+        let now = self.clock.now();
         view.at = Some(now);
         let mut bytes = Vec::with_capacity(64 + 16 * batch.increments.len());
         view.encode(&mut bytes);

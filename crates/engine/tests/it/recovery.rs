@@ -699,10 +699,33 @@ fn a_batch_replay_could_not_apply_is_refused_before_it_is_logged() {
         let err = e.apply(&batch).unwrap_err();
         assert!(err.detail().contains("out of range"), "{err:?}");
     }
+    // A namespace that neither exists nor is created by the batch, after events of one
+    // that exists and of one the batch creates.
+    let mut batch = crate::prepared(
+        &e,
+        NOW,
+        &[
+            raw("clicks", "k", NOW, 1, &[]),
+            raw("fresh", "k", NOW, 1, &[]),
+            raw("clicks", "k", NOW, 1, &[]),
+            raw("other", "k", NOW, 1, &[]),
+        ],
+    );
+    assert_eq!(batch.create.len(), 2, "the batch creates fresh and other");
+    let other = batch.create.pop().unwrap().0;
+    let err = e.apply(&batch).unwrap_err();
+    assert!(
+        err.detail()
+            .contains(&format!("namespace {other} is unknown")),
+        "{err:?}"
+    );
     assert_eq!(e.stats().wal.records, records, "nothing was logged");
+    batch.increments.pop();
+    e.apply(&batch).unwrap();
     drop(e);
     let e = open(dir.path(), &c, FsyncPolicy::Always);
-    assert_eq!(total(&e, "clicks", "k", 60), 1);
+    assert_eq!(total(&e, "clicks", "k", 60), 3);
+    assert_eq!(total(&e, "fresh", "k", 60), 1);
 }
 
 #[test]
