@@ -31,6 +31,8 @@ pub struct Config {
     pub fsync: FsyncPolicy,
     /// A log file is closed and a new one started past this size.
     pub max_wal_file_bytes: u64,
+    /// Memtable shards (each a lock over its keys' counters): by default four per core, at
+    /// least 8 and at most 256 (see [`default_shards`]).
     pub shards: usize,
     pub clock: Arc<dyn Clock>,
     /// Fault injection for tests; `None` in production.
@@ -72,13 +74,13 @@ impl std::fmt::Debug for Config {
 }
 
 impl Config {
-    /// Defaults: fsync `always`, 64 MiB log files, 64 shards, the system clock.
+    /// Defaults: fsync `always`, 64 MiB log files, [`default_shards`], the system clock.
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         Config {
             dir: dir.into(),
             fsync: FsyncPolicy::Always,
             max_wal_file_bytes: 64 << 20,
-            shards: 64,
+            shards: default_shards(),
             clock: Arc::new(SystemClock),
             faults: None,
             lock_wait: StdDuration::from_millis(500),
@@ -89,6 +91,15 @@ impl Config {
             max_future_secs: tally_core::ingest::Limits::default().max_future_secs,
         }
     }
+}
+
+/// Memtable shards by default: four per core the process may run on, from 8 to 256. A
+/// batch takes each of its shards' locks in turn, so more shards than writers can use cost
+/// a lock and a smaller, colder set of maps each: on 2 cores, 8 shards applied ~5-10%
+/// more than 64 with one writer and with two (`tally-bench engine`, docs/benchmarks.md).
+pub fn default_shards() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    cores.saturating_mul(4).clamp(8, 256)
 }
 
 /// Why a data directory could not be opened.
