@@ -290,7 +290,7 @@ impl Archive {
                 // Totals alone: the key's subtotals are not even decoded.
                 if let Some(t) = seg.get_totals(ns, key)? {
                     for (i, n) in t.iter().filter(|(i, _)| lo <= *i && *i < hi) {
-                        *totals.entry(*i).or_default() += n;
+                        add(totals.entry(*i).or_default(), *n);
                     }
                 }
             } else if let Some(rec) = seg.get(ns, key)? {
@@ -363,7 +363,7 @@ impl Archive {
                     exact,
                     r.inside,
                     &dim_ok,
-                    &mut |i, n| *totals.entry(i).or_default() += n,
+                    &mut |i, n| add(totals.entry(i).or_default(), n),
                     &mut |d, v, n| {
                         if let Some((d, v)) = ids.get(d, v)
                             && value.is_none_or(|w| w == Some(v))
@@ -374,7 +374,7 @@ impl Archive {
                 )?;
             } else if let Some(t) = seg.get_totals(r.ns, r.key)? {
                 for &(i, n) in t.iter().filter(|(i, _)| (r.inside)(*i)) {
-                    *totals.entry(i).or_default() += n;
+                    add(totals.entry(i).or_default(), n);
                 }
             }
         }
@@ -398,7 +398,7 @@ fn add_record(
 ) {
     let inside = |i: &u32| lo <= *i && *i < hi;
     for (i, n) in rec.totals.iter().filter(|(i, _)| inside(i)) {
-        *totals.entry(*i).or_default() += n;
+        add(totals.entry(*i).or_default(), *n);
     }
     for d in &rec.dims {
         for (value, buckets) in &d.values {
@@ -411,10 +411,15 @@ fn add_record(
             }
             let m = subs.entry((d.dim.clone(), value.clone())).or_default();
             for (i, n) in within {
-                *m.entry(*i).or_default() += n;
+                add(m.entry(*i).or_default(), *n);
             }
         }
     }
+}
+
+/// Adds to a sum of counts: they wrap past 64 bits, as the counters do.
+fn add(sum: &mut i64, n: i64) {
+    *sum = sum.wrapping_add(n);
 }
 
 #[cfg(test)]

@@ -220,7 +220,7 @@ fn sort_and_merge(all: &mut Vec<Update>) {
     for r in 0..all.len() {
         let u = all[r];
         if w > 0 && all[w - 1].counter() == u.counter() {
-            all[w - 1].n += u.n;
+            all[w - 1].n = all[w - 1].n.wrapping_add(u.n);
         } else {
             all[w] = u;
             w += 1;

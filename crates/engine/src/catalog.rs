@@ -276,10 +276,19 @@ impl Subs {
 
     /// Keeps the subtotals `keep` accepts.
     pub fn retain(&mut self, mut keep: impl FnMut(&(StrId, StrId, SeriesId)) -> bool) {
-        let kept: Vec<_> = self.iter().copied().filter(|e| keep(e)).collect();
-        if kept.len() == self.len() {
-            return;
+        // `keep` once per entry; the entries copied only once one is dropped (a forget asks
+        // every key, and most keep all).
+        let mut kept: Option<Vec<_>> = None;
+        for (i, e) in self.iter().enumerate() {
+            match (&mut kept, keep(e)) {
+                (Some(k), true) => k.push(*e),
+                (None, false) => kept = Some(self.iter().take(i).copied().collect()),
+                _ => {}
+            }
         }
+        let Some(kept) = kept else {
+            return;
+        };
         let size = if kept.len() <= LINEAR_SUBS {
             kept.len()
         } else {
@@ -948,6 +957,35 @@ mod tests {
             (5, Some(1040))
         );
         assert_eq!(subs.iter().count(), 5);
+        let mut asked = 0;
+        subs.retain(|_| {
+            asked += 1;
+            true
+        });
+        assert_eq!((asked, subs.len()), (5, 5), "each asked once, all kept");
+        // Pushes after a retain: the list of 5 grows to 8, then becomes a table.
+        for (n, &(d, v)) in pairs.iter().enumerate().skip(50).take(10) {
+            subs.push(d, v, n as SeriesId + 1000);
+        }
+        assert_eq!(subs.len(), 15);
+        for (m, &(d, v)) in pairs.iter().enumerate() {
+            let want =
+                (m < 50 && m % 10 == 0 || (50..60).contains(&m)).then_some(m as SeriesId + 1000);
+            assert_eq!(subs.get(d, v), want, "pair {m} after pushes");
+        }
+        subs.retain(|_| false);
+        assert_eq!(
+            (subs.len(), subs.iter().count(), subs.get(0, 0)),
+            (0, 0, None)
+        );
+        subs.push(7, 7, 1);
+        subs.push(8, 8, 2);
+        subs.push(9, 9, 3);
+        assert_eq!(
+            subs.iter().copied().collect::<Vec<_>>(),
+            vec![(7, 7, 1), (8, 8, 2), (9, 9, 3)],
+            "a list with a free slot after its last entry iterates its entries alone"
+        );
     }
 
     #[test]

@@ -6,12 +6,12 @@
 //! A counter is named by `series id << 32 | bucket index` (the bucket start divided by the
 //! resolution; timestamps are below 2^32, so it fits), and held in 10 bytes: the name and
 //! the count as an `i16`, with counts past that range kept whole in a small map beside it
-//! (see [`Counters`]). Two maps per
-//! resolution slot, one per [`Lane`]: totals apart from subtotals, so that a walk over a
-//! tier's totals (a top of keys over today) does not step over every subtotal, and an
-//! event's total lands in the smaller map. Zero counters are removed rather than kept. Counters a flush is writing
-//! are *frozen*: moved to a sorted array per slot (16 bytes each, no hash table), read by
-//! binary search until their segment is published.
+//! (see [`Counters`]). Two `Counters` per resolution slot, one per [`Lane`]: totals apart
+//! from subtotals, so that a walk over a tier's totals (a top of keys over today) does not
+//! step over every subtotal, and an event's total lands in the smaller map. Zero counters
+//! are removed rather than kept. Counters a flush is writing are *frozen*: moved to a sorted
+//! array per slot (16 bytes each, no hash table), read by binary search until their segment
+//! is published.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
@@ -145,10 +145,12 @@ impl Counters {
 
     /// Every counter, `(counter key, count)`, in no order.
     pub fn iter(&self) -> impl Iterator<Item = (u64, i64)> + '_ {
-        self.narrow.iter().map(|(k, &n)| {
-            let k = k.key();
-            (k, self.whole(k, n))
-        })
+        // The wide ones from their own map, with no look-up each: they gather in the
+        // totals lane, which a top over today walks whole.
+        let narrow = self.narrow.iter().filter(|e| *e.1 != WIDE);
+        narrow
+            .map(|(k, &n)| (k.key(), i64::from(n)))
+            .chain(self.wide.iter().map(|(&k, &n)| (k, n)))
     }
 
     /// Every counter's key, in no order.
@@ -474,9 +476,9 @@ mod tests {
         assert_eq!(split_key(counter_key(u32::MAX, 9)), (u32::MAX, 9));
     }
 
-    /// Counts past the entry's 16 bits, the entry's marker value itself, and 64-bit wrapping: every
-    /// count reads back whole, through `get`, `iter`, `retain` and a freeze, and a count
-    /// that comes back into range (or to zero) leaves no wide entry behind.
+    /// Counts past the entry's 16 bits, the entry's marker value itself, and 64-bit
+    /// wrapping: every count reads back whole, through `get`, `iter`, `retain` and a freeze,
+    /// and a count that comes back into range (or to zero) leaves no wide entry behind.
     #[test]
     fn counts_past_the_entry_are_kept_whole() {
         let mut c = Counters::default();
@@ -496,7 +498,21 @@ mod tests {
         c.add(3, 2);
         assert_eq!(c.get(3), Some(i64::MIN + 1), "wraps past 64 bits");
         c.add(3, i64::MAX);
-        assert_eq!(c.get(3), None, "back to zero: gone, wide entry too");
+        assert_eq!(c.get(3), None, "back to zero: gone");
+        assert_eq!(c.wide.len(), 1, "key 2's alone: key 3's went with it");
+        // A narrow sum that lands on the marker, and a wide count that comes back to it.
+        c.add(5, -1);
+        c.add(5, i64::from(Narrow::MIN) + 1);
+        assert_eq!((c.get(5), c.wide.len()), (Some(i64::from(Narrow::MIN)), 2));
+        c.add(6, i64::from(Narrow::MIN) - 1);
+        c.add(6, 1);
+        assert_eq!((c.get(6), c.wide.len()), (Some(i64::from(Narrow::MIN)), 3));
+        c.add(5, 1);
+        c.add(6, -i64::from(Narrow::MIN));
+        assert_eq!(
+            (c.get(5), c.get(6), c.wide.len()),
+            (Some(i64::from(Narrow::MIN) + 1), None, 1)
+        );
         c.add(4, -5);
         c.add(4, i64::MIN);
         assert_eq!(c.get(4), Some(i64::MAX - 4));
@@ -504,12 +520,17 @@ mod tests {
         all.sort_unstable();
         assert_eq!(
             all,
-            vec![(1, big - 1), (2, i64::from(Narrow::MIN)), (4, i64::MAX - 4)]
+            vec![
+                (1, big - 1),
+                (2, i64::from(Narrow::MIN)),
+                (4, i64::MAX - 4),
+                (5, i64::from(Narrow::MIN) + 1)
+            ]
         );
         c.retain(|k, n| k != 2 && n != i64::MAX - 4);
         assert_eq!(
             (c.len(), c.wide.len()),
-            (1, 0),
+            (2, 0),
             "retain drops wide entries too"
         );
 

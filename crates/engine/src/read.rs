@@ -1253,7 +1253,7 @@ impl Window {
             out.dedup_by(|later, first| {
                 let same = later.0 == first.0;
                 if same {
-                    first.1 += later.1;
+                    first.1 = first.1.wrapping_add(later.1);
                 }
                 same
             });

@@ -284,6 +284,37 @@ fn late_events_after_a_flush_are_delta_segments_summed_at_read() {
     same(&e, &reference, NOW);
 }
 
+/// Counts wrap past 64 bits in the archive as in memory: sums of segments (a day and its
+/// delta), and of memory and segments, wrap rather than overflow (which a debug build
+/// would stop at), and agree with the reference.
+#[test]
+fn sums_across_segments_and_memory_wrap_past_64_bits() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_clock, reference, e) = seeded(dir.path());
+    // 1 100 events of 2^53 - 1 (the largest amount an event may carry) to one counter:
+    // past 2^63 together.
+    let big = |key: &str| -> Vec<RawEvent> {
+        (0..1_100)
+            .map(|_| {
+                raw(
+                    "clicks",
+                    key,
+                    NOW - 2 * DAY + 5,
+                    (1 << 53) - 1,
+                    &[("country", "FR")],
+                )
+            })
+            .collect()
+    };
+    write_both(&e, &reference, NOW, &big("lnk_2"));
+    e.flush().unwrap();
+    write_both(&e, &reference, NOW, &big("lnk_2"));
+    same(&e, &reference, NOW);
+    e.flush().unwrap();
+    write_both(&e, &reference, NOW, &big("lnk_2"));
+    same(&e, &reference, NOW);
+}
+
 #[test]
 fn schemas_and_remembered_answers_survive_log_truncation() {
     let dir = tempfile::tempdir().unwrap();

@@ -712,7 +712,8 @@ fn a_batch_replay_could_not_apply_is_refused_before_it_is_logged() {
         ],
     );
     assert_eq!(batch.create.len(), 2, "the batch creates fresh and other");
-    let other = batch.create.pop().unwrap().0;
+    let at = batch.create.iter().position(|(n, _)| n.as_str() == "other");
+    let other = batch.create.remove(at.unwrap()).0;
     let err = e.apply(&batch).unwrap_err();
     assert!(
         err.detail()
