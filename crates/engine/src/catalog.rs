@@ -168,11 +168,12 @@ impl NsEntry {
 /// A key's subtotal series, found by (dimension, value) in the key's own index rather than
 /// in one map of every subtotal of every key (that map cost ~34 bytes per series). Up to
 /// [`LINEAR_SUBS`] entries are a short list searched in turn; beyond, the entries are an
-/// open-addressing table (a power of two of slots, at most 3/4 full, probed linearly from
+/// open-addressing table (a power of two of slots, at most 7/8 full, probed linearly from
 /// the pair's hash), so a look-up reads the entry it wants where it first probes. (A list
 /// in creation order with a separate table of positions into it took two misses a look-up
-/// and ~28 bytes a series, against ~22 here; a sorted list with binary search saved more
-/// bytes but made ingest ~15% slower on keys with thousands of subtotals.)
+/// and ~25 bytes a series, against ~18 here, ~20 at most 3/4 full, which was no faster; a
+/// sorted list with binary search saved more bytes but made ingest ~15% slower on keys with
+/// thousands of subtotals.)
 #[derive(Debug, Default)]
 pub struct Subs {
     /// `(dimension, value, series)`; a free slot has series [`FREE_SUB`]. While short, the
@@ -266,7 +267,7 @@ impl Subs {
             }
             self.slots[n - 1] = (d, v, sid);
         } else {
-            if 4 * n > 3 * self.slots.len() {
+            if 8 * n > 7 * self.slots.len() {
                 self.resize(table_size(n));
             }
             self.place((d, v, sid));
@@ -326,9 +327,9 @@ impl Subs {
     }
 }
 
-/// The slots of a table holding `n` entries at most 3/4 full (more than [`LINEAR_SUBS`]).
+/// The slots of a table holding `n` entries at most 7/8 full (more than [`LINEAR_SUBS`]).
 fn table_size(n: usize) -> usize {
-    (n * 4).div_ceil(3).next_power_of_two().max(2 * LINEAR_SUBS)
+    (n * 8).div_ceil(7).next_power_of_two().max(2 * LINEAR_SUBS)
 }
 
 impl<'a> IntoIterator for &'a Subs {
