@@ -279,10 +279,10 @@ impl Store for MemStore {
                 Some((d, v)) => series.subtotals.get(&(d.to_owned(), v.to_owned())),
             };
             let Some(counts) = counts else { continue };
-            let sum: i64 = slice(counts, schema, scan.resolution, scan.from, scan.to, now)
+            // Counts wrap past 64 bits, their sums too.
+            let sum = slice(counts, schema, scan.resolution, scan.from, scan.to, now)
                 .iter()
-                .map(|(_, n)| n)
-                .sum();
+                .fold(0i64, |t, (_, n)| t.wrapping_add(*n));
             if sum != 0 {
                 visit(k, sum);
             }

@@ -169,11 +169,12 @@ impl NsEntry {
 /// in one map of every subtotal of every key (that map cost ~34 bytes per series). Up to
 /// [`LINEAR_SUBS`] entries are a short list searched in turn; beyond, the entries are an
 /// open-addressing table (a power of two of slots, at most 7/8 full, probed linearly from
-/// the pair's hash), so a look-up reads the entry it wants where it first probes. (A list
-/// in creation order with a separate table of positions into it took two misses a look-up
-/// and ~25 bytes a series, against ~18 here, ~20 at most 3/4 full, which was no faster; a
-/// sorted list with binary search saved more bytes but made ingest ~15% slower on keys with
-/// thousands of subtotals.)
+/// the pair's hash), so a look-up reads the entries themselves from its first probe on, a
+/// cache line or two at that load. (A list in creation order with a separate table of
+/// positions into it took two misses a look-up and ~25 bytes a series, against ~18 here
+/// and ~20 at most 3/4 full, which was no faster: the list or table alone, without the 4
+/// bytes of `series_info`; a sorted list with binary search saved more bytes but made
+/// ingest ~15% slower on keys with thousands of subtotals.)
 #[derive(Debug, Default)]
 pub struct Subs {
     /// `(dimension, value, series)`; a free slot has series [`FREE_SUB`]. While short, the
@@ -247,15 +248,12 @@ impl Subs {
     /// Reads the memory a look-up of `(d, v)` reads first (its home slot, or the list's
     /// head), so that a later look-up finds it in cache: see [`Catalog::touch_subs`].
     fn touch(&self, d: StrId, v: StrId) -> u32 {
-        if self.slots.is_empty() {
-            return 0;
-        }
         let i = if self.hashed() {
             sub_hash(d, v) & (self.slots.len() - 1)
         } else {
             0
         };
-        self.slots[i].2
+        self.slots.get(i).map_or(0, |e| e.2)
     }
 
     /// Adds a subtotal the key does not have yet.

@@ -353,8 +353,8 @@ impl Core {
                         .filter(|r| r.dim == d)
                         .flat_map(|r| r.values.iter().filter(|(value, _)| value == v))
                         .flat_map(|(_, b)| b.iter().filter(|(i, _)| in_range(*i)))
-                        .map(|(_, n)| n)
-                        .sum(),
+                        // Counts wrap past 64 bits, their sums too.
+                        .fold(0i64, |t, (_, n)| t.wrapping_add(*n)),
                 };
                 if n != 0 {
                     add(&mut sums, key, n);

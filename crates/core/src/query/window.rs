@@ -139,13 +139,13 @@ pub fn window_after(
         Some(_) => 0,
         None => sum(&read_one(store, plan.read(ns, key), &Deadline::none())?.totals),
     };
-    let added: i64 = batch
+    // Counts wrap past 64 bits, their sums too.
+    let added = batch
         .increments
         .iter()
         .filter(|i| i.ns == *ns && i.key == *key && plan.covers(i.ts))
-        .map(|i| i.n)
-        .sum();
-    Ok(count(last, plan, before + added))
+        .fold(0i64, |t, i| t.wrapping_add(i.n));
+    Ok(count(last, plan, before.wrapping_add(added)))
 }
 
 /// The outcome of an increment limited to `max` over a rolling window (SPEC §3
@@ -275,12 +275,11 @@ pub fn incr_limited(
             .copied()
             .filter(|&(b, _)| plan.from <= b && b < plan.to)
             .collect();
-        let added: i64 = batch
+        let added = batch
             .increments
             .iter()
             .filter(|i| i.ns == *ns && i.key == *key && plan.covers(i.ts))
-            .map(|i| i.n)
-            .sum();
+            .fold(0i64, |t, i| t.wrapping_add(i.n));
         let before = sum(&inside);
         let decided = match before.checked_add(added) {
             Some(after) if fits(before, added, max) => Limited::Accepted(count(last, plan, after)),

@@ -291,17 +291,18 @@ fn late_events_after_a_flush_are_delta_segments_summed_at_read() {
 fn sums_across_segments_and_memory_wrap_past_64_bits() {
     let dir = tempfile::tempdir().unwrap();
     let (_clock, reference, e) = seeded(dir.path());
-    // 1 100 events of 2^53 - 1 (the largest amount an event may carry) to one counter:
-    // past 2^63 together.
+    // 1 100 events of 2^53 - 1 (the largest amount an event may carry) to one key, over
+    // four hours of one day: past 2^63 together, in one bucket and summed over several (a
+    // scan of the key's US subtotal reads them from a segment).
     let big = |key: &str| -> Vec<RawEvent> {
         (0..1_100)
-            .map(|_| {
+            .map(|i| {
                 raw(
                     "clicks",
                     key,
-                    NOW - 2 * DAY + 5,
+                    NOW - 2 * DAY + 5 + (i % 4) * 3600,
                     (1 << 53) - 1,
-                    &[("country", "FR")],
+                    &[("country", "US")],
                 )
             })
             .collect()
