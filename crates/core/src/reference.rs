@@ -279,10 +279,8 @@ impl Store for MemStore {
                 Some((d, v)) => series.subtotals.get(&(d.to_owned(), v.to_owned())),
             };
             let Some(counts) = counts else { continue };
-            // Counts wrap past 64 bits, their sums too.
-            let sum = slice(counts, schema, scan.resolution, scan.from, scan.to, now)
-                .iter()
-                .fold(0i64, |t, (_, n)| t.wrapping_add(*n));
+            let slice = slice(counts, schema, scan.resolution, scan.from, scan.to, now);
+            let sum = crate::query::wrapping_sum(slice.iter().map(|(_, n)| *n));
             if sum != 0 {
                 visit(k, sum);
             }

@@ -81,7 +81,7 @@ pub(super) fn sum(buckets: &Buckets) -> i64 {
 
 /// Counters are 64-bit and wrap (as every store keeps them): so do their sums, in a debug
 /// build too.
-pub(super) fn wrapping_sum(ns: impl Iterator<Item = i64>) -> i64 {
+pub(crate) fn wrapping_sum(ns: impl Iterator<Item = i64>) -> i64 {
     ns.fold(0, i64::wrapping_add)
 }
 

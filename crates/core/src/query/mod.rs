@@ -12,6 +12,7 @@ pub use answer::{
     Accepted, BreakdownAnswer, DashboardAnswer, KeyCount, KeysAnswer, Point, SeriesAnswer, Span,
     TopAnswer, ValueCount, WindowAnswer, WindowCount,
 };
+pub(crate) use exec::wrapping_sum;
 pub use exec::{breakdown, dashboard, keys, rollup, series, top};
 pub use export::{EXPORT_PAGE_KEYS, ExportPlan, ExportQuery, Row, csv_field, export, export_plan};
 pub use params::{

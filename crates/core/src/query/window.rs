@@ -2,7 +2,7 @@
 //! window as it stands after an increment (what `incr?window=` answers).
 
 use super::answer::{WindowAnswer, WindowCount};
-use super::exec::{read_one, schema_of, sum};
+use super::exec::{read_one, schema_of, sum, wrapping_sum};
 use super::params::WindowQuery;
 use super::{Ctx, QueryError};
 use crate::model::{Duration, Key, Namespace, Reads, Schema, Tier};
@@ -139,12 +139,13 @@ pub fn window_after(
         Some(_) => 0,
         None => sum(&read_one(store, plan.read(ns, key), &Deadline::none())?.totals),
     };
-    // Counts wrap past 64 bits, their sums too.
-    let added = batch
-        .increments
-        .iter()
-        .filter(|i| i.ns == *ns && i.key == *key && plan.covers(i.ts))
-        .fold(0i64, |t, i| t.wrapping_add(i.n));
+    let added = wrapping_sum(
+        batch
+            .increments
+            .iter()
+            .filter(|i| i.ns == *ns && i.key == *key && plan.covers(i.ts))
+            .map(|i| i.n),
+    );
     Ok(count(last, plan, before.wrapping_add(added)))
 }
 
@@ -275,11 +276,13 @@ pub fn incr_limited(
             .copied()
             .filter(|&(b, _)| plan.from <= b && b < plan.to)
             .collect();
-        let added = batch
-            .increments
-            .iter()
-            .filter(|i| i.ns == *ns && i.key == *key && plan.covers(i.ts))
-            .fold(0i64, |t, i| t.wrapping_add(i.n));
+        let added = wrapping_sum(
+            batch
+                .increments
+                .iter()
+                .filter(|i| i.ns == *ns && i.key == *key && plan.covers(i.ts))
+                .map(|i| i.n),
+        );
         let before = sum(&inside);
         let decided = match before.checked_add(added) {
             Some(after) if fits(before, added, max) => Limited::Accepted(count(last, plan, after)),
