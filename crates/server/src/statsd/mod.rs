@@ -33,8 +33,8 @@
 //! carries at most [`MAX_TAGS_PER_LINE`] tags, and at most 16 of them become dimensions. TCP's
 //! bounds (line length, connections, idle time) are [`tcp`]'s. Accepted lines are applied in
 //! batches of about [`BATCH_LINES`] lines or [`BATCH_MS`] ms, whichever comes first, through the
-//! path `POST /v1/events` takes (validate, then `Store::apply`, here on the blocking pool), so every
-//! backend works unchanged. At most [`QUEUED_BATCHES`] batches wait for the store; past that
+//! path `POST /v1/events` takes (validate, then `Store::apply`, here on the blocking pool), so
+//! every backend works unchanged. At most [`QUEUED_BATCHES`] batches wait for the store; past that
 //! the receivers stop reading: TCP senders are slowed by TCP itself, datagrams wait in the
 //! socket's receive buffer ([`RECV_BUFFER_BYTES`] asked, capped by the kernel's
 //! `net.core.rmem_max`), and past that the kernel drops them, as UDP does.
