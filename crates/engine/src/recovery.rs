@@ -14,7 +14,6 @@ use crate::manifest::{self, Manifest};
 use crate::state::Core;
 use crate::wal::payload::{self, BatchView, Payload};
 use crate::wal::reader::{self, Gaps, TornTail};
-use crate::wal::writer;
 use crate::wal::{
     Corruption, FILE_HEADER_LEN, FileProblem, MAX_SEQ, WalError, file_name, list_files,
 };
@@ -481,6 +480,22 @@ pub(crate) fn replay(
         next_seq = next_seq.max(closed);
     }
     recovery.lost = lost;
+    // A new file is named for its first record: past the last number a log may use, the
+    // next recovery would refuse it (a log that took the last number goes on in its file).
+    let out_of_numbers = || -> OpenError {
+        WalError::BadFile {
+            file: wal_dir.to_owned(),
+            why: FileProblem::SequenceOutOfRange { seq: next_seq },
+        }
+        .into()
+    };
+    let new_file = |path: &Path| -> Result<LogFile, OpenError> {
+        if next_seq >= MAX_SEQ {
+            return Err(out_of_numbers());
+        }
+        LogFile::create(path, &crate::wal::file_header(next_seq), faults.clone())
+            .map_err(io_at(path))
+    };
     // The file appended to from here on, and its first record number.
     let (file, appending) = match last_end {
         Some((path, len)) if len >= FILE_HEADER_LEN as u64 && next_seq == log_next => (
@@ -492,23 +507,14 @@ pub(crate) fn replay(
             // record, and append in a new file named for the next number (a record appended
             // to the old one would not be the number its name and records give).
             drop(LogFile::reopen(&path, len, faults.clone()).map_err(io_at(&path))?);
-            let path = file_name(wal_dir, next_seq);
-            let file = LogFile::create(&path, &crate::wal::file_header(next_seq), faults.clone())
-                .map_err(io_at(&path))?;
-            (file, next_seq)
+            (new_file(&file_name(wal_dir, next_seq))?, next_seq)
         }
         Some((path, _)) => {
             // The last file never got a whole header: nothing in it was acknowledged.
             std::fs::remove_file(&path).map_err(io_at(&path))?;
-            let path = file_name(wal_dir, next_seq);
-            let file = LogFile::create(&path, &crate::wal::file_header(next_seq), faults.clone())
-                .map_err(io_at(&path))?;
-            (file, next_seq)
+            (new_file(&file_name(wal_dir, next_seq))?, next_seq)
         }
-        None => (
-            writer::create_first(wal_dir, next_seq, faults.clone()).map_err(io_at(wal_dir))?,
-            next_seq,
-        ),
+        None => (new_file(&file_name(wal_dir, next_seq))?, next_seq),
     };
     // That file is the newest one (a log from before HEAD existed gets one now).
     // Open again: not closed until the writer closes it.

@@ -262,9 +262,11 @@ pub fn read_head(dir: &Path) -> Result<Option<Head>, WalError> {
         return Err(damaged());
     }
     let (newest, closed_at) = (read_u64(&bytes, 4), read_u64(&bytes, 12));
+    // `closed_at` is the number the next record would have had: `MAX_SEQ` after a log
+    // whose last record took the last number.
     if newest == 0
         || newest >= MAX_SEQ
-        || closed_at >= MAX_SEQ
+        || closed_at > MAX_SEQ
         || (closed_at != 0 && closed_at < newest)
     {
         return Err(damaged());

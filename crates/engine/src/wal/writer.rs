@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use tally_core::store::{FsyncPolicy, StoreError};
 
-use super::{FILE_HEADER_LEN, file_header, file_name, put_frame};
+use super::{FILE_HEADER_LEN, MAX_SEQ, file_header, file_name, put_frame};
 use crate::io::{Faults, LogFile};
 
 /// What a waiting writer is told: its request's outcome, or that it leads the next round.
@@ -420,13 +420,16 @@ impl State {
     fn round(&mut self, reqs: &mut Vec<Req>) {
         let mut buf = std::mem::take(&mut self.buf);
         buf.clear();
-        let mut seqs = Vec::with_capacity(reqs.len());
+        // Per append, its number, or none once every number is used (`MAX_SEQ`: a record
+        // numbered past it would stop the next recovery).
+        let mut seqs: Vec<Option<u64>> = Vec::with_capacity(reqs.len());
         let mut want_sync = false;
         let mut want_rotate = false;
         for r in reqs.iter() {
             match &r.kind {
+                Kind::Append(_) if self.next_seq >= MAX_SEQ => seqs.push(None),
                 Kind::Append(payload) => {
-                    seqs.push(self.next_seq);
+                    seqs.push(Some(self.next_seq));
                     put_frame(&mut buf, self.next_seq, payload);
                     self.next_seq += 1;
                 }
@@ -434,28 +437,31 @@ impl State {
                 Kind::Rotate => want_rotate = true,
             }
         }
-        let outcome = self.commit(&buf, seqs.len() as u64, want_sync);
+        let written = seqs.iter().flatten().count() as u64;
+        let outcome = self.commit(&buf, written, want_sync);
         self.buf = buf;
         // A failed rotation poisons the writer for later records, but the records of this
         // round are already written (and synced per the policy): their answers stand.
         let full = self.file.len() >= self.max_file_bytes;
         let has_records = self.file.len() > FILE_HEADER_LEN as u64;
         let mut rotated = Ok(());
-        if outcome.is_ok()
-            && (full || want_rotate)
-            && has_records
-            && let Err(e) = self.rotate()
-        {
-            rotated = Err(self.poison("rotating the log", e));
+        if outcome.is_ok() && (full || want_rotate) && has_records {
+            if self.next_seq >= MAX_SEQ {
+                // A file is named for its first record: one past the last number would
+                // stop the next recovery. Nothing is lost; the caller (a flush) fails.
+                rotated = Err(numbers_used_up());
+            } else if let Err(e) = self.rotate() {
+                rotated = Err(self.poison("rotating the log", e));
+            }
         }
         let mut seqs = seqs.into_iter();
         for r in reqs.drain(..) {
             // Each channel holds one message and its writer waits on it: never blocks.
             let _ = r.reply.try_send(match r.kind {
-                Kind::Append(_) => {
-                    let seq = seqs.next().unwrap_or(0);
-                    Answer::Appended(outcome.clone().map(|()| seq))
-                }
+                Kind::Append(_) => match seqs.next().flatten() {
+                    Some(seq) => Answer::Appended(outcome.clone().map(|()| seq)),
+                    None => Answer::Appended(Err(numbers_used_up())),
+                },
                 Kind::Sync => Answer::Done(outcome.clone()),
                 Kind::Rotate => Answer::Done(outcome.clone().and(rotated.clone())),
             });
@@ -519,6 +525,14 @@ impl State {
         tracing::debug!(file = %path.display(), "rotated the write-ahead log");
         Ok(())
     }
+}
+
+/// What an append, or a rotation, past the last record number a log may use answers.
+fn numbers_used_up() -> StoreError {
+    StoreError::unavailable(
+        "the write-ahead log has used every record number (up to 2^63 - 1); nothing more \
+         can be logged in this data directory (copy its data out with `tally export`)",
+    )
 }
 
 /// Creates the first log file of an empty log, starting at record `first_seq`.
@@ -605,6 +619,56 @@ mod tests {
             Err(RecvTimeoutError::Timeout) => panic!("a writer is still waiting after a minute"),
             Err(RecvTimeoutError::Disconnected) => panic!("the writing thread panicked"),
         }
+    }
+
+    /// A log that reaches the last record number logs that record, then refuses the next
+    /// (and a rotation) with a clear error, unpoisoned; its clean close records the end as
+    /// the number after it, which reads back.
+    #[test]
+    fn the_last_record_number_is_used_and_no_number_past_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let last = MAX_SEQ - 1;
+        let open = super::super::Head {
+            newest: last,
+            closed_at: None,
+        };
+        super::super::write_head(dir.path(), open).unwrap();
+        let w = Writer::start_with(
+            Start {
+                dir: dir.path().to_owned(),
+                file: create_first(dir.path(), last, None).unwrap(),
+                next_seq: last,
+                policy: FsyncPolicy::Always,
+                max_file_bytes: 64 << 20,
+                faults: None,
+            },
+            1,
+        )
+        .unwrap();
+        assert_eq!(w.append(b"last".to_vec()).unwrap(), last);
+        for refused in [
+            w.append(b"past".to_vec()).unwrap_err(),
+            w.rotate().unwrap_err(),
+        ] {
+            assert!(
+                refused.detail().contains("used every record number"),
+                "{}",
+                refused.detail()
+            );
+        }
+        assert!(w.poisoned().is_none());
+        w.close();
+        let head = super::super::read_head(dir.path()).unwrap().unwrap();
+        assert_eq!(head.closed_at, Some(MAX_SEQ));
+        let path = file_name(dir.path(), last);
+        let bytes = std::fs::read(&path).unwrap();
+        let mut got = Vec::new();
+        super::super::reader::scan(&path, &bytes, last, true, &mut |seq, p: &[u8]| {
+            got.push((seq, p.to_vec()));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(got, vec![(last, b"last".to_vec())]);
     }
 
     #[test]

@@ -669,6 +669,43 @@ fn a_manifest_whose_log_starts_at_zero_opens_twice() {
 
 /// A manifest naming a log start past the numbers a log uses is refused at the first open,
 /// rather than starting a log the next open refuses (found by `manifest_decode` too).
+/// A log that starts at the last record number a log may use (a manifest may say so; the
+/// `manifest_decode` fuzz target found it): its one record is kept across a restart, and a
+/// write past it is refused with a clear error that changes nothing. The restart used to
+/// fail: the clean close recorded the log's end as 2^63, which `wal/HEAD` refused as
+/// damage.
+#[test]
+fn a_log_at_the_last_record_number_reopens_and_refuses_more() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = tally_engine::manifest::Manifest {
+        wal_start: tally_engine::wal::MAX_SEQ - 1,
+        ..Default::default()
+    };
+    let name = tally_engine::manifest::file_name(dir.path(), m.number);
+    std::fs::write(&name, m.encode()).unwrap();
+    let current = format!("{}\n", name.file_name().unwrap().to_string_lossy());
+    std::fs::write(dir.path().join(tally_engine::manifest::CURRENT), current).unwrap();
+    let c = clock(NOW);
+    let e = open(dir.path(), &c, FsyncPolicy::Always);
+    write(&e, NOW, &[raw("m", "k", NOW - 60, 2, &[])]).unwrap();
+    drop(e);
+    let e = reopen(dir.path()).expect("opens again");
+    assert_eq!(total(&e, "m", "k", 3600), 2);
+    let records = e.stats().wal.records;
+    let err = write(&e, NOW, &[raw("m", "k", NOW - 60, 5, &[])]).unwrap_err();
+    assert!(matches!(err, StoreError::Unavailable { .. }), "{err:?}");
+    assert!(
+        err.detail().contains("used every record number"),
+        "{}",
+        err.detail()
+    );
+    assert_eq!(e.stats().wal.records, records, "nothing was logged");
+    assert_eq!(total(&e, "m", "k", 3600), 2, "nothing was counted");
+    drop(e);
+    let e = reopen(dir.path()).expect("opens again");
+    assert_eq!(total(&e, "m", "k", 3600), 2);
+}
+
 #[test]
 fn a_manifest_whose_log_starts_past_the_last_number_is_refused() {
     let dir = tempfile::tempdir().unwrap();
