@@ -738,7 +738,12 @@ pub fn disk_full(args: &[String]) {
         ));
         Server::start(&tally, &data)
     };
-    let after_restart = exact(&writers, &first_refused, server.addr, "after the restart");
+    let when = if resumed {
+        "once space was freed"
+    } else {
+        "after the restart"
+    };
+    let after_restart = exact(&writers, &first_refused, server.addr, when);
     let applied_though_refused = after_restart
         .iter()
         .filter(|v| v.contains("applied though refused"))
@@ -777,8 +782,21 @@ pub fn disk_full(args: &[String]) {
     if let Err(e) = check(&tally, &data) {
         violations.push(e);
     }
+    if resumed {
+        // The same counts again from the log and the archive alone.
+        let server = Server::start(&tally, &data);
+        violations.extend(exact(
+            &writers,
+            &first_refused,
+            server.addr,
+            "after a restart",
+        ));
+        if !server.sigterm().is_some_and(|s| s.success()) {
+            violations.push("no clean stop after the restart".into());
+        }
+    }
     report(format!(
-        "{after} events acknowledged in all; batches answered 503 yet applied after the restart: {applied_though_refused}; violations: {}",
+        "{after} events acknowledged in all; batches answered 503 yet applied {when}: {applied_though_refused}; violations: {}",
         violations.len()
     ));
     if !violations.is_empty() {

@@ -687,6 +687,12 @@ impl Store for Engine {
                     .load(std::sync::atomic::Ordering::Relaxed) as f64,
             },
             Gauge {
+                name: "tally_log_full_disk_refusals_total",
+                help: "Log writes (and rotations) refused because the disk was full: nothing of them was logged or applied (503); writes resume once space is freed.",
+                kind: "counter",
+                value: s.wal.full_disk_refusals as f64,
+            },
+            Gauge {
                 name: "tally_log_fsyncs_total",
                 help: "fsyncs of the write-ahead log since start.",
                 kind: "counter",

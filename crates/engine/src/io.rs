@@ -1,11 +1,12 @@
 //! The engine's file I/O, small enough to fault-inject: tests flip a [`Faults`] switch to
-//! make the next write or fsync fail, and check that the writer poisons itself.
+//! make the next write or fsync fail, and check that the writer poisons itself — or, for a
+//! full disk, that it refuses what it could not write and goes on once there is space.
 
 use std::fs::{File, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, Seek, SeekFrom, Write};
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// Switches that make log I/O fail, for tests. Production passes none.
 #[derive(Debug, Default)]
@@ -17,6 +18,11 @@ pub struct Faults {
     pub fail_after_writes: AtomicBool,
     /// Writes panic before writing anything: a bug in the middle of a log round.
     pub panic_writes: AtomicBool,
+    /// `0`: off. `n`: the `n`-th write from now finds the disk full, and so does every
+    /// write after it until this is set to `0` again (space freed): it writes half its
+    /// bytes, then fails with [`io::ErrorKind::StorageFull`], as a write cut short by a
+    /// full disk does.
+    pub full_disk_at: AtomicU64,
 }
 
 impl Faults {
@@ -26,6 +32,28 @@ impl Faults {
         }
         Ok(())
     }
+
+    /// Whether this write finds the disk full (see [`Faults::full_disk_at`]).
+    fn disk_full_now(&self) -> bool {
+        let at = &self.full_disk_at;
+        match at.load(Ordering::SeqCst) {
+            0 => false,
+            1 => true,
+            n => {
+                at.store(n - 1, Ordering::SeqCst);
+                false
+            }
+        }
+    }
+}
+
+/// Whether an I/O error says the file system has no space (or quota) left: a condition
+/// that passes once space is freed, unlike a failing disk.
+pub fn is_full_disk(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded
+    )
 }
 
 /// An append-only file that knows its length.
@@ -89,6 +117,13 @@ impl LogFile {
                     "injected write failure after the bytes reached the file",
                 ));
             }
+            if f.disk_full_now() {
+                self.file.write_all(&buf[..buf.len() / 2])?;
+                return Err(io::Error::new(
+                    io::ErrorKind::StorageFull,
+                    "injected full disk (half the bytes written)",
+                ));
+            }
         }
         self.file.write_all(buf)?;
         self.len += buf.len() as u64;
@@ -98,6 +133,17 @@ impl LogFile {
     /// Cuts off whatever a failed [`LogFile::write_all`] left past the length it knows.
     pub fn cut_failed_write(&mut self) -> io::Result<()> {
         self.file.set_len(self.len)
+    }
+
+    /// Cuts off what a failed [`LogFile::write_all`] left, durably, and puts the write
+    /// position back at the end, so that the file takes appends again: after a full disk.
+    /// (A file made by [`LogFile::create`] writes at its position, which the failed write
+    /// moved past the cut: the next write would leave a hole.) The fsync also makes every
+    /// earlier write durable; if it fails, what the disk holds is uncertain.
+    pub fn cut_failed_write_durably(&mut self) -> io::Result<()> {
+        self.file.set_len(self.len)?;
+        self.file.seek(SeekFrom::Start(self.len))?;
+        self.file.sync_data()
     }
 
     /// Cuts the file back to `len` (the length before a round whose fsync failed), and tries

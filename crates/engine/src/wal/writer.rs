@@ -8,7 +8,10 @@
 //! applying 1 000 events); concurrent writers share fsyncs as before. With `interval`, a
 //! thread syncs what is left unsynced once the interval has passed. An I/O failure poisons
 //! the writer: every later append fails with the first error (its `io::Error` kept as the
-//! cause), because after a failed fsync nothing written can be assumed durable.
+//! cause), because after a failed fsync nothing written can be assumed durable. A full disk
+//! does not: a write (or a new file) that finds no space is cut off the log, durably, its
+//! round refused with `503` and its record numbers given to the next round, and the writer
+//! goes on as soon as a write finds space again.
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, SyncSender};
@@ -19,7 +22,7 @@ use std::time::{Duration, Instant};
 use tally_core::store::{FsyncPolicy, StoreError};
 
 use super::{FILE_HEADER_LEN, MAX_SEQ, file_header, file_name, put_frame};
-use crate::io::{Faults, LogFile};
+use crate::io::{Faults, LogFile, is_full_disk};
 
 /// What a waiting writer is told: its request's outcome, or that it leads the next round.
 enum Answer {
@@ -58,6 +61,8 @@ pub struct WalStats {
     pub records: u64,
     pub fsyncs: u64,
     pub fsync_nanos: u64,
+    /// Rounds refused because the disk was full (nothing of them logged).
+    pub full_disk_refusals: u64,
 }
 
 /// The requests waiting for a round, and whether a round is being led.
@@ -126,6 +131,7 @@ impl Writer {
             last_sync: Instant::now(),
             buf: Vec::with_capacity(1 << 20),
             finished: false,
+            full_since: None,
         };
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue::default()),
@@ -363,6 +369,8 @@ struct State {
     buf: Vec<u8>,
     /// `finish` has run.
     finished: bool,
+    /// While writes find the disk full: the refusals counted before it turned full.
+    full_since: Option<u64>,
 }
 
 impl State {
@@ -393,6 +401,28 @@ impl State {
 
     fn poisoned(&self) -> Option<StoreError> {
         lock(&self.poisoned).clone()
+    }
+
+    /// What a write or rotation that found the disk full answers (nothing of it is in the
+    /// log): a `503` to retry later. Logged when the disk turns full, not per refusal.
+    fn refuse_full(&mut self, during: &str, e: &std::io::Error) -> StoreError {
+        let refusals = {
+            let mut s = lock(&self.stats);
+            s.full_disk_refusals += 1;
+            s.full_disk_refusals
+        };
+        if self.full_since.is_none() {
+            self.full_since = Some(refusals - 1);
+            tracing::warn!(
+                error = %e,
+                during,
+                "the disk is full: refusing writes to the log until space is freed"
+            );
+        }
+        StoreError::unavailable(format!(
+            "the disk is full ({during}: {e}): nothing of this request was logged or applied; \
+             writes are taken again once space is freed"
+        ))
     }
 
     /// Records the first I/O failure (later ones are consequences) and returns it.
@@ -440,8 +470,16 @@ impl State {
         let written = seqs.iter().flatten().count() as u64;
         let outcome = self.commit(&buf, written, want_sync);
         self.buf = buf;
-        // A failed rotation poisons the writer for later records, but the records of this
-        // round are already written (and synced per the policy): their answers stand.
+        if outcome.is_err() && self.poisoned().is_none() {
+            // A full disk: nothing of this round is in the log, so its numbers go to the
+            // next round (a number skipped would be a gap that recovery refuses).
+            if let Some(first) = seqs.iter().flatten().next() {
+                self.next_seq = *first;
+            }
+        }
+        // A failed rotation poisons the writer for later records (a full disk only refuses
+        // it: the records go on into this file), but the records of this round are already
+        // written (and synced per the policy): their answers stand.
         let full = self.file.len() >= self.max_file_bytes;
         let has_records = self.file.len() > FILE_HEADER_LEN as u64;
         let mut rotated = Ok(());
@@ -450,8 +488,8 @@ impl State {
                 // A file is named for its first record: one past the last number would
                 // stop the next recovery. Nothing is lost; the caller (a flush) fails.
                 rotated = Err(numbers_used_up());
-            } else if let Err(e) = self.rotate() {
-                rotated = Err(self.poison("rotating the log", e));
+            } else {
+                rotated = self.rotate();
             }
         }
         let mut seqs = seqs.into_iter();
@@ -479,7 +517,16 @@ impl State {
                 // replay; but a full disk fails a write after writing whole records of it.
                 // The soak's disk-full round found such a batch, answered 503, counted after
                 // the restart.
-                if let Err(cut) = self.file.cut_failed_write() {
+                if is_full_disk(&e) {
+                    // Space may come back: once the cut is durable the log holds exactly
+                    // what was acknowledged, and the next round can write again.
+                    match self.file.cut_failed_write_durably() {
+                        Ok(()) => return Err(self.refuse_full("writing the log", &e)),
+                        Err(cut) => {
+                            tracing::error!(error = %cut, "could not cut a failed write off the log");
+                        }
+                    }
+                } else if let Err(cut) = self.file.cut_failed_write() {
                     tracing::error!(error = %cut, "could not cut a failed write off the log");
                 }
                 return Err(self.poison("writing the log", e));
@@ -488,6 +535,12 @@ impl State {
             let mut s = lock(&self.stats);
             s.bytes_written += buf.len() as u64;
             s.records += records;
+            if let Some(before) = self.full_since.take() {
+                tracing::warn!(
+                    refused = s.full_disk_refusals - before,
+                    "the log found space again: writes resumed"
+                );
+            }
         }
         let due = match self.policy {
             FsyncPolicy::Always => true,
@@ -509,22 +562,43 @@ impl State {
         Ok(())
     }
 
-    fn rotate(&mut self) -> std::io::Result<()> {
-        if self.dirty {
-            self.sync()?;
+    /// Starts the next file. Poisons the writer on an I/O failure, but for a new file that
+    /// finds the disk full: that one is removed (durably) and the log goes on in the
+    /// current file, which the next round tries to rotate again.
+    fn rotate(&mut self) -> Result<(), StoreError> {
+        const DURING: &str = "rotating the log";
+        if self.dirty
+            && let Err(e) = self.sync()
+        {
+            return Err(self.poison(DURING, e));
         }
         let path = file_name(&self.dir, self.next_seq);
-        self.file = LogFile::create(&path, &file_header(self.next_seq), self.faults.clone())?;
-        super::write_head(
-            &self.dir,
-            super::Head {
-                newest: self.next_seq,
-                closed_at: None,
-            },
-        )?;
+        self.file = match LogFile::create(&path, &file_header(self.next_seq), self.faults.clone()) {
+            Ok(file) => file,
+            Err(e) if is_full_disk(&e) && discard(&self.dir, &path).is_ok() => {
+                return Err(self.refuse_full(DURING, &e));
+            }
+            Err(e) => return Err(self.poison(DURING, e)),
+        };
+        let head = super::Head {
+            newest: self.next_seq,
+            closed_at: None,
+        };
+        if let Err(e) = super::write_head(&self.dir, head) {
+            return Err(self.poison(DURING, e));
+        }
         tracing::debug!(file = %path.display(), "rotated the write-ahead log");
         Ok(())
     }
+}
+
+/// Removes a log file that could not be made whole, durably: no record is in it.
+fn discard(dir: &Path, path: &Path) -> std::io::Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    crate::io::sync_dir(dir)
 }
 
 /// What an append, or a rotation, past the last record number a log may use answers.
@@ -716,6 +790,65 @@ mod tests {
                 let s = w.stats();
                 assert!(s.fsyncs >= 1 && s.fsyncs <= n, "{s:?}");
             }
+        }
+    }
+
+    /// A full disk refuses the round that found it (half its bytes had reached the file)
+    /// and a rotation, without poisoning: the log holds exactly what was acknowledged, the
+    /// refused records' numbers go to the next ones, no half-made file is left, and once
+    /// space is freed appends and rotations go on in the same process.
+    #[test]
+    fn a_full_disk_refuses_writes_until_space_is_freed_and_the_log_goes_on() {
+        for policy in [FsyncPolicy::Never, FsyncPolicy::Always] {
+            let dir = tempfile::tempdir().unwrap();
+            let faults = Arc::new(Faults::default());
+            let w = writer(dir.path(), policy, Some(faults.clone()));
+            assert_eq!(w.append(b"a".to_vec()).unwrap(), 1);
+            faults.full_disk_at.store(1, Ordering::SeqCst);
+            for _ in 0..3 {
+                let err = w.append(b"refused".to_vec()).unwrap_err();
+                assert_eq!(err.code(), tally_core::ErrorCode::BackendUnavailable);
+                assert!(
+                    err.detail().contains("the disk is full"),
+                    "{}",
+                    err.detail()
+                );
+            }
+            // A rotation while full: its new file is refused and removed.
+            let err = w.rotate().unwrap_err();
+            assert!(
+                err.detail().contains("rotating the log"),
+                "{}",
+                err.detail()
+            );
+            assert!(
+                !file_name(dir.path(), 2).exists(),
+                "a half-made file is left"
+            );
+            assert!(w.poisoned().is_none(), "{policy:?}");
+            assert_eq!(w.stats().full_disk_refusals, 4);
+            // Space freed.
+            faults.full_disk_at.store(0, Ordering::SeqCst);
+            assert_eq!(w.append(b"b".to_vec()).unwrap(), 2);
+            assert_eq!(w.append(b"c".to_vec()).unwrap(), 3);
+            w.rotate().unwrap();
+            assert_eq!(w.append(b"d".to_vec()).unwrap(), 4);
+            w.close();
+            assert!(w.poisoned().is_none());
+            holds_exactly(
+                dir.path(),
+                &[(1, b"a".to_vec()), (2, b"b".to_vec()), (3, b"c".to_vec())],
+                &format!("{policy:?}: the first file"),
+            );
+            let second = file_name(dir.path(), 4);
+            let bytes = std::fs::read(&second).unwrap();
+            let mut got = Vec::new();
+            super::super::reader::scan(&second, &bytes, 4, true, &mut |seq, p: &[u8]| {
+                got.push((seq, p.to_vec()));
+                Ok(())
+            })
+            .unwrap();
+            assert_eq!(got, [(4, b"d".to_vec())], "{policy:?}: the second file");
         }
     }
 

@@ -478,6 +478,61 @@ fn a_write_that_fails_after_reaching_the_file_is_not_replayed() {
     );
 }
 
+/// A full disk refuses the batches whose log write found it (503, nothing applied) without
+/// poisoning the log: the engine stays healthy, a flush whose log rotation found the disk
+/// full fails and runs again later, and once space is freed the same engine takes writes
+/// again. A restart counts exactly what was acknowledged.
+#[test]
+fn a_full_disk_refuses_writes_and_the_same_engine_goes_on_once_space_is_freed() {
+    let dir = tempfile::tempdir().unwrap();
+    let faults = Arc::new(Faults::default());
+    let mut cfg = Config::new(dir.path());
+    cfg.clock = clock(NOW);
+    cfg.faults = Some(faults.clone());
+    let e = Engine::open(cfg).unwrap();
+    let closed_day = NOW - 3 * 86_400;
+    write(
+        &e,
+        NOW,
+        &[
+            raw("clicks", "a", closed_day, 1, &[]),
+            raw("clicks", "a", NOW, 2, &[]),
+        ],
+    )
+    .unwrap();
+    faults.full_disk_at.store(1, Ordering::SeqCst);
+    for _ in 0..3 {
+        let err = write(&e, NOW, &[raw("clicks", "b", NOW, 5, &[])]).unwrap_err();
+        assert_eq!(err.code(), tally_core::ErrorCode::BackendUnavailable);
+        assert!(
+            err.detail().contains("the disk is full"),
+            "{}",
+            err.detail()
+        );
+    }
+    assert_eq!(total(&e, "clicks", "b", 3600), 0, "refused, so not applied");
+    assert!(e.health().is_ok() && e.writable().is_ok());
+    // The flush publishes the closed day, then cannot rotate the log: it fails, unpoisoned.
+    assert!(e.flush().is_err());
+    assert!(e.poisoned().is_none());
+    // Space freed: the same engine goes on.
+    faults.full_disk_at.store(0, Ordering::SeqCst);
+    write(&e, NOW, &[raw("clicks", "b", NOW, 5, &[])]).unwrap();
+    e.flush().unwrap();
+    write(&e, NOW, &[raw("clicks", "c", NOW, 7, &[])]).unwrap();
+    let counts = |e: &Engine| ["a", "b", "c"].map(|k| total(e, "clicks", k, 3600));
+    assert_eq!(counts(&e), [3, 5, 7]);
+    let refusals = e
+        .gauges()
+        .into_iter()
+        .find(|g| g.name == "tally_log_full_disk_refusals_total")
+        .map(|g| g.value);
+    assert_eq!(refusals, Some(4.0), "three writes and a rotation");
+    drop(e);
+    let e = reopen(dir.path()).unwrap();
+    assert_eq!(counts(&e), [3, 5, 7]);
+}
+
 /// A failed fsync refuses its round's batches (503): they must not come back on replay
 /// either, while what earlier rounds acknowledged stays.
 #[test]
