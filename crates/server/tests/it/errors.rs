@@ -626,6 +626,68 @@ fn a_failed_disk_gives_503_and_unhealthy() {
     assert_eq!(s.state(), before, "nothing unacknowledged became visible");
 }
 
+/// A full disk is not a failed disk: writes are refused (`503`, nothing applied) while it
+/// lasts, `/healthz` stays healthy (reads are served), the refusals are counted, and the
+/// same server takes writes again once space is freed.
+#[test]
+fn a_full_disk_refuses_writes_until_space_is_freed() {
+    if !crate::embedded() {
+        return;
+    }
+    let faults = std::sync::Arc::new(tally_engine::io::Faults::default());
+    let s = Server::with_faults(faults.clone());
+    let e = json!([{"ns": "clicks", "key": "k", "ts": NOW - 60}]).to_string();
+    assert_eq!(s.post("/v1/events", &e).0, 200);
+    let before = s.state();
+    let metric = |s: &Server, name: &str| {
+        let (_, text) = s.raw("GET", "/metrics", None, &[]);
+        text.lines()
+            .find(|l| l.starts_with(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("{name} in /metrics"))
+            .to_owned()
+    };
+    faults
+        .full_disk_at
+        .store(1, std::sync::atomic::Ordering::SeqCst);
+    let refused = err(s.post("/v1/events", &e), 503, "backend_unavailable");
+    let message = refused["error"]["message"].as_str().unwrap();
+    assert!(message.contains("the disk is full"), "{message}");
+    err(
+        s.post("/v1/ns/clicks/keys/k/incr", ""),
+        503,
+        "backend_unavailable",
+    );
+    assert_eq!(s.state(), before, "nothing refused was applied");
+    assert_eq!(s.get("/healthz").0, 200);
+    assert_eq!(
+        metric(&s, "tally_backend_healthy"),
+        "tally_backend_healthy 1"
+    );
+    assert_eq!(
+        metric(&s, "tally_log_full_disk_refusals_total"),
+        "tally_log_full_disk_refusals_total 2"
+    );
+    // Space freed: the same server goes on.
+    faults
+        .full_disk_at
+        .store(0, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(s.post("/v1/events", &e).0, 200);
+    assert_eq!(s.post("/v1/ns/clicks/keys/k/incr", "").0, 200);
+    let (status, body) = s.get(&format!(
+        "/v1/ns/clicks/keys/k/series?from={}&to={}&unit=hour",
+        NOW - 7200,
+        NOW + 3600
+    ));
+    assert_eq!(status, 200, "{body}");
+    let sum: i64 = body["points"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["n"].as_i64().unwrap())
+        .sum();
+    assert_eq!(sum, 3, "{body}");
+}
+
 #[test]
 fn errors_axum_answers_itself_are_json_too() {
     let s = server();
