@@ -36,6 +36,40 @@ fn arg(args: &[String], name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
+fn mrate_row(x: f64) -> String {
+    format!("{:.3} M events/s", x / 1e6)
+}
+
+/// CPU seconds this process has used (user + system), every thread.
+fn process_cpu() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command's closing parenthesis: utime and stime are the 12th and 13th.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<f64> = rest
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0.0))
+        .collect();
+    (f.get(11).copied().unwrap_or(0.0) + f.get(12).copied().unwrap_or(0.0)) / 100.0
+}
+
+/// `INFO commandstats` as (command, calls, µs), the costliest first.
+fn command_stats(info: &str) -> Vec<(String, u64, f64)> {
+    let mut out: Vec<(String, u64, f64)> = info
+        .lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+            let field = |k: &str| {
+                rest.split(',')
+                    .find_map(|kv| kv.strip_prefix(k)?.strip_prefix('='))
+                    .and_then(|v| v.parse::<f64>().ok())
+            };
+            Some((name.to_string(), field("calls")? as u64, field("usec")?))
+        })
+        .collect();
+    out.sort_by(|a, b| b.2.total_cmp(&a.2));
+    out
+}
+
 fn mrate(events: usize, d: Duration) -> f64 {
     events as f64 / d.as_secs_f64()
 }
@@ -217,7 +251,10 @@ fn memory(client: &mut Client, before: u64, pattern: &str) -> Memory {
 pub fn bench(args: &[String]) {
     let events = arg(args, "events", 1_000_000);
     let now = SystemClock.now();
-    let shape = workload::Shape::default();
+    let shape = workload::Shape {
+        batch: arg(args, "batch", 1_000).clamp(1, 100_000),
+        ..workload::Shape::default()
+    };
     let nbatches = events.div_ceil(shape.batch).max(2);
     let raws = workload::raw_batches(shape, nbatches, now, 10);
     let bodies: Arc<Vec<Vec<u8>>> = Arc::new(raws.iter().map(|r| ndjson(r)).collect());
@@ -244,6 +281,9 @@ pub fn bench(args: &[String]) {
     let before = a_client.used_memory().expect("INFO");
     redis_peer::run(a_server.port, &[&batches[0]]).expect("redis");
     let cpu0 = a_client.cpu_seconds().expect("INFO");
+    a_client
+        .cmd(&["CONFIG", "RESETSTAT"])
+        .expect("CONFIG RESETSTAT");
     let t = Instant::now();
     let threads: Vec<_> = (0..CONNS)
         .map(|w| {
@@ -259,6 +299,10 @@ pub fn bench(args: &[String]) {
     let a_wall = t.elapsed();
     let a_busy = (a_client.cpu_seconds().expect("INFO") - cpu0) / a_wall.as_secs_f64();
     let a_rate = mrate(timed, a_wall);
+    let a_stats = a_client
+        .cmd(&["INFO", "commandstats"])
+        .expect("INFO")
+        .text();
     let a_mem = memory(&mut a_client, before, "*");
 
     // (b) tally over HTTP on the Redis backend, on its own fresh redis-server.
@@ -270,10 +314,45 @@ pub fn bench(args: &[String]) {
     let b = RunningStore::over(Arc::new(store));
     Conn::open(b.addr).request("POST", "/v1/events", "application/x-ndjson", &bodies[0]);
     let cpu0 = b_client.cpu_seconds().expect("INFO");
+    b_client
+        .cmd(&["CONFIG", "RESETSTAT"])
+        .expect("CONFIG RESETSTAT");
+    let self0 = process_cpu();
     let b_wall = post_all(b.addr, &bodies);
     let b_busy = (b_client.cpu_seconds().expect("INFO") - cpu0) / b_wall.as_secs_f64();
+    let b_self = (process_cpu() - self0) / b_wall.as_secs_f64();
     let b_rate = mrate(timed, b_wall);
+    let b_stats = b_client
+        .cmd(&["INFO", "commandstats"])
+        .expect("INFO")
+        .text();
     let b_mem = memory(&mut b_client, before, "tally:w:*");
+    if args.iter().any(|a| a == "only=ingest") {
+        println!(
+            "| ingest | (a) {} | (b) {} | (b)/(a) {:.2}× |\n| CPU, share of one core | (a) redis {:.0}% | (b) redis {:.0}%, tally server and client {:.0}% | |",
+            mrate_row(a_rate),
+            mrate_row(b_rate),
+            b_rate / a_rate,
+            a_busy * 100.0,
+            b_busy * 100.0,
+            b_self * 100.0
+        );
+        for (side, stats) in [("(a)", &a_stats), ("(b)", &b_stats)] {
+            println!(
+                "\n{side}'s Redis commands during the ingest (`INFO commandstats`; a script's \
+                 time includes the commands it calls), per timed event:"
+            );
+            for (cmd, calls, usec) in command_stats(stats) {
+                println!(
+                    "  {cmd:<16} {calls:>9} calls  {:>6.3} µs/event  {:>6.2} calls/event  {:>6.2} µs/call",
+                    usec / timed as f64,
+                    calls as f64 / timed as f64,
+                    usec / calls.max(1) as f64
+                );
+            }
+        }
+        return;
+    }
 
     // (c) tally over HTTP on the embedded engine (no fsync, as Redis runs without AOF).
     let c = Running::start(FsyncPolicy::Never);
