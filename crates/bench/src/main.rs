@@ -94,13 +94,24 @@ fn mevents(x: f64) -> String {
     format!("{:.2} M events/s", x / 1e6)
 }
 
-fn engine_bench() {
+/// `tally-bench engine [amount=N]`: `amount` gives every event that amount instead of 1
+/// (a workload of bytes or microseconds, whose counts leave the memtable's narrow entries).
+fn engine_bench(args: &[String]) {
     let now = SystemClock.now();
     let shape = workload::Shape::default();
     let nbatches = 2_000;
+    let amount: Option<i64> = args
+        .iter()
+        .find_map(|a| a.strip_prefix("amount="))
+        .map(|v| v.parse().expect("amount=N"));
     println!(
-        "workload: {} batches x {} events, {} Zipf keys, country ({}) + referrer ({}), tiers 1m:48h + 1h:forever, breakdowns in 1h",
-        nbatches, shape.batch, shape.keys, shape.countries, shape.referrers
+        "workload: {} batches x {} events, {} Zipf keys, country ({}) + referrer ({}), tiers 1m:48h + 1h:forever, breakdowns in 1h, amount {}",
+        nbatches,
+        shape.batch,
+        shape.keys,
+        shape.countries,
+        shape.referrers,
+        amount.map_or("1".to_string(), |n| n.to_string())
     );
     let raws = workload::raw_batches(shape, nbatches, now, 42);
     let mut rows: Vec<(String, String)> = Vec::new();
@@ -109,8 +120,14 @@ fn engine_bench() {
     let scratch = tempfile::tempdir().unwrap();
     let e = open(scratch.path(), FsyncPolicy::Never);
     let t = Instant::now();
-    let batches = Arc::new(workload::prepare(&e, raws, now));
+    let mut batches = workload::prepare(&e, raws, now);
     let prep = (nbatches * shape.batch) as f64 / t.elapsed().as_secs_f64();
+    if let Some(n) = amount {
+        for inc in batches.iter_mut().flat_map(|b| b.increments.iter_mut()) {
+            inc.n = n;
+        }
+    }
+    let batches = Arc::new(batches);
     rows.push((
         "validate raw events into batches (`ingest::prepare`), 1 thread".into(),
         mevents(prep),
@@ -375,7 +392,7 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let rest = args.get(1..).unwrap_or_default();
     match args.first().map(String::as_str) {
-        Some("engine") | None => engine_bench(),
+        Some("engine") | None => engine_bench(rest),
         Some("replay") => replay_bench(rest),
         Some("floor") => floor::bench(rest),
         Some("compare") => compare_bench(),

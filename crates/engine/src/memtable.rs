@@ -74,23 +74,46 @@ fn narrow(n: i64) -> Option<Narrow> {
 /// nearly every count is small: each counter is a 10-byte entry whose `i16` is its count,
 /// or [`WIDE`] when the count is in `wide`, a map of the few that do not fit (a busy key's
 /// hourly total, say: 28 bytes then, the two entries). Events of amount 1 leave the entry
-/// only after 32 768 of them, so wide counters are few wherever counters are many; a
-/// workload of large amounts (bytes, microseconds) keeps most of them wide, at ~1.6x the
-/// memory a 16-byte entry took and two look-ups an update. (16-byte entries took ~28 of the
-/// ~60 bytes a live counter cost the process, in `tally-bench engine`.)
+/// only after 32 768 of them, so wide counters are few wherever counters are many.
+///
+/// A workload of large amounts (bytes, microseconds) makes most counts wide, and two
+/// entries each cost more than one 16-byte entry: once more than [`WHOLE_AT`] of a map's
+/// counters are wide, every count moves into `wide` and `narrow` is let go (*whole* mode,
+/// one look-up an update); a freeze or a sweep that leaves at most [`NARROW_AT`] of them
+/// too large for an entry moves them back. (`tally-bench engine amount=1000000`: 47.5 bytes
+/// of maps a live counter with two entries each, 28.9 whole; 18.7 at amount 1.)
 #[derive(Debug, Default)]
 pub struct Counters {
     narrow: HashMap<Name, Narrow, FixedState>,
     wide: HashMap<u64, i64, FixedState>,
+    /// Every count is in `wide`, and `narrow` is empty.
+    whole: bool,
 }
+
+/// The share of wide counters (in 1/16ths) past which a map holds every count whole: a
+/// wide counter costs both entries (~11 + ~17 bytes a slot), a whole one ~17, so whole
+/// mode is the smaller past ~35%.
+const WHOLE_AT: usize = 6;
+
+/// The share of counts too large for an entry (in 1/16ths) at or below which a whole map
+/// goes back to narrow entries (below [`WHOLE_AT`], so that a map does not switch back and
+/// forth).
+const NARROW_AT: usize = 3;
+
+/// Maps smaller than this stay as they are: switching costs more than it saves.
+const SWITCH_MIN: usize = 64;
 
 impl Counters {
     pub fn len(&self) -> usize {
-        self.narrow.len()
+        if self.whole {
+            self.wide.len()
+        } else {
+            self.narrow.len()
+        }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.narrow.is_empty()
+        self.len() == 0
     }
 
     /// Bytes the maps hold (entries, control bytes, spare capacity).
@@ -101,6 +124,9 @@ impl Counters {
 
     /// A counter's count, if held.
     pub fn get(&self, k: u64) -> Option<i64> {
+        if self.whole {
+            return self.wide.get(&k).copied();
+        }
         self.narrow
             .get(&Name::of(k))
             .map(|&n| whole(&self.wide, k, n))
@@ -109,6 +135,24 @@ impl Counters {
     /// Adds `n` to a counter (made if new; removed when it comes to zero). Counts wrap past
     /// 64 bits.
     pub fn add(&mut self, k: u64, n: i64) {
+        if self.whole {
+            match self.wide.entry(k) {
+                Entry::Occupied(mut e) => {
+                    let sum = e.get().wrapping_add(n);
+                    if sum == 0 {
+                        e.remove();
+                    } else {
+                        *e.get_mut() = sum;
+                    }
+                }
+                Entry::Vacant(e) => {
+                    if n != 0 {
+                        e.insert(n);
+                    }
+                }
+            }
+            return;
+        }
         match self.narrow.entry(Name::of(k)) {
             Entry::Occupied(mut e) => {
                 let was_wide = *e.get() == WIDE;
@@ -121,6 +165,7 @@ impl Counters {
                     None => {
                         *e.get_mut() = WIDE;
                         self.wide.insert(k, sum);
+                        self.whole_if_mostly_wide();
                         return;
                     }
                 }
@@ -136,6 +181,7 @@ impl Counters {
                 None => {
                     e.insert(WIDE);
                     self.wide.insert(k, n);
+                    self.whole_if_mostly_wide();
                 }
             },
         }
@@ -153,11 +199,20 @@ impl Counters {
 
     /// Every counter's key, in no order.
     pub fn keys(&self) -> impl Iterator<Item = u64> + '_ {
-        self.narrow.keys().map(|k| k.key())
+        // In whole mode `narrow` is empty; else `wide`'s keys are in `narrow` too.
+        let whole = self.whole.then_some(&self.wide);
+        self.narrow
+            .keys()
+            .map(|k| k.key())
+            .chain(whole.into_iter().flat_map(|w| w.keys().copied()))
     }
 
     /// Keeps the counters `keep` accepts.
     pub fn retain(&mut self, mut keep: impl FnMut(u64, i64) -> bool) {
+        if self.whole {
+            self.wide.retain(|&k, n| keep(k, *n));
+            return;
+        }
         let wide = &mut self.wide;
         self.narrow.retain(|k, n| {
             let k = k.key();
@@ -169,9 +224,55 @@ impl Counters {
         });
     }
 
+    /// Moves every count into `wide` once more than [`WHOLE_AT`] sixteenths of them are
+    /// wide (see [`Counters`]).
+    fn whole_if_mostly_wide(&mut self) {
+        let (n, w) = (self.narrow.len(), self.wide.len());
+        if n < SWITCH_MIN || w * 16 <= n * WHOLE_AT {
+            return;
+        }
+        let narrow = std::mem::take(&mut self.narrow);
+        self.wide.reserve(n - w);
+        for (k, c) in narrow {
+            if c != WIDE {
+                self.wide.insert(k.key(), i64::from(c));
+            }
+        }
+        self.whole = true;
+    }
+
+    /// Moves a whole map back to narrow entries when at most [`NARROW_AT`] sixteenths of its
+    /// counts are too large for one (a flush froze the busy period, a sweep dropped it).
+    fn narrow_if_mostly_small(&mut self) {
+        if !self.whole {
+            return;
+        }
+        let n = self.wide.len();
+        let large = self.wide.values().filter(|&&c| narrow(c).is_none()).count();
+        if large * 16 > n * NARROW_AT {
+            return;
+        }
+        let all = std::mem::take(&mut self.wide);
+        self.narrow.reserve(n);
+        for (k, c) in all {
+            match narrow(c) {
+                Some(s) => {
+                    self.narrow.insert(Name::of(k), s);
+                }
+                None => {
+                    self.narrow.insert(Name::of(k), WIDE);
+                    self.wide.insert(k, c);
+                }
+            }
+        }
+        self.whole = false;
+    }
+
     /// Gives back spare capacity once a map holds under a quarter of it (a flush empties
-    /// most of a map: memory goes back rather than stay at the peak).
+    /// most of a map: memory goes back rather than stay at the peak), and goes back to
+    /// narrow entries where they are now the smaller.
     fn shrink_if_sparse(&mut self) {
+        self.narrow_if_mostly_small();
         if self.narrow.len() < self.narrow.capacity() / 4 {
             self.narrow.shrink_to_fit();
         }
@@ -472,6 +573,78 @@ mod tests {
     /// Counts past the entry's 16 bits, the entry's marker value itself, and 64-bit
     /// wrapping: every count reads back whole, through `get`, `iter`, `retain` and a freeze,
     /// and a count that comes back into range (or to zero) leaves no wide entry behind.
+    /// A map whose counts are mostly too large for an entry holds them all whole, and goes
+    /// back to narrow entries once a freeze leaves few of them; either way it answers as a
+    /// plain map of counts does (a model), wrapping past 64 bits.
+    #[test]
+    fn a_map_of_mostly_large_counts_holds_them_whole_and_goes_back() {
+        let mut c = Counters::default();
+        let mut model: HashMap<u64, i64> = HashMap::new();
+        let mut rng = 0x2545_F491_4F6C_DD1D_u64;
+        let mut next = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let add = |c: &mut Counters, model: &mut HashMap<u64, i64>, k: u64, n: i64| {
+            c.add(k, n);
+            let e = model.entry(k).or_insert(0);
+            *e = e.wrapping_add(n);
+            if *e == 0 {
+                model.remove(&k);
+            }
+        };
+        let same = |c: &Counters, model: &HashMap<u64, i64>| {
+            assert_eq!(c.len(), model.len());
+            for (&k, &n) in model {
+                assert_eq!(c.get(k), Some(n), "key {k}");
+            }
+            assert_eq!(c.get(u64::MAX), None);
+            let mut got: Vec<(u64, i64)> = c.iter().collect();
+            got.sort_unstable();
+            let mut want: Vec<(u64, i64)> = model.iter().map(|(&k, &n)| (k, n)).collect();
+            want.sort_unstable();
+            assert_eq!(got, want);
+            let mut keys: Vec<u64> = c.keys().collect();
+            keys.sort_unstable();
+            assert_eq!(keys, want.iter().map(|e| e.0).collect::<Vec<_>>());
+        };
+        for k in 0..1_000 {
+            add(&mut c, &mut model, k, 1);
+        }
+        assert!(!c.whole, "small counts stay narrow");
+        same(&c, &model);
+        let amounts = [1_000_000, -1_000_000, 70_000, i64::MAX, i64::MIN, -1, 3];
+        for i in 0..6_000 {
+            let k = next() % 1_500;
+            let n = amounts[i % amounts.len()];
+            add(&mut c, &mut model, k, n);
+            if i == 3_000 {
+                assert!(c.whole, "mostly large counts: whole");
+                same(&c, &model);
+            }
+        }
+        assert!(c.whole);
+        same(&c, &model);
+        // Counts back to zero leave, whole or not.
+        let k = *model.keys().next().unwrap();
+        let n = model[&k];
+        add(&mut c, &mut model, k, n.wrapping_neg());
+        assert_eq!(c.get(k), None);
+        same(&c, &model);
+        // A freeze takes the large counts: narrow entries again.
+        c.retain(|_, n| narrow(n).is_some());
+        model.retain(|_, n| narrow(*n).is_some());
+        c.shrink_if_sparse();
+        assert!(!c.whole, "few large counts left: narrow again");
+        same(&c, &model);
+        for k in 0..50 {
+            add(&mut c, &mut model, k, i64::MAX);
+        }
+        same(&c, &model);
+    }
+
     #[test]
     fn counts_past_the_entry_are_kept_whole() {
         let mut c = Counters::default();
