@@ -40,7 +40,8 @@ fn mrate_row(x: f64) -> String {
     format!("{:.3} M events/s", x / 1e6)
 }
 
-/// CPU seconds this process has used (user + system), every thread.
+/// CPU seconds this process has used (user + system), every thread (in clock ticks of
+/// 1/100 s, what Linux reports on the machines tally runs on).
 fn process_cpu() -> f64 {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
     // Fields after the command's closing parenthesis: utime and stime are the 12th and 13th.
@@ -402,15 +403,14 @@ pub fn bench(args: &[String]) {
     });
 
     let per = |m: &Memory| m.grown as f64 / m.points as f64;
-    let mrow = |x: f64| format!("{:.3} M events/s", x / 1e6);
     println!(
         "\n| measurement | (a) Redis, seeds' scheme | (b) tally, Redis backend, HTTP | (c) tally, embedded, HTTP |\n|---|---|---|---|"
     );
     println!(
         "| ingest ({timed} events, {CONNS} connections) | {} | {} | {} |",
-        mrow(a_rate),
-        mrow(b_rate),
-        mrow(c_rate)
+        mrate_row(a_rate),
+        mrate_row(b_rate),
+        mrate_row(c_rate)
     );
     println!(
         "| redis-server CPU during ingest (`INFO cpu`, share of one core) | {:.0}% | {:.0}% | n/a |",

@@ -688,7 +688,7 @@ impl Store for Engine {
             },
             Gauge {
                 name: "tally_log_full_disk_refusals_total",
-                help: "Log writes (and rotations) refused because the disk was full: nothing of them was logged or applied (503); writes resume once space is freed.",
+                help: "Log rounds (group commits) refused because the disk was full, nothing of them logged or applied (each request 503; writes resume once space is freed), and log rotations refused for it (the records go on into the current file).",
                 kind: "counter",
                 value: s.wal.full_disk_refusals as f64,
             },

@@ -23,6 +23,10 @@ pub struct Faults {
     /// bytes, then fails with [`io::ErrorKind::StorageFull`], as a write cut short by a
     /// full disk does.
     pub full_disk_at: AtomicU64,
+    /// Creating a log file finds the disk full (its header half written), while writes to
+    /// an existing one still fit: what running out of inodes, or of the last free block,
+    /// does.
+    pub no_space_for_new_files: AtomicBool,
 }
 
 impl Faults {
@@ -73,6 +77,15 @@ impl LogFile {
             len: 0,
             faults,
         };
+        if let Some(faults) = &f.faults
+            && faults.no_space_for_new_files.load(Ordering::SeqCst)
+        {
+            f.file.write_all(&header[..header.len() / 2])?;
+            return Err(io::Error::new(
+                io::ErrorKind::StorageFull,
+                "injected full disk creating a file",
+            ));
+        }
         f.write_all(header)?;
         f.sync()?;
         if let Some(dir) = path.parent() {
@@ -130,28 +143,17 @@ impl LogFile {
         Ok(())
     }
 
-    /// Cuts off whatever a failed [`LogFile::write_all`] left past the length it knows.
-    pub fn cut_failed_write(&mut self) -> io::Result<()> {
-        self.file.set_len(self.len)
-    }
-
-    /// Cuts off what a failed [`LogFile::write_all`] left, durably, and puts the write
-    /// position back at the end, so that the file takes appends again: after a full disk.
-    /// (A file made by [`LogFile::create`] writes at its position, which the failed write
-    /// moved past the cut: the next write would leave a hole.) The fsync also makes every
-    /// earlier write durable; if it fails, what the disk holds is uncertain.
-    pub fn cut_failed_write_durably(&mut self) -> io::Result<()> {
-        self.file.set_len(self.len)?;
-        self.file.seek(SeekFrom::Start(self.len))?;
-        self.file.sync_data()
-    }
-
-    /// Cuts the file back to `len` (the length before a round whose fsync failed), and tries
-    /// to make the cut durable.
+    /// Cuts the file back to `len` — the length it knows, after a failed
+    /// [`LogFile::write_all`]; the length before a round whose fsync failed — and puts the
+    /// write position there, so that the file could take appends again (a file made by
+    /// [`LogFile::create`] writes at its position, which a failed write moved past the cut:
+    /// the next write would leave a hole), then fsyncs. The fsync also makes every earlier
+    /// write durable; if it fails, what the disk holds is uncertain.
     pub fn cut_to(&mut self, len: u64) -> io::Result<()> {
         self.file.set_len(len)?;
         self.len = len;
-        self.file.sync_data()
+        self.file.seek(SeekFrom::Start(len))?;
+        self.sync()
     }
 
     /// fdatasync: the data and the length, which is all a log needs.

@@ -79,8 +79,9 @@ fn narrow(n: i64) -> Option<Narrow> {
 /// A workload of large amounts (bytes, microseconds) makes most counts wide, and two
 /// entries each cost more than one 16-byte entry: once more than [`WHOLE_AT`] of a map's
 /// counters are wide, every count moves into `wide` and `narrow` is let go (*whole* mode,
-/// one look-up an update); a freeze or a sweep that leaves at most [`NARROW_AT`] of them
-/// too large for an entry moves them back. (`tally-bench engine amount=1000000`: 47.5 bytes
+/// one look-up an update); a freeze that leaves at most [`NARROW_AT`] of them too large for
+/// an entry moves them back. Each switch rebuilds the map under its shard's lock: a pause
+/// of that shard's writes once per switch, as long as a rehash of the map takes. (`tally-bench engine amount=1000000`: 47.5 bytes
 /// of maps a live counter with two entries each, 28.9 whole; 18.7 at amount 1.)
 #[derive(Debug, Default)]
 pub struct Counters {
@@ -100,7 +101,7 @@ const WHOLE_AT: usize = 6;
 /// forth).
 const NARROW_AT: usize = 3;
 
-/// Maps smaller than this stay as they are: switching costs more than it saves.
+/// Maps smaller than this do not switch to whole mode: it would save little.
 const SWITCH_MIN: usize = 64;
 
 impl Counters {
@@ -570,9 +571,6 @@ mod tests {
         assert_eq!(split_key(counter_key(u32::MAX, 9)), (u32::MAX, 9));
     }
 
-    /// Counts past the entry's 16 bits, the entry's marker value itself, and 64-bit
-    /// wrapping: every count reads back whole, through `get`, `iter`, `retain` and a freeze,
-    /// and a count that comes back into range (or to zero) leaves no wide entry behind.
     /// A map whose counts are mostly too large for an entry holds them all whole, and goes
     /// back to narrow entries once a freeze leaves few of them; either way it answers as a
     /// plain map of counts does (a model), wrapping past 64 bits.
@@ -645,6 +643,9 @@ mod tests {
         same(&c, &model);
     }
 
+    /// Counts past the entry's 16 bits, the entry's marker value itself, and 64-bit
+    /// wrapping: every count reads back whole, through `get`, `iter`, `retain` and a freeze,
+    /// and a count that comes back into range (or to zero) leaves no wide entry behind.
     #[test]
     fn counts_past_the_entry_are_kept_whole() {
         let mut c = Counters::default();

@@ -261,7 +261,7 @@ pub async fn top(
 
 /// Keys of a namespace in byte order.
 #[utoipa::path(get, path = "/v1/ns/{ns}/keys", tag = "queries",
-    description = "Keys with a counted event (an amount other than 0, at a time some tier keeps) whose data some tier still holds. A key whose counts all net to 0 may stay listed for a while: until the embedded engine's next flush of closed periods, or until its last bucket's retention ends on the Redis backend (docs/ARCHITECTURE.md).",
+    description = "Keys with a counted event (an amount other than 0, at a time some tier keeps) whose data some tier still holds. A key whose counts all net to 0 may stay listed for a while: until a later flush of the embedded engine forgets keys without counts, or until its last bucket's retention ends on the Redis backend (docs/ARCHITECTURE.md).",
     params(("ns" = String, Path), ("prefix" = Option<String>, Query), ("after" = Option<String>, Query), ("limit" = Option<u32>, Query)),
     responses((status = 200, description = "`{\"ns\", \"keys\", \"next\"}`")))]
 pub async fn keys(

@@ -61,8 +61,22 @@ pub struct WalStats {
     pub records: u64,
     pub fsyncs: u64,
     pub fsync_nanos: u64,
-    /// Rounds refused because the disk was full (nothing of them logged).
+    /// Rounds refused because the disk was full (nothing of them logged), and rotations
+    /// refused for it (their records went on into the current file).
     pub full_disk_refusals: u64,
+}
+
+/// How long after a rotation refused for a full disk the next one is tried for a full
+/// file (one asked for, by a flush, is always tried).
+const ROTATE_RETRY: Duration = Duration::from_secs(1);
+
+/// Why a round's records are not in the log.
+enum Failure {
+    /// The disk was full: nothing of the round is in the file, its numbers are free again,
+    /// and the writer goes on.
+    Refused(StoreError),
+    /// The writer is poisoned.
+    Poisoned(StoreError),
 }
 
 /// The requests waiting for a round, and whether a round is being led.
@@ -132,6 +146,7 @@ impl Writer {
             buf: Vec::with_capacity(1 << 20),
             finished: false,
             full_since: None,
+            rotate_after: None,
         };
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue::default()),
@@ -371,6 +386,8 @@ struct State {
     finished: bool,
     /// While writes find the disk full: the refusals counted before it turned full.
     full_since: Option<u64>,
+    /// After a rotation refused for a full disk: when a full file may try again.
+    rotate_after: Option<Instant>,
 }
 
 impl State {
@@ -403,8 +420,8 @@ impl State {
         lock(&self.poisoned).clone()
     }
 
-    /// What a write or rotation that found the disk full answers (nothing of it is in the
-    /// log): a `503` to retry later. Logged when the disk turns full, not per refusal.
+    /// What a round whose write found the disk full answers (nothing of it is in the log):
+    /// a `503` to retry later. Logged when the disk turns full, not per refusal.
     fn refuse_full(&mut self, during: &str, e: &std::io::Error) -> StoreError {
         let refusals = {
             let mut s = lock(&self.stats);
@@ -468,19 +485,25 @@ impl State {
             }
         }
         let written = seqs.iter().flatten().count() as u64;
-        let outcome = self.commit(&buf, written, want_sync);
-        self.buf = buf;
-        if outcome.is_err() && self.poisoned().is_none() {
-            // A full disk: nothing of this round is in the log, so its numbers go to the
-            // next round (a number skipped would be a gap that recovery refuses).
-            if let Some(first) = seqs.iter().flatten().next() {
-                self.next_seq = *first;
+        let outcome = match self.commit(&buf, written, want_sync) {
+            Ok(()) => Ok(()),
+            Err(Failure::Refused(e)) => {
+                // Nothing of this round is in the log, so its numbers go to the next round
+                // (a number skipped would be a gap that recovery refuses).
+                if let Some(first) = seqs.iter().flatten().next() {
+                    self.next_seq = *first;
+                }
+                Err(e)
             }
-        }
+            Err(Failure::Poisoned(e)) => Err(e),
+        };
+        self.buf = buf;
         // A failed rotation poisons the writer for later records (a full disk only refuses
-        // it: the records go on into this file), but the records of this round are already
-        // written (and synced per the policy): their answers stand.
-        let full = self.file.len() >= self.max_file_bytes;
+        // it: the records go on into this file, and a full file tries again after
+        // `ROTATE_RETRY`), but the records of this round are already written (and synced
+        // per the policy): their answers stand.
+        let full = self.file.len() >= self.max_file_bytes
+            && self.rotate_after.is_none_or(|t| Instant::now() >= t);
         let has_records = self.file.len() > FILE_HEADER_LEN as u64;
         let mut rotated = Ok(());
         if outcome.is_ok() && (full || want_rotate) && has_records {
@@ -506,9 +529,9 @@ impl State {
         }
     }
 
-    fn commit(&mut self, buf: &[u8], records: u64, want_sync: bool) -> Result<(), StoreError> {
+    fn commit(&mut self, buf: &[u8], records: u64, want_sync: bool) -> Result<(), Failure> {
         if let Some(p) = self.poisoned() {
-            return Err(p);
+            return Err(Failure::Poisoned(p));
         }
         let start = self.file.len();
         if !buf.is_empty() {
@@ -516,20 +539,24 @@ impl State {
                 // None of this round's records is acknowledged, so none may come back on
                 // replay; but a full disk fails a write after writing whole records of it.
                 // The soak's disk-full round found such a batch, answered 503, counted after
-                // the restart.
-                if is_full_disk(&e) {
-                    // Space may come back: once the cut is durable the log holds exactly
-                    // what was acknowledged, and the next round can write again.
-                    match self.file.cut_failed_write_durably() {
-                        Ok(()) => return Err(self.refuse_full("writing the log", &e)),
-                        Err(cut) => {
+                // the restart. Once the cut is durable the log holds exactly what was
+                // acknowledged, and after a full disk the next round can write again.
+                let cut = self.file.cut_to(start);
+                return Err(match (is_full_disk(&e), cut) {
+                    (true, Ok(())) => {
+                        self.dirty = false;
+                        Failure::Refused(self.refuse_full("writing the log", &e))
+                    }
+                    (true, Err(cut)) => Failure::Poisoned(
+                        self.poison("cutting a write the full disk refused off the log", cut),
+                    ),
+                    (false, cut) => {
+                        if let Err(cut) = cut {
                             tracing::error!(error = %cut, "could not cut a failed write off the log");
                         }
+                        Failure::Poisoned(self.poison("writing the log", e))
                     }
-                } else if let Err(cut) = self.file.cut_failed_write() {
-                    tracing::error!(error = %cut, "could not cut a failed write off the log");
-                }
-                return Err(self.poison("writing the log", e));
+                });
             }
             self.dirty = true;
             let mut s = lock(&self.stats);
@@ -557,14 +584,14 @@ impl State {
             if let Err(cut) = self.file.cut_to(start) {
                 tracing::error!(error = %cut, "could not cut an unsynced round off the log");
             }
-            return Err(self.poison("fsync of the log", e));
+            return Err(Failure::Poisoned(self.poison("fsync of the log", e)));
         }
         Ok(())
     }
 
-    /// Starts the next file. Poisons the writer on an I/O failure, but for a new file that
-    /// finds the disk full: that one is removed (durably) and the log goes on in the
-    /// current file, which the next round tries to rotate again.
+    /// Starts the next file. Poisons the writer on an I/O failure, but where the disk is
+    /// full — making the new file, or `wal/HEAD`'s new copy, which replaces it by a rename
+    /// after — the new file is removed (durably) and the log goes on in the current one.
     fn rotate(&mut self) -> Result<(), StoreError> {
         const DURING: &str = "rotating the log";
         if self.dirty
@@ -573,10 +600,10 @@ impl State {
             return Err(self.poison(DURING, e));
         }
         let path = file_name(&self.dir, self.next_seq);
-        self.file = match LogFile::create(&path, &file_header(self.next_seq), self.faults.clone()) {
+        let file = match LogFile::create(&path, &file_header(self.next_seq), self.faults.clone()) {
             Ok(file) => file,
             Err(e) if is_full_disk(&e) && discard(&self.dir, &path).is_ok() => {
-                return Err(self.refuse_full(DURING, &e));
+                return Err(self.refuse_rotation(&e));
             }
             Err(e) => return Err(self.poison(DURING, e)),
         };
@@ -585,10 +612,41 @@ impl State {
             closed_at: None,
         };
         if let Err(e) = super::write_head(&self.dir, head) {
+            let old_head_stands = is_full_disk(&e)
+                && matches!(super::read_head(&self.dir), Ok(Some(h)) if h.newest != head.newest);
+            if old_head_stands && discard(&self.dir, &path).is_ok() {
+                return Err(self.refuse_rotation(&e));
+            }
             return Err(self.poison(DURING, e));
+        }
+        self.file = file;
+        if self.rotate_after.take().is_some() {
+            tracing::warn!("the log found space for a new file again");
         }
         tracing::debug!(file = %path.display(), "rotated the write-ahead log");
         Ok(())
+    }
+
+    /// What a rotation that found the disk full answers: the records go on into the
+    /// current file, and a full file tries again after [`ROTATE_RETRY`]. Logged once while
+    /// it lasts.
+    fn refuse_rotation(&mut self, e: &std::io::Error) -> StoreError {
+        lock(&self.stats).full_disk_refusals += 1;
+        if self
+            .rotate_after
+            .replace(Instant::now() + ROTATE_RETRY)
+            .is_none()
+        {
+            tracing::warn!(
+                error = %e,
+                "the disk is full: no new log file can be started; records go on into the \
+                 current one"
+            );
+        }
+        StoreError::unavailable(format!(
+            "the disk is full (starting a new log file: {e}); the log goes on in its current \
+             file, and a new one is tried again"
+        ))
     }
 }
 
@@ -817,7 +875,7 @@ mod tests {
             // A rotation while full: its new file is refused and removed.
             let err = w.rotate().unwrap_err();
             assert!(
-                err.detail().contains("rotating the log"),
+                err.detail().contains("starting a new log file"),
                 "{}",
                 err.detail()
             );
@@ -850,6 +908,84 @@ mod tests {
             .unwrap();
             assert_eq!(got, [(4, b"d".to_vec())], "{policy:?}: the second file");
         }
+    }
+
+    /// A full file whose next one finds no space goes on taking records; it tries again
+    /// a second later (not every round: each try costs fsyncs), or when a rotation is asked
+    /// for, and once there is space the log rotates as usual.
+    #[test]
+    fn a_full_file_that_cannot_rotate_goes_on_and_tries_again_later() {
+        let dir = tempfile::tempdir().unwrap();
+        let faults = Arc::new(Faults::default());
+        let open = super::super::Head {
+            newest: 1,
+            closed_at: None,
+        };
+        super::super::write_head(dir.path(), open).unwrap();
+        let w = Writer::start_with(
+            Start {
+                dir: dir.path().to_owned(),
+                file: create_first(dir.path(), 1, Some(faults.clone())).unwrap(),
+                next_seq: 1,
+                policy: FsyncPolicy::Never,
+                max_file_bytes: 64,
+                faults: Some(faults.clone()),
+            },
+            1,
+        )
+        .unwrap();
+        faults.no_space_for_new_files.store(true, Ordering::SeqCst);
+        let record = vec![7u8; 100];
+        assert_eq!(w.append(record.clone()).unwrap(), 1, "its answer stands");
+        assert_eq!(w.stats().full_disk_refusals, 1, "the rotation after it");
+        assert!(
+            !file_name(dir.path(), 2).exists(),
+            "a half-made file is left"
+        );
+        for seq in 2..=4 {
+            assert_eq!(w.append(record.clone()).unwrap(), seq);
+        }
+        assert_eq!(w.stats().full_disk_refusals, 1, "not tried again so soon");
+        let err = w.rotate().unwrap_err();
+        assert!(
+            err.detail().contains("the disk is full"),
+            "{}",
+            err.detail()
+        );
+        assert_eq!(w.stats().full_disk_refusals, 2, "one asked for is tried");
+        faults.no_space_for_new_files.store(false, Ordering::SeqCst);
+        std::thread::sleep(ROTATE_RETRY + Duration::from_millis(100));
+        assert_eq!(w.append(record.clone()).unwrap(), 5);
+        assert_eq!(w.append(record.clone()).unwrap(), 6);
+        w.close();
+        assert!(w.poisoned().is_none());
+        let acked: Vec<(u64, Vec<u8>)> = (1..=5).map(|s| (s, record.clone())).collect();
+        holds_exactly(dir.path(), &acked, "the full file");
+        assert!(
+            file_name(dir.path(), 6).exists(),
+            "rotated once there was space"
+        );
+    }
+
+    /// A full disk whose cut cannot be made durable poisons the writer: what the disk holds
+    /// is uncertain.
+    #[test]
+    fn a_full_disk_whose_cut_fails_to_sync_poisons_the_writer() {
+        let dir = tempfile::tempdir().unwrap();
+        let faults = Arc::new(Faults::default());
+        let w = writer(dir.path(), FsyncPolicy::Never, Some(faults.clone()));
+        assert_eq!(w.append(b"a".to_vec()).unwrap(), 1);
+        faults.full_disk_at.store(1, Ordering::SeqCst);
+        faults.fail_syncs.store(true, Ordering::SeqCst);
+        assert!(matches!(
+            w.append(b"b".to_vec()),
+            Err(StoreError::Poisoned { .. })
+        ));
+        faults.full_disk_at.store(0, Ordering::SeqCst);
+        faults.fail_syncs.store(false, Ordering::SeqCst);
+        assert!(w.poisoned().is_some());
+        assert!(w.append(b"c".to_vec()).is_err(), "poisoned stays poisoned");
+        w.close();
     }
 
     #[test]
