@@ -5,7 +5,7 @@
 //! cargo run --release -p tally-bench -- engine
 //! ```
 //!
-//! Subcommands: `engine`, `replay`, `compare`, `http`, `idempotency`, `ratelimit`, `statsd`, `redis-backend`, `archive`, `archive-year`, `export`, `load`, and `soak`
+//! Subcommands: `engine`, `replay`, `flush-latency`, `compare`, `http`, `idempotency`, `ratelimit`, `statsd`, `redis-backend`, `archive`, `archive-year`, `export`, `load`, and `soak`
 //! and `soak-disk-full` (the crash soak of `scripts/soak.sh`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -13,6 +13,7 @@
 mod archive;
 mod export;
 mod floor;
+mod flushlat;
 mod http;
 mod idempotency;
 mod ratelimit;
@@ -407,10 +408,11 @@ fn main() {
         Some("archive-year") => archive::year_bench(rest),
         Some("archive-queries") => archive::queries_bench(rest),
         Some("soak") => soak::run(rest),
+        Some("flush-latency") => flushlat::bench(rest),
         Some("soak-disk-full") => soak::disk_full(rest),
         Some(other) => {
             eprintln!(
-                "unknown benchmark {other:?}; known: engine, replay, floor, compare, http, idempotency, export, load, ratelimit, statsd, redis-backend, archive, archive-year, archive-queries, soak, soak-disk-full"
+                "unknown benchmark {other:?}; known: engine, replay, floor, flush-latency, compare, http, idempotency, export, load, ratelimit, statsd, redis-backend, archive, archive-year, archive-queries, soak, soak-disk-full"
             );
             std::process::exit(2);
         }

@@ -721,10 +721,7 @@ impl Engine {
             // a write to the range during the rebuild is replaced if it came before its
             // key's page was read, kept on top if after — in every tier alike, so minutes
             // and hours still agree. Writers wait for one page's reads at most.
-            let _cut = self
-                .gate
-                .write()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let _cut = self.gate.write();
             for tier in schema.tiers() {
                 let want = if schema.is_breakdown(tier.resolution) {
                     Want::All
@@ -825,10 +822,7 @@ impl Engine {
         // replayed as usual; a schema change after that point would hide the install's data
         // (its cutoff), so that one is refused.
         let seq = {
-            let _gate = self
-                .gate
-                .write()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let _gate = self.gate.write();
             let first_dirty = self
                 .core
                 .dirty

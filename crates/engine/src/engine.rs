@@ -4,7 +4,9 @@
 use std::fs::{File, TryLockError};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Mutex, PoisonError, RwLockReadGuard};
+
+use crate::fair::FairRwLock;
 use std::time::{Duration as StdDuration, Instant};
 
 use tally_core::model::{Key, Namespace, Schema};
@@ -154,7 +156,7 @@ pub struct Engine {
     /// Batches hold it shared from log append to memory apply; a schema change, and the
     /// moments a flush fixes its log position, hold it exclusively, so memory sees batches
     /// and schema changes in log order.
-    pub(crate) gate: RwLock<()>,
+    pub(crate) gate: FairRwLock<()>,
     pub(crate) clock: Arc<dyn Clock>,
     recovery: Recovery,
     pub(crate) dir: PathBuf,
@@ -368,7 +370,7 @@ impl Engine {
         let engine = Engine {
             core,
             wal,
-            gate: RwLock::new(()),
+            gate: FairRwLock::default(),
             clock: config.clock,
             recovery,
             dir,
@@ -472,7 +474,7 @@ impl Engine {
     }
 
     fn gate_shared(&self) -> RwLockReadGuard<'_, ()> {
-        self.gate.read().unwrap_or_else(PoisonError::into_inner)
+        self.gate.read()
     }
 }
 
@@ -515,7 +517,7 @@ impl Store for Engine {
 
     fn put_schema(&self, ns: &Namespace, schema: &Schema) -> Result<(), StoreError> {
         let retention_changed = {
-            let _gate = self.gate.write().unwrap_or_else(PoisonError::into_inner);
+            let _gate = self.gate.write();
             let before = self.schema(ns)?;
             let schema =
                 &schema

@@ -2,9 +2,11 @@
 //! manifest publishes them, and the log is truncated behind them.
 //!
 //! 1. Choose: periods with counters in memory whose end plus the grace is past.
-//! 2. Freeze, under the write gate (no batch between its log append and its apply): note the
-//!    last applied log record `S`, move the chosen periods' counters to each shard's frozen
-//!    map (still read from there), forget them as dirty.
+//! 2. Freeze: under the write gate (no batch between its log append and its apply), note the
+//!    last applied log record `S`, forget the chosen periods as dirty and mark them as being
+//!    frozen; then, without the gate, shard by shard, move their counters to each shard's
+//!    frozen map (still read from there). Writes go on meanwhile, but a batch that adds to a
+//!    marked period waits for the end, so the frozen counters are the log's through `S`.
 //! 3. Write one segment per (resolution, period) — a delta if the period is already archived —
 //!    fsync it, rename it into place, sync the directory.
 //! 4. Publish a manifest: the segments, each flushed through `S`; `wal_start` = the first log
@@ -35,6 +37,7 @@ use crate::memtable::{Counters, Frozen, split_key};
 use crate::segment::{
     Buckets, DimRecord, KeyRecord, Segment, SegmentKind, SegmentMeta, SegmentWriter,
 };
+use crate::state::Freezing;
 use crate::wal::list_files;
 
 /// What has happened since the catalog last forgot the keys and series that have no counter
@@ -69,7 +72,11 @@ impl ForgetDebt {
 
 /// Keys whose records a flush builds at once (under the catalog's read lock) before
 /// writing them.
-const FLUSH_CHUNK_KEYS: usize = 2048;
+const FLUSH_CHUNK_KEYS: usize = 256;
+
+/// Series (or keys) a flush looks up in the catalog at once, under its read lock, as it
+/// lists the keys of a period.
+const FLUSH_CHUNK_SERIES: usize = 16_384;
 
 /// Where a period's records go, in strictly increasing (namespace, key) order.
 pub(crate) type Sink<'a> = dyn FnMut(&str, &str, KeyRecord) -> Result<(), StoreError> + 'a;
@@ -189,9 +196,17 @@ impl Engine {
         if chosen.is_empty() && !publish {
             return Ok(FlushReport::default());
         }
-        // 2. Freeze.
-        let (seq, taken) = {
-            let _gate = self.gate.write().unwrap_or_else(PoisonError::into_inner);
+        // 2. Freeze: the log position and the periods fixed under the write gate (no batch
+        // between its log append and its apply), then each shard in turn without it —
+        // writes go on meanwhile, but for those adding to a period being frozen, which wait
+        // for the end (`Core::start_freeze`): the frozen counters are exactly the log's up to
+        // `seq`.
+        let mut by_slot: Freezing = BTreeMap::new();
+        for c in &chosen {
+            by_slot.entry(c.slot).or_default().push(c.index_range());
+        }
+        let (seq, taken, freezing) = {
+            let _gate = self.gate.write();
             let seq = self.core.last_seq.load(Ordering::SeqCst);
             let mut dirty = self
                 .core
@@ -205,25 +220,24 @@ impl Engine {
                     dirty.remove(&k).map(|first| (k, first))
                 })
                 .collect();
-            drop(dirty);
-            let mut by_slot: BTreeMap<usize, Vec<(u32, u32)>> = BTreeMap::new();
-            for c in &chosen {
-                by_slot.entry(c.slot).or_default().push(c.index_range());
-            }
-            let (mut frozen, mut left) = (0, 0);
-            for s in 0..self.core.mem.shards() {
-                let mut shard = self.core.mem.lock(s);
-                for (slot, ranges) in &by_slot {
-                    shard.freeze(*slot, ranges);
-                }
-                frozen += shard.frozen.iter().map(|m| m.len()).sum::<usize>();
-                left += shard.maps.iter().map(|m| m.len()).sum::<usize>();
-            }
-            debt.taken += frozen;
-            debt.left = left;
-            debt.flushes += 1;
-            (seq, taken)
+            let freezing = self.core.start_freeze(by_slot.clone());
+            (seq, taken, freezing)
         };
+        let (mut frozen, mut left) = (0, 0);
+        // Last shard first: a batch takes its shards' locks first to last, so it meets the
+        // freeze once and waits for one shard at most, not for each in turn behind it.
+        for s in (0..self.core.mem.shards()).rev() {
+            let mut shard = self.core.mem.lock(s);
+            for (slot, ranges) in &by_slot {
+                shard.freeze(*slot, ranges);
+            }
+            frozen += shard.frozen.iter().map(|m| m.len()).sum::<usize>();
+            left += shard.maps.iter().map(|m| m.len()).sum::<usize>();
+        }
+        drop(freezing);
+        debt.taken += frozen;
+        debt.left = left;
+        debt.flushes += 1;
         let feed = |c: &Chosen, sink: &mut Sink<'_>| self.frozen_records(c, sink);
         // One writer: a flush runs beside the server's work.
         match self.write_and_publish(&chosen, seq, now, &feed, 1) {
@@ -412,7 +426,7 @@ impl Engine {
             .map_err(io("syncing the segment directory"))?;
         // 4. The manifest, with the log position and checkpoint taken under the write gate.
         let (mut m, copied) = {
-            let _gate = self.gate.write().unwrap_or_else(PoisonError::into_inner);
+            let _gate = self.gate.write();
             let wal_start = {
                 let dirty = self
                     .core
@@ -572,48 +586,74 @@ impl Engine {
         // writes, not what the catalog has ever seen. Per key, whether any of its subtotals
         // has one (a tier without breakdowns never does, and then the key's subtotal list is
         // not walked).
-        let mut keys: Vec<(KeyId, bool)> = Vec::new();
         // Per series with counters in the period, where its run is in its shard's array (a
-        // key's subtotals without one are then passed over with one probe).
+        // key's subtotals without one are then passed over with one probe): from the frozen
+        // arrays alone.
         let mut runs: HashMap<SeriesId, (usize, usize), foldhash::fast::FixedState> =
             HashMap::default();
-        {
-            let cat = self.core.read_cat();
-            for f in &frozen {
-                let mut at = 0;
-                for run in f.chunk_by(|a, b| split_key(a.0).0 == split_key(b.0).0) {
-                    let start = at;
-                    at += run.len();
-                    if !run.iter().any(|&(k, n)| n != 0 && in_period(k)) {
-                        continue;
-                    }
-                    let sid = split_key(run[0].0).0;
-                    runs.insert(sid, (start, at));
-                    keys.extend(cat.key_of_series(sid).map(|k| (k, cat.is_subtotal(sid))));
+        for f in &frozen {
+            let mut at = 0;
+            for run in f.chunk_by(|a, b| split_key(a.0).0 == split_key(b.0).0) {
+                let start = at;
+                at += run.len();
+                if run.iter().any(|&(k, n)| n != 0 && in_period(k)) {
+                    runs.insert(split_key(run[0].0).0, (start, at));
                 }
             }
-            if keys.is_empty() {
-                return Ok(());
-            }
-            keys.sort_unstable();
-            keys.dedup_by(|later, first| {
-                let same = later.0 == first.0;
-                if same {
-                    first.1 |= later.1;
-                }
-                same
-            });
-            // In the order segments want: (namespace, key) by bytes, compared in place.
-            let names = |kid: KeyId| {
-                let k = cat.keys.get(kid as usize);
-                let ns = k.and_then(|k| cat.ns.get(k.ns as usize));
-                (
-                    ns.map_or(&b""[..], |n| n.name.as_str().as_bytes()),
-                    k.map_or(&b""[..], |k| k.name.as_bytes()),
-                )
-            };
-            keys.sort_unstable_by(|a, b| names(a.0).cmp(&names(b.0)));
         }
+        // Their keys, and the names to sort them by, from the catalog a part at a time:
+        // writes wait for the catalog at most one part (ids stay put while a flush runs:
+        // only a flush forgets). One whole walk under its lock held each batch up to
+        // ~0.5 s (`tally-bench flush-latency`).
+        let sids: Vec<SeriesId> = runs.keys().copied().collect();
+        let mut keys: Vec<(KeyId, bool)> = Vec::with_capacity(sids.len());
+        for part in sids.chunks(FLUSH_CHUNK_SERIES) {
+            let cat = self.core.read_cat();
+            for &sid in part {
+                keys.extend(cat.key_of_series(sid).map(|k| (k, cat.is_subtotal(sid))));
+            }
+        }
+        if keys.is_empty() {
+            return Ok(());
+        }
+        keys.sort_unstable();
+        keys.dedup_by(|later, first| {
+            let same = later.0 == first.0;
+            if same {
+                first.1 |= later.1;
+            }
+            same
+        });
+        // In the order segments want: (namespace, key) by bytes. Namespaces by their rank
+        // in byte order, keys by their shared names, taken a part at a time.
+        let ns_rank: Vec<u32> = {
+            let cat = self.core.read_cat();
+            let mut order: Vec<usize> = (0..cat.ns.len()).collect();
+            order.sort_unstable_by(|&a, &b| {
+                cat.ns[a]
+                    .name
+                    .as_str()
+                    .as_bytes()
+                    .cmp(cat.ns[b].name.as_str().as_bytes())
+            });
+            let mut rank = vec![0; order.len()];
+            for (r, i) in order.into_iter().enumerate() {
+                rank[i] = r as u32;
+            }
+            rank
+        };
+        let mut named: Vec<(u32, Arc<str>, KeyId, bool)> = Vec::with_capacity(keys.len());
+        for part in keys.chunks(FLUSH_CHUNK_SERIES) {
+            let cat = self.core.read_cat();
+            for &(kid, has_subs) in part {
+                if let Some(k) = cat.keys.get(kid as usize) {
+                    let rank = ns_rank.get(k.ns as usize).copied().unwrap_or(u32::MAX);
+                    named.push((rank, k.name.clone(), kid, has_subs));
+                }
+            }
+        }
+        named.sort_unstable_by(|a, b| (a.0, a.1.as_bytes()).cmp(&(b.0, b.1.as_bytes())));
+        let keys: Vec<(KeyId, bool)> = named.into_iter().map(|(_, _, k, s)| (k, s)).collect();
         let mem = &self.core.mem;
         // A series' buckets in the period, from its key's shard.
         let series = |kid: KeyId, sid: SeriesId| -> Buckets {
@@ -673,7 +713,7 @@ impl Engine {
     /// write gate (no batch is between resolving its ids and adding its counters) and the
     /// catalog's write lock (no reader holds an id). Returns the keys forgotten.
     fn forget_archived(&self) -> usize {
-        let _gate = self.gate.write().unwrap_or_else(PoisonError::into_inner);
+        let _gate = self.gate.write();
         // One bit per subtotal series id and per key id (both dense; a total's id names its
         // key): the live series, from every counter in memory, without hashing each one.
         let (mut subs, mut totals) = (Bits::default(), Bits::default());

@@ -15,6 +15,7 @@ pub mod catalog;
 pub mod check;
 pub mod compaction;
 pub mod engine;
+mod fair;
 mod flush;
 pub mod io;
 pub mod manifest;

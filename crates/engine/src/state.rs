@@ -3,8 +3,11 @@
 //! sweep.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{
+    Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard,
+};
 
 use tally_core::model::{Namespace, Retention, Schema};
 use tally_core::store::StoreError;
@@ -16,6 +19,7 @@ const LOGGED_TS_END: i64 = 1 << 32;
 use crate::answers::Answers;
 use crate::archive::{Archive, FlushPolicy, Held, store_error};
 use crate::catalog::{Catalog, KeyId, NsId, SeriesId, StrId, TierPlan};
+use crate::fair::FairRwLock;
 use crate::memtable::{Lane, Memtable, Shard, split_key};
 use crate::names::Names;
 use crate::segment::SegmentError;
@@ -55,10 +59,25 @@ impl SchemaLog {
     }
 }
 
+/// Per memtable slot, the `[lo, hi)` bucket index ranges a flush freezes.
+pub(crate) type Freezing = BTreeMap<usize, Vec<(u32, u32)>>;
+
+/// A freeze in progress (see [`Core::start_freeze`]).
+pub(crate) struct FreezeGuard<'a>(&'a Core);
+
+impl Drop for FreezeGuard<'_> {
+    fn drop(&mut self) {
+        let mut f = lock(&self.0.freezing);
+        *f = None;
+        self.0.freezing_now.store(false, Ordering::SeqCst);
+        self.0.freeze_done.notify_all();
+    }
+}
+
 /// Memory state: the catalog and the counters. Live writes and replay share it.
 #[derive(Debug)]
 pub(crate) struct Core {
-    pub(crate) catalog: RwLock<Catalog>,
+    pub(crate) catalog: FairRwLock<Catalog>,
     pub(crate) mem: Memtable,
     /// Remembered answers by idempotency key (restored by replay, freed by sweep).
     pub(crate) idem: Mutex<Answers>,
@@ -70,6 +89,13 @@ pub(crate) struct Core {
     /// archived, with the first log record that added to it since: the log must be kept
     /// from the smallest of them.
     pub(crate) dirty: Mutex<HashMap<(usize, i64), u64>>,
+    /// While a flush freezes its periods (after fixing its log position under the write
+    /// gate, shard by shard without it): the bucket index ranges it freezes, per memtable
+    /// slot. A batch that adds to one of them waits until the freeze is done, so that a
+    /// frozen period holds exactly the log records up to the flush's position.
+    freezing: Mutex<Option<Freezing>>,
+    freezing_now: AtomicBool,
+    freeze_done: Condvar,
     pub(crate) schemas: Mutex<SchemaLog>,
     /// The highest log record applied to memory.
     pub(crate) last_seq: AtomicU64,
@@ -208,21 +234,24 @@ impl Core {
     pub(crate) fn read_cat(&self) -> RwLockReadGuard<'_, Catalog> {
         // Catalog updates are completed before they are published; a panic cannot leave it
         // half-changed in a way a reader could misuse.
-        self.catalog.read().unwrap_or_else(PoisonError::into_inner)
+        self.catalog.read()
     }
 
     pub(crate) fn write_cat(&self) -> RwLockWriteGuard<'_, Catalog> {
-        self.catalog.write().unwrap_or_else(PoisonError::into_inner)
+        self.catalog.write()
     }
 
     pub(crate) fn new(shards: usize, flush: FlushPolicy, archive: Archive) -> Core {
         Core {
-            catalog: RwLock::new(Catalog::default()),
+            catalog: FairRwLock::new(Catalog::default()),
             mem: Memtable::new(shards),
             idem: Mutex::new(Answers::default()),
             flush,
             archive: RwLock::new(Arc::new(archive)),
             dirty: Mutex::new(HashMap::new()),
+            freezing: Mutex::new(None),
+            freezing_now: AtomicBool::new(false),
+            freeze_done: Condvar::new(),
             schemas: Mutex::new(SchemaLog::default()),
             last_seq: AtomicU64::new(0),
             damaged: Mutex::new(None),
@@ -605,6 +634,9 @@ impl Core {
                 }
             }
         }
+        if self.freezing_now.load(Ordering::SeqCst) {
+            self.wait_out_freeze(&adds);
+        }
         for group in adds.chunk_by(|a, b| a.shard == b.shard) {
             let mut shard = self.mem.lock(group[0].shard as usize);
             for a in group {
@@ -619,6 +651,35 @@ impl Core {
             }
         }
         self.last_seq.fetch_max(seq, Ordering::SeqCst);
+    }
+
+    /// Marks the ranges a flush is about to freeze (see [`Core::freezing`]) until the guard
+    /// it returns is dropped (then batches waiting on it go on, also if the flush panics).
+    /// Called under the write gate, so every batch after it sees the mark.
+    pub(crate) fn start_freeze(&self, ranges: Freezing) -> FreezeGuard<'_> {
+        *lock(&self.freezing) = Some(ranges);
+        self.freezing_now.store(true, Ordering::SeqCst);
+        FreezeGuard(self)
+    }
+
+    /// Waits while a freeze runs that covers one of `adds`' counters (late events for the
+    /// periods a flush is taking; every other batch goes on at once).
+    fn wait_out_freeze(&self, adds: &[Add]) {
+        let mut f = lock(&self.freezing);
+        while let Some(ranges) = f.as_ref() {
+            let hits = adds.iter().any(|a| {
+                ranges
+                    .get(&(a.slot as usize))
+                    .is_some_and(|r| r.iter().any(|&(lo, hi)| lo <= a.idx && a.idx < hi))
+            });
+            if !hits {
+                return;
+            }
+            f = self
+                .freeze_done
+                .wait(f)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
     }
 
     /// Sets a schema; a removed tier's counters, and the subtotals of a tier that stops
