@@ -559,14 +559,13 @@ impl Engine {
     }
 
     /// Hands the frozen counters of one period to `sink` as segment records, by (namespace,
-    /// key) in byte order. Records are built a few thousand keys at a time under the
-    /// catalog's read lock, then written with the lock released: the flush never holds the
-    /// whole period as records (its memory peak is the frozen counters plus one chunk), and
-    /// batches, which take the catalog's write lock, wait for one chunk at a time rather
-    /// than the whole write — though the first pass (every frozen counter walked, the
-    /// period's keys sorted by name) is one stretch under the read lock. Key ids stay meant
-    /// for the same keys throughout: only a flush forgets keys, and the caller holds the
-    /// flush lock.
+    /// key) in byte order. The period's keys are found from the frozen arrays, looked up in
+    /// the catalog in parts of [`FLUSH_CHUNK_SERIES`] and sorted by name without its lock;
+    /// their records are built [`FLUSH_CHUNK_KEYS`] keys at a time under the catalog's read
+    /// lock, then written with the lock released: the flush never holds the whole period as
+    /// records (its memory peak is the frozen counters plus one chunk), and batches, which
+    /// take the catalog's write lock, wait for one part at a time. Key ids stay meant for the
+    /// same keys throughout: only a flush forgets keys, and the caller holds the flush lock.
     fn frozen_records(&self, c: &Chosen, sink: &mut Sink<'_>) -> Result<(), StoreError> {
         let (lo, hi) = c.index_range();
         // Each shard's frozen counters of the slot, shared, not copied: sorted by (series,
