@@ -91,6 +91,17 @@ pub fn window_plan(
 }
 
 /// The window's count for a plan: its header and `n`.
+/// What `batch` adds to key `key` of `ns` inside the window (counts wrap past 64 bits).
+fn added_by(batch: &Batch, ns: &Namespace, key: &Key, plan: &WindowPlan) -> i64 {
+    wrapping_sum(
+        batch
+            .increments
+            .iter()
+            .filter(|i| i.ns == *ns && i.key == *key && plan.covers(i.ts))
+            .map(|i| i.n),
+    )
+}
+
 fn count(last: Duration, plan: WindowPlan, n: i64) -> WindowCount {
     WindowCount {
         last: last.to_string(),
@@ -139,13 +150,7 @@ pub fn window_after(
         Some(_) => 0,
         None => sum(&read_one(store, plan.read(ns, key), &Deadline::none())?.totals),
     };
-    let added = wrapping_sum(
-        batch
-            .increments
-            .iter()
-            .filter(|i| i.ns == *ns && i.key == *key && plan.covers(i.ts))
-            .map(|i| i.n),
-    );
+    let added = added_by(batch, ns, key, &plan);
     Ok(count(last, plan, before.wrapping_add(added)))
 }
 
@@ -276,13 +281,7 @@ pub fn incr_limited(
             .copied()
             .filter(|&(b, _)| plan.from <= b && b < plan.to)
             .collect();
-        let added = wrapping_sum(
-            batch
-                .increments
-                .iter()
-                .filter(|i| i.ns == *ns && i.key == *key && plan.covers(i.ts))
-                .map(|i| i.n),
-        );
+        let added = added_by(batch, ns, key, &plan);
         let before = sum(&inside);
         let decided = match before.checked_add(added) {
             Some(after) if fits(before, added, max) => Limited::Accepted(count(last, plan, after)),

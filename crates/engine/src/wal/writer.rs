@@ -694,6 +694,17 @@ mod tests {
         faults: Option<Arc<Faults>>,
         rounds_per_leader: usize,
     ) -> Writer {
+        writer_sized(dir, policy, faults, rounds_per_leader, 64 << 20)
+    }
+
+    /// A writer whose files are closed past `max_file_bytes`.
+    fn writer_sized(
+        dir: &Path,
+        policy: FsyncPolicy,
+        faults: Option<Arc<Faults>>,
+        rounds_per_leader: usize,
+        max_file_bytes: u64,
+    ) -> Writer {
         let open = super::super::Head {
             newest: 1,
             closed_at: None,
@@ -705,7 +716,7 @@ mod tests {
                 file: create_first(dir, 1, faults.clone()).unwrap(),
                 next_seq: 1,
                 policy,
-                max_file_bytes: 64 << 20,
+                max_file_bytes,
                 faults,
             },
             rounds_per_leader,
@@ -917,23 +928,7 @@ mod tests {
     fn a_full_file_that_cannot_rotate_goes_on_and_tries_again_later() {
         let dir = tempfile::tempdir().unwrap();
         let faults = Arc::new(Faults::default());
-        let open = super::super::Head {
-            newest: 1,
-            closed_at: None,
-        };
-        super::super::write_head(dir.path(), open).unwrap();
-        let w = Writer::start_with(
-            Start {
-                dir: dir.path().to_owned(),
-                file: create_first(dir.path(), 1, Some(faults.clone())).unwrap(),
-                next_seq: 1,
-                policy: FsyncPolicy::Never,
-                max_file_bytes: 64,
-                faults: Some(faults.clone()),
-            },
-            1,
-        )
-        .unwrap();
+        let w = writer_sized(dir.path(), FsyncPolicy::Never, Some(faults.clone()), 1, 64);
         faults.no_space_for_new_files.store(true, Ordering::SeqCst);
         let record = vec![7u8; 100];
         assert_eq!(w.append(record.clone()).unwrap(), 1, "its answer stands");

@@ -68,6 +68,23 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
+/// An engine on `dir` whose log I/O the returned switches can fail.
+fn open_with_faults(dir: &Path) -> (Engine, Arc<Faults>) {
+    let faults = Arc::new(Faults::default());
+    let mut cfg = Config::new(dir);
+    cfg.clock = clock(NOW);
+    cfg.faults = Some(faults.clone());
+    (Engine::open(cfg).unwrap(), faults)
+}
+
+/// Writes manifest `m` into `dir` and names it in `CURRENT`, as a publish would.
+fn publish_by_hand(dir: &Path, m: &tally_engine::manifest::Manifest) {
+    let name = tally_engine::manifest::file_name(dir, m.number);
+    std::fs::write(&name, m.encode()).unwrap();
+    let current = format!("{}\n", name.file_name().unwrap().to_string_lossy());
+    std::fs::write(dir.join(tally_engine::manifest::CURRENT), current).unwrap();
+}
+
 fn reopen(dir: &Path) -> Result<Engine, OpenError> {
     let mut c = Config::new(dir);
     c.clock = clock(NOW);
@@ -393,11 +410,7 @@ fn rotation_keeps_every_batch_across_files() {
 #[test]
 fn an_fsync_failure_poisons_the_writer() {
     let dir = tempfile::tempdir().unwrap();
-    let faults = Arc::new(Faults::default());
-    let mut cfg = Config::new(dir.path());
-    cfg.clock = clock(NOW);
-    cfg.faults = Some(faults.clone());
-    let e = Engine::open(cfg).unwrap();
+    let (e, faults) = open_with_faults(dir.path());
     write(&e, NOW, &[raw("clicks", "a", NOW, 1, &[])]).unwrap();
     faults.fail_syncs.store(true, Ordering::SeqCst);
     let err = write(&e, NOW, &[raw("clicks", "b", NOW, 1, &[])]).unwrap_err();
@@ -449,11 +462,7 @@ fn a_write_failure_poisons_the_writer() {
 #[test]
 fn a_write_that_fails_after_reaching_the_file_is_not_replayed() {
     let dir = tempfile::tempdir().unwrap();
-    let faults = Arc::new(Faults::default());
-    let mut cfg = Config::new(dir.path());
-    cfg.clock = clock(NOW);
-    cfg.faults = Some(faults.clone());
-    let e = Engine::open(cfg).unwrap();
+    let (e, faults) = open_with_faults(dir.path());
     write(&e, NOW, &[raw("clicks", "a", NOW, 1, &[])]).unwrap();
     // As a full disk can: the record reaches the file whole, the write still fails.
     faults.fail_after_writes.store(true, Ordering::SeqCst);
@@ -485,11 +494,7 @@ fn a_write_that_fails_after_reaching_the_file_is_not_replayed() {
 #[test]
 fn a_full_disk_refuses_writes_and_the_same_engine_goes_on_once_space_is_freed() {
     let dir = tempfile::tempdir().unwrap();
-    let faults = Arc::new(Faults::default());
-    let mut cfg = Config::new(dir.path());
-    cfg.clock = clock(NOW);
-    cfg.faults = Some(faults.clone());
-    let e = Engine::open(cfg).unwrap();
+    let (e, faults) = open_with_faults(dir.path());
     let closed_day = NOW - 3 * 86_400;
     write(
         &e,
@@ -538,11 +543,7 @@ fn a_full_disk_refuses_writes_and_the_same_engine_goes_on_once_space_is_freed() 
 #[test]
 fn a_round_whose_fsync_fails_is_not_replayed() {
     let dir = tempfile::tempdir().unwrap();
-    let faults = Arc::new(Faults::default());
-    let mut cfg = Config::new(dir.path());
-    cfg.clock = clock(NOW);
-    cfg.faults = Some(faults.clone());
-    let e = Engine::open(cfg).unwrap();
+    let (e, faults) = open_with_faults(dir.path());
     write(&e, NOW, &[raw("clicks", "a", NOW, 1, &[])]).unwrap();
     faults.fail_syncs.store(true, Ordering::SeqCst);
     assert!(matches!(
@@ -710,10 +711,7 @@ fn a_manifest_whose_log_starts_at_zero_opens_twice() {
     let dir = tempfile::tempdir().unwrap();
     let m = tally_engine::manifest::Manifest::default();
     assert_eq!(m.wal_start, 0);
-    let name = tally_engine::manifest::file_name(dir.path(), m.number);
-    std::fs::write(&name, m.encode()).unwrap();
-    let current = format!("{}\n", name.file_name().unwrap().to_string_lossy());
-    std::fs::write(dir.path().join(tally_engine::manifest::CURRENT), current).unwrap();
+    publish_by_hand(dir.path(), &m);
     let c = clock(NOW);
     let e = open(dir.path(), &c, FsyncPolicy::Always);
     write(&e, NOW, &[raw("m", "k", NOW - 60, 2, &[])]).unwrap();
@@ -736,10 +734,7 @@ fn a_log_at_the_last_record_number_reopens_and_refuses_more() {
         wal_start: tally_engine::wal::MAX_SEQ - 1,
         ..Default::default()
     };
-    let name = tally_engine::manifest::file_name(dir.path(), m.number);
-    std::fs::write(&name, m.encode()).unwrap();
-    let current = format!("{}\n", name.file_name().unwrap().to_string_lossy());
-    std::fs::write(dir.path().join(tally_engine::manifest::CURRENT), current).unwrap();
+    publish_by_hand(dir.path(), &m);
     let c = clock(NOW);
     let e = open(dir.path(), &c, FsyncPolicy::Always);
     write(&e, NOW, &[raw("m", "k", NOW - 60, 2, &[])]).unwrap();
@@ -768,10 +763,7 @@ fn a_manifest_whose_log_starts_past_the_last_number_is_refused() {
         wal_start: 1 << 63,
         ..Default::default()
     };
-    let name = tally_engine::manifest::file_name(dir.path(), m.number);
-    std::fs::write(&name, m.encode()).unwrap();
-    let current = format!("{}\n", name.file_name().unwrap().to_string_lossy());
-    std::fs::write(dir.path().join(tally_engine::manifest::CURRENT), current).unwrap();
+    publish_by_hand(dir.path(), &m);
     let e = reopen(dir.path()).expect_err("refused");
     assert!(e.to_string().contains("outside the numbers"), "{e}");
 }

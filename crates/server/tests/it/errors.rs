@@ -569,6 +569,15 @@ scopes = ["admin:*", "read:*", "write:*"]
     assert_eq!(state(&s), before);
 }
 
+/// The line of `/metrics` that gives metric `name` (unlabelled).
+fn metric(s: &Server, name: &str) -> String {
+    let (_, text) = s.raw("GET", "/metrics", None, &[]);
+    text.lines()
+        .find(|l| l.starts_with(&format!("{name} ")))
+        .unwrap_or_else(|| panic!("{name} in /metrics"))
+        .to_owned()
+}
+
 #[test]
 fn a_failed_disk_gives_503_and_unhealthy() {
     if !crate::embedded() {
@@ -580,13 +589,7 @@ fn a_failed_disk_gives_503_and_unhealthy() {
     let e = json!([{"ns": "clicks", "key": "k", "ts": NOW - 60}]).to_string();
     assert_eq!(s.post("/v1/events", &e).0, 200);
     let before = s.state();
-    let healthy = |s: &Server| {
-        let (_, text) = s.raw("GET", "/metrics", None, &[]);
-        text.lines()
-            .find(|l| l.starts_with("tally_backend_healthy"))
-            .unwrap()
-            .to_owned()
-    };
+    let healthy = |s: &Server| metric(s, "tally_backend_healthy");
     assert_eq!(healthy(&s), "tally_backend_healthy 1");
     faults
         .fail_syncs
@@ -639,13 +642,6 @@ fn a_full_disk_refuses_writes_until_space_is_freed() {
     let e = json!([{"ns": "clicks", "key": "k", "ts": NOW - 60}]).to_string();
     assert_eq!(s.post("/v1/events", &e).0, 200);
     let before = s.state();
-    let metric = |s: &Server, name: &str| {
-        let (_, text) = s.raw("GET", "/metrics", None, &[]);
-        text.lines()
-            .find(|l| l.starts_with(&format!("{name} ")))
-            .unwrap_or_else(|| panic!("{name} in /metrics"))
-            .to_owned()
-    };
     faults
         .full_disk_at
         .store(1, std::sync::atomic::Ordering::SeqCst);
