@@ -99,8 +99,10 @@ pub fn bench(args: &[String]) {
             std::thread::sleep(Duration::from_millis(300));
             stop.store(true, Ordering::SeqCst);
             let timed = writer.join().expect("writer");
-            if std::env::var("FL_DEBUG").is_ok() {
-                let mut slow: Vec<_> = timed.iter().filter(|(_, d)| d.as_millis() > 100).collect();
+            // FL_DEBUG=MS lists the batches slower than MS (100 when not a number).
+            if let Ok(ms) = std::env::var("FL_DEBUG") {
+                let ms: u128 = ms.parse().unwrap_or(100);
+                let mut slow: Vec<_> = timed.iter().filter(|(_, d)| d.as_millis() > ms).collect();
                 slow.sort_by_key(|(s, _)| *s);
                 for (st, d) in slow {
                     eprintln!(

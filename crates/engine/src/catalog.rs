@@ -415,6 +415,10 @@ pub struct Catalog {
     free_strs: Vec<StrId>,
     /// What `str_list` holds at a freed string's id.
     vacant_str: Arc<str>,
+    /// While a forget walks the counters without the write gate (from
+    /// [`Catalog::begin_forget`] to [`Catalog::forget`]): the keys batches resolved
+    /// meanwhile, which it keeps whatever the walk saw.
+    resolved_since: Option<Bits>,
 }
 
 /// Marks a free slot in `series_info`.
@@ -537,13 +541,32 @@ impl Catalog {
     /// Forgets every key and series with no counter in memory (`live` says which series
     /// have one): what the archive holds of them is found by name, and a key written again
     /// gets new ids. Keeps memory to what the realtime tier holds, not every key ever seen.
-    /// The caller must hold off writers and readers (the engine's gate and the catalog's
-    /// write lock). Returns the (keys, series) forgotten.
+    /// The caller holds off writers (the engine's write gate) and readers (the catalog's
+    /// write lock); see [`Catalog::forget_keys`] for a forget in parts. Returns the (keys,
+    /// series) forgotten.
     pub fn forget(&mut self, live: &dyn Fn(SeriesId) -> bool) -> (usize, usize) {
+        let forgotten = self.forget_keys(live, 0..self.keys.len());
+        self.end_forget(forgotten.1 > 0);
+        forgotten
+    }
+
+    /// [`Catalog::forget`] for the keys with ids in `ids` alone, but those noted since
+    /// [`Catalog::begin_forget`]: a forget in parts, each under the catalog's write lock
+    /// (no reader holds an id, no batch resolves one), `live` computed once without the
+    /// write gate after `begin_forget` under it, and [`Catalog::end_forget`] after the last
+    /// part. Between parts, batches may make keys and series, reusing ids forgotten in an
+    /// earlier part: they are noted, so later parts leave them be.
+    pub fn forget_keys(
+        &mut self,
+        live: &dyn Fn(SeriesId) -> bool,
+        ids: std::ops::Range<usize>,
+    ) -> (usize, usize) {
         let (mut keys, mut series) = (0, 0);
-        for kid in 0..self.keys.len() {
+        let resolved = self.resolved_since.take();
+        let noted = |kid: usize| resolved.as_ref().is_some_and(|b| b.contains(kid as KeyId));
+        for kid in ids.start..ids.end.min(self.keys.len()) {
             let k = &mut self.keys[kid];
-            if k.total == VACANT {
+            if k.total == VACANT || noted(kid) {
                 continue;
             }
             let mut dropped: Vec<(StrId, StrId, SeriesId)> = Vec::new();
@@ -573,18 +596,43 @@ impl Catalog {
                 series += 1;
             }
         }
+        self.resolved_since = resolved;
+        if keys > 0 {
+            self.forgets += 1;
+        }
+        (keys, series)
+    }
+
+    /// Ends a forget: stops noting resolved keys, gives back the namespaces' spare room,
+    /// and, if `series` were forgotten, the strings no series names any more.
+    pub fn end_forget(&mut self, series: bool) {
+        self.resolved_since = None;
         for e in &mut self.ns {
             if e.keys.len() < e.keys.capacity() / 4 {
                 e.keys.shrink_to_fit();
             }
         }
-        if keys > 0 {
-            self.forgets += 1;
-        }
-        if series > 0 {
+        if series {
             self.forget_strings();
         }
-        (keys, series)
+    }
+
+    /// Starts noting the keys batches resolve, until [`Catalog::end_forget`]; a forget
+    /// keeps them. A forget that walks the counters without the write gate (a batch may
+    /// resolve a key after the walk passed its shard, then add to it) calls this under the
+    /// gate first, so that any batch that resolved a key before has added its counters.
+    pub fn begin_forget(&mut self) {
+        self.resolved_since = Some(Bits::default());
+    }
+
+    /// Notes keys a batch resolved (see [`Catalog::begin_forget`]); nothing when no forget
+    /// is under way.
+    pub fn note_resolved(&mut self, keys: &[KeyId]) {
+        if let Some(bits) = &mut self.resolved_since {
+            for &k in keys {
+                bits.set(k, true);
+            }
+        }
     }
 
     /// Frees the dimension names and values no subtotal series names any more (a dimension
@@ -1073,6 +1121,52 @@ mod tests {
             .unwrap();
         let y = c.key_or_insert(other, "y").unwrap();
         assert_eq!(c.key_ns[y as usize], other);
+    }
+
+    #[test]
+    fn a_forget_in_parts_keeps_the_keys_resolved_meanwhile() {
+        let mut c = Catalog::default();
+        let (ns, _, _) = c
+            .put_schema(&Namespace::new("n").unwrap(), &Schema::default())
+            .unwrap();
+        let a = c.key_or_insert(ns, "a").unwrap();
+        let b = c.key_or_insert(ns, "b").unwrap();
+        c.sub_or_insert(b, "country", "US").unwrap();
+        c.note_resolved(&[a, b]);
+        assert_eq!(
+            c.forget(&|_| false),
+            (2, 3),
+            "no forget began: nothing noted"
+        );
+        let a = c.key_or_insert(ns, "a").unwrap();
+        let b = c.key_or_insert(ns, "b").unwrap();
+        let b_us = c.sub_or_insert(b, "country", "US").unwrap();
+        // The walk saw no counter at all; b was resolved after the forget began.
+        c.begin_forget();
+        c.note_resolved(&[b]);
+        let (a_ids, b_ids) = (a as usize..a as usize + 1, b as usize..b as usize + 1);
+        assert_eq!(
+            c.forget_keys(&|_| false, a_ids),
+            (1, 1),
+            "a, in the first part"
+        );
+        // Between parts, a batch makes a key, reusing a's id: noted, so kept.
+        let e = c.key_or_insert(ns, "e").unwrap();
+        assert_eq!(e, a);
+        c.note_resolved(&[e]);
+        assert_eq!(
+            c.forget_keys(&|_| false, b_ids),
+            (0, 0),
+            "b and its subtotal kept"
+        );
+        c.end_forget(true);
+        assert_eq!((c.key_id(ns, "a"), c.key_id(ns, "e")), (None, Some(e)));
+        assert_eq!(c.key_id(ns, "b"), Some(b));
+        let (country, us) = (c.intern("country").unwrap(), c.intern("US").unwrap());
+        assert_eq!(c.sub_id(b, country, us), Some(b_us), "its strings kept too");
+        // Once the forget ended, nothing is noted: the next one forgets them.
+        c.note_resolved(&[b]);
+        assert_eq!(c.forget(&|_| false), (2, 3));
     }
 
     #[test]

@@ -74,6 +74,10 @@ impl ForgetDebt {
 /// writing them.
 const FLUSH_CHUNK_KEYS: usize = 256;
 
+/// Keys a forget decides on under one hold of the catalog's write lock (~1.3 µs a key for
+/// keys with a few dozen subtotals: a few ms).
+const FORGET_CHUNK_KEYS: usize = 4096;
+
 /// Series (or keys) a flush looks up in the catalog at once, under its read lock, as it
 /// lists the keys of a period.
 const FLUSH_CHUNK_SERIES: usize = 16_384;
@@ -708,11 +712,21 @@ impl Engine {
         Ok(())
     }
 
-    /// Forgets the catalog's keys and series that have no counter left in memory, under the
-    /// write gate (no batch is between resolving its ids and adding its counters) and the
-    /// catalog's write lock (no reader holds an id). Returns the keys forgotten.
+    /// Forgets the catalog's keys and series that have no counter left in memory. Returns
+    /// the keys forgotten.
+    ///
+    /// Writes go on meanwhile (the walk over every counter and the forget took ~0.3 s for
+    /// 6 M counters under the write gate). Under the gate first, the catalog starts noting
+    /// the keys batches resolve: no batch is then between resolving its ids and adding its
+    /// counters, so what any earlier batch added is in memory for the walk to see. A batch
+    /// after that may add to a shard the walk has passed, but its keys are noted, and the
+    /// forget keeps them. It runs in parts of [`FORGET_CHUNK_KEYS`] keys, each under the
+    /// catalog's write lock (no reader holds an id, no batch resolves one).
     fn forget_archived(&self) -> usize {
-        let _gate = self.gate.write();
+        {
+            let _gate = self.gate.write();
+            self.core.write_cat().begin_forget();
+        }
         // One bit per subtotal series id and per key id (both dense; a total's id names its
         // key): the live series, from every counter in memory, without hashing each one.
         let (mut subs, mut totals) = (Bits::default(), Bits::default());
@@ -735,13 +749,25 @@ impl Engine {
                 subs.contains(sid)
             }
         };
-        let mut cat = self.core.write_cat();
-        let before = cat.strings_freed;
-        let (keys, _) = cat.forget(&is_live);
-        if cat.strings_freed != before {
-            self.core.catalog_strings_freed(cat.strings_freed);
+        // Keys made from here on are noted: the walk over those that exist now is enough.
+        let end = self.core.read_cat().keys.len();
+        let (mut keys, mut series) = (0, 0);
+        let mut from = 0;
+        loop {
+            let mut cat = self.core.write_cat();
+            let to = (from + FORGET_CHUNK_KEYS).min(end);
+            let (k, s) = cat.forget_keys(&is_live, from..to);
+            (keys, series) = (keys + k, series + s);
+            if to == end {
+                let before = cat.strings_freed;
+                cat.end_forget(series > 0);
+                if cat.strings_freed != before {
+                    self.core.catalog_strings_freed(cat.strings_freed);
+                }
+                return keys;
+            }
+            from = to;
         }
-        keys
     }
 
     /// Rotates the log, then removes every file whose records all come before `wal_start`.

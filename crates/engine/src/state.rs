@@ -564,6 +564,7 @@ impl Core {
                 at.next().is_none(),
                 "every subtotal resolved to its increment"
             );
+            cat.note_resolved(&keys);
         }
         if let Some(rec) = &view.idempotency {
             self.idem

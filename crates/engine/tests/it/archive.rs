@@ -2306,3 +2306,76 @@ fn late_events_written_while_a_flush_freezes_count_once() {
         4 * 20_000
     );
 }
+
+/// The forget after a flush walks the counters without the write gate, so writes go on
+/// meanwhile. A key whose counts are all archived has no counter left, and the forget drops
+/// it; a batch that resolves such a key while the walk runs, then adds to a shard the walk
+/// has passed, must keep it: forgotten, its new counts would sit under an id that no name
+/// leads to (and that a later key reuses). Writers add to such keys, a few at a time, all
+/// through each flush; a thousand live keys with breakdowns make the walk long enough.
+#[test]
+fn keys_written_again_while_a_flush_forgets_them_keep_their_counts() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    const KEYS: usize = 20_000;
+    let dir = tempfile::tempdir().unwrap();
+    let clock = crate::clock(NOW);
+    let day = NOW - NOW % DAY - 2 * DAY;
+    let e = Arc::new(open(dir.path(), &clock));
+    let live: Vec<RawEvent> = (0..30_000)
+        .map(|i| {
+            let dims = [
+                ("country", ["US", "DE", "FR"][i % 3]),
+                ("ref", ["a", "b"][i % 2]),
+            ];
+            raw(
+                "clicks",
+                &format!("live{}", i % 1_000),
+                NOW - (i % 600) as i64,
+                1,
+                &dims,
+            )
+        })
+        .collect();
+    for chunk in live.chunks(1_000) {
+        write(&*e, NOW, chunk).unwrap();
+    }
+    let mut forgotten = 0;
+    for round in 0..3 {
+        let name = move |i: usize| format!("r{round}k{i}");
+        let old: Vec<RawEvent> = (0..KEYS)
+            .map(|i| raw("clicks", &name(i), day + i as i64, 1, &[("country", "US")]))
+            .collect();
+        for chunk in old.chunks(1_000) {
+            write(&*e, NOW, chunk).unwrap();
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let writers: Vec<_> = (0..2)
+            .map(|w| {
+                let (e, stop) = (e.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    let mut acked = 0i64;
+                    let mut i = w;
+                    while !stop.load(Ordering::SeqCst) && i * 5 < KEYS {
+                        let events: Vec<RawEvent> = (0..5)
+                            .map(|j| raw("clicks", &name(i * 5 + j), NOW - 60, 1, &[]))
+                            .collect();
+                        write(&*e, NOW, &events).unwrap();
+                        acked += events.len() as i64;
+                        i += 2;
+                        std::thread::sleep(std::time::Duration::from_micros(200));
+                    }
+                    acked
+                })
+            })
+            .collect();
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        forgotten += e.flush().unwrap().forgotten_keys;
+        stop.store(true, Ordering::SeqCst);
+        let acked: i64 = writers.into_iter().map(|t| t.join().unwrap()).sum();
+        let counted: i64 = (0..KEYS)
+            .map(|i| crate::total(&*e, "clicks", &name(i), 3600))
+            .sum();
+        assert_eq!(counted, KEYS as i64 + acked, "round {round}");
+    }
+    assert!(forgotten > 0, "the flushes forgot keys");
+}
