@@ -2,14 +2,17 @@
 //! its counters of those periods move to the frozen arrays), at a given shard count.
 //!
 //! ```sh
-//! tally-bench flush-latency [events=N] [shards=8,64] [runs=R]
+//! tally-bench flush-latency [events=N] [shards=8,64] [runs=R] [readers=N]
 //! ```
 //!
 //! Per shard count and run: a fresh engine (`fsync=never`) takes `events` clickstream
 //! events spread over the two UTC days before today (closed, so the flush takes them), then
 //! one writer applies batches of 1 000 events of the open hour, one after another, timing
 //! each, while the main thread runs one `flush` 300 ms in. Batches that overlapped the flush
-//! are reported apart from those that did not.
+//! are reported apart from those that did not. With `readers=N`, N threads also read a
+//! key's hourly totals over the three days to now, back to back (each read holds the
+//! archive's lock shared while it reads memory, which the flush takes exclusively to swap
+//! in the new archive); their count is reported.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -43,6 +46,7 @@ fn quantile(sorted: &[Duration], q: f64) -> Duration {
 pub fn bench(args: &[String]) {
     let events: usize = arg(args, "events").map_or(4_000_000, |v| v.parse().expect("events=N"));
     let runs: usize = arg(args, "runs").map_or(2, |v| v.parse().expect("runs=N"));
+    let readers: usize = arg(args, "readers").map_or(0, |v| v.parse().expect("readers=N"));
     let shard_counts: Vec<usize> = arg(args, "shards")
         .unwrap_or_else(|| "8,64".into())
         .split(',')
@@ -92,6 +96,20 @@ pub fn bench(args: &[String]) {
                     timed
                 })
             };
+            let reading: Vec<_> = (0..readers)
+                .map(|r| {
+                    let (engine, stop) = (engine.clone(), stop.clone());
+                    std::thread::spawn(move || {
+                        let mut reads = 0u64;
+                        while !stop.load(Ordering::SeqCst) {
+                            let key = format!("lnk_{}", (reads as usize * 7 + r) % 1000);
+                            read_days(&engine, &key, now);
+                            reads += 1;
+                        }
+                        reads
+                    })
+                })
+                .collect();
             std::thread::sleep(Duration::from_millis(300));
             let t0 = Instant::now();
             let report = engine.flush().expect("flush");
@@ -99,6 +117,10 @@ pub fn bench(args: &[String]) {
             std::thread::sleep(Duration::from_millis(300));
             stop.store(true, Ordering::SeqCst);
             let timed = writer.join().expect("writer");
+            let reads: u64 = reading.into_iter().map(|t| t.join().expect("reader")).sum();
+            if readers > 0 {
+                println!("({readers} readers: {reads} reads in all)");
+            }
             // FL_DEBUG=MS lists the batches slower than MS (100 when not a number).
             if let Ok(ms) = std::env::var("FL_DEBUG") {
                 let ms: u128 = ms.parse().unwrap_or(100);
@@ -142,4 +164,21 @@ pub fn bench(args: &[String]) {
             );
         }
     }
+}
+
+/// One key's hourly totals over the three UTC days to `now`.
+fn read_days(engine: &Engine, key: &str, now: i64) {
+    use tally_core::model::{Duration, Key, Namespace};
+    use tally_core::store::{KeyRead, Want};
+    let (ns, key) = (Namespace::new("clicks").unwrap(), Key::new(key).unwrap());
+    let read = KeyRead {
+        ns: &ns,
+        key: &key,
+        resolution: Duration::from_secs(3600).unwrap(),
+        from: now - now.rem_euclid(DAY) - 2 * DAY,
+        to: now + 1,
+        want: Want::Totals,
+        sum_subtotals: false,
+    };
+    engine.read(&[read]).expect("read");
 }
