@@ -95,9 +95,11 @@ fn mevents(x: f64) -> String {
     format!("{:.2} M events/s", x / 1e6)
 }
 
-/// `tally-bench engine [amount=N]`: `amount` gives every event that amount instead of 1
-/// (a workload of bytes or microseconds, whose counts leave the memtable's narrow entries).
+/// `tally-bench engine [amount=N] [only=memory]`: `amount` gives every event that amount
+/// instead of 1 (a workload of bytes or microseconds, whose counts leave the memtable's
+/// narrow entries); `only=memory` skips the apply rates (replay and memory alone).
 fn engine_bench(args: &[String]) {
+    let memory_only = args.iter().any(|a| a == "only=memory");
     let now = SystemClock.now();
     let shape = workload::Shape::default();
     let nbatches = 2_000;
@@ -135,13 +137,14 @@ fn engine_bench(args: &[String]) {
     ));
     drop(e);
 
-    for (fsync, writers) in [
+    let runs = [
         (FsyncPolicy::Never, 1),
         (FsyncPolicy::Never, 2),
         (FsyncPolicy::Always, 1),
         (FsyncPolicy::Always, 4),
         (FsyncPolicy::Always, 16),
-    ] {
+    ];
+    for (fsync, writers) in runs.into_iter().filter(|_| !memory_only) {
         let dir = tempfile::tempdir().unwrap();
         let engine = Arc::new(open(dir.path(), fsync));
         // Warm the catalog so the figure is steady-state ingest, then measure.
@@ -158,7 +161,7 @@ fn engine_bench(args: &[String]) {
     }
 
     // Steady state: the same batches again, so every counter already exists (no map growth).
-    for writers in [1, 2] {
+    for writers in [1, 2].into_iter().filter(|_| !memory_only) {
         let dir = tempfile::tempdir().unwrap();
         let engine = Arc::new(open(dir.path(), FsyncPolicy::Never));
         ingest(&engine, &batches, 2);

@@ -15,6 +15,9 @@ pub type NsId = u32;
 pub type KeyId = u32;
 pub type SeriesId = u32;
 pub type StrId = u32;
+/// A (dimension, value) pair of string ids, numbered once in the catalog: what a key's
+/// subtotal entries name (see [`Subs`]).
+pub type PairId = u32;
 
 type Map<K, V> = HashMap<K, V, FixedState>;
 
@@ -165,21 +168,23 @@ impl NsEntry {
     }
 }
 
-/// A key's subtotal series, found by (dimension, value) in the key's own index rather than
-/// in one map of every subtotal of every key (that map cost ~34 bytes per series). Up to
-/// [`LINEAR_SUBS`] entries are a short list searched in turn; beyond, the entries are an
-/// open-addressing table (a power of two of slots, at most 7/8 full, probed linearly from
-/// the pair's hash), so a look-up reads the entries themselves from its first probe on, a
-/// cache line or two at that load. (A list in creation order with a separate table of
-/// positions into it took two misses a look-up and ~25 bytes a series, against ~18 here
-/// and ~20 at most 3/4 full, which was no faster: the list or table alone, without the 4
-/// bytes of `series_info`; a sorted list with binary search saved more bytes but made
-/// ingest ~15% slower on keys with thousands of subtotals.)
+/// A key's subtotal series, found by their (dimension, value) pair's id ([`PairId`]) in the
+/// key's own index rather than in one map of every subtotal of every key (that map cost ~34
+/// bytes per series). Up to [`LINEAR_SUBS`] entries are a short list searched in turn;
+/// beyond, the entries are an open-addressing table (a power of two of slots, at most 7/8
+/// full, probed linearly from the pair's hash), so a look-up reads the entries themselves
+/// from its first probe on, a cache line or two at that load. (A list in creation order
+/// with a separate table of positions into it took two misses a look-up and ~25 bytes a
+/// series, against ~18 here and ~20 at most 3/4 full, which was no faster: the list or
+/// table alone, without the 4 bytes of `series_info`; a sorted list with binary search
+/// saved more bytes but made ingest ~15% slower on keys with thousands of subtotals. An
+/// entry named its dimension and value apart until the catalog numbered the pairs: 12
+/// bytes instead of 8.)
 #[derive(Debug, Default)]
 pub struct Subs {
-    /// `(dimension, value, series)`; a free slot has series [`FREE_SUB`]. While short, the
-    /// first `len` are the entries and any after them are free.
-    slots: Box<[(StrId, StrId, SeriesId)]>,
+    /// `(pair, series)`; a free slot has series [`FREE_SUB`]. While short, the first `len`
+    /// are the entries and any after them are free.
+    slots: Box<[(PairId, SeriesId)]>,
     len: u32,
 }
 
@@ -190,18 +195,18 @@ pub const LINEAR_SUBS: usize = 8;
 /// [`TOTAL`]).
 const FREE_SUB: SeriesId = u32::MAX;
 
-const NO_SUB: (StrId, StrId, SeriesId) = (0, 0, FREE_SUB);
+const NO_SUB: (PairId, SeriesId) = (0, FREE_SUB);
 
-/// The home slot of `(d, v)` in a table of `size` slots (a power of two above
-/// [`LINEAR_SUBS`]): the top bits of a multiplicative (Fibonacci) hash of the pair, which
-/// every bit of both ids moves.
-fn sub_home(d: StrId, v: StrId, size: usize) -> usize {
-    let x = ((u64::from(d) << 32) | u64::from(v)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+/// The home slot of pair `p` in a table of `size` slots (a power of two above
+/// [`LINEAR_SUBS`]): the top bits of a multiplicative (Fibonacci) hash of the id, which
+/// every bit of it moves.
+fn sub_home(p: PairId, size: usize) -> usize {
+    let x = u64::from(p).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     (x >> (64 - size.trailing_zeros())) as usize
 }
 
-fn is_entry(e: &&(StrId, StrId, SeriesId)) -> bool {
-    e.2 != FREE_SUB
+fn is_entry(e: &&(PairId, SeriesId)) -> bool {
+    e.1 != FREE_SUB
 }
 
 impl Subs {
@@ -213,7 +218,7 @@ impl Subs {
         self.len == 0
     }
 
-    /// Every entry, `(dimension, value, series)`, in no particular order.
+    /// Every entry, `(pair, series)`, in no particular order.
     pub fn iter(&self) -> <&Subs as IntoIterator>::IntoIter {
         self.into_iter()
     }
@@ -227,57 +232,57 @@ impl Subs {
         std::mem::size_of_val(&*self.slots)
     }
 
-    pub fn get(&self, d: StrId, v: StrId) -> Option<SeriesId> {
+    pub fn get(&self, p: PairId) -> Option<SeriesId> {
         if !self.hashed() {
             return self.slots[..self.len()]
                 .iter()
-                .find(|e| e.0 == d && e.1 == v)
-                .map(|e| e.2);
+                .find(|e| e.0 == p)
+                .map(|e| e.1);
         }
         let mask = self.slots.len() - 1;
-        let mut i = sub_home(d, v, self.slots.len());
+        let mut i = sub_home(p, self.slots.len());
         loop {
             let e = self.slots[i];
-            if e.2 == FREE_SUB {
+            if e.1 == FREE_SUB {
                 return None;
             }
-            if e.0 == d && e.1 == v {
-                return Some(e.2);
+            if e.0 == p {
+                return Some(e.1);
             }
             i = (i + 1) & mask;
         }
     }
 
-    /// Reads the memory a look-up of `(d, v)` reads first (its home slot, or the list's
-    /// head), so that a later look-up finds it in cache: see [`Catalog::touch_subs`].
-    fn touch(&self, d: StrId, v: StrId) -> u32 {
+    /// Reads the memory a look-up of `p` reads first (its home slot, or the list's head),
+    /// so that a later look-up finds it in cache: see [`Catalog::touch_subs`].
+    fn touch(&self, p: PairId) -> u32 {
         let i = if self.hashed() {
-            sub_home(d, v, self.slots.len())
+            sub_home(p, self.slots.len())
         } else {
             0
         };
-        self.slots.get(i).map_or(0, |e| e.2)
+        self.slots.get(i).map_or(0, |e| e.1)
     }
 
     /// Adds a subtotal the key does not have yet.
-    pub fn push(&mut self, d: StrId, v: StrId, sid: SeriesId) {
+    pub fn push(&mut self, p: PairId, sid: SeriesId) {
         let n = self.len() + 1;
         if !self.hashed() && n <= LINEAR_SUBS {
             if n > self.slots.len() {
                 self.resize((2 * self.slots.len()).clamp(1, LINEAR_SUBS));
             }
-            self.slots[n - 1] = (d, v, sid);
+            self.slots[n - 1] = (p, sid);
         } else {
             if 8 * n > 7 * self.slots.len() {
                 self.resize(table_size(n));
             }
-            self.place((d, v, sid));
+            self.place((p, sid));
         }
         self.len = n as u32;
     }
 
     /// Keeps the subtotals `keep` accepts.
-    pub fn retain(&mut self, mut keep: impl FnMut(&(StrId, StrId, SeriesId)) -> bool) {
+    pub fn retain(&mut self, mut keep: impl FnMut(&(PairId, SeriesId)) -> bool) {
         // `keep` once per entry; the entries copied only once one is dropped (a forget asks
         // every key, and most keep all).
         let mut kept: Option<Vec<_>> = None;
@@ -305,7 +310,7 @@ impl Subs {
         self.fill(size, entries);
     }
 
-    fn fill(&mut self, size: usize, entries: Vec<(StrId, StrId, SeriesId)>) {
+    fn fill(&mut self, size: usize, entries: Vec<(PairId, SeriesId)>) {
         self.slots = vec![NO_SUB; size].into_boxed_slice();
         self.len = entries.len() as u32;
         if size <= LINEAR_SUBS {
@@ -318,10 +323,10 @@ impl Subs {
     }
 
     /// Puts an entry in the first free slot from its home (a table with room).
-    fn place(&mut self, e: (StrId, StrId, SeriesId)) {
+    fn place(&mut self, e: (PairId, SeriesId)) {
         let mask = self.slots.len() - 1;
-        let mut i = sub_home(e.0, e.1, self.slots.len());
-        while self.slots[i].2 != FREE_SUB {
+        let mut i = sub_home(e.0, self.slots.len());
+        while self.slots[i].1 != FREE_SUB {
             i = (i + 1) & mask;
         }
         self.slots[i] = e;
@@ -334,10 +339,10 @@ fn table_size(n: usize) -> usize {
 }
 
 impl<'a> IntoIterator for &'a Subs {
-    type Item = &'a (StrId, StrId, SeriesId);
+    type Item = &'a (PairId, SeriesId);
     type IntoIter = std::iter::Filter<
-        std::slice::Iter<'a, (StrId, StrId, SeriesId)>,
-        fn(&&(StrId, StrId, SeriesId)) -> bool,
+        std::slice::Iter<'a, (PairId, SeriesId)>,
+        fn(&&(PairId, SeriesId)) -> bool,
     >;
 
     fn into_iter(self) -> Self::IntoIter {
@@ -392,6 +397,10 @@ pub struct Catalog {
     pub keys: Vec<KeyEntry>,
     strs: Map<Arc<str>, StrId>,
     pub str_list: Vec<Arc<str>>,
+    /// The (dimension, value) pairs subtotal series name, numbered (see [`Subs`]), and each
+    /// pair's strings by its id ([`VACANT_PAIR`] for a freed one).
+    pairs: Map<(StrId, StrId), PairId>,
+    pair_list: Vec<(StrId, StrId)>,
     /// Per subtotal series: the id of its key, with [`SUBTOTAL`] set. (The key gives the
     /// namespace; a flush finds the keys of the series it writes without a walk over every
     /// key.) Totals are not here: their id names their key ([`TOTAL`]).
@@ -406,13 +415,15 @@ pub struct Catalog {
     /// for as long as this does not change (a reader that lets the catalog go and looks
     /// ids up again later checks it).
     pub forgets: u64,
-    /// How many times [`Catalog::forget`] has freed strings: a string id means the same
-    /// string for as long as this does not change.
+    /// How many times [`Catalog::forget`] has freed strings or pairs: a string or pair id
+    /// means the same string or pair for as long as this does not change.
     pub strings_freed: u64,
-    /// Ids of forgotten keys, subtotal series and strings, reused before new ones are taken.
+    /// Ids of forgotten keys, subtotal series, strings and pairs, reused before new ones
+    /// are taken.
     free_keys: Vec<KeyId>,
     free_series: Vec<SeriesId>,
     free_strs: Vec<StrId>,
+    free_pairs: Vec<PairId>,
     /// What `str_list` holds at a freed string's id.
     vacant_str: Arc<str>,
     /// While a forget walks the counters without the write gate (from
@@ -423,6 +434,9 @@ pub struct Catalog {
 
 /// Marks a free slot in `series_info`.
 const VACANT: u32 = u32::MAX;
+
+/// What `pair_list` holds at a freed pair's id.
+const VACANT_PAIR: (StrId, StrId) = (StrId::MAX, StrId::MAX);
 
 fn full(what: &str) -> StoreError {
     StoreError::internal(format!("the embedded engine ran out of {what} ids (2^31)"))
@@ -569,15 +583,15 @@ impl Catalog {
             if k.total == VACANT || noted(kid) {
                 continue;
             }
-            let mut dropped: Vec<(StrId, StrId, SeriesId)> = Vec::new();
-            k.subs.retain(|&(d, v, sid)| {
+            let mut dropped: Vec<SeriesId> = Vec::new();
+            k.subs.retain(|&(_, sid)| {
                 let keep = live(sid);
                 if !keep {
-                    dropped.push((d, v, sid));
+                    dropped.push(sid);
                 }
                 keep
             });
-            for (_, _, sid) in dropped {
+            for sid in dropped {
                 self.series_info[sid as usize] = VACANT;
                 self.free_series.push(sid);
                 series += 1;
@@ -635,18 +649,37 @@ impl Catalog {
         }
     }
 
-    /// Frees the dimension names and values no subtotal series names any more (a dimension
-    /// whose values churn, such as client addresses, would otherwise hold every value ever
-    /// seen for the life of the process); their ids are reused.
+    /// Frees the (dimension, value) pairs, then the dimension names and values, that no
+    /// subtotal series names any more (a dimension whose values churn, such as client
+    /// addresses, would otherwise hold every value ever seen for the life of the process);
+    /// their ids are reused.
     fn forget_strings(&mut self) {
-        let mut used = vec![false; self.str_list.len()];
+        let mut used_pairs = vec![false; self.pair_list.len()];
         for k in self.keys.iter().filter(|k| k.total != VACANT) {
-            for &(d, v, _) in &k.subs {
-                used[d as usize] = true;
-                used[v as usize] = true;
+            for &(p, _) in &k.subs {
+                used_pairs[p as usize] = true;
             }
         }
         let mut freed = false;
+        let mut used = vec![false; self.str_list.len()];
+        for (id, pair_used) in used_pairs.into_iter().enumerate() {
+            let pair = self.pair_list[id];
+            if pair == VACANT_PAIR {
+                continue;
+            }
+            if pair_used {
+                used[pair.0 as usize] = true;
+                used[pair.1 as usize] = true;
+            } else {
+                self.pairs.remove(&pair);
+                self.pair_list[id] = VACANT_PAIR;
+                self.free_pairs.push(id as PairId);
+                freed = true;
+            }
+        }
+        if freed && self.pairs.len() < self.pairs.capacity() / 4 {
+            self.pairs.shrink_to_fit();
+        }
         for (id, used) in used.into_iter().enumerate() {
             let id = id as StrId;
             let s = &self.str_list[id as usize];
@@ -690,6 +723,9 @@ impl Catalog {
         let strings = self.strs.capacity() * (size_of::<(Arc<str>, StrId)>() + 1)
             + self.str_list.capacity() * size_of::<Arc<str>>()
             + self.free_strs.capacity() * size_of::<StrId>()
+            + self.pairs.capacity() * (size_of::<((StrId, StrId), PairId)>() + 1)
+            + self.pair_list.capacity() * size_of::<(StrId, StrId)>()
+            + self.free_pairs.capacity() * size_of::<PairId>()
             + self
                 .str_list
                 .iter()
@@ -762,7 +798,56 @@ impl Catalog {
     }
 
     pub fn sub_id(&self, key: KeyId, dim: StrId, value: StrId) -> Option<SeriesId> {
-        self.keys.get(key as usize)?.subs.get(dim, value)
+        self.sub_of_pair(key, self.pair_id(dim, value)?)
+    }
+
+    pub fn sub_of_pair(&self, key: KeyId, p: PairId) -> Option<SeriesId> {
+        self.keys.get(key as usize)?.subs.get(p)
+    }
+
+    /// The id of a (dimension, value) pair, if some subtotal series names it.
+    pub fn pair_id(&self, dim: StrId, value: StrId) -> Option<PairId> {
+        self.pairs.get(&(dim, value)).copied()
+    }
+
+    /// The (dimension, value) of a pair.
+    pub fn pair(&self, p: PairId) -> (StrId, StrId) {
+        self.pair_list
+            .get(p as usize)
+            .copied()
+            .unwrap_or(VACANT_PAIR)
+    }
+
+    /// The id of a (dimension, value) pair, numbered if new.
+    pub fn pair_or_insert(&mut self, dim: StrId, value: StrId) -> Result<PairId, StoreError> {
+        if let Some(&p) = self.pairs.get(&(dim, value)) {
+            return Ok(p);
+        }
+        let p = match self.free_pairs.pop() {
+            Some(p) => {
+                self.pair_list[p as usize] = (dim, value);
+                p
+            }
+            None => {
+                let p = u32::try_from(self.pair_list.len()).map_err(|_| full("pair"))?;
+                self.pair_list.push((dim, value));
+                p
+            }
+        };
+        self.pairs.insert((dim, value), p);
+        Ok(p)
+    }
+
+    /// A key's subtotal series with their dimension and value: `(dimension, value,
+    /// series)`, in no particular order.
+    pub fn subs_of<'a>(
+        &'a self,
+        entry: &'a KeyEntry,
+    ) -> impl Iterator<Item = (StrId, StrId, SeriesId)> + 'a {
+        entry.subs.iter().map(|&(p, sid)| {
+            let (d, v) = self.pair(p);
+            (d, v, sid)
+        })
     }
 
     pub fn sub_or_insert(
@@ -786,33 +871,38 @@ impl Catalog {
         d: StrId,
         v: StrId,
     ) -> Result<SeriesId, StoreError> {
+        let p = self.pair_or_insert(d, v)?;
+        self.sub_pair_or_insert(key, p)
+    }
+
+    pub fn sub_pair_or_insert(&mut self, key: KeyId, p: PairId) -> Result<SeriesId, StoreError> {
         let Some(k) = self.keys.get(key as usize) else {
             return Err(StoreError::internal("unknown key id"));
         };
-        if let Some(id) = k.subs.get(d, v) {
+        if let Some(id) = k.subs.get(p) {
             return Ok(id);
         }
         let id = self.new_series(key | SUBTOTAL)?;
         if let Some(k) = self.keys.get_mut(key as usize) {
-            k.subs.push(d, v, id);
+            k.subs.push(p, id);
         }
         Ok(id)
     }
 
-    /// Reads, ahead of the look-ups, the memory that looking up each `(key, dimension,
-    /// value)` of `wanted` will read: each stage of it for all of them in turn, so that the
-    /// CPU overlaps their cache misses (each stage's loads are independent of each other)
+    /// Reads, ahead of the look-ups, the memory that looking up each `(key, pair)` of
+    /// `wanted` will read: each stage of it for all of them in turn, so that the CPU
+    /// overlaps their cache misses (each stage's loads are independent of each other)
     /// instead of waiting for each look-up's misses one after the other. Changes nothing;
     /// the look-ups that follow find the lines in cache. Returns a value made of what it
     /// read, so that the reads are not left out.
-    pub fn touch_subs(&self, wanted: &[(KeyId, StrId, StrId)]) -> u32 {
+    pub fn touch_subs(&self, wanted: &[(KeyId, PairId)]) -> u32 {
         let mut acc = 0u32;
         let entry = |k: KeyId| self.keys.get(k as usize);
-        for &(k, _, _) in wanted {
+        for &(k, _) in wanted {
             acc ^= entry(k).map_or(0, |e| e.total);
         }
-        for &(k, d, v) in wanted {
-            acc ^= entry(k).map_or(0, |e| e.subs.touch(d, v));
+        for &(k, p) in wanted {
+            acc ^= entry(k).map_or(0, |e| e.subs.touch(p));
         }
         std::hint::black_box(acc)
     }
@@ -894,7 +984,7 @@ mod tests {
         let (id, _, _) = c.put_schema(&ns, &Schema::default()).unwrap();
         let kept = c.key_or_insert(id, "kept").unwrap();
         let kept_sub = c.sub_or_insert(kept, "ip", "10.0.0.1").unwrap();
-        let mut peak = 0;
+        let (mut peak, mut peak_pairs) = (0, 0);
         for day in 0..20 {
             for k in 0..50 {
                 let key = c.key_or_insert(id, &format!("k{k}")).unwrap();
@@ -904,12 +994,13 @@ mod tests {
                 }
             }
             if day == 0 {
-                peak = c.str_list.len();
+                (peak, peak_pairs) = (c.str_list.len(), c.pair_list.len());
             }
             let live = c.keys[kept as usize].total;
             c.forget(&|sid| sid == kept_sub || sid == live);
-            // "ip" and the kept value stay, with their ids.
+            // "ip" and the kept value stay, with their ids, and their pair alone.
             assert_eq!(c.strs.len(), 2, "day {day}");
+            assert_eq!(c.pairs.len(), 1, "day {day}");
             assert_eq!(c.str(c.str_id("10.0.0.1").unwrap()), "10.0.0.1");
             assert_eq!(
                 c.sub_id(kept, c.str_id("ip").unwrap(), c.str_id("10.0.0.1").unwrap()),
@@ -918,9 +1009,9 @@ mod tests {
             assert_eq!(c.str_id("0.1.2"), None);
         }
         assert_eq!(
-            c.str_list.len(),
-            peak,
-            "ids were reused, the list did not grow"
+            (c.str_list.len(), c.pair_list.len()),
+            (peak, peak_pairs),
+            "ids were reused, the lists did not grow"
         );
         assert_eq!(c.strings_freed, 20);
         // A freed id given to a new string names it, and finds its series.
@@ -928,7 +1019,15 @@ mod tests {
         let sid = c.sub_or_insert(key, "ip", "192.168.0.1").unwrap();
         let v = c.str_id("192.168.0.1").unwrap();
         assert_eq!(c.str(v), "192.168.0.1");
-        assert_eq!(c.sub_id(key, c.str_id("ip").unwrap(), v), Some(sid));
+        let ip = c.str_id("ip").unwrap();
+        assert_eq!(c.sub_id(key, ip, v), Some(sid));
+        // So does a freed pair id.
+        let p = c.pair_id(ip, v).unwrap();
+        assert!((p as usize) < peak_pairs && c.pair(p) == (ip, v));
+        assert_eq!(
+            c.subs_of(&c.keys[key as usize]).collect::<Vec<_>>(),
+            vec![(ip, v, sid)]
+        );
         let b = c.bytes();
         assert!(b.strings < 64 * peak, "{b:?}");
     }
@@ -984,28 +1083,25 @@ mod tests {
     #[test]
     fn a_keys_subtotals_are_found_short_long_and_after_forgetting() {
         let mut subs = Subs::default();
-        // Values that collide in a small table and cross the linear limit several times.
-        let pairs: Vec<(StrId, StrId)> = (0..300u32).map(|i| (i % 3, i * 7919 % 1024)).collect();
-        for (n, &(d, v)) in pairs.iter().enumerate() {
-            assert_eq!(subs.get(d, v), None, "not there before it is pushed");
-            subs.push(d, v, n as SeriesId + 1000);
-            for (m, &(d, v)) in pairs[..=n].iter().enumerate() {
-                assert_eq!(subs.get(d, v), Some(m as SeriesId + 1000));
+        // Pairs that collide in a small table and cross the linear limit several times.
+        let pairs: Vec<PairId> = (0..300u32).map(|i| i * 7919 % 4096).collect();
+        for (n, &p) in pairs.iter().enumerate() {
+            assert_eq!(subs.get(p), None, "not there before it is pushed");
+            subs.push(p, n as SeriesId + 1000);
+            for (m, &p) in pairs[..=n].iter().enumerate() {
+                assert_eq!(subs.get(p), Some(m as SeriesId + 1000));
             }
         }
         assert_eq!(subs.len(), 300);
-        assert_eq!(subs.get(5, 5), None);
-        subs.retain(|&(_, _, sid)| sid % 10 == 0);
+        assert_eq!(subs.get(5_000), None);
+        subs.retain(|&(_, sid)| sid % 10 == 0);
         assert_eq!(subs.len(), 30);
-        for (m, &(d, v)) in pairs.iter().enumerate() {
+        for (m, &p) in pairs.iter().enumerate() {
             let want = (m % 10 == 0).then_some(m as SeriesId + 1000);
-            assert_eq!(subs.get(d, v), want, "pair {m} after the retain");
+            assert_eq!(subs.get(p), want, "pair {m} after the retain");
         }
-        subs.retain(|&(_, _, sid)| sid < 1050);
-        assert_eq!(
-            (subs.len(), subs.get(pairs[40].0, pairs[40].1)),
-            (5, Some(1040))
-        );
+        subs.retain(|&(_, sid)| sid < 1050);
+        assert_eq!((subs.len(), subs.get(pairs[40])), (5, Some(1040)));
         assert_eq!(subs.iter().count(), 5);
         let mut asked = 0;
         subs.retain(|_| {
@@ -1014,26 +1110,23 @@ mod tests {
         });
         assert_eq!((asked, subs.len()), (5, 5), "each asked once, all kept");
         // Pushes after a retain: the list of 5 grows to 8, then becomes a table.
-        for (n, &(d, v)) in pairs.iter().enumerate().skip(50).take(10) {
-            subs.push(d, v, n as SeriesId + 1000);
+        for (n, &p) in pairs.iter().enumerate().skip(50).take(10) {
+            subs.push(p, n as SeriesId + 1000);
         }
         assert_eq!(subs.len(), 15);
-        for (m, &(d, v)) in pairs.iter().enumerate() {
+        for (m, &p) in pairs.iter().enumerate() {
             let want =
                 (m < 50 && m % 10 == 0 || (50..60).contains(&m)).then_some(m as SeriesId + 1000);
-            assert_eq!(subs.get(d, v), want, "pair {m} after pushes");
+            assert_eq!(subs.get(p), want, "pair {m} after pushes");
         }
         subs.retain(|_| false);
-        assert_eq!(
-            (subs.len(), subs.iter().count(), subs.get(0, 0)),
-            (0, 0, None)
-        );
-        subs.push(7, 7, 1);
-        subs.push(8, 8, 2);
-        subs.push(9, 9, 3);
+        assert_eq!((subs.len(), subs.iter().count(), subs.get(0)), (0, 0, None));
+        subs.push(7, 1);
+        subs.push(8, 2);
+        subs.push(9, 3);
         assert_eq!(
             subs.iter().copied().collect::<Vec<_>>(),
-            vec![(7, 7, 1), (8, 8, 2), (9, 9, 3)],
+            vec![(7, 1), (8, 2), (9, 3)],
             "a list with a free slot after its last entry iterates its entries alone"
         );
     }
@@ -1046,16 +1139,13 @@ mod tests {
             let mut subs = Subs::default();
             // 1 792 entries: 7/8 of a table of 2 048, as full as one gets.
             for i in 0..1_792u32 {
-                subs.push(i % 3, i.wrapping_mul(stride), i);
+                subs.push(i.wrapping_mul(stride), i);
             }
             let size = subs.slots.len();
             assert_eq!(size, 2_048);
             let longest = (0..size)
-                .filter(|&at| subs.slots[at].2 != FREE_SUB)
-                .map(|at| {
-                    let (d, v, _) = subs.slots[at];
-                    (at + size - sub_home(d, v, size)) % size
-                })
+                .filter(|&at| subs.slots[at].1 != FREE_SUB)
+                .map(|at| (at + size - sub_home(subs.slots[at].0, size)) % size)
                 .max()
                 .unwrap();
             assert!(

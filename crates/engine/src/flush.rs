@@ -685,7 +685,7 @@ impl Engine {
                         dims: Vec::new(),
                     };
                     let mut dims: BTreeMap<&str, Vec<(String, Buckets)>> = BTreeMap::new();
-                    for &(d, v, sid) in entry.subs.iter().filter(|_| has_subs) {
+                    for (d, v, sid) in cat.subs_of(entry).filter(|_| has_subs) {
                         let b = series(kid, sid);
                         if !b.is_empty() {
                             dims.entry(cat.str(d))

@@ -621,11 +621,10 @@ impl Core {
         };
         let wanted: Vec<Named<'_>> = match pick {
             None => Vec::new(),
-            Some((dim, value)) => entry
-                .subs
-                .iter()
-                .filter(|&&(d, v, _)| dim.is_none_or(|w| w == d) && value.is_none_or(|w| w == v))
-                .map(|&(d, v, sid)| Named {
+            Some((dim, value)) => cat
+                .subs_of(entry)
+                .filter(|&(d, v, _)| dim.is_none_or(|w| w == d) && value.is_none_or(|w| w == v))
+                .map(|(d, v, sid)| Named {
                     d,
                     v,
                     dim: cat.str(d),

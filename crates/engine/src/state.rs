@@ -18,7 +18,7 @@ const LOGGED_TS_END: i64 = 1 << 32;
 
 use crate::answers::Answers;
 use crate::archive::{Archive, FlushPolicy, Held, store_error};
-use crate::catalog::{Catalog, KeyId, NsId, SeriesId, StrId, TierPlan};
+use crate::catalog::{Catalog, KeyId, NsId, PairId, SeriesId, StrId, TierPlan};
 use crate::fair::FairRwLock;
 use crate::memtable::{Lane, Memtable, Shard, split_key};
 use crate::names::Names;
@@ -511,7 +511,10 @@ impl Core {
                 key_cache[s as usize] = cat.key_id(ns, view.str(s)).map(|k| (ns, k));
             }
             let mut keys: Vec<KeyId> = Vec::with_capacity(incs.len());
-            let mut wanted: Vec<(KeyId, StrId, StrId)> = Vec::with_capacity(view.subs.len());
+            let mut wanted: Vec<(KeyId, PairId)> = Vec::with_capacity(view.subs.len());
+            // Per value string of the record's table: the dimension string it came with last
+            // and their pair (a value nearly always comes with one dimension).
+            let mut pair_cache: Vec<Option<(u32, PairId)>> = vec![None; view.strings.len()];
             for (&inc, &ns) in incs.iter().zip(&nss) {
                 // Zipf traffic repeats keys and values within a batch: resolve each string of
                 // the record's table once.
@@ -539,7 +542,18 @@ impl Core {
                             }
                         }
                     };
-                    wanted.push((key, id(d, &mut cat)?, id(v, &mut cat)?));
+                    let pair = match pair_cache.get(v as usize).copied().flatten() {
+                        Some((dim, p)) if dim == d => p,
+                        _ => {
+                            let (d_id, v_id) = (id(d, &mut cat)?, id(v, &mut cat)?);
+                            let p = cat.pair_or_insert(d_id, v_id)?;
+                            if let Some(slot) = pair_cache.get_mut(v as usize) {
+                                *slot = Some((d, p));
+                            }
+                            p
+                        }
+                    };
+                    wanted.push((key, pair));
                 }
                 resolved.push(Resolved {
                     shard: self.mem.shard_of(key),
@@ -554,8 +568,8 @@ impl Core {
             let mut at = wanted.iter();
             for ((&inc, r), &key) in incs.iter().zip(&mut resolved).zip(&keys) {
                 let start = sids.len();
-                for &(k, d, v) in at.by_ref().take(view.subs_of(inc).len()) {
-                    sids.push(cat.sub_ids_or_insert(k, d, v)?);
+                for &(k, p) in at.by_ref().take(view.subs_of(inc).len()) {
+                    sids.push(cat.sub_pair_or_insert(k, p)?);
                 }
                 r.total = cat.keys[key as usize].total;
                 r.subs = (start, sids.len());
