@@ -4,8 +4,9 @@
 //! event visible wholly or not at all.
 //!
 //! A counter is named by `series id << 32 | bucket index` (the bucket start divided by the
-//! resolution; timestamps are below 2^32, so it fits), and held in 10 bytes: the name and
-//! the count as an `i16`, with counts past that range kept whole in a small map beside it
+//! resolution; timestamps are below 2^32, so it fits), and held in 8 bytes: the series, the
+//! bucket as an offset from its map's base, and the count as an `i16`, with counts past
+//! that range, and buckets outside the base's window, kept whole in a small map beside it
 //! (see [`Counters`]). Two `Counters` per resolution slot, one per [`Lane`]: totals apart
 //! from subtotals, so that a walk over a tier's totals (a top of keys over today) does not
 //! step over every subtotal, and an event's total lands in the smaller map. Zero counters
@@ -13,41 +14,38 @@
 //! array per slot (16 bytes each, no hash table), read by binary search until their segment
 //! is published.
 
-use std::collections::HashMap;
 use std::collections::hash_map::Entry;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use foldhash::fast::FixedState;
 
 use crate::catalog::SeriesId;
 
-/// A counter's name as a map key: `counter_key` as four `u16`s, so that an entry (with its
-/// [`Narrow`] count) takes 10 bytes rather than 16. Hashed as the `u64` it stands for.
+/// A counter's name as a map key: its series id and its bucket index's offset from the
+/// map's [`Counters::base`], as three `u16`s, so that an entry (with its [`Narrow`] count)
+/// takes 8 bytes rather than 16. Hashed as the `u64` `series << 16 | offset`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Name([u16; 4]);
+struct Name([u16; 3]);
 
 impl Name {
-    fn of(k: u64) -> Name {
-        Name([
-            (k >> 48) as u16,
-            (k >> 32) as u16,
-            (k >> 16) as u16,
-            k as u16,
-        ])
-    }
-
-    fn key(self) -> u64 {
-        self.0
-            .iter()
-            .fold(0, |k, &part| (k << 16) | u64::from(part))
+    /// The counter key of this name in a map based at `base`.
+    fn key(self, base: u32) -> u64 {
+        let sid = (u32::from(self.0[0]) << 16) | u32::from(self.0[1]);
+        counter_key(sid, base.wrapping_add(u32::from(self.0[2])))
     }
 }
 
 impl std::hash::Hash for Name {
     fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
-        h.write_u64(self.key());
+        let [hi, lo, off] = self.0.map(u64::from);
+        h.write_u64((hi << 32) | (lo << 16) | off);
     }
 }
+
+/// Bucket indexes a map's entries can name: `base` up to this many after it (a window of
+/// 45 days of minutes, 18 hours of seconds, 7 years of hours).
+const WINDOW: u32 = 1 << 16;
 
 /// A count as a counter's entry holds it.
 type Narrow = i16;
@@ -71,28 +69,39 @@ fn narrow(n: i64) -> Option<Narrow> {
 }
 
 /// One lane's live counters. A count is 64 bits (and wraps past them, as in Redis), but
-/// nearly every count is small: each counter is a 10-byte entry whose `i16` is its count,
-/// or [`WIDE`] when the count is in `wide`, a map of the few that do not fit (a busy key's
-/// hourly total, say: 28 bytes then, the two entries). Events of amount 1 leave the entry
-/// only after 32 768 of them, so wide counters are few wherever counters are many.
+/// nearly every count is small, and a map's counters are of a few hours or days: each
+/// counter is an 8-byte entry naming its series and its bucket as an offset from the map's
+/// `base`, whose `i16` is its count, or [`WIDE`] when the count is in `wide`, a map of the
+/// few that do not fit (a busy key's hourly total, say: 24 bytes then, the two entries).
+/// Events of amount 1 leave the entry only after 32 768 of them, so wide counters are few
+/// wherever counters are many. A counter whose bucket lies outside the window from `base`
+/// (a late event far back, or time moving on past the window) is *far*: held in `wide`
+/// alone. An empty map takes its base from its first counter; a freeze or a sweep moves
+/// it when far counters are held or the newest come near the window's end.
 ///
 /// A workload of large amounts (bytes, microseconds) makes most counts wide, and two
 /// entries each cost more than one 16-byte entry: once more than [`WHOLE_AT`] of a map's
 /// counters are wide, every count moves into `wide` and `narrow` is let go (*whole* mode,
 /// one look-up an update); a freeze that leaves at most [`NARROW_AT`] of them too large for
-/// an entry moves them back. Each switch rebuilds the map under its shard's lock: a pause
-/// of that shard's writes once per switch, as long as a rehash of the map takes. (`tally-bench engine amount=1000000`: 47.5 bytes
-/// of maps a live counter with two entries each, 28.9 whole; 18.7 at amount 1.)
+/// an entry moves them back. Each switch, like each move of the base, rebuilds the map
+/// under its shard's lock: a pause of that shard's writes once per switch, as long as a
+/// rehash of the map takes. (`tally-bench engine amount=1000000`: 47.5 bytes of maps a
+/// live counter with two entries each, entries of 10 bytes then, 28.9 whole; at amount 1,
+/// 18.7 with 10-byte entries, 15.4 with 8-byte ones.)
 #[derive(Debug, Default)]
 pub struct Counters {
     narrow: HashMap<Name, Narrow, FixedState>,
     wide: HashMap<u64, i64, FixedState>,
     /// Every count is in `wide`, and `narrow` is empty.
     whole: bool,
+    /// The bucket index entries' offsets count from.
+    base: u32,
+    /// Counters outside the window, held in `wide` alone (0 in whole mode).
+    far: usize,
 }
 
 /// The share of wide counters (in 1/16ths) past which a map holds every count whole: a
-/// wide counter costs both entries (~11 + ~17 bytes a slot), a whole one ~17, so whole
+/// wide counter costs both entries (~9 + ~17 bytes a slot), a whole one ~17, so whole
 /// mode is the smaller past ~35%.
 const WHOLE_AT: usize = 6;
 
@@ -109,7 +118,7 @@ impl Counters {
         if self.whole {
             self.wide.len()
         } else {
-            self.narrow.len()
+            self.narrow.len() + self.far
         }
     }
 
@@ -123,38 +132,43 @@ impl Counters {
             + self.wide.capacity() * (std::mem::size_of::<(u64, i64)>() + 1)
     }
 
+    /// The name of counter `k` in this map, if its bucket is inside the window.
+    fn name(&self, k: u64) -> Option<Name> {
+        let (sid, idx) = split_key(k);
+        let off = idx.wrapping_sub(self.base);
+        (off < WINDOW).then_some(Name([(sid >> 16) as u16, sid as u16, off as u16]))
+    }
+
     /// A counter's count, if held.
     pub fn get(&self, k: u64) -> Option<i64> {
         if self.whole {
             return self.wide.get(&k).copied();
         }
-        self.narrow
-            .get(&Name::of(k))
-            .map(|&n| whole(&self.wide, k, n))
+        match self.name(k) {
+            Some(name) => self.narrow.get(&name).map(|&n| whole(&self.wide, k, n)),
+            None => self.wide.get(&k).copied(),
+        }
     }
 
     /// Adds `n` to a counter (made if new; removed when it comes to zero). Counts wrap past
     /// 64 bits.
     pub fn add(&mut self, k: u64, n: i64) {
         if self.whole {
-            match self.wide.entry(k) {
-                Entry::Occupied(mut e) => {
-                    let sum = e.get().wrapping_add(n);
-                    if sum == 0 {
-                        e.remove();
-                    } else {
-                        *e.get_mut() = sum;
-                    }
-                }
-                Entry::Vacant(e) => {
-                    if n != 0 {
-                        e.insert(n);
-                    }
-                }
-            }
+            add_whole(&mut self.wide, k, n);
             return;
         }
-        match self.narrow.entry(Name::of(k)) {
+        if self.narrow.is_empty() && self.far == 0 {
+            // Empty (so is `wide`): the window starts a little before this counter.
+            self.base = split_key(k).1.saturating_sub(WINDOW / 4);
+        }
+        let Some(name) = self.name(k) else {
+            let before = self.wide.len();
+            add_whole(&mut self.wide, k, n);
+            self.far = (self.far + self.wide.len()) - before;
+            self.whole_if_mostly_wide();
+            return;
+        };
+        match self.narrow.entry(name) {
             Entry::Occupied(mut e) => {
                 let was_wide = *e.get() == WIDE;
                 let sum = whole(&self.wide, k, *e.get()).wrapping_add(n);
@@ -190,22 +204,27 @@ impl Counters {
 
     /// Every counter, `(counter key, count)`, in no order.
     pub fn iter(&self) -> impl Iterator<Item = (u64, i64)> + '_ {
-        // The wide ones from their own map, with no look-up each: they gather in the
-        // totals lane, which a top over today walks whole.
+        // The wide ones (and the far ones) from their own map, with no look-up each: they
+        // gather in the totals lane, which a top over today walks whole.
+        let base = self.base;
         let narrow = self.narrow.iter().filter(|e| *e.1 != WIDE);
         narrow
-            .map(|(k, &n)| (k.key(), i64::from(n)))
+            .map(move |(k, &n)| (k.key(base), i64::from(n)))
             .chain(self.wide.iter().map(|(&k, &n)| (k, n)))
     }
 
     /// Every counter's key, in no order.
     pub fn keys(&self) -> impl Iterator<Item = u64> + '_ {
-        // In whole mode `narrow` is empty; else `wide`'s keys are in `narrow` too.
-        let whole = self.whole.then_some(&self.wide);
-        self.narrow
-            .keys()
-            .map(|k| k.key())
-            .chain(whole.into_iter().flat_map(|w| w.keys().copied()))
+        // In whole mode `narrow` is empty; else `wide`'s keys inside the window are in
+        // `narrow` too.
+        let base = self.base;
+        let alone = (self.whole || self.far > 0).then_some(&self.wide);
+        self.narrow.keys().map(move |k| k.key(base)).chain(
+            alone
+                .into_iter()
+                .flat_map(|w| w.keys().copied())
+                .filter(move |&k| self.whole || self.name(k).is_none()),
+        )
     }
 
     /// Keeps the counters `keep` accepts.
@@ -214,32 +233,90 @@ impl Counters {
             self.wide.retain(|&k, n| keep(k, *n));
             return;
         }
-        let wide = &mut self.wide;
+        let (wide, base) = (&mut self.wide, self.base);
         self.narrow.retain(|k, n| {
-            let k = k.key();
+            let k = k.key(base);
             let kept = keep(k, whole(wide, k, *n));
             if !kept && *n == WIDE {
                 wide.remove(&k);
             }
             kept
         });
+        if self.far > 0 {
+            let mut far = 0;
+            self.wide.retain(|&k, n| {
+                if split_key(k).1.wrapping_sub(base) < WINDOW {
+                    return true;
+                }
+                let kept = keep(k, *n);
+                far += usize::from(kept);
+                kept
+            });
+            self.far = far;
+        }
     }
 
     /// Moves every count into `wide` once more than [`WHOLE_AT`] sixteenths of them are
-    /// wide (see [`Counters`]).
+    /// wide or far (see [`Counters`]).
     fn whole_if_mostly_wide(&mut self) {
-        let (n, w) = (self.narrow.len(), self.wide.len());
+        let (n, w) = (self.len(), self.wide.len());
         if n < SWITCH_MIN || w * 16 <= n * WHOLE_AT {
             return;
         }
         let narrow = std::mem::take(&mut self.narrow);
-        self.wide.reserve(n - w);
+        self.wide.reserve(narrow.len());
         for (k, c) in narrow {
             if c != WIDE {
-                self.wide.insert(k.key(), i64::from(c));
+                self.wide.insert(k.key(self.base), i64::from(c));
             }
         }
-        self.whole = true;
+        (self.whole, self.far) = (true, 0);
+    }
+
+    /// Rebuilds the map from `all` counters (every count, none in the maps), with a window
+    /// from `base`.
+    fn rebuild(&mut self, base: u32, all: impl Iterator<Item = (u64, i64)>) {
+        (self.whole, self.base, self.far) = (false, base, 0);
+        for (k, c) in all {
+            match (self.name(k), narrow(c)) {
+                (Some(name), Some(s)) => {
+                    self.narrow.insert(name, s);
+                }
+                (Some(name), None) => {
+                    self.narrow.insert(name, WIDE);
+                    self.wide.insert(k, c);
+                }
+                (None, _) => {
+                    self.wide.insert(k, c);
+                    self.far += 1;
+                }
+            }
+        }
+    }
+
+    /// Where a window over these buckets is best placed: at the start of the stretch of
+    /// three quarters of a window that holds the most of them (the latest, of equals), in
+    /// blocks of 1/64 of a window, so a quarter is left ahead for the counters to come.
+    /// Outliers (a late event far back, one far ahead) stay far.
+    fn base_for(buckets: impl Iterator<Item = u32>) -> Option<u32> {
+        const BLOCK: u32 = WINDOW / 64;
+        const SPAN: u32 = 48;
+        let mut blocks: BTreeMap<u32, usize> = BTreeMap::new();
+        for i in buckets {
+            *blocks.entry(i / BLOCK).or_default() += 1;
+        }
+        let blocks: Vec<(u32, usize)> = blocks.into_iter().collect();
+        let (mut best, mut at, mut sum, mut end) = (0, None, 0, 0);
+        for &(start, n) in &blocks {
+            while let Some(&(_, m)) = blocks.get(end).filter(|e| e.0 < start + SPAN) {
+                (sum, end) = (sum + m, end + 1);
+            }
+            if sum >= best {
+                (best, at) = (sum, Some(start * BLOCK));
+            }
+            sum -= n;
+        }
+        at
     }
 
     /// Moves a whole map back to narrow entries when at most [`NARROW_AT`] sixteenths of its
@@ -254,31 +331,66 @@ impl Counters {
             return;
         }
         let all = std::mem::take(&mut self.wide);
+        let base = Counters::base_for(all.keys().map(|&k| split_key(k).1)).unwrap_or(0);
         self.narrow.reserve(n);
-        for (k, c) in all {
-            match narrow(c) {
-                Some(s) => {
-                    self.narrow.insert(Name::of(k), s);
-                }
-                None => {
-                    self.narrow.insert(Name::of(k), WIDE);
-                    self.wide.insert(k, c);
-                }
-            }
+        self.rebuild(base, all.into_iter());
+    }
+
+    /// Moves the window when more than an eighth of the counters are far, or the newest
+    /// come within a quarter of its end: to where [`Counters::base_for`] puts it, if that
+    /// differs.
+    fn move_window(&mut self) {
+        if self.whole || self.is_empty() {
+            return;
         }
-        self.whole = false;
+        let base = self.base;
+        let newest = self.narrow.keys().map(|k| k.0[2]).max().unwrap_or(0);
+        if self.far * 8 <= self.len() && u32::from(newest) < WINDOW / 4 * 3 {
+            return;
+        }
+        let Some(to) = Counters::base_for(self.iter().map(|(k, _)| split_key(k).1)) else {
+            return;
+        };
+        if to == base {
+            return;
+        }
+        let all: Vec<(u64, i64)> = self.iter().collect();
+        self.narrow = HashMap::default();
+        self.wide = HashMap::default();
+        self.narrow.reserve(all.len());
+        self.rebuild(to, all.into_iter());
     }
 
     /// Gives back spare capacity once a map holds under a quarter of it (a flush empties
-    /// most of a map: memory goes back rather than stay at the peak), and goes back to
-    /// narrow entries where they are now the smaller.
+    /// most of a map: memory goes back rather than stay at the peak), goes back to narrow
+    /// entries where they are now the smaller, and moves the window where time has gone.
     fn shrink_if_sparse(&mut self) {
         self.narrow_if_mostly_small();
+        self.move_window();
         if self.narrow.len() < self.narrow.capacity() / 4 {
             self.narrow.shrink_to_fit();
         }
         if self.wide.len() < self.wide.capacity() / 4 {
             self.wide.shrink_to_fit();
+        }
+    }
+}
+
+/// Adds `n` to counter `k` of a map of whole counts (removed at zero).
+fn add_whole(wide: &mut HashMap<u64, i64, FixedState>, k: u64, n: i64) {
+    match wide.entry(k) {
+        Entry::Occupied(mut e) => {
+            let sum = e.get().wrapping_add(n);
+            if sum == 0 {
+                e.remove();
+            } else {
+                *e.get_mut() = sum;
+            }
+        }
+        Entry::Vacant(e) => {
+            if n != 0 {
+                e.insert(n);
+            }
         }
     }
 }
@@ -354,7 +466,9 @@ impl Shard {
     /// Keeps a slot's live counters (both lanes) that `keep` accepts.
     pub fn retain_live(&mut self, slot: usize, mut keep: impl FnMut(u64) -> bool) {
         for lane in Lane::ALL {
-            self.map(slot, lane).retain(|k, _| keep(k));
+            let map = self.map(slot, lane);
+            map.retain(|k, _| keep(k));
+            map.shrink_if_sparse();
         }
     }
 
@@ -571,6 +685,132 @@ mod tests {
         assert_eq!(split_key(counter_key(u32::MAX, 9)), (u32::MAX, 9));
     }
 
+    /// A xorshift generator.
+    fn rng(mut x: u64) -> impl FnMut() -> u64 {
+        move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        }
+    }
+
+    /// Adds `n` to counter `k` of both the map and its model.
+    fn model_add(c: &mut Counters, model: &mut HashMap<u64, i64>, k: u64, n: i64) {
+        c.add(k, n);
+        let e = model.entry(k).or_insert(0);
+        *e = e.wrapping_add(n);
+        if *e == 0 {
+            model.remove(&k);
+        }
+    }
+
+    /// The map holds what its model does, by every way of reading it.
+    fn assert_same(c: &Counters, model: &HashMap<u64, i64>) {
+        assert_eq!(c.len(), model.len());
+        for (&k, &n) in model {
+            assert_eq!(c.get(k), Some(n), "key {k}");
+        }
+        assert_eq!(c.get(u64::MAX), None);
+        let mut got: Vec<(u64, i64)> = c.iter().collect();
+        got.sort_unstable();
+        let mut want: Vec<(u64, i64)> = model.iter().map(|(&k, &n)| (k, n)).collect();
+        want.sort_unstable();
+        assert_eq!(got, want);
+        let mut keys: Vec<u64> = c.keys().collect();
+        keys.sort_unstable();
+        assert_eq!(keys, want.iter().map(|e| e.0).collect::<Vec<_>>());
+    }
+
+    /// Buckets outside a map's window (late events far back, time moving past its end) are
+    /// held whole beside the entries; a freeze or sweep moves the window to where the
+    /// counters are, after which they are entries again. Throughout, the map answers as a
+    /// plain map of counts does (a model), small and large counts alike.
+    #[test]
+    fn counters_outside_the_window_are_kept_and_the_window_follows_time() {
+        let mut c = Counters::default();
+        let mut model: HashMap<u64, i64> = HashMap::new();
+        let mut next = rng(0x9E37_79B9_7F4A_7C15);
+        let now = 30_000_000u32;
+        model_add(&mut c, &mut model, counter_key(7, now), 1);
+        assert_eq!((c.base, c.far), (now - WINDOW / 4, 0));
+        for i in 0..2_000u32 {
+            model_add(&mut c, &mut model, counter_key(i % 64, now + i), 1);
+        }
+        // Series near and far in time, counts small and large, some back to zero.
+        for i in 0..20_000u64 {
+            let r = next();
+            let idx = match i % 8 {
+                0 => now - (r % 200_000) as u32,
+                1 => now + (r % 100_000) as u32,
+                _ => now + (r % 3_000) as u32,
+            };
+            let n = if r.is_multiple_of(11) {
+                1 << 40
+            } else {
+                1 - (r % 3) as i64
+            };
+            model_add(
+                &mut c,
+                &mut model,
+                counter_key((r >> 40) as u32 % 64, idx),
+                n,
+            );
+        }
+        assert!(
+            c.far > 0 && !c.whole,
+            "far counters held beside the entries"
+        );
+        assert_same(&c, &model);
+        // A sweep drops the old ones: the window moves to the rest.
+        let keep = |k: u64| split_key(k).1 >= now;
+        c.retain(|k, _| keep(k));
+        model.retain(|&k, _| keep(k));
+        assert_same(&c, &model);
+        c.shrink_if_sparse();
+        // They span more than the window: it holds the busy first 3 000, a few far ahead.
+        assert!(c.base <= now && now + 3_000 <= c.base + WINDOW / 4 * 3);
+        assert!(
+            c.far > 0 && c.far * 8 <= c.len(),
+            "{} far of {}",
+            c.far,
+            c.len()
+        );
+        assert_same(&c, &model);
+        // Time moves past the window's end: new counters are far until a freeze takes the
+        // old ones and the window follows.
+        let later = now + 3 * WINDOW;
+        for i in 0..2_000u32 {
+            model_add(&mut c, &mut model, counter_key(i % 50, later + i % 600), 1);
+        }
+        assert!(c.far >= 600, "{}", c.far);
+        assert_same(&c, &model);
+        c.retain(|k, _| split_key(k).1 >= later);
+        model.retain(|&k, _| split_key(k).1 >= later);
+        c.shrink_if_sparse();
+        assert_eq!((c.base, c.far), (later / 1024 * 1024, 0));
+        assert_eq!(c.narrow.len(), model.len(), "every counter an entry again");
+        assert_same(&c, &model);
+        // Whole mode and back keeps far counters right too.
+        for i in 0..200u32 {
+            model_add(&mut c, &mut model, counter_key(i, later + 5), 1 << 50);
+            model_add(&mut c, &mut model, counter_key(i, 10), 3);
+        }
+        assert!(c.whole);
+        assert_same(&c, &model);
+        c.retain(|k, _| split_key(k).1 != later + 5);
+        model.retain(|&k, _| split_key(k).1 != later + 5);
+        c.shrink_if_sparse();
+        assert!(!c.whole && c.far == 200, "narrow again, the old ones far");
+        assert_same(&c, &model);
+        // Emptied, a map takes its window from its next counter.
+        c.retain(|_, _| false);
+        model.clear();
+        model_add(&mut c, &mut model, counter_key(1, 5), 1);
+        assert_eq!((c.base, c.far, c.narrow.len()), (0, 0, 1));
+        assert_same(&c, &model);
+    }
+
     /// A map whose counts are mostly too large for an entry holds them all whole, and goes
     /// back to narrow entries once a freeze leaves few of them; either way it answers as a
     /// plain map of counts does (a model), wrapping past 64 bits.
@@ -578,36 +818,8 @@ mod tests {
     fn a_map_of_mostly_large_counts_holds_them_whole_and_goes_back() {
         let mut c = Counters::default();
         let mut model: HashMap<u64, i64> = HashMap::new();
-        let mut rng = 0x2545_F491_4F6C_DD1D_u64;
-        let mut next = move || {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng
-        };
-        let add = |c: &mut Counters, model: &mut HashMap<u64, i64>, k: u64, n: i64| {
-            c.add(k, n);
-            let e = model.entry(k).or_insert(0);
-            *e = e.wrapping_add(n);
-            if *e == 0 {
-                model.remove(&k);
-            }
-        };
-        let same = |c: &Counters, model: &HashMap<u64, i64>| {
-            assert_eq!(c.len(), model.len());
-            for (&k, &n) in model {
-                assert_eq!(c.get(k), Some(n), "key {k}");
-            }
-            assert_eq!(c.get(u64::MAX), None);
-            let mut got: Vec<(u64, i64)> = c.iter().collect();
-            got.sort_unstable();
-            let mut want: Vec<(u64, i64)> = model.iter().map(|(&k, &n)| (k, n)).collect();
-            want.sort_unstable();
-            assert_eq!(got, want);
-            let mut keys: Vec<u64> = c.keys().collect();
-            keys.sort_unstable();
-            assert_eq!(keys, want.iter().map(|e| e.0).collect::<Vec<_>>());
-        };
+        let mut next = rng(0x2545_F491_4F6C_DD1D);
+        let (add, same) = (model_add, assert_same);
         for k in 0..1_000 {
             add(&mut c, &mut model, k, 1);
         }
