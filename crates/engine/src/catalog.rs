@@ -7,6 +7,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
+use crate::chunked::Chunked;
+
 use foldhash::fast::FixedState;
 use tally_core::model::{Duration, Namespace, Retention, Schema};
 use tally_core::store::StoreError;
@@ -394,7 +396,7 @@ impl CatalogBytes {
 pub struct Catalog {
     pub by_name: BTreeMap<Namespace, NsId>,
     pub ns: Vec<NsEntry>,
-    pub keys: Vec<KeyEntry>,
+    pub keys: Chunked<KeyEntry>,
     strs: Map<Arc<str>, StrId>,
     pub str_list: Vec<Arc<str>>,
     /// The (dimension, value) pairs subtotal series name, numbered (see [`Subs`]), and each
@@ -404,11 +406,11 @@ pub struct Catalog {
     /// Per subtotal series: the id of its key, with [`SUBTOTAL`] set. (The key gives the
     /// namespace; a flush finds the keys of the series it writes without a walk over every
     /// key.) Totals are not here: their id names their key ([`TOTAL`]).
-    pub series_info: Vec<u32>,
+    pub series_info: Chunked<u32>,
     /// The namespace of each key id, as in its entry but 4 bytes apart from the rest: what
     /// a walk over a tier's totals reads per counter (stale for a forgotten key, which has
     /// no counter left).
-    pub key_ns: Vec<NsId>,
+    pub key_ns: Chunked<NsId>,
     /// Resolution of each memtable slot.
     pub slots: Vec<Duration>,
     /// How many times [`Catalog::forget`] has forgotten keys: a key id means the same key
@@ -710,7 +712,7 @@ impl Catalog {
             + self.free_keys.capacity() * size_of::<KeyId>();
         let mut series = self.series_info.capacity() * size_of::<u32>()
             + self.free_series.capacity() * size_of::<SeriesId>();
-        for k in &self.keys {
+        for k in self.keys.iter() {
             if k.total != VACANT {
                 keys += heap_str(&k.name);
             }
@@ -791,7 +793,7 @@ impl Catalog {
             None => self.keys.push(entry),
         }
         if self.key_ns.len() <= id as usize {
-            self.key_ns.resize(id as usize + 1, NsId::MAX);
+            self.key_ns.grow_to(id as usize + 1, NsId::MAX);
         }
         self.key_ns[id as usize] = ns;
         Ok(id)

@@ -13,6 +13,7 @@ pub mod backup;
 pub mod bulk;
 pub mod catalog;
 pub mod check;
+mod chunked;
 pub mod compaction;
 pub mod engine;
 mod fair;
