@@ -429,7 +429,7 @@ pub struct Catalog {
     /// What `str_list` holds at a freed string's id.
     vacant_str: Arc<str>,
     /// While a forget walks the counters without the write gate (from
-    /// [`Catalog::begin_forget`] to [`Catalog::forget`]): the keys batches resolved
+    /// [`Catalog::begin_forget`] to [`Catalog::end_forget`]): the keys batches resolved
     /// meanwhile, which it keeps whatever the walk saw.
     resolved_since: Option<Bits>,
 }

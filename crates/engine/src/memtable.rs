@@ -98,6 +98,9 @@ pub struct Counters {
     base: u32,
     /// Counters outside the window, held in `wide` alone (0 in whole mode).
     far: usize,
+    /// The largest offset an entry has, or more: exact after a `retain` or a rebuild,
+    /// raised by each new entry.
+    top: u16,
 }
 
 /// The share of wide counters (in 1/16ths) past which a map holds every count whole: a
@@ -160,6 +163,7 @@ impl Counters {
         if self.narrow.is_empty() && self.far == 0 {
             // Empty (so is `wide`): the window starts a little before this counter.
             self.base = split_key(k).1.saturating_sub(WINDOW / 4);
+            self.top = 0;
         }
         let Some(name) = self.name(k) else {
             let before = self.wide.len();
@@ -192,10 +196,12 @@ impl Counters {
                 Some(0) => {}
                 Some(s) => {
                     e.insert(s);
+                    self.top = self.top.max(name.0[2]);
                 }
                 None => {
                     e.insert(WIDE);
                     self.wide.insert(k, n);
+                    self.top = self.top.max(name.0[2]);
                     self.whole_if_mostly_wide();
                 }
             },
@@ -234,14 +240,19 @@ impl Counters {
             return;
         }
         let (wide, base) = (&mut self.wide, self.base);
-        self.narrow.retain(|k, n| {
-            let k = k.key(base);
+        let mut top = 0;
+        self.narrow.retain(|name, n| {
+            let k = name.key(base);
             let kept = keep(k, whole(wide, k, *n));
             if !kept && *n == WIDE {
                 wide.remove(&k);
             }
+            if kept {
+                top = top.max(name.0[2]);
+            }
             kept
         });
+        self.top = top;
         if self.far > 0 {
             let mut far = 0;
             self.wide.retain(|&k, n| {
@@ -276,9 +287,13 @@ impl Counters {
     /// Rebuilds the map from `all` counters (every count, none in the maps), with a window
     /// from `base`.
     fn rebuild(&mut self, base: u32, all: impl Iterator<Item = (u64, i64)>) {
-        (self.whole, self.base, self.far) = (false, base, 0);
+        (self.whole, self.base, self.far, self.top) = (false, base, 0, 0);
         for (k, c) in all {
-            match (self.name(k), narrow(c)) {
+            let name = self.name(k);
+            if let Some(name) = name {
+                self.top = self.top.max(name.0[2]);
+            }
+            match (name, narrow(c)) {
                 (Some(name), Some(s)) => {
                     self.narrow.insert(name, s);
                 }
@@ -344,8 +359,7 @@ impl Counters {
             return;
         }
         let base = self.base;
-        let newest = self.narrow.keys().map(|k| k.0[2]).max().unwrap_or(0);
-        if self.far * 8 <= self.len() && u32::from(newest) < WINDOW / 4 * 3 {
+        if self.far * 8 <= self.len() && u32::from(self.top) < WINDOW / 4 * 3 {
             return;
         }
         let Some(to) = Counters::base_for(self.iter().map(|(k, _)| split_key(k).1)) else {
@@ -364,7 +378,7 @@ impl Counters {
     /// Gives back spare capacity once a map holds under a quarter of it (a flush empties
     /// most of a map: memory goes back rather than stay at the peak), goes back to narrow
     /// entries where they are now the smaller, and moves the window where time has gone.
-    fn shrink_if_sparse(&mut self) {
+    pub fn shrink_if_sparse(&mut self) {
         self.narrow_if_mostly_small();
         self.move_window();
         if self.narrow.len() < self.narrow.capacity() / 4 {
@@ -720,6 +734,95 @@ mod tests {
         let mut keys: Vec<u64> = c.keys().collect();
         keys.sort_unstable();
         assert_eq!(keys, want.iter().map(|e| e.0).collect::<Vec<_>>());
+        // The layout's own rules.
+        if c.whole {
+            assert!(c.narrow.is_empty() && c.far == 0);
+            return;
+        }
+        let far = c.wide.keys().filter(|&&k| c.name(k).is_none()).count();
+        assert_eq!(c.far, far, "far counters counted");
+        for &k in c.wide.keys() {
+            if let Some(name) = c.name(k) {
+                assert_eq!(
+                    c.narrow.get(&name),
+                    Some(&WIDE),
+                    "a wide count has its mark"
+                );
+            }
+        }
+        for (name, &n) in &c.narrow {
+            assert!(
+                n != WIDE || c.wide.contains_key(&name.key(c.base)),
+                "a mark, its count"
+            );
+            assert!(name.0[2] <= c.top, "top bounds every offset");
+        }
+    }
+
+    /// Random adds (near and far buckets, near 0 and near the top of the bucket range,
+    /// small, large and wrapping amounts), retains and freezes' shrinks, against a model.
+    #[test]
+    fn counters_answer_as_a_model_map_through_random_operations() {
+        let centres = [
+            0u32,
+            5,
+            20_000,
+            70_000,
+            1 << 20,
+            u32::MAX - 10,
+            u32::MAX / 2,
+        ];
+        let amounts = [
+            1i64,
+            -1,
+            2,
+            40_000,
+            -40_000,
+            i64::MAX,
+            i64::MIN,
+            1 << 40,
+            32_767,
+        ];
+        for seed in 1..25u64 {
+            let mut next = rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+            let (mut c, mut model) = (Counters::default(), HashMap::new());
+            let home = centres[(next() % centres.len() as u64) as usize];
+            for _ in 0..1_000 {
+                let r = next();
+                match r % 100 {
+                    0..=84 => {
+                        let centre = if r.is_multiple_of(7) {
+                            centres[(r >> 8) as usize % centres.len()]
+                        } else {
+                            home
+                        };
+                        let spread = [3u32, 100, 70_000, 200_000][(r >> 20) as usize % 4];
+                        let off = ((r >> 24) as u32) % spread;
+                        let idx = if (r >> 40) & 1 == 0 {
+                            centre.wrapping_add(off)
+                        } else {
+                            centre.wrapping_sub(off)
+                        };
+                        let sid = ((r >> 44) % 40) as u32 | (((r >> 50) & 1) as u32) << 31;
+                        let n = amounts[(r >> 52) as usize % amounts.len()];
+                        model_add(&mut c, &mut model, counter_key(sid, idx), n);
+                    }
+                    85..=92 => {
+                        let keep = |k: u64, n: i64| match (r >> 10) % 5 {
+                            0 => !split_key(k).1.is_multiple_of(3),
+                            1 => narrow(n).is_some(),
+                            2 => split_key(k).0.is_multiple_of(2),
+                            3 => false,
+                            _ => true,
+                        };
+                        c.retain(keep);
+                        model.retain(|&k, n| keep(k, *n));
+                    }
+                    _ => c.shrink_if_sparse(),
+                }
+                assert_same(&c, &model);
+            }
+        }
     }
 
     /// Buckets outside a map's window (late events far back, time moving past its end) are

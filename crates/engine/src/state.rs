@@ -808,7 +808,10 @@ impl Core {
                     };
                     !expired || frozen(idx) || archived(res, i64::from(idx) * i64::from(res))
                 });
-                removed += before - map.len();
+                if map.len() < before {
+                    removed += before - map.len();
+                    map.shrink_if_sparse();
+                }
             }
         }
         removed

@@ -2312,7 +2312,9 @@ fn late_events_written_while_a_flush_freezes_count_once() {
 /// it; a batch that resolves such a key while the walk runs, then adds to a shard the walk
 /// has passed, must keep it: forgotten, its new counts would sit under an id that no name
 /// leads to (and that a later key reuses). Writers add to such keys, a few at a time, all
-/// through each flush; a thousand live keys with breakdowns make the walk long enough.
+/// through each flush, with subtotals whose values are new each time (pairs and strings
+/// made, freed and reused between the forget's parts) while a reader reads; a thousand
+/// live keys with breakdowns make the walk long enough. Each event adds to two subtotals.
 #[test]
 fn keys_written_again_while_a_flush_forgets_them_keep_their_counts() {
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -2343,12 +2345,28 @@ fn keys_written_again_while_a_flush_forgets_them_keep_their_counts() {
     for round in 0..3 {
         let name = move |i: usize| format!("r{round}k{i}");
         let old: Vec<RawEvent> = (0..KEYS)
-            .map(|i| raw("clicks", &name(i), day + i as i64, 1, &[("country", "US")]))
+            .map(|i| {
+                let ip = format!("old{round}-{}", i % 500);
+                let dims = [("country", "US"), ("ip", ip.as_str())];
+                raw("clicks", &name(i), day + i as i64, 1, &dims)
+            })
             .collect();
         for chunk in old.chunks(1_000) {
             write(&*e, NOW, chunk).unwrap();
         }
         let stop = Arc::new(AtomicBool::new(false));
+        let reader = {
+            let (e, stop) = (e.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut i = 0;
+                while !stop.load(Ordering::SeqCst) {
+                    let d = read_all(&*e, "clicks", &format!("live{}", i % 1_000), 3600);
+                    let (total, subs) = crate::sums(&d);
+                    assert_eq!(subs, 2 * total, "live{}", i % 1_000);
+                    i += 7;
+                }
+            })
+        };
         let writers: Vec<_> = (0..2)
             .map(|w| {
                 let (e, stop) = (e.clone(), stop.clone());
@@ -2357,7 +2375,11 @@ fn keys_written_again_while_a_flush_forgets_them_keep_their_counts() {
                     let mut i = w;
                     while !stop.load(Ordering::SeqCst) && i * 5 < KEYS {
                         let events: Vec<RawEvent> = (0..5)
-                            .map(|j| raw("clicks", &name(i * 5 + j), NOW - 60, 1, &[]))
+                            .map(|j| {
+                                let ip = format!("new{round}-{i}-{j}");
+                                let dims = [("country", "US"), ("ip", ip.as_str())];
+                                raw("clicks", &name(i * 5 + j), NOW - 60, 1, &dims)
+                            })
                             .collect();
                         write(&*e, NOW, &events).unwrap();
                         acked += events.len() as i64;
@@ -2372,10 +2394,15 @@ fn keys_written_again_while_a_flush_forgets_them_keep_their_counts() {
         forgotten += e.flush().unwrap().forgotten_keys;
         stop.store(true, Ordering::SeqCst);
         let acked: i64 = writers.into_iter().map(|t| t.join().unwrap()).sum();
-        let counted: i64 = (0..KEYS)
-            .map(|i| crate::total(&*e, "clicks", &name(i), 3600))
-            .sum();
-        assert_eq!(counted, KEYS as i64 + acked, "round {round}");
+        reader.join().unwrap();
+        let (mut totals, mut subs) = (0, 0);
+        for i in 0..KEYS {
+            let (total, sub) = crate::sums(&read_all(&*e, "clicks", &name(i), 3600));
+            assert_eq!(sub, 2 * total, "round {round}, key {i}");
+            (totals, subs) = (totals + total, subs + sub);
+        }
+        assert_eq!(totals, KEYS as i64 + acked, "round {round}");
+        assert_eq!(subs, 2 * totals, "round {round}");
     }
     assert!(forgotten > 0, "the flushes forgot keys");
 }
