@@ -2,7 +2,7 @@
 //! its counters of those periods move to the frozen arrays), at a given shard count.
 //!
 //! ```sh
-//! tally-bench flush-latency [events=N] [shards=8,64] [runs=R] [readers=N]
+//! tally-bench flush-latency [events=N] [shards=8,64] [runs=R] [readers=N] [late=1]
 //! ```
 //!
 //! Per shard count and run: a fresh engine (`fsync=never`) takes `events` clickstream
@@ -12,7 +12,8 @@
 //! are reported apart from those that did not. With `readers=N`, N threads also read a
 //! key's hourly totals over the three days to now, back to back (each read holds the
 //! archive's lock shared while it reads memory, which the flush takes exclusively to swap
-//! in the new archive); their count is reported.
+//! in the new archive); their count is reported. With `late=1` the writer's events are
+//! late ones, for the two days the flush freezes, instead of the open hour's.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -47,6 +48,8 @@ pub fn bench(args: &[String]) {
     let events: usize = arg(args, "events").map_or(4_000_000, |v| v.parse().expect("events=N"));
     let runs: usize = arg(args, "runs").map_or(2, |v| v.parse().expect("runs=N"));
     let readers: usize = arg(args, "readers").map_or(0, |v| v.parse().expect("readers=N"));
+    // late=1: the writer's events are late ones, for the two days the flush freezes.
+    let late = arg(args, "late").is_some_and(|v| v == "1");
     let shard_counts: Vec<usize> = arg(args, "shards")
         .unwrap_or_else(|| "8,64".into())
         .split(',')
@@ -60,11 +63,20 @@ pub fn bench(args: &[String]) {
     // The open hour only: events of a period being frozen wait for the freeze (late ones,
     // in service), which is not what this measures.
     let hour = now - now.rem_euclid(3600);
-    let live_raw = workload::Generator::new(shape, 12).span(hour, (now - hour).max(1), 3_000_000);
+    let live_raw = if late {
+        workload::Generator::new(shape, 12).span(today - 2 * DAY, 2 * DAY, 3_000_000)
+    } else {
+        workload::Generator::new(shape, 12).span(hour, (now - hour).max(1), 3_000_000)
+    };
     println!(
         "workload: {events} events over the two UTC days before today (flushed), then batches \
-         of {} events of the open hour applied one at a time while one flush runs; fsync=never",
-        shape.batch
+         of {} events of {} applied one at a time while one flush runs; fsync=never",
+        shape.batch,
+        if late {
+            "those two days (late events)"
+        } else {
+            "the open hour"
+        }
     );
     println!(
         "\n| shards | run | flush took | counters frozen (data points) | batches during the flush: n, p50 / p99 / max | batches outside it: n, p50 / p99 / max |\n|---|---|---|---|---|---|"

@@ -5,8 +5,10 @@
 //! 2. Freeze: under the write gate (no batch between its log append and its apply), note the
 //!    last applied log record `S`, forget the chosen periods as dirty and mark them as being
 //!    frozen; then, without the gate, shard by shard, move their counters to each shard's
-//!    frozen map (still read from there). Writes go on meanwhile, but a batch that adds to a
-//!    marked period waits for the end, so the frozen counters are the log's through `S`.
+//!    frozen map (still read from there). Writes go on meanwhile, to the marked periods too:
+//!    each shard notes the updates to them until its freeze, which takes them back out of
+//!    what it freezes and leaves them live, so the frozen counters are the log's through `S`
+//!    (`Shard::end_freeze`).
 //! 3. Write one segment per (resolution, period) — a delta if the period is already archived —
 //!    fsync it, rename it into place, sync the directory.
 //! 4. Publish a manifest: the segments, each flushed through `S`; `wal_start` = the first log
@@ -201,10 +203,10 @@ impl Engine {
             return Ok(FlushReport::default());
         }
         // 2. Freeze: the log position and the periods fixed under the write gate (no batch
-        // between its log append and its apply), then each shard in turn without it —
-        // writes go on meanwhile, but for those adding to a period being frozen, which wait
-        // for the end (`Core::start_freeze`): the frozen counters are exactly the log's up to
-        // `seq`.
+        // between its log append and its apply), then each shard in turn without it. Writes
+        // go on meanwhile, late ones to the periods being frozen too: a shard notes the
+        // updates to them until its freeze, which leaves those live (`Core::start_freeze`,
+        // `Shard::end_freeze`), so the frozen counters are exactly the log's up to `seq`.
         let mut by_slot: Freezing = BTreeMap::new();
         for c in &chosen {
             by_slot.entry(c.slot).or_default().push(c.index_range());
@@ -224,17 +226,17 @@ impl Engine {
                     dirty.remove(&k).map(|first| (k, first))
                 })
                 .collect();
+            drop(dirty);
             let freezing = self.core.start_freeze(by_slot.clone());
             (seq, taken, freezing)
         };
         let (mut frozen, mut left) = (0, 0);
-        // Last shard first: a batch takes its shards' locks first to last, so it meets the
-        // freeze once and waits for one shard at most, not for each in turn behind it.
         for s in (0..self.core.mem.shards()).rev() {
             let mut shard = self.core.mem.lock(s);
             for (slot, ranges) in &by_slot {
                 shard.freeze(*slot, ranges);
             }
+            shard.end_freeze();
             frozen += shard.frozen.iter().map(|m| m.len()).sum::<usize>();
             left += shard.maps.iter().map(|m| m.len()).sum::<usize>();
         }

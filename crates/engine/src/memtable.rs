@@ -455,7 +455,18 @@ pub struct Shard {
     /// back if the flush fails).
     /// Shared with the flush writing them, which reads them without a copy or the lock.
     pub frozen: Vec<Arc<Frozen>>,
+    /// From the moment a flush fixes its log position until it freezes this shard
+    /// ([`Shard::expect_freeze`] to [`Shard::end_freeze`]): the ranges it will freeze, per
+    /// slot, and every update made meanwhile to a counter inside them. Those updates come
+    /// after the flush's log position, so the freeze takes them back out of what it
+    /// freezes and leaves them live: the frozen counters are exactly the log's up to that
+    /// position, and writes, late ones too, never wait for a freeze.
+    pending: Option<Arc<FreezeRanges>>,
+    since: Vec<(u32, Lane, u64, i64)>,
 }
+
+/// Per memtable slot, the `[lo, hi)` bucket index ranges a flush freezes.
+pub type FreezeRanges = std::collections::BTreeMap<usize, Vec<(u32, u32)>>;
 
 impl Shard {
     /// The live map of one slot's lane, made (with the slot's others) if new.
@@ -510,6 +521,16 @@ impl Shard {
     pub fn add(&mut self, slot: usize, lane: Lane, series: SeriesId, bucket_index: u32, n: i64) {
         if n == 0 {
             return;
+        }
+        if let Some(ranges) = &self.pending {
+            let frozen = ranges.get(&slot).is_some_and(|r| {
+                r.iter()
+                    .any(|&(lo, hi)| lo <= bucket_index && bucket_index < hi)
+            });
+            if frozen {
+                let k = counter_key(series, bucket_index);
+                self.since.push((slot as u32, lane, k, n));
+            }
         }
         self.map(slot, lane);
         let e = &mut self.extent[slot];
@@ -596,6 +617,66 @@ impl Shard {
             });
             frozen.retain(|e| e.1 != 0);
         }
+    }
+
+    /// Notes that a flush has fixed its log position and will freeze `ranges` here: until
+    /// [`Shard::end_freeze`], updates inside them are noted apart (see `Shard::pending`).
+    pub fn expect_freeze(&mut self, ranges: Arc<FreezeRanges>) {
+        self.pending = Some(ranges);
+        self.since.clear();
+    }
+
+    /// After [`Shard::freeze`] of every slot the flush takes: the updates noted since
+    /// [`Shard::expect_freeze`] leave the frozen counters (which then hold the log's up to
+    /// the flush's position) and stay live. Also what a flush that stops before freezing
+    /// this shard calls (nothing frozen: the updates are live already).
+    pub fn end_freeze(&mut self) {
+        if self.pending.take().is_none() {
+            return;
+        }
+        let mut since = std::mem::take(&mut self.since);
+        if since.is_empty() {
+            return;
+        }
+        since.sort_unstable_by_key(|e| (e.0, e.2));
+        let mut net: Vec<(u32, Lane, u64, i64)> = Vec::with_capacity(since.len());
+        for (slot, lane, k, n) in since {
+            match net.last_mut() {
+                Some(last) if (last.0, last.2) == (slot, k) => last.3 = last.3.wrapping_add(n),
+                _ => net.push((slot, lane, k, n)),
+            }
+        }
+        for (slot, lane, k, n) in net.into_iter().filter(|e| e.3 != 0) {
+            let slot = slot as usize;
+            let Some(frozen) = self.frozen.get_mut(slot) else {
+                continue;
+            };
+            let frozen = Arc::make_mut(frozen);
+            match frozen.binary_search_by_key(&k, |e| e.0) {
+                Ok(i) => frozen[i].1 = frozen[i].1.wrapping_sub(n),
+                // The counter was 0 when the freeze ran (these updates cancelled what the
+                // log held up to the position): the frozen count is what they took away.
+                Err(i) => {
+                    frozen.insert(i, (k, n.wrapping_neg()));
+                    let idx = split_key(k).1;
+                    self.frozen_extent[slot] = union(self.frozen_extent[slot], (idx, idx));
+                }
+            }
+            let (series, idx) = split_key(k);
+            self.add(slot, lane, series, idx, n);
+        }
+        for frozen in &mut self.frozen {
+            if frozen.iter().any(|e| e.1 == 0) {
+                Arc::make_mut(frozen).retain(|e| e.1 != 0);
+            }
+        }
+    }
+
+    /// Stops noting updates for a freeze that did not reach this shard (the flush stopped
+    /// early): they are live, as everything here is.
+    pub fn cancel_freeze(&mut self) {
+        self.pending = None;
+        self.since = Vec::new();
     }
 
     /// Puts every frozen counter back (a flush failed), each in its lane: `is_total` says
@@ -697,6 +778,61 @@ mod tests {
         s.add(1, Lane::Total, u32::MAX, u32::MAX, -3);
         assert_eq!(s.get(1, Lane::Total, u32::MAX, u32::MAX), -3);
         assert_eq!(split_key(counter_key(u32::MAX, 9)), (u32::MAX, 9));
+    }
+
+    /// Updates made between a flush's log position and its freeze of the shard leave the
+    /// frozen counters, which hold what the log held up to the position, and stay live;
+    /// every read sums to the same in the end. A freeze that does not reach the shard
+    /// leaves everything live.
+    #[test]
+    fn updates_during_a_freeze_stay_live_and_out_of_what_it_freezes() {
+        let mut s = Shard::default();
+        // Up to the flush's position: bucket 1 of series 7 and 8, bucket 9 of series 7.
+        s.add(0, Lane::Total, 7, 1, 5);
+        s.add(0, Lane::Sub, 8, 1, 3);
+        s.add(0, Lane::Total, 7, 9, 2);
+        s.expect_freeze(Arc::new(FreezeRanges::from([(0, vec![(0, 4)])])));
+        // After it: to a counter that was there, a new one, one that nets to zero from
+        // the position's count, and one outside the ranges.
+        s.add(0, Lane::Total, 7, 1, 10);
+        s.add(0, Lane::Total, 7, 2, 4);
+        s.add(0, Lane::Sub, 8, 1, -3);
+        s.add(0, Lane::Total, 7, 9, 1);
+        s.freeze(0, &[(0, 4)]);
+        s.end_freeze();
+        assert_eq!(
+            *s.frozen[0],
+            vec![(counter_key(7, 1), 5), (counter_key(8, 1), 3)]
+        );
+        let live = |s: &Shard, lane: Lane| {
+            let mut v: Vec<_> = s.live_map(0, lane).unwrap().iter().collect();
+            v.sort_unstable();
+            v
+        };
+        assert_eq!(
+            live(&s, Lane::Total),
+            vec![
+                (counter_key(7, 1), 10),
+                (counter_key(7, 2), 4),
+                (counter_key(7, 9), 3)
+            ]
+        );
+        assert_eq!(live(&s, Lane::Sub), vec![(counter_key(8, 1), -3)]);
+        assert_eq!(
+            (s.get(0, Lane::Total, 7, 1), s.get(0, Lane::Sub, 8, 1)),
+            (15, 0)
+        );
+        // After the freeze nothing is noted; a freeze that never comes notes nothing.
+        s.add(0, Lane::Total, 7, 1, 1);
+        s.expect_freeze(Arc::new(FreezeRanges::from([(0, vec![(0, 4)])])));
+        s.add(0, Lane::Total, 7, 3, 6);
+        s.cancel_freeze();
+        s.end_freeze();
+        assert_eq!(
+            (s.get(0, Lane::Total, 7, 1), s.get(0, Lane::Total, 7, 3)),
+            (16, 6)
+        );
+        assert!(s.since.is_empty() && s.pending.is_none());
     }
 
     /// A xorshift generator.

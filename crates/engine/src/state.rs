@@ -3,11 +3,8 @@
 //! sweep.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{
-    Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard,
-};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use tally_core::model::{Namespace, Retention, Schema};
 use tally_core::store::StoreError;
@@ -60,17 +57,17 @@ impl SchemaLog {
 }
 
 /// Per memtable slot, the `[lo, hi)` bucket index ranges a flush freezes.
-pub(crate) type Freezing = BTreeMap<usize, Vec<(u32, u32)>>;
+pub(crate) type Freezing = crate::memtable::FreezeRanges;
 
-/// A freeze in progress (see [`Core::start_freeze`]).
+/// A freeze in progress (see [`Core::start_freeze`]): dropped, it stops every shard the
+/// freeze did not reach from noting updates (a flush that stopped early, or panicked).
 pub(crate) struct FreezeGuard<'a>(&'a Core);
 
 impl Drop for FreezeGuard<'_> {
     fn drop(&mut self) {
-        let mut f = lock(&self.0.freezing);
-        *f = None;
-        self.0.freezing_now.store(false, Ordering::SeqCst);
-        self.0.freeze_done.notify_all();
+        for s in 0..self.0.mem.shards() {
+            self.0.mem.lock(s).cancel_freeze();
+        }
     }
 }
 
@@ -89,13 +86,6 @@ pub(crate) struct Core {
     /// archived, with the first log record that added to it since: the log must be kept
     /// from the smallest of them.
     pub(crate) dirty: Mutex<HashMap<(usize, i64), u64>>,
-    /// While a flush freezes its periods (after fixing its log position under the write
-    /// gate, shard by shard without it): the bucket index ranges it freezes, per memtable
-    /// slot. A batch that adds to one of them waits until the freeze is done, so that a
-    /// frozen period holds exactly the log records up to the flush's position.
-    freezing: Mutex<Option<Freezing>>,
-    freezing_now: AtomicBool,
-    freeze_done: Condvar,
     pub(crate) schemas: Mutex<SchemaLog>,
     /// The highest log record applied to memory.
     pub(crate) last_seq: AtomicU64,
@@ -249,9 +239,6 @@ impl Core {
             flush,
             archive: RwLock::new(Arc::new(archive)),
             dirty: Mutex::new(HashMap::new()),
-            freezing: Mutex::new(None),
-            freezing_now: AtomicBool::new(false),
-            freeze_done: Condvar::new(),
             schemas: Mutex::new(SchemaLog::default()),
             last_seq: AtomicU64::new(0),
             damaged: Mutex::new(None),
@@ -649,9 +636,6 @@ impl Core {
                 }
             }
         }
-        if self.freezing_now.load(Ordering::SeqCst) {
-            self.wait_out_freeze(&adds);
-        }
         for group in adds.chunk_by(|a, b| a.shard == b.shard) {
             let mut shard = self.mem.lock(group[0].shard as usize);
             for a in group {
@@ -668,33 +652,16 @@ impl Core {
         self.last_seq.fetch_max(seq, Ordering::SeqCst);
     }
 
-    /// Marks the ranges a flush is about to freeze (see [`Core::freezing`]) until the guard
-    /// it returns is dropped (then batches waiting on it go on, also if the flush panics).
-    /// Called under the write gate, so every batch after it sees the mark.
+    /// Has every shard note the updates to `ranges`, which a flush is about to freeze
+    /// (`Shard::expect_freeze`), until it freezes the shard; the guard stops the notes of
+    /// shards it did not reach. Called under the write gate, so that the updates noted are
+    /// exactly those after the flush's log position.
     pub(crate) fn start_freeze(&self, ranges: Freezing) -> FreezeGuard<'_> {
-        *lock(&self.freezing) = Some(ranges);
-        self.freezing_now.store(true, Ordering::SeqCst);
-        FreezeGuard(self)
-    }
-
-    /// Waits while a freeze runs that covers one of `adds`' counters (late events for the
-    /// periods a flush is taking; every other batch goes on at once).
-    fn wait_out_freeze(&self, adds: &[Add]) {
-        let mut f = lock(&self.freezing);
-        while let Some(ranges) = f.as_ref() {
-            let hits = adds.iter().any(|a| {
-                ranges
-                    .get(&(a.slot as usize))
-                    .is_some_and(|r| r.iter().any(|&(lo, hi)| lo <= a.idx && a.idx < hi))
-            });
-            if !hits {
-                return;
-            }
-            f = self
-                .freeze_done
-                .wait(f)
-                .unwrap_or_else(PoisonError::into_inner);
+        let ranges = Arc::new(ranges);
+        for s in 0..self.mem.shards() {
+            self.mem.lock(s).expect_freeze(Arc::clone(&ranges));
         }
+        FreezeGuard(self)
     }
 
     /// Sets a schema; a removed tier's counters, and the subtotals of a tier that stops

@@ -2230,7 +2230,8 @@ fn a_late_count_that_expires_before_a_restart_keeps_its_bucket_whole() {
 /// events for the periods it is freezing, written all through the flush, must count exactly
 /// once: a batch after the flush's log position that reached a shard before its freeze would
 /// be frozen into a segment flushed through an earlier record, and counted again by replay
-/// after a restart (such a batch waits for the freeze to end instead). Each round restarts
+/// after a restart (instead, each shard notes such updates until its freeze, which takes
+/// them back out of what it freezes and leaves them live). Each round restarts
 /// right after its flush, before another flush could cover the batch.
 #[test]
 fn late_events_written_while_a_flush_freezes_count_once() {
