@@ -491,10 +491,40 @@ impl Shard {
     /// Keeps a slot's live counters (both lanes) that `keep` accepts.
     pub fn retain_live(&mut self, slot: usize, mut keep: impl FnMut(u64) -> bool) {
         for lane in Lane::ALL {
-            let map = self.map(slot, lane);
-            map.retain(|k, _| keep(k));
+            self.map(slot, lane);
+            self.retain_map(at(slot, lane), |k, _| keep(k));
+        }
+    }
+
+    /// Keeps the live counters of `maps[i]` that `keep` accepts (then gives back spare
+    /// room); returns how many went. A counter dropped while a freeze is expected takes the
+    /// updates noted for it along (they went with it: the freeze must not take them out of
+    /// what it freezes and put them back).
+    pub fn retain_map(&mut self, i: usize, mut keep: impl FnMut(u64, i64) -> bool) -> usize {
+        let Some(map) = self.maps.get_mut(i) else {
+            return 0;
+        };
+        let noting = self.pending.is_some() && !self.since.is_empty();
+        let mut dropped = Vec::new();
+        let before = map.len();
+        map.retain(|k, n| {
+            let kept = keep(k, n);
+            if !kept && noting {
+                dropped.push(k);
+            }
+            kept
+        });
+        let removed = before - map.len();
+        if removed > 0 {
             map.shrink_if_sparse();
         }
+        if !dropped.is_empty() {
+            dropped.sort_unstable();
+            let slot = Shard::slot_of_map(i) as u32;
+            self.since
+                .retain(|e| e.0 != slot || dropped.binary_search(&e.2).is_err());
+        }
+        removed
     }
 
     /// The lowest and highest bucket index of a slot's frozen counters (a flush is writing
@@ -798,12 +828,18 @@ mod tests {
         s.add(0, Lane::Total, 7, 2, 4);
         s.add(0, Lane::Sub, 8, 1, -3);
         s.add(0, Lane::Total, 7, 9, 1);
+        // A counter dropped before the freeze (a removed tier, the sweep) takes its noted
+        // updates along: nothing of it is frozen or put back.
+        s.add(0, Lane::Total, 6, 3, 2);
+        s.add(0, Lane::Total, 6, 3, 5);
+        s.retain_live(0, |k| split_key(k).0 != 6);
         s.freeze(0, &[(0, 4)]);
         s.end_freeze();
         assert_eq!(
             *s.frozen[0],
             vec![(counter_key(7, 1), 5), (counter_key(8, 1), 3)]
         );
+        assert_eq!(s.get(0, Lane::Total, 6, 3), 0);
         let live = |s: &Shard, lane: Lane| {
             let mut v: Vec<_> = s.live_map(0, lane).unwrap().iter().collect();
             v.sort_unstable();

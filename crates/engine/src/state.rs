@@ -759,13 +759,12 @@ impl Core {
             let frozen: Vec<(u32, u32)> = (0..slot_res.len())
                 .map(|slot| shard.frozen_bounds(slot))
                 .collect();
-            for (i, map) in shard.maps.iter_mut().enumerate() {
+            for i in 0..shard.maps.len() {
                 let slot = Shard::slot_of_map(i);
                 let res = slot_res.get(slot).copied().unwrap_or(0);
                 let (lo, hi) = frozen.get(slot).copied().unwrap_or((1, 0));
                 let frozen = |idx: u32| lo <= idx && idx <= hi;
-                let before = map.len();
-                map.retain(|k, _| {
+                removed += shard.retain_map(i, |k, _| {
                     let (sid, idx) = split_key(k);
                     let ns = cat.ns_of_series(sid).unwrap_or(u32::MAX);
                     let expired = match cutoffs.get(ns as usize).and_then(|c| c.get(slot)) {
@@ -775,10 +774,6 @@ impl Core {
                     };
                     !expired || frozen(idx) || archived(res, i64::from(idx) * i64::from(res))
                 });
-                if map.len() < before {
-                    removed += before - map.len();
-                    map.shrink_if_sparse();
-                }
             }
         }
         removed
