@@ -1157,12 +1157,18 @@ mod tests {
         }
     }
 
-    #[test]
-    fn forgotten_keys_and_series_free_their_ids_for_reuse() {
+    /// A catalog with one namespace, `n`, of the default schema.
+    fn with_namespace() -> (Catalog, NsId) {
         let mut c = Catalog::default();
         let (ns, _, _) = c
             .put_schema(&Namespace::new("n").unwrap(), &Schema::default())
             .unwrap();
+        (c, ns)
+    }
+
+    #[test]
+    fn forgotten_keys_and_series_free_their_ids_for_reuse() {
+        let (mut c, ns) = with_namespace();
         let a = c.key_or_insert(ns, "a").unwrap();
         let b = c.key_or_insert(ns, "b").unwrap();
         let a_us = c.sub_or_insert(a, "country", "US").unwrap();
@@ -1217,10 +1223,7 @@ mod tests {
 
     #[test]
     fn a_forget_in_parts_keeps_the_keys_resolved_meanwhile() {
-        let mut c = Catalog::default();
-        let (ns, _, _) = c
-            .put_schema(&Namespace::new("n").unwrap(), &Schema::default())
-            .unwrap();
+        let (mut c, ns) = with_namespace();
         let a = c.key_or_insert(ns, "a").unwrap();
         let b = c.key_or_insert(ns, "b").unwrap();
         c.sub_or_insert(b, "country", "US").unwrap();
@@ -1263,10 +1266,7 @@ mod tests {
 
     #[test]
     fn ids_at_and_above_total_name_nothing_they_should_not() {
-        let mut c = Catalog::default();
-        let (ns, _, _) = c
-            .put_schema(&Namespace::new("n").unwrap(), &Schema::default())
-            .unwrap();
+        let (mut c, ns) = with_namespace();
         let a = c.key_or_insert(ns, "a").unwrap();
         let a_us = c.sub_or_insert(a, "country", "US").unwrap();
         for sid in [
