@@ -559,6 +559,11 @@ impl Shard {
             });
             if frozen {
                 let k = counter_key(series, bucket_index);
+                if self.since.len() == self.since.capacity() && self.since.len() >= 4096 {
+                    // Full: one entry per counter before it grows, so the notes take at
+                    // most about twice what the counters updated need, not one per update.
+                    net_updates(&mut self.since);
+                }
                 self.since.push((slot as u32, lane, k, n));
             }
         }
@@ -664,19 +669,9 @@ impl Shard {
         if self.pending.take().is_none() {
             return;
         }
-        let mut since = std::mem::take(&mut self.since);
-        if since.is_empty() {
-            return;
-        }
-        since.sort_unstable_by_key(|e| (e.0, e.2));
-        let mut net: Vec<(u32, Lane, u64, i64)> = Vec::with_capacity(since.len());
-        for (slot, lane, k, n) in since {
-            match net.last_mut() {
-                Some(last) if (last.0, last.2) == (slot, k) => last.3 = last.3.wrapping_add(n),
-                _ => net.push((slot, lane, k, n)),
-            }
-        }
-        for (slot, lane, k, n) in net.into_iter().filter(|e| e.3 != 0) {
+        let mut net = std::mem::take(&mut self.since);
+        net_updates(&mut net);
+        for (slot, lane, k, n) in net {
             let slot = slot as usize;
             let Some(frozen) = self.frozen.get_mut(slot) else {
                 continue;
@@ -732,6 +727,20 @@ impl Shard {
         self.frozen.clear();
         self.frozen_extent.clear();
     }
+}
+
+/// Noted updates `(slot, lane, counter key, n)` summed into one per counter, sorted, those
+/// that sum to zero left out.
+fn net_updates(v: &mut Vec<(u32, Lane, u64, i64)>) {
+    v.sort_unstable_by_key(|e| (e.0, e.2));
+    v.dedup_by(|later, first| {
+        let same = (later.0, later.2) == (first.0, first.2);
+        if same {
+            first.3 = first.3.wrapping_add(later.3);
+        }
+        same
+    });
+    v.retain(|e| e.3 != 0);
 }
 
 /// An extent holding nothing (`lo > hi`); the identity of [`union`].
@@ -869,6 +878,43 @@ mod tests {
             (16, 6)
         );
         assert!(s.since.is_empty() && s.pending.is_none());
+    }
+
+    /// Notes of many updates to few counters are summed as they grow: they stay about as
+    /// many as the counters, and the freeze still takes out exactly what they added.
+    #[test]
+    fn notes_of_a_freeze_are_summed_as_they_grow() {
+        let mut s = Shard::default();
+        s.add(0, Lane::Total, 1, 2, 100);
+        s.expect_freeze(Arc::new(FreezeRanges::from([(0, vec![(0, 10)])])));
+        for i in 0..50_000u32 {
+            s.add(
+                0,
+                Lane::Total,
+                i % 20,
+                i % 10,
+                if i % 3 == 0 { -1 } else { 2 },
+            );
+        }
+        assert!(s.since.len() <= 2 * 4096, "{} notes", s.since.len());
+        let total: i64 = (0..20)
+            .flat_map(|sid| (0..10).map(move |b| (sid, b)))
+            .map(|(sid, b)| s.get(0, Lane::Total, sid, b))
+            .sum();
+        s.freeze(0, &[(0, 10)]);
+        s.end_freeze();
+        assert_eq!(
+            *s.frozen[0],
+            vec![(counter_key(1, 2), 100)],
+            "what the log held"
+        );
+        let live: i64 = s
+            .live_map(0, Lane::Total)
+            .unwrap()
+            .iter()
+            .map(|e| e.1)
+            .sum();
+        assert_eq!(live + 100, total);
     }
 
     /// A xorshift generator.
