@@ -2262,9 +2262,7 @@ fn late_events_written_while_a_flush_freezes_count_once() {
     let mut acked = 0i64;
     for round in 0..4 {
         let e = Arc::new(open(dir.path(), &clock));
-        for chunk in fill(round).chunks(1_000) {
-            write(&*e, NOW, chunk).unwrap();
-        }
+        crate::write_in_batches(&*e, NOW, &fill(round), 1_000);
         let stop = Arc::new(AtomicBool::new(false));
         let writers: Vec<_> = (0..2)
             .map(|w| {
@@ -2339,9 +2337,7 @@ fn keys_written_again_while_a_flush_forgets_them_keep_their_counts() {
             )
         })
         .collect();
-    for chunk in live.chunks(1_000) {
-        write(&*e, NOW, chunk).unwrap();
-    }
+    crate::write_in_batches(&*e, NOW, &live, 1_000);
     let mut forgotten = 0;
     for round in 0..3 {
         let name = move |i: usize| format!("r{round}k{i}");
@@ -2352,9 +2348,7 @@ fn keys_written_again_while_a_flush_forgets_them_keep_their_counts() {
                 raw("clicks", &name(i), day + i as i64, 1, &dims)
             })
             .collect();
-        for chunk in old.chunks(1_000) {
-            write(&*e, NOW, chunk).unwrap();
-        }
+        crate::write_in_batches(&*e, NOW, &old, 1_000);
         let stop = Arc::new(AtomicBool::new(false));
         let reader = {
             let (e, stop) = (e.clone(), stop.clone());
@@ -2452,9 +2446,7 @@ fn subtotals_dropped_by_a_schema_change_during_a_freeze_stay_dropped() {
                 )
             })
             .collect();
-        for chunk in fill.chunks(2_000) {
-            write(&*e, NOW, chunk).unwrap();
-        }
+        crate::write_in_batches(&*e, NOW, &fill, 2_000);
         let stop = Arc::new(AtomicBool::new(false));
         let writer = {
             let (e, stop) = (e.clone(), stop.clone());

@@ -78,6 +78,13 @@ pub fn write(
     store.apply(&prepared(store, now, raws))
 }
 
+/// Writes `raws` at `now` in batches of `per` events.
+pub fn write_in_batches(store: &dyn Store, now: i64, raws: &[RawEvent], per: usize) {
+    for batch in raws.chunks(per) {
+        write(store, now, batch).unwrap();
+    }
+}
+
 /// Every bucket of a key at one resolution, totals and all subtotals.
 pub fn read_all(store: &dyn Store, ns: &str, key: &str, res_secs: u64) -> KeyData {
     let ns = Namespace::new(ns).unwrap();
