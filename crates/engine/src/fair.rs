@@ -12,7 +12,7 @@
 //! it already holds it (it would wait at the turnstile behind an exclusive taker that waits
 //! for it).
 
-use std::sync::{Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 #[derive(Debug, Default)]
 pub(crate) struct FairRwLock<T> {
@@ -31,21 +31,22 @@ impl<T> FairRwLock<T> {
     /// Shared; waits behind an exclusive taker already waiting. A panic while the lock was
     /// held does not poison it for others (the holders' updates are complete when made).
     pub(crate) fn read(&self) -> RwLockReadGuard<'_, T> {
-        let _turn = self
-            .turnstile
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let _turn = self.turn();
         self.lock.read().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Exclusive; new shared takers wait from now on, so this waits only for the holders of
     /// the moment.
     pub(crate) fn write(&self) -> RwLockWriteGuard<'_, T> {
-        let _turn = self
-            .turnstile
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let _turn = self.turn();
         self.lock.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The turnstile, held while the lock itself is taken.
+    fn turn(&self) -> MutexGuard<'_, ()> {
+        self.turnstile
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 }
 
