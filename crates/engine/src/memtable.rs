@@ -671,6 +671,8 @@ impl Shard {
         }
         let mut net = std::mem::take(&mut self.since);
         net_updates(&mut net);
+        // Slots whose frozen array a note brought a count to zero in.
+        let mut zeroed: Vec<usize> = Vec::new();
         for (slot, lane, k, n) in net {
             let slot = slot as usize;
             let Some(frozen) = self.frozen.get_mut(slot) else {
@@ -678,7 +680,12 @@ impl Shard {
             };
             let frozen = Arc::make_mut(frozen);
             match frozen.binary_search_by_key(&k, |e| e.0) {
-                Ok(i) => frozen[i].1 = frozen[i].1.wrapping_sub(n),
+                Ok(i) => {
+                    frozen[i].1 = frozen[i].1.wrapping_sub(n);
+                    if frozen[i].1 == 0 && !zeroed.contains(&slot) {
+                        zeroed.push(slot);
+                    }
+                }
                 // The counter was 0 when the freeze ran (these updates cancelled what the
                 // log held up to the position): the frozen count is what they took away.
                 Err(i) => {
@@ -690,10 +697,8 @@ impl Shard {
             let (series, idx) = split_key(k);
             self.add(slot, lane, series, idx, n);
         }
-        for frozen in &mut self.frozen {
-            if frozen.iter().any(|e| e.1 == 0) {
-                Arc::make_mut(frozen).retain(|e| e.1 != 0);
-            }
+        for slot in zeroed {
+            Arc::make_mut(&mut self.frozen[slot]).retain(|e| e.1 != 0);
         }
     }
 
