@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use crate::chunked::Chunked;
+use crate::keyindex::KeyIndex;
 
 use foldhash::fast::FixedState;
 use tally_core::model::{Duration, Namespace, Retention, Schema};
@@ -38,30 +39,28 @@ pub struct TierPlan {
     pub breakdown: bool,
 }
 
-/// A key's name as its namespace's map holds it: up to [`INLINE_NAME`] bytes in the map's
-/// own entry, so that a look-up compares against the entry it probed, with no second cache
-/// miss to a string elsewhere (`tally-bench engine`'s keys are 9 bytes); longer ones shared
-/// with the key's entry.
+/// A key's name as its entry holds it: up to [`INLINE_NAME`] bytes in the entry itself
+/// (`tally-bench engine`'s keys are 9 bytes), so that a look-up, which reads the entry
+/// anyway, compares with no second cache miss to a string elsewhere and a key costs no
+/// allocation; longer ones on the heap.
 #[derive(Debug, Clone)]
 pub enum KeyName {
     Inline([u8; INLINE_NAME], u8),
-    Shared(Arc<str>),
+    Boxed(Box<str>),
 }
 
-/// The longest name a [`KeyName`] holds inline (the enum is then no larger than an
-/// `Arc<str>` and its tag: 24 bytes, so a map entry takes 32 bytes where one with an
-/// `Arc<str>` took 24 — 8 bytes more per key, ~0.4 B per live counter on
-/// `tally-bench engine`'s workload, also for longer names, which gain nothing).
+/// The longest name a [`KeyName`] holds inline (the enum is then no larger than a
+/// `Box<str>` and its tag: 24 bytes).
 pub const INLINE_NAME: usize = 22;
 
 impl KeyName {
-    pub fn new(name: &Arc<str>) -> Self {
+    pub fn new(name: &str) -> Self {
         if name.len() <= INLINE_NAME {
             let mut b = [0u8; INLINE_NAME];
             b[..name.len()].copy_from_slice(name.as_bytes());
             KeyName::Inline(b, name.len() as u8)
         } else {
-            KeyName::Shared(name.clone())
+            KeyName::Boxed(name.into())
         }
     }
 
@@ -69,40 +68,40 @@ impl KeyName {
         match self {
             // Made from a `str`: always UTF-8.
             KeyName::Inline(b, len) => std::str::from_utf8(&b[..*len as usize]).unwrap_or(""),
-            KeyName::Shared(s) => s,
+            KeyName::Boxed(s) => s,
+        }
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        match self {
+            KeyName::Inline(b, len) => &b[..*len as usize],
+            KeyName::Boxed(s) => s.as_bytes(),
+        }
+    }
+
+    /// Bytes it takes on the heap.
+    pub fn heap_bytes(&self) -> usize {
+        match self {
+            KeyName::Inline(..) => 0,
+            KeyName::Boxed(s) => s.len(),
         }
     }
 }
 
-impl std::borrow::Borrow<str> for KeyName {
-    fn borrow(&self) -> &str {
-        self.as_str()
+impl Default for KeyName {
+    fn default() -> Self {
+        KeyName::Inline([0; INLINE_NAME], 0)
     }
 }
-
-/// Hashes as the `str` it holds, which is what looking it up by `&str` needs.
-impl std::hash::Hash for KeyName {
-    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
-        self.as_str().hash(h);
-    }
-}
-
-impl PartialEq for KeyName {
-    fn eq(&self, other: &Self) -> bool {
-        self.as_str() == other.as_str()
-    }
-}
-
-impl Eq for KeyName {}
 
 #[derive(Debug)]
 pub struct NsEntry {
     pub name: Namespace,
     pub schema: Schema,
     pub tiers: Arc<[TierPlan]>,
-    pub keys: Map<KeyName, KeyId>,
-    /// The same keys in byte order, for listing.
-    pub ordered: BTreeMap<Arc<str>, KeyId>,
+    /// Its keys by name, and in byte order for listing (ids alone: names are in the
+    /// keys' entries, see [`Catalog::key_name`]).
+    pub keys: KeyIndex,
     /// Per tier resolution (seconds): archive segments flushed before these log records
     /// hold data of a tier since removed (or of its subtotals), which reads must not show.
     pub cutoffs: BTreeMap<u32, Cutoff>,
@@ -355,8 +354,8 @@ impl<'a> IntoIterator for &'a Subs {
 #[derive(Debug)]
 pub struct KeyEntry {
     pub ns: NsId,
-    /// The key itself (shared with the namespace's maps).
-    pub name: Arc<str>,
+    /// The key itself (the namespace's [`KeyIndex`] holds its id alone).
+    pub name: KeyName,
     pub total: SeriesId,
     /// Every subtotal series this key has.
     pub subs: Subs,
@@ -507,8 +506,7 @@ impl Catalog {
                     name: name.clone(),
                     schema: schema.clone(),
                     tiers,
-                    keys: Map::default(),
-                    ordered: BTreeMap::new(),
+                    keys: KeyIndex::default(),
                     cutoffs: BTreeMap::new(),
                 });
                 self.by_name.insert(name.clone(), id);
@@ -598,15 +596,17 @@ impl Catalog {
                 self.free_series.push(sid);
                 series += 1;
             }
-            let k = &mut self.keys[kid];
+            let k = &self.keys[kid];
             if k.subs.is_empty() && !live(k.total) {
-                let ns = k.ns;
-                let name = std::mem::replace(&mut k.name, Arc::from(""));
-                k.total = VACANT;
-                if let Some(e) = self.ns.get_mut(ns as usize) {
-                    e.keys.remove(&*name);
-                    e.ordered.remove(&*name);
+                // Out of the index while its name is still there to find it by.
+                let names = &self.keys;
+                if let Some(e) = self.ns.get_mut(k.ns as usize) {
+                    e.keys
+                        .remove(kid as KeyId, |id| names[id as usize].name.as_bytes());
                 }
+                let k = &mut self.keys[kid];
+                k.name = KeyName::default();
+                k.total = VACANT;
                 self.free_keys.push(kid as KeyId);
                 keys += 1;
                 series += 1;
@@ -623,10 +623,9 @@ impl Catalog {
     /// and, if `series` were forgotten, the strings no series names any more.
     pub fn end_forget(&mut self, series: bool) {
         self.resolved_since = None;
+        let names = &self.keys;
         for e in &mut self.ns {
-            if e.keys.len() < e.keys.capacity() / 4 {
-                e.keys.shrink_to_fit();
-            }
+            e.keys.shrink(|id| names[id as usize].name.as_bytes());
         }
         if series {
             self.forget_strings();
@@ -702,8 +701,7 @@ impl Catalog {
     }
 
     /// What the catalog's tables take, at their capacity (hash tables with their control
-    /// bytes; B-tree maps counted by their entries alone, so a little low; a shared name
-    /// once). For `/metrics` and the benchmarks: where memory per live counter goes.
+    /// bytes). For `/metrics` and the benchmarks: where memory per live counter goes.
     pub fn bytes(&self) -> CatalogBytes {
         use std::mem::size_of;
         let heap_str = |s: &str| s.len() + 2 * size_of::<usize>();
@@ -713,14 +711,11 @@ impl Catalog {
         let mut series = self.series_info.capacity() * size_of::<u32>()
             + self.free_series.capacity() * size_of::<SeriesId>();
         for k in self.keys.iter() {
-            if k.total != VACANT {
-                keys += heap_str(&k.name);
-            }
+            keys += k.name.heap_bytes();
             series += k.subs.bytes();
         }
         for e in &self.ns {
-            keys += e.keys.capacity() * (size_of::<(KeyName, KeyId)>() + 1)
-                + e.ordered.len() * size_of::<(Arc<str>, KeyId)>();
+            keys += e.keys.bytes();
         }
         let strings = self.strs.capacity() * (size_of::<(Arc<str>, StrId)>() + 1)
             + self.str_list.capacity() * size_of::<Arc<str>>()
@@ -752,7 +747,16 @@ impl Catalog {
     }
 
     pub fn key_id(&self, ns: NsId, key: &str) -> Option<KeyId> {
-        self.ns.get(ns as usize)?.keys.get(key).copied()
+        let names = &self.keys;
+        self.ns
+            .get(ns as usize)?
+            .keys
+            .get(key.as_bytes(), |id| names[id as usize].name.as_bytes())
+    }
+
+    /// A key's name ("" for a forgotten or unknown id).
+    pub fn key_name(&self, key: KeyId) -> &str {
+        self.keys.get(key as usize).map_or("", |k| k.name.as_str())
     }
 
     pub fn key_or_insert(&mut self, ns: NsId, key: &str) -> Result<KeyId, StoreError> {
@@ -774,14 +778,9 @@ impl Catalog {
         // Nothing can fail past this point: the key's series, its entry and its names appear
         // together.
         let total = TOTAL | id;
-        let name: Arc<str> = key.into();
-        if let Some(entry) = self.ns.get_mut(ns as usize) {
-            entry.keys.insert(KeyName::new(&name), id);
-            entry.ordered.insert(name.clone(), id);
-        }
         let entry = KeyEntry {
             ns,
-            name,
+            name: KeyName::new(key),
             total,
             subs: Subs::default(),
         };
@@ -791,6 +790,11 @@ impl Catalog {
                 self.keys[id as usize] = entry;
             }
             None => self.keys.push(entry),
+        }
+        // The entry first: the index reads names through it.
+        let names = &self.keys;
+        if let Some(e) = self.ns.get_mut(ns as usize) {
+            e.keys.insert(id, |k| names[k as usize].name.as_bytes());
         }
         if self.key_ns.len() <= id as usize {
             self.key_ns.grow_to(id as usize + 1, NsId::MAX);
@@ -1054,16 +1058,14 @@ mod tests {
             .map(|n| c.key_or_insert(id, n).unwrap())
             .collect();
         let inline = |c: &Catalog, n: &str| {
-            matches!(
-                c.ns[id as usize].keys.get_key_value(n).map(|e| e.0),
-                Some(KeyName::Inline(..))
-            )
+            c.key_id(id, n)
+                .is_some_and(|k| matches!(c.keys[k as usize].name, KeyName::Inline(..)))
         };
         for (n, &k) in names.iter().zip(&ids) {
             assert_eq!(c.key_id(id, n), Some(k), "{n:?}");
             assert_eq!(c.key_or_insert(id, n).unwrap(), k, "found, not made again");
             assert_eq!(inline(&c, n), n.len() <= INLINE_NAME, "{n:?}");
-            assert_eq!(&*c.keys[k as usize].name, n.as_str());
+            assert_eq!(c.key_name(k), n.as_str());
         }
         assert_eq!(c.key_id(id, "k".repeat(31).as_str()), None);
         assert_eq!(

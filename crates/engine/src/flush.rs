@@ -32,7 +32,7 @@ use std::sync::{Arc, PoisonError};
 use tally_core::store::StoreError;
 
 use crate::archive::{Archive, segment_path};
-use crate::catalog::{Bits, KeyId, SeriesId, TOTAL, is_total};
+use crate::catalog::{Bits, KeyId, KeyName, SeriesId, TOTAL, is_total};
 use crate::engine::Engine;
 use crate::manifest::{self, AnswersEntry, Manifest, SegmentEntry};
 use crate::memtable::{Counters, Frozen, split_key};
@@ -647,7 +647,7 @@ impl Engine {
             }
             rank
         };
-        let mut named: Vec<(u32, Arc<str>, KeyId, bool)> = Vec::with_capacity(keys.len());
+        let mut named: Vec<(u32, KeyName, KeyId, bool)> = Vec::with_capacity(keys.len());
         for part in keys.chunks(FLUSH_CHUNK_SERIES) {
             let cat = self.core.read_cat();
             for &(kid, has_subs) in part {
@@ -657,7 +657,9 @@ impl Engine {
                 }
             }
         }
-        named.sort_unstable_by(|a, b| (a.0, a.1.as_bytes()).cmp(&(b.0, b.1.as_bytes())));
+        named.sort_unstable_by(|a, b| {
+            (a.0, a.1.as_str().as_bytes()).cmp(&(b.0, b.1.as_str().as_bytes()))
+        });
         let keys: Vec<(KeyId, bool)> = named.into_iter().map(|(_, _, k, s)| (k, s)).collect();
         let mem = &self.core.mem;
         // A series' buckets in the period, from its key's shard.
@@ -703,7 +705,11 @@ impl Engine {
                         });
                     }
                     if !rec.totals.is_empty() || !rec.dims.is_empty() {
-                        chunk.push((ns.name.as_str().to_owned(), entry.name.to_string(), rec));
+                        chunk.push((
+                            ns.name.as_str().to_owned(),
+                            entry.name.as_str().to_owned(),
+                            rec,
+                        ));
                     }
                 }
             }

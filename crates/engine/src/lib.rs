@@ -19,6 +19,7 @@ pub mod engine;
 mod fair;
 mod flush;
 pub mod io;
+mod keyindex;
 pub mod manifest;
 pub mod memtable;
 pub mod names;

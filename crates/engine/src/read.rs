@@ -236,7 +236,7 @@ impl Core {
             let found = self.memory_totals(&cat, ns, &window, scan.deadline)?;
             for (key, n) in found.into_iter().flatten() {
                 if let Some(e) = cat.keys.get(key as usize) {
-                    add(&mut sums, &e.name, n);
+                    add(&mut sums, e.name.as_str(), n);
                 }
             }
         } else if let Some((d, v)) = value {
@@ -246,8 +246,9 @@ impl Core {
             // every write that names a new series waits for.
             let mut by_shard: Vec<(Vec<SeriesId>, Vec<&str>)> =
                 vec![(Vec::new(), Vec::new()); self.mem.shards()];
-            for (name, &key) in &cat.ns[ns as usize].ordered {
+            for key in cat.ns[ns as usize].keys.iter() {
                 tick()?;
+                let name = cat.key_name(key);
                 let Some(sid) = cat.sub_id(key, d, v) else {
                     continue;
                 };
@@ -653,7 +654,7 @@ impl Core {
         window: &Window,
         deadline: &Deadline,
     ) -> Result<Option<Vec<(KeyId, i64)>>, StoreError> {
-        let ordered = &cat.ns[ns as usize].ordered;
+        let keys = &cat.ns[ns as usize].keys;
         let mut counters = 0usize;
         let mut span = 0u64;
         for s in 0..self.mem.shards() {
@@ -669,10 +670,10 @@ impl Core {
             // adds nothing, and probing each key would find nothing.
             return Ok(None);
         }
-        if (counters as u64) >= (ordered.len() as u64).saturating_mul(span) {
+        if (counters as u64) >= (keys.len() as u64).saturating_mul(span) {
             let mut tick = ticker(deadline);
             let mut found = Vec::new();
-            for &key in ordered.values() {
+            for key in keys.iter() {
                 tick()?;
                 let sid = cat.keys[key as usize].total;
                 let shard = self.mem.lock(self.mem.shard_of(key));
@@ -768,7 +769,7 @@ impl Core {
             return Ok(Some(TopKeys::default()));
         };
         let total = found.iter().fold(0i64, |t, e| t.wrapping_add(e.1));
-        let name = |k: KeyId| cat.keys.get(k as usize).map_or("", |e| &e.name);
+        let name = |k: KeyId| cat.key_name(k);
         if limit == 0 {
             found.clear();
         } else if found.len() > limit {
@@ -810,13 +811,15 @@ impl Core {
                     Some(a) if a >= prefix => Bound::Excluded(a),
                     _ => Bound::Included(prefix),
                 };
+                let start = start.map(str::as_bytes);
                 page.extend(
                     cat.ns[id as usize]
-                        .ordered
-                        .range::<str, _>((start, Bound::Unbounded))
-                        .take_while(|(k, _)| k.starts_with(prefix))
+                        .keys
+                        .range(start, |k| cat.key_name(k).as_bytes())
+                        .map(|k| cat.key_name(k))
+                        .take_while(|k| k.starts_with(prefix))
                         .take(list.limit)
-                        .map(|(k, _)| k.to_string()),
+                        .map(str::to_owned),
                 );
             }
             Arc::clone(&self.archive())
@@ -1019,7 +1022,7 @@ impl ByName for MemorySums<'_> {
         };
         picked
             .into_iter()
-            .filter_map(|(k, _)| cat.keys.get(k as usize).map(|e| e.name.to_string()))
+            .filter_map(|(k, _)| cat.keys.get(k as usize).map(|e| e.name.as_str().to_owned()))
             .collect()
     }
 }
