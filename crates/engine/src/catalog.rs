@@ -351,12 +351,12 @@ impl<'a> IntoIterator for &'a Subs {
     }
 }
 
+/// A key: its name and its subtotal series. Its namespace is in `Catalog::key_ns`, its
+/// total series is [`total_of`] its id.
 #[derive(Debug)]
 pub struct KeyEntry {
-    pub ns: NsId,
     /// The key itself (the namespace's [`KeyIndex`] holds its id alone).
     pub name: KeyName,
-    pub total: SeriesId,
     /// Every subtotal series this key has.
     pub subs: Subs,
 }
@@ -368,6 +368,11 @@ pub const SUBTOTAL: u32 = 1 << 31;
 /// that it is a total) is read off the id, with no look-up (a walk over a tier's totals,
 /// a top over the open day, reads ~1 M of them). Subtotal series ids are below it.
 pub const TOTAL: u32 = 1 << 31;
+
+/// A key's total series.
+pub fn total_of(key: KeyId) -> SeriesId {
+    TOTAL | key
+}
 
 /// Whether a series id is a key's total.
 pub fn is_total(sid: SeriesId) -> bool {
@@ -406,9 +411,8 @@ pub struct Catalog {
     /// namespace; a flush finds the keys of the series it writes without a walk over every
     /// key.) Totals are not here: their id names their key ([`TOTAL`]).
     pub series_info: Chunked<u32>,
-    /// The namespace of each key id, as in its entry but 4 bytes apart from the rest: what
-    /// a walk over a tier's totals reads per counter (stale for a forgotten key, which has
-    /// no counter left).
+    /// The namespace of each key id, 4 bytes apart from the rest of its entry: what a walk
+    /// over a tier's totals reads per counter. [`FREE_KEY`] for a forgotten key.
     pub key_ns: Chunked<NsId>,
     /// Resolution of each memtable slot.
     pub slots: Vec<Duration>,
@@ -435,6 +439,9 @@ pub struct Catalog {
 
 /// Marks a free slot in `series_info`.
 const VACANT: u32 = u32::MAX;
+
+/// `key_ns` of a forgotten key (whose id is free for reuse).
+pub const FREE_KEY: NsId = NsId::MAX;
 
 /// What `pair_list` holds at a freed pair's id.
 const VACANT_PAIR: (StrId, StrId) = (StrId::MAX, StrId::MAX);
@@ -579,10 +586,11 @@ impl Catalog {
         let resolved = self.resolved_since.take();
         let noted = |kid: usize| resolved.as_ref().is_some_and(|b| b.contains(kid as KeyId));
         for kid in ids.start..ids.end.min(self.keys.len()) {
-            let k = &mut self.keys[kid];
-            if k.total == VACANT || noted(kid) {
+            let ns = self.key_ns[kid];
+            if ns == FREE_KEY || noted(kid) {
                 continue;
             }
+            let k = &mut self.keys[kid];
             let mut dropped: Vec<SeriesId> = Vec::new();
             k.subs.retain(|&(_, sid)| {
                 let keep = live(sid);
@@ -596,17 +604,15 @@ impl Catalog {
                 self.free_series.push(sid);
                 series += 1;
             }
-            let k = &self.keys[kid];
-            if k.subs.is_empty() && !live(k.total) {
+            if self.keys[kid].subs.is_empty() && !live(total_of(kid as KeyId)) {
                 // Out of the index while its name is still there to find it by.
                 let names = &self.keys;
-                if let Some(e) = self.ns.get_mut(k.ns as usize) {
+                if let Some(e) = self.ns.get_mut(ns as usize) {
                     e.keys
                         .remove(kid as KeyId, |id| names[id as usize].name.as_bytes());
                 }
-                let k = &mut self.keys[kid];
-                k.name = KeyName::default();
-                k.total = VACANT;
+                self.keys[kid].name = KeyName::default();
+                self.key_ns[kid] = FREE_KEY;
                 self.free_keys.push(kid as KeyId);
                 keys += 1;
                 series += 1;
@@ -656,7 +662,7 @@ impl Catalog {
     /// their ids are reused.
     fn forget_strings(&mut self) {
         let mut used_pairs = vec![false; self.pair_list.len()];
-        for k in self.keys.iter().filter(|k| k.total != VACANT) {
+        for k in self.keys.iter() {
             for &(p, _) in &k.subs {
                 used_pairs[p as usize] = true;
             }
@@ -769,7 +775,7 @@ impl Catalog {
         let reused = self.free_keys.last().copied();
         let id = match reused {
             Some(id) => id,
-            // Below `TOTAL - 1`: `TOTAL | id` is then never `VACANT`.
+            // Below `TOTAL - 1`: `total_of(id)` is then never `VACANT`.
             None => u32::try_from(self.keys.len())
                 .ok()
                 .filter(|id| *id < TOTAL - 1)
@@ -777,11 +783,8 @@ impl Catalog {
         };
         // Nothing can fail past this point: the key's series, its entry and its names appear
         // together.
-        let total = TOTAL | id;
         let entry = KeyEntry {
-            ns,
             name: KeyName::new(key),
-            total,
             subs: Subs::default(),
         };
         match reused {
@@ -797,7 +800,7 @@ impl Catalog {
             e.keys.insert(id, |k| names[k as usize].name.as_bytes());
         }
         if self.key_ns.len() <= id as usize {
-            self.key_ns.grow_to(id as usize + 1, NsId::MAX);
+            self.key_ns.grow_to(id as usize + 1, FREE_KEY);
         }
         self.key_ns[id as usize] = ns;
         Ok(id)
@@ -905,7 +908,7 @@ impl Catalog {
         let mut acc = 0u32;
         let entry = |k: KeyId| self.keys.get(k as usize);
         for &(k, _) in wanted {
-            acc ^= entry(k).map_or(0, |e| e.total);
+            acc ^= entry(k).map_or(0, |e| e.subs.len() as u32);
         }
         for &(k, p) in wanted {
             acc ^= entry(k).map_or(0, |e| e.subs.touch(p));
@@ -918,9 +921,9 @@ impl Catalog {
         if is_total(sid) {
             let key = sid & !TOTAL;
             return self
-                .keys
+                .key_ns
                 .get(key as usize)
-                .is_some_and(|k| k.total == sid)
+                .is_some_and(|&ns| ns != FREE_KEY)
                 .then_some(key);
         }
         self.series_info
@@ -932,7 +935,7 @@ impl Catalog {
     /// The namespace of a series.
     pub fn ns_of_series(&self, sid: SeriesId) -> Option<NsId> {
         let key = self.key_of_series(sid)?;
-        self.keys.get(key as usize).map(|k| k.ns)
+        self.key_ns.get(key as usize).copied()
     }
 
     /// Whether a series is a subtotal.
@@ -1002,7 +1005,7 @@ mod tests {
             if day == 0 {
                 (peak, peak_pairs) = (c.str_list.len(), c.pair_list.len());
             }
-            let live = c.keys[kept as usize].total;
+            let live = total_of(kept);
             c.forget(&|sid| sid == kept_sub || sid == live);
             // "ip" and the kept value stay, with their ids, and their pair alone.
             assert_eq!(c.strs.len(), 2, "day {day}");
@@ -1075,7 +1078,7 @@ mod tests {
         );
         // Forget every key but two: the map keeps exactly those.
         let keep = [ids[3], ids[30]];
-        let totals: Vec<SeriesId> = keep.iter().map(|&k| c.keys[k as usize].total).collect();
+        let totals: Vec<SeriesId> = keep.iter().map(|&k| total_of(k)).collect();
         c.forget(&|sid| totals.contains(&sid));
         for (n, &k) in names.iter().zip(&ids) {
             let want = keep.contains(&k).then_some(k);
@@ -1174,8 +1177,8 @@ mod tests {
         let a = c.key_or_insert(ns, "a").unwrap();
         let b = c.key_or_insert(ns, "b").unwrap();
         let a_us = c.sub_or_insert(a, "country", "US").unwrap();
-        let b_total = c.keys[b as usize].total;
-        let a_total = c.keys[a as usize].total;
+        let b_total = total_of(b);
+        let a_total = total_of(a);
         assert!(is_total(a_total) && is_total(b_total) && !is_total(a_us));
         assert_eq!(
             (a_total, b_total),
@@ -1203,7 +1206,7 @@ mod tests {
         // New ids come from the free lists, and say what they now are.
         let x = c.key_or_insert(ns, "x").unwrap();
         assert_eq!(x, a);
-        let x_total = c.keys[x as usize].total;
+        let x_total = total_of(x);
         assert_eq!(c.key_of_series(x_total), Some(x));
         let x_de = c.sub_or_insert(x, "country", "DE").unwrap();
         assert!(c.is_subtotal(x_de) && !c.is_subtotal(x_total));

@@ -32,7 +32,7 @@ use std::sync::{Arc, PoisonError};
 use tally_core::store::StoreError;
 
 use crate::archive::{Archive, segment_path};
-use crate::catalog::{Bits, KeyId, KeyName, SeriesId, TOTAL, is_total};
+use crate::catalog::{Bits, KeyId, KeyName, SeriesId, TOTAL, is_total, total_of};
 use crate::engine::Engine;
 use crate::manifest::{self, AnswersEntry, Manifest, SegmentEntry};
 use crate::memtable::{Counters, Frozen, split_key};
@@ -651,8 +651,10 @@ impl Engine {
         for part in keys.chunks(FLUSH_CHUNK_SERIES) {
             let cat = self.core.read_cat();
             for &(kid, has_subs) in part {
-                if let Some(k) = cat.keys.get(kid as usize) {
-                    let rank = ns_rank.get(k.ns as usize).copied().unwrap_or(u32::MAX);
+                if let (Some(k), Some(&ns)) =
+                    (cat.keys.get(kid as usize), cat.key_ns.get(kid as usize))
+                {
+                    let rank = ns_rank.get(ns as usize).copied().unwrap_or(u32::MAX);
                     named.push((rank, k.name.clone(), kid, has_subs));
                 }
             }
@@ -681,11 +683,15 @@ impl Engine {
                     let Some(entry) = cat.keys.get(kid as usize) else {
                         continue;
                     };
-                    let Some(ns) = cat.ns.get(entry.ns as usize) else {
+                    let Some(ns) = cat
+                        .key_ns
+                        .get(kid as usize)
+                        .and_then(|&n| cat.ns.get(n as usize))
+                    else {
                         continue;
                     };
                     let mut rec = KeyRecord {
-                        totals: series(kid, entry.total),
+                        totals: series(kid, total_of(kid)),
                         dims: Vec::new(),
                     };
                     let mut dims: BTreeMap<&str, Vec<(String, Buckets)>> = BTreeMap::new();

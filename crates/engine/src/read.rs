@@ -12,7 +12,7 @@ use tally_core::store::{
 };
 
 use crate::archive::{SubSums, SumRead, Wants, index_range};
-use crate::catalog::{Catalog, KeyId, NsId, SeriesId, StrId, TOTAL, TierPlan, is_total};
+use crate::catalog::{Catalog, KeyId, NsId, SeriesId, StrId, TOTAL, TierPlan, is_total, total_of};
 use crate::memtable::{Lane, Shard, split_key};
 use crate::names::PairSums;
 use crate::segment::{Cover, Segment, SegmentError};
@@ -635,7 +635,7 @@ impl Core {
                 .collect(),
         };
         let shard = self.mem.lock(self.mem.shard_of(key));
-        window.add_into(&shard, (Lane::Total, entry.total), totals);
+        window.add_into(&shard, (Lane::Total, total_of(key)), totals);
         if !wanted.is_empty() {
             subs(&shard, &wanted);
         }
@@ -675,7 +675,7 @@ impl Core {
             let mut found = Vec::new();
             for key in keys.iter() {
                 tick()?;
-                let sid = cat.keys[key as usize].total;
+                let sid = total_of(key);
                 let shard = self.mem.lock(self.mem.shard_of(key));
                 match window.sum(&shard, (Lane::Total, sid)) {
                     0 => {}

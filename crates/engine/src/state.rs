@@ -15,7 +15,7 @@ const LOGGED_TS_END: i64 = 1 << 32;
 
 use crate::answers::Answers;
 use crate::archive::{Archive, FlushPolicy, Held, store_error};
-use crate::catalog::{Catalog, KeyId, NsId, PairId, SeriesId, StrId, TierPlan};
+use crate::catalog::{Catalog, KeyId, NsId, PairId, SeriesId, StrId, TierPlan, total_of};
 use crate::fair::FairRwLock;
 use crate::memtable::{Lane, Memtable, Shard, split_key};
 use crate::names::Names;
@@ -558,7 +558,7 @@ impl Core {
                 for &(k, p) in at.by_ref().take(view.subs_of(inc).len()) {
                     sids.push(cat.sub_pair_or_insert(k, p)?);
                 }
-                r.total = cat.keys[key as usize].total;
+                r.total = total_of(key);
                 r.subs = (start, sids.len());
             }
             debug_assert!(
