@@ -776,6 +776,13 @@ impl Catalog {
         self.keys.get(key as usize).map_or("", |k| k.name.as_str())
     }
 
+    /// A key's name as bytes, with no UTF-8 check (for comparisons).
+    pub fn key_bytes(&self, key: KeyId) -> &[u8] {
+        self.keys
+            .get(key as usize)
+            .map_or(&[], |k| k.name.as_bytes())
+    }
+
     pub fn key_or_insert(&mut self, ns: NsId, key: &str) -> Result<KeyId, StoreError> {
         if let Some(id) = self.key_id(ns, key) {
             return Ok(id);
@@ -786,7 +793,8 @@ impl Catalog {
         let reused = self.free_keys.last().copied();
         let id = match reused {
             Some(id) => id,
-            // Below `TOTAL - 1`: `total_of(id)` is then never `VACANT`.
+            // Below `TOTAL - 1`: `total_of(id)` then stays below `u32::MAX`, which no
+            // series id is (free-slot markers use it).
             None => u32::try_from(self.keys.len())
                 .ok()
                 .filter(|id| *id < TOTAL - 1)
@@ -1338,5 +1346,161 @@ mod tests {
         b.set(63, false);
         let held: Vec<u32> = (0..300).filter(|&i| b.contains(i)).collect();
         assert_eq!(held, vec![0, 64, 200]);
+    }
+}
+
+#[cfg(test)]
+mod model_tests {
+    use super::*;
+    use std::collections::{BTreeMap, HashMap, HashSet};
+
+    #[test]
+    fn subtotal_lists_and_tables_answer_as_a_map_across_their_boundary() {
+        let mut rng = 0x1234_5678_9abc_def1u64;
+        let mut next = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        for _ in 0..300 {
+            let mut s = Subs::default();
+            let mut m: HashMap<PairId, SeriesId> = HashMap::new();
+            let target = (next() % 200) as usize;
+            for _ in 0..6 {
+                while m.len() < target {
+                    let p = (next() % 5000) as PairId;
+                    if m.contains_key(&p) {
+                        continue;
+                    }
+                    let sid = m.len() as SeriesId;
+                    s.push(p, sid);
+                    m.insert(p, sid);
+                    assert!(s.iter().count() == m.len() && s.len() == m.len());
+                    assert!(s.slots.iter().any(|e| e.1 == FREE_SUB) || !s.hashed());
+                    assert_eq!(s.hashed(), m.len() > LINEAR_SUBS);
+                }
+                for p in 0..5000 {
+                    assert_eq!(s.get(p), m.get(&p).copied());
+                }
+                let cut = next() % 4;
+                s.retain(|e| !(e.0 as u64 + cut).is_multiple_of(3));
+                m.retain(|&p, _| !(p as u64 + cut).is_multiple_of(3));
+                assert_eq!(
+                    s.hashed(),
+                    m.len() > LINEAR_SUBS,
+                    "{} in {}",
+                    m.len(),
+                    s.slots.len()
+                );
+                if !s.hashed() {
+                    assert_eq!(s.slots.len(), m.len());
+                }
+                for p in 0..5000 {
+                    assert_eq!(s.get(p), m.get(&p).copied());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn keys_made_and_forgotten_in_rounds_answer_as_a_model() {
+        let mut rng = 0xdead_beef_1234_5677u64;
+        let mut next = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let mut c = Catalog::default();
+        let nss: Vec<NsId> = ["a", "b", "c"]
+            .iter()
+            .map(|n| {
+                c.put_schema(&Namespace::new(n).unwrap(), &Schema::default())
+                    .unwrap()
+                    .0
+            })
+            .collect();
+        // model: (ns, name) -> id
+        let mut model: BTreeMap<(NsId, String), KeyId> = BTreeMap::new();
+        for round in 0..40 {
+            for _ in 0..300 {
+                let ns = nss[(next() % 3) as usize];
+                let name = format!(
+                    "{}key\0{:03}",
+                    ["", "longlonglonglonglonglong"][(next() % 2) as usize],
+                    next() % 400
+                );
+                let id = c.key_or_insert(ns, &name).unwrap();
+                if let Some(&old) = model.get(&(ns, name.clone())) {
+                    assert_eq!(old, id);
+                }
+                model.insert((ns, name), id);
+                if next() % 2 == 0 {
+                    c.sub_or_insert(id, "d", &format!("v{}", next() % 20))
+                        .unwrap();
+                }
+            }
+            // Forget about half: the keys not kept, their totals and subtotals not live.
+            let keep: HashSet<KeyId> = model
+                .values()
+                .copied()
+                .filter(|_| next() % 2 == 0)
+                .collect();
+            let keep2 = keep.clone();
+            let ks: HashMap<SeriesId, KeyId> = model
+                .values()
+                .flat_map(|&k| {
+                    c.keys[k as usize]
+                        .subs
+                        .iter()
+                        .map(move |e| (e.1, k))
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            let live = move |sid: SeriesId| {
+                if is_total(sid) {
+                    keep2.contains(&(sid & !TOTAL))
+                } else {
+                    ks.get(&sid).is_some_and(|k| keep2.contains(k))
+                }
+            };
+            if round % 2 == 0 {
+                c.forget(&live);
+            } else {
+                c.begin_forget();
+                let n = c.keys.len();
+                let mut from = 0;
+                while from < n {
+                    let to = (from + 7).min(n);
+                    c.forget_keys(&live, from..to);
+                    from = to;
+                }
+                c.end_forget(true);
+            }
+            model.retain(|_, id| keep.contains(id));
+            for (&(ns, ref name), &id) in &model {
+                assert_eq!(c.key_id(ns, name), Some(id));
+                assert_eq!(c.key_name(id), name);
+                assert_eq!(c.key_ns[id as usize], ns);
+                assert_eq!(c.key_of_series(total_of(id)), Some(id));
+                assert_eq!(c.ns_of_series(total_of(id)), Some(ns));
+            }
+            for ns in &nss {
+                let want: Vec<KeyId> = model
+                    .iter()
+                    .filter(|((n, _), _)| n == ns)
+                    .map(|(_, &i)| i)
+                    .collect();
+                assert_eq!(c.ns[*ns as usize].keys.iter().collect::<Vec<_>>(), want);
+                assert_eq!(c.ns[*ns as usize].keys.len(), want.len());
+            }
+            assert_eq!(c.live_keys(), model.len());
+            for kid in 0..c.keys.len() as KeyId {
+                let live = model.values().any(|&i| i == kid);
+                assert_eq!(c.key_of_series(total_of(kid)).is_some(), live);
+                assert_eq!(c.key_ns[kid as usize] == FREE_KEY, !live);
+            }
+        }
     }
 }

@@ -630,7 +630,7 @@ impl Engine {
             same
         });
         // In the order segments want: (namespace, key) by bytes. Namespaces by their rank
-        // in byte order, keys by their shared names, taken a part at a time.
+        // in byte order, keys by their names, copied a part at a time.
         let ns_rank: Vec<u32> = {
             let cat = self.core.read_cat();
             let mut order: Vec<usize> = (0..cat.ns.len()).collect();
@@ -659,9 +659,7 @@ impl Engine {
                 }
             }
         }
-        named.sort_unstable_by(|a, b| {
-            (a.0, a.1.as_str().as_bytes()).cmp(&(b.0, b.1.as_str().as_bytes()))
-        });
+        named.sort_unstable_by(|a, b| (a.0, a.1.as_bytes()).cmp(&(b.0, b.1.as_bytes())));
         let keys: Vec<(KeyId, bool)> = named.into_iter().map(|(_, _, k, s)| (k, s)).collect();
         let mem = &self.core.mem;
         // A series' buckets in the period, from its key's shard.

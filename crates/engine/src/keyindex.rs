@@ -345,3 +345,107 @@ mod tests {
         assert!(index.is_empty() && index.runs.is_empty() && index.heads.is_empty());
     }
 }
+
+#[cfg(test)]
+mod model_tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn names_with_shared_prefixes_nuls_and_reused_ids_answer_as_a_sorted_map() {
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let alphabet: [u8; 4] = [0, b'a', b'b', 0xff];
+        for round in 0..6 {
+            let mut names: Vec<Option<Vec<u8>>> = Vec::new();
+            let mut free: Vec<KeyId> = Vec::new();
+            let mut model: BTreeMap<Vec<u8>, KeyId> = BTreeMap::new();
+            let mut index = KeyIndex::default();
+            for step in 0..30_000 {
+                let remove = !model.is_empty() && next() % 10 < [3, 5, 1, 6, 4, 5][round];
+                if remove {
+                    // Runs' heads half the time.
+                    let i = if next() % 2 == 0 {
+                        let all: Vec<KeyId> = index.heads.iter().map(|h| h.1).collect();
+                        let id = all[(next() % all.len() as u64) as usize];
+                        names[id as usize].clone().unwrap()
+                    } else {
+                        model
+                            .keys()
+                            .nth((next() % model.len() as u64) as usize)
+                            .cloned()
+                            .unwrap()
+                    };
+                    let id = model.remove(&i).unwrap();
+                    let t = &names;
+                    assert!(index.remove(id, |k| t[k as usize].as_deref().unwrap()));
+                    names[id as usize] = None;
+                    free.push(id);
+                } else {
+                    let len = (next() % 14) as usize;
+                    let shared = (next() % 10) as usize;
+                    let mut key: Vec<u8> =
+                        b"prefix00".iter().copied().take(shared.min(len)).collect();
+                    while key.len() < len {
+                        key.push(alphabet[(next() % 4) as usize]);
+                    }
+                    if model.contains_key(&key) {
+                        continue;
+                    }
+                    let id = match free.pop() {
+                        Some(id) => {
+                            names[id as usize] = Some(key.clone());
+                            id
+                        }
+                        None => {
+                            names.push(Some(key.clone()));
+                            (names.len() - 1) as KeyId
+                        }
+                    };
+                    let t = &names;
+                    index.insert(id, |k| t[k as usize].as_deref().unwrap());
+                    model.insert(key, id);
+                }
+                if step % 499 == 0 {
+                    let t = &names;
+                    let name = |k: KeyId| t[k as usize].as_deref().unwrap();
+                    assert!(index.runs.iter().all(|r| !r.is_empty() && r.len() <= RUN));
+                    let heads: Vec<(u64, KeyId)> = index
+                        .runs
+                        .iter()
+                        .map(|r| (prefix(name(r[0])), r[0]))
+                        .collect();
+                    assert_eq!(index.heads, heads);
+                    assert_eq!(
+                        index.iter().collect::<Vec<_>>(),
+                        model.values().copied().collect::<Vec<_>>()
+                    );
+                    let mut probes: Vec<Vec<u8>> = (0..20)
+                        .map(|_| {
+                            let len = (next() % 12) as usize;
+                            (0..len).map(|_| alphabet[(next() % 4) as usize]).collect()
+                        })
+                        .collect();
+                    probes.extend(model.keys().step_by(37).cloned());
+                    for p in &probes {
+                        assert_eq!(index.get(p, name), model.get(p).copied());
+                        for b in [Bound::Included(&p[..]), Bound::Excluded(&p[..])] {
+                            let got: Vec<KeyId> = index.range(b, name).collect();
+                            let want: Vec<KeyId> = model
+                                .range::<[u8], _>((b, Bound::Unbounded))
+                                .map(|(_, &i)| i)
+                                .collect();
+                            assert_eq!(got, want, "{b:?}");
+                        }
+                    }
+                    index.shrink(name);
+                }
+            }
+        }
+    }
+}

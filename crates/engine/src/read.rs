@@ -815,7 +815,7 @@ impl Core {
                 page.extend(
                     cat.ns[id as usize]
                         .keys
-                        .range(start, |k| cat.key_name(k).as_bytes())
+                        .range(start, |k| cat.key_bytes(k))
                         .map(|k| cat.key_name(k))
                         .take_while(|k| k.starts_with(prefix))
                         .take(list.limit)
