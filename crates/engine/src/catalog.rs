@@ -1356,13 +1356,7 @@ mod model_tests {
 
     #[test]
     fn subtotal_lists_and_tables_answer_as_a_map_across_their_boundary() {
-        let mut rng = 0x1234_5678_9abc_def1u64;
-        let mut next = move || {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng
-        };
+        let mut next = crate::testutil::rng(0x1234_5678_9abc_def1);
         for _ in 0..300 {
             let mut s = Subs::default();
             let mut m: HashMap<PairId, SeriesId> = HashMap::new();
@@ -1405,13 +1399,7 @@ mod model_tests {
 
     #[test]
     fn keys_made_and_forgotten_in_rounds_answer_as_a_model() {
-        let mut rng = 0xdead_beef_1234_5677u64;
-        let mut next = move || {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng
-        };
+        let mut next = crate::testutil::rng(0xdead_beef_1234_5677);
         let mut c = Catalog::default();
         let nss: Vec<NsId> = ["a", "b", "c"]
             .iter()
@@ -1436,7 +1424,7 @@ mod model_tests {
                     assert_eq!(old, id);
                 }
                 model.insert((ns, name), id);
-                if next() % 2 == 0 {
+                if next().is_multiple_of(2) {
                     c.sub_or_insert(id, "d", &format!("v{}", next() % 20))
                         .unwrap();
                 }
@@ -1445,7 +1433,7 @@ mod model_tests {
             let keep: HashSet<KeyId> = model
                 .values()
                 .copied()
-                .filter(|_| next() % 2 == 0)
+                .filter(|_| next().is_multiple_of(2))
                 .collect();
             let keep2 = keep.clone();
             let ks: HashMap<SeriesId, KeyId> = model

@@ -211,17 +211,22 @@ mod tests {
     use super::*;
     use std::collections::BTreeMap;
 
+    /// No run is empty or longer than [`RUN`], and `heads` names each run's first id.
+    pub(super) fn assert_runs<'a>(index: &KeyIndex, name: impl Names<'a>) {
+        assert!(index.runs.iter().all(|r| !r.is_empty() && r.len() <= RUN));
+        let heads: Vec<(u64, KeyId)> = index
+            .runs
+            .iter()
+            .map(|r| (prefix(name(r[0])), r[0]))
+            .collect();
+        assert_eq!(index.heads, heads);
+    }
+
     /// Random inserts and removals, against a `BTreeMap` of the same names: look-ups,
     /// order, ranges from every kind of bound, and the runs' invariants.
     #[test]
     fn keys_answer_as_a_sorted_map_through_random_operations() {
-        let mut rng = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng
-        };
+        let mut next = crate::testutil::rng(0x2545_f491_4f6c_dd1d);
         for round in 0..4 {
             // Names by id, as the catalog's entries hold them; `None` once removed.
             let mut names: Vec<Option<String>> = Vec::new();
@@ -258,13 +263,7 @@ mod tests {
                     let table = &names;
                     let name = |i: KeyId| table[i as usize].as_deref().unwrap().as_bytes();
                     assert_eq!(index.len(), model.len());
-                    assert!(index.runs.iter().all(|r| !r.is_empty() && r.len() <= RUN));
-                    let heads: Vec<(u64, KeyId)> = index
-                        .runs
-                        .iter()
-                        .map(|r| (prefix(name(r[0])), r[0]))
-                        .collect();
-                    assert_eq!(index.heads, heads);
+                    assert_runs(&index, name);
                     let all: Vec<KeyId> = index.iter().collect();
                     assert_eq!(all, model.values().copied().collect::<Vec<_>>());
                     for probe in ["", "k", "k1", "k25000", "k4", "k9999", "l"]
@@ -348,18 +347,13 @@ mod tests {
 
 #[cfg(test)]
 mod model_tests {
+    use super::tests::assert_runs;
     use super::*;
     use std::collections::BTreeMap;
 
     #[test]
     fn names_with_shared_prefixes_nuls_and_reused_ids_answer_as_a_sorted_map() {
-        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng
-        };
+        let mut next = crate::testutil::rng(0x9e37_79b9_7f4a_7c15);
         let alphabet: [u8; 4] = [0, b'a', b'b', 0xff];
         for round in 0..6 {
             let mut names: Vec<Option<Vec<u8>>> = Vec::new();
@@ -370,7 +364,7 @@ mod model_tests {
                 let remove = !model.is_empty() && next() % 10 < [3, 5, 1, 6, 4, 5][round];
                 if remove {
                     // Runs' heads half the time.
-                    let i = if next() % 2 == 0 {
+                    let i = if next().is_multiple_of(2) {
                         let all: Vec<KeyId> = index.heads.iter().map(|h| h.1).collect();
                         let id = all[(next() % all.len() as u64) as usize];
                         names[id as usize].clone().unwrap()
@@ -414,13 +408,7 @@ mod model_tests {
                 if step % 499 == 0 {
                     let t = &names;
                     let name = |k: KeyId| t[k as usize].as_deref().unwrap();
-                    assert!(index.runs.iter().all(|r| !r.is_empty() && r.len() <= RUN));
-                    let heads: Vec<(u64, KeyId)> = index
-                        .runs
-                        .iter()
-                        .map(|r| (prefix(name(r[0])), r[0]))
-                        .collect();
-                    assert_eq!(index.heads, heads);
+                    assert_runs(&index, name);
                     assert_eq!(
                         index.iter().collect::<Vec<_>>(),
                         model.values().copied().collect::<Vec<_>>()

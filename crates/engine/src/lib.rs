@@ -37,3 +37,17 @@ pub use engine::{Config, Engine, EngineStats, OpenError, ScrubPace};
 pub use flush::FlushReport;
 pub use recovery::Recovery;
 pub use tally_core::store::FsyncPolicy;
+
+/// Helpers for the unit tests of several modules.
+#[cfg(test)]
+mod testutil {
+    /// A xorshift generator: deterministic pseudo-random numbers from a seed (not 0).
+    pub fn rng(mut x: u64) -> impl FnMut() -> u64 {
+        move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        }
+    }
+}

@@ -811,6 +811,7 @@ impl Memtable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testutil::rng;
 
     #[test]
     fn counters_add_and_vanish_at_zero() {
@@ -920,16 +921,6 @@ mod tests {
             .map(|e| e.1)
             .sum();
         assert_eq!(live + 100, total);
-    }
-
-    /// A xorshift generator.
-    fn rng(mut x: u64) -> impl FnMut() -> u64 {
-        move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        }
     }
 
     /// Adds `n` to counter `k` of both the map and its model.
