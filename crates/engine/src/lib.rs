@@ -16,6 +16,7 @@ pub mod check;
 mod chunked;
 pub mod compaction;
 pub mod engine;
+mod entries;
 mod fair;
 mod flush;
 pub mod io;

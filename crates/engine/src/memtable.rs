@@ -21,10 +21,11 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use foldhash::fast::FixedState;
 
 use crate::catalog::SeriesId;
+use crate::entries::Entries;
 
 /// A counter's name as a map key: its series id and its bucket index's offset from the
 /// map's [`Counters::base`], as three `u16`s, so that an entry (with its [`Narrow`] count)
-/// takes 8 bytes rather than 16. Hashed as the `u64` `series << 16 | offset`.
+/// takes 8 bytes rather than 16 (see [`Entries`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Name([u16; 3]);
 
@@ -33,13 +34,6 @@ impl Name {
     fn key(self, base: u32) -> u64 {
         let sid = (u32::from(self.0[0]) << 16) | u32::from(self.0[1]);
         counter_key(sid, base.wrapping_add(u32::from(self.0[2])))
-    }
-}
-
-impl std::hash::Hash for Name {
-    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
-        let [hi, lo, off] = self.0.map(u64::from);
-        h.write_u64((hi << 32) | (lo << 16) | off);
     }
 }
 
@@ -90,7 +84,7 @@ fn narrow(n: i64) -> Option<Narrow> {
 /// 18.7 with 10-byte entries, 15.4 with 8-byte ones.)
 #[derive(Debug, Default)]
 pub struct Counters {
-    narrow: HashMap<Name, Narrow, FixedState>,
+    narrow: Entries,
     wide: HashMap<u64, i64, FixedState>,
     /// Every count is in `wide`, and `narrow` is empty.
     whole: bool,
@@ -104,7 +98,7 @@ pub struct Counters {
 }
 
 /// The share of wide counters (in 1/16ths) past which a map holds every count whole: a
-/// wide counter costs both entries (~9 + ~17 bytes a slot), a whole one ~17, so whole
+/// wide counter costs both entries (~8 + ~17 bytes a slot), a whole one ~17, so whole
 /// mode is the smaller past ~35%.
 const WHOLE_AT: usize = 6;
 
@@ -129,17 +123,19 @@ impl Counters {
         self.len() == 0
     }
 
-    /// Bytes the maps hold (entries, control bytes, spare capacity).
+    /// Bytes the maps hold (entries, spare slots, the wide map's control bytes).
     pub fn bytes(&self) -> usize {
-        self.narrow.capacity() * (std::mem::size_of::<(Name, Narrow)>() + 1)
-            + self.wide.capacity() * (std::mem::size_of::<(u64, i64)>() + 1)
+        self.narrow.bytes() + self.wide.capacity() * (std::mem::size_of::<(u64, i64)>() + 1)
     }
 
     /// The name of counter `k` in this map, if its bucket is inside the window.
     fn name(&self, k: u64) -> Option<Name> {
         let (sid, idx) = split_key(k);
         let off = idx.wrapping_sub(self.base);
-        (off < WINDOW).then_some(Name([(sid >> 16) as u16, sid as u16, off as u16]))
+        // Series `u32::MAX` is the entries' free marker: such a counter is held far.
+        (off < WINDOW)
+            .then_some(Name([(sid >> 16) as u16, sid as u16, off as u16]))
+            .filter(|n| Entries::holds(n.0))
     }
 
     /// A counter's count, if held.
@@ -148,7 +144,7 @@ impl Counters {
             return self.wide.get(&k).copied();
         }
         match self.name(k) {
-            Some(name) => self.narrow.get(&name).map(|&n| whole(&self.wide, k, n)),
+            Some(name) => self.narrow.get(name.0).map(|n| whole(&self.wide, k, n)),
             None => self.wide.get(&k).copied(),
         }
     }
@@ -172,17 +168,16 @@ impl Counters {
             self.whole_if_mostly_wide();
             return;
         };
-        match self.narrow.entry(name) {
-            Entry::Occupied(mut e) => {
-                let was_wide = *e.get() == WIDE;
-                let sum = whole(&self.wide, k, *e.get()).wrapping_add(n);
+        match self.narrow.position(name.0) {
+            Some(at) => {
+                let e = self.narrow.count_at(at);
+                let was_wide = e == WIDE;
+                let sum = whole(&self.wide, k, e).wrapping_add(n);
                 match narrow(sum) {
-                    Some(0) => {
-                        e.remove();
-                    }
-                    Some(s) => *e.get_mut() = s,
+                    Some(0) => self.narrow.remove_at(at),
+                    Some(s) => self.narrow.set_at(at, s),
                     None => {
-                        *e.get_mut() = WIDE;
+                        self.narrow.set_at(at, WIDE);
                         self.wide.insert(k, sum);
                         self.whole_if_mostly_wide();
                         return;
@@ -192,14 +187,14 @@ impl Counters {
                     self.wide.remove(&k);
                 }
             }
-            Entry::Vacant(e) => match narrow(n) {
+            None => match narrow(n) {
                 Some(0) => {}
                 Some(s) => {
-                    e.insert(s);
+                    self.narrow.insert(name.0, s);
                     self.top = self.top.max(name.0[2]);
                 }
                 None => {
-                    e.insert(WIDE);
+                    self.narrow.insert(name.0, WIDE);
                     self.wide.insert(k, n);
                     self.top = self.top.max(name.0[2]);
                     self.whole_if_mostly_wide();
@@ -213,9 +208,9 @@ impl Counters {
         // The wide ones (and the far ones) from their own map, with no look-up each: they
         // gather in the totals lane, which a top over today walks whole.
         let base = self.base;
-        let narrow = self.narrow.iter().filter(|e| *e.1 != WIDE);
+        let narrow = self.narrow.iter().filter(|e| e.1 != WIDE);
         narrow
-            .map(move |(k, &n)| (k.key(base), i64::from(n)))
+            .map(move |(k, n)| (Name(k).key(base), i64::from(n)))
             .chain(self.wide.iter().map(|(&k, &n)| (k, n)))
     }
 
@@ -225,12 +220,15 @@ impl Counters {
         // `narrow` too.
         let base = self.base;
         let alone = (self.whole || self.far > 0).then_some(&self.wide);
-        self.narrow.keys().map(move |k| k.key(base)).chain(
-            alone
-                .into_iter()
-                .flat_map(|w| w.keys().copied())
-                .filter(move |&k| self.whole || self.name(k).is_none()),
-        )
+        self.narrow
+            .iter()
+            .map(move |(k, _)| Name(k).key(base))
+            .chain(
+                alone
+                    .into_iter()
+                    .flat_map(|w| w.keys().copied())
+                    .filter(move |&k| self.whole || self.name(k).is_none()),
+            )
     }
 
     /// Keeps the counters `keep` accepts.
@@ -242,13 +240,13 @@ impl Counters {
         let (wide, base) = (&mut self.wide, self.base);
         let mut top = 0;
         self.narrow.retain(|name, n| {
-            let k = name.key(base);
-            let kept = keep(k, whole(wide, k, *n));
-            if !kept && *n == WIDE {
+            let k = Name(name).key(base);
+            let kept = keep(k, whole(wide, k, n));
+            if !kept && n == WIDE {
                 wide.remove(&k);
             }
             if kept {
-                top = top.max(name.0[2]);
+                top = top.max(name[2]);
             }
             kept
         });
@@ -276,9 +274,9 @@ impl Counters {
         }
         let narrow = std::mem::take(&mut self.narrow);
         self.wide.reserve(narrow.len());
-        for (k, c) in narrow {
+        for (k, c) in narrow.iter() {
             if c != WIDE {
-                self.wide.insert(k.key(self.base), i64::from(c));
+                self.wide.insert(Name(k).key(self.base), i64::from(c));
             }
         }
         (self.whole, self.far) = (true, 0);
@@ -295,10 +293,10 @@ impl Counters {
             }
             match (name, narrow(c)) {
                 (Some(name), Some(s)) => {
-                    self.narrow.insert(name, s);
+                    self.narrow.insert(name.0, s);
                 }
                 (Some(name), None) => {
-                    self.narrow.insert(name, WIDE);
+                    self.narrow.insert(name.0, WIDE);
                     self.wide.insert(k, c);
                 }
                 (None, _) => {
@@ -369,7 +367,7 @@ impl Counters {
             return;
         }
         let all: Vec<(u64, i64)> = self.iter().collect();
-        self.narrow = HashMap::default();
+        self.narrow = Entries::default();
         self.wide = HashMap::default();
         self.narrow.reserve(all.len());
         self.rebuild(to, all.into_iter());
@@ -958,18 +956,18 @@ mod tests {
         for &k in c.wide.keys() {
             if let Some(name) = c.name(k) {
                 assert_eq!(
-                    c.narrow.get(&name),
-                    Some(&WIDE),
+                    c.narrow.get(name.0),
+                    Some(WIDE),
                     "a wide count has its mark"
                 );
             }
         }
-        for (name, &n) in &c.narrow {
+        for (name, n) in c.narrow.iter() {
             assert!(
-                n != WIDE || c.wide.contains_key(&name.key(c.base)),
+                n != WIDE || c.wide.contains_key(&Name(name).key(c.base)),
                 "a mark, its count"
             );
-            assert!(name.0[2] <= c.top, "top bounds every offset");
+            assert!(name[2] <= c.top, "top bounds every offset");
         }
     }
 
