@@ -191,15 +191,39 @@ impl Entries {
             .map(|&s| (key_of(s), count_of(s)))
     }
 
-    /// Keeps the entries `keep` accepts.
+    /// Keeps the entries `keep` accepts (asked once each). A few dropped are taken out in
+    /// place (a sweep); many (a freeze takes most of a map) rebuild the table from those
+    /// kept, as taking each out would move the rest of its run back each time.
     pub fn retain(&mut self, mut keep: impl FnMut(Key, i16) -> bool) {
-        let before = self.len;
-        let kept: Vec<u64> = (self.slots.iter().copied())
-            .filter(|&s| s & NAME != FREE && keep(key_of(s), count_of(s)))
+        let dropped: Vec<usize> = (0..self.slots.len())
+            .filter(|&i| {
+                let s = self.slots[i];
+                s & NAME != FREE && !keep(key_of(s), count_of(s))
+            })
             .collect();
-        if kept.len() < before {
-            self.fill(slots_for(kept.len()), kept.into_iter());
+        if dropped.is_empty() {
+            return;
         }
+        if dropped.len() * 4 <= self.len {
+            let names: Vec<u64> = dropped.iter().map(|&i| self.slots[i] & NAME).collect();
+            for w in names {
+                if let Ok(i) = self.find(w) {
+                    self.remove_at(i);
+                }
+            }
+            return;
+        }
+        let kept = self.len - dropped.len();
+        let old = std::mem::take(&mut self.slots);
+        let mut gone = dropped.into_iter().peekable();
+        let all = old.iter().enumerate().filter_map(|(i, &s)| {
+            if gone.peek() == Some(&i) {
+                gone.next();
+                return None;
+            }
+            (s & NAME != FREE).then_some(s)
+        });
+        self.fill(slots_for(kept), all);
     }
 
     /// Makes room for `more` entries beyond those it holds.
@@ -269,9 +293,15 @@ mod tests {
                     }
                     9..=12 => assert_eq!(t.remove(k), model.remove(&k)),
                     13 if step % 97 == 0 => {
-                        let m = next() % 5;
-                        let keep = |k: Key, n: i16| (u64::from(k[2]) ^ n as u64) % 5 != m;
-                        t.retain(keep);
+                        // A fifth dropped (taken out in place) or four fifths (rebuilt).
+                        let (m, most) = (next() % 5, next().is_multiple_of(2));
+                        let keep = |k: Key, n: i16| ((u64::from(k[2]) ^ n as u64) % 5 != m) != most;
+                        let (before, mut asked) = (t.len(), 0);
+                        t.retain(|k, n| {
+                            asked += 1;
+                            keep(k, n)
+                        });
+                        assert_eq!(asked, before, "each entry asked once");
                         model.retain(|&k, &mut n| keep(k, n));
                     }
                     14 if step % 89 == 0 => t.shrink_to_fit(),
