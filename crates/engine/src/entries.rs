@@ -49,11 +49,17 @@ pub struct Entries {
     len: usize,
 }
 
-/// The home slot of name `w` in a table of `size` slots: a multiplicative (Fibonacci) hash
-/// of the name, which every bit of it moves, scaled to the size by its high bits (a
-/// multiply, no division).
+/// The home slot of name `w` in a table of `size` slots: the name multiplied by a large
+/// odd constant to 128 bits, the halves folded and multiplied again, then scaled to the size
+/// by its high bits (multiplies, no division). One multiply (Fibonacci hashing) left long
+/// runs where many series have one bucket each (an hourly map, the totals of one minute):
+/// a step of one series is a step of 2^16 in the name, and its product's high bits move by
+/// ~0.48 of the range, so series fell in few places (a review measured 51–59 probes a
+/// look-up at 1 M series; ~1.5–3 now, as for random names).
 fn home(w: u64, size: usize) -> usize {
-    let x = w.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    const K: u64 = 0x9E37_79B9_7F4A_7C15;
+    let p = u128::from(w) * u128::from(K);
+    let x = ((p as u64) ^ ((p >> 64) as u64)).wrapping_mul(K);
     ((u128::from(x) * size as u128) >> 64) as usize
 }
 
@@ -213,7 +219,8 @@ impl Entries {
             }
             return;
         }
-        let kept = self.len - dropped.len();
+        // Sized for the kept ones, never larger than it was.
+        let size = slots_for(self.len - dropped.len()).min(self.slots.len());
         let old = std::mem::take(&mut self.slots);
         let mut gone = dropped.into_iter().peekable();
         let all = old.iter().enumerate().filter_map(|(i, &s)| {
@@ -223,7 +230,7 @@ impl Entries {
             }
             (s & NAME != FREE).then_some(s)
         });
-        self.fill(slots_for(kept), all);
+        self.fill(size, all);
     }
 
     /// Makes room for `more` entries beyond those it holds.
@@ -334,6 +341,38 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// Names of many series at one bucket (an hourly map; key ids a shard apart) spread as
+    /// random ones do: look-ups probe few slots, even with the table as full as it gets.
+    #[test]
+    fn many_series_at_one_bucket_probe_few_slots() {
+        for (stride, buckets) in [(1u32, 1u16), (8, 1), (1, 4), (8, 4), (64, 2)] {
+            let mut t = Entries::default();
+            let mut sid = 5u32 | (1 << 31);
+            'fill: loop {
+                for off in 0..buckets {
+                    // Up to the most it holds before it grows, past 100 000 entries.
+                    let full = (t.len() + 1) * MAX_LOAD.1 > t.capacity() * MAX_LOAD.0;
+                    if t.len() > 100_000 && full {
+                        break 'fill;
+                    }
+                    t.insert([(sid >> 16) as u16, sid as u16, off], 1);
+                }
+                sid += stride;
+            }
+            let size = t.capacity();
+            let probes: usize = (0..size)
+                .filter(|&i| t.slots[i] & NAME != FREE)
+                .map(|i| (i + size - home(t.slots[i] & NAME, size)) % size + 1)
+                .sum();
+            let mean = probes as f64 / t.len() as f64;
+            // Random names: (1 + 1 / (1 - 13/16)) / 2 = 3.17 at this load.
+            assert!(
+                mean < 4.0,
+                "stride {stride} x {buckets}: {mean:.2} probes a look-up"
+            );
         }
     }
 

@@ -254,7 +254,10 @@ impl Counters {
         if self.far > 0 {
             let mut far = 0;
             self.wide.retain(|&k, n| {
-                if split_key(k).1.wrapping_sub(base) < WINDOW {
+                // Far: outside the window, or of the series entries cannot name (as
+                // `Counters::name` says).
+                let (sid, idx) = split_key(k);
+                if idx.wrapping_sub(base) < WINDOW && sid != u32::MAX {
                     return true;
                 }
                 let kept = keep(k, *n);
@@ -922,6 +925,22 @@ mod tests {
     }
 
     /// Adds `n` to counter `k` of both the map and its model.
+    /// Series `u32::MAX` is the entries' free marker: its counters are far wherever their
+    /// bucket lies, and a retain drops them and counts them as such (found by a review).
+    #[test]
+    fn a_counter_of_the_free_markers_series_is_far_and_retained_as_one() {
+        let (mut c, mut model) = (Counters::default(), HashMap::new());
+        model_add(&mut c, &mut model, counter_key(5, 1000), 3);
+        model_add(&mut c, &mut model, counter_key(u32::MAX, 1001), 4);
+        model_add(&mut c, &mut model, counter_key(u32::MAX, 1002), 5);
+        assert_same(&c, &model);
+        assert_eq!(c.far, 2);
+        c.retain(|k, n| split_key(k).0 != u32::MAX || n == 5);
+        model.retain(|&k, n| split_key(k).0 != u32::MAX || *n == 5);
+        assert_same(&c, &model);
+        assert_eq!((c.far, c.len()), (1, 2));
+    }
+
     fn model_add(c: &mut Counters, model: &mut HashMap<u64, i64>, k: u64, n: i64) {
         c.add(k, n);
         let e = model.entry(k).or_insert(0);
