@@ -9,8 +9,9 @@
 //! is 8 bytes. The table grows to half full when it passes 13/16 (a `HashMap` doubles at
 //! 7/8, to 7/16). Linear probing slows as a table fills: at most 7/8 full and grown to
 //! 11/20, `Counters::add` took 21.8% of the samples against the `HashMap`'s 19.2%; at 13/16
-//! and 1/2, ~15% fewer samples than the `HashMap` in runs of the same length (`perf record`
-//! of `tally-bench replay runs=1`).
+//! and 1/2, about as many as the `HashMap` in runs of the same length (`perf record` of
+//! `tally-bench replay runs=1`: ~15% fewer with a one-multiply hash, which [`home`] explains
+//! why it does not use). The table is a win in memory, not in speed.
 
 /// A counter's name: its series id (two halves) and its bucket's offset.
 pub type Key = [u16; 3];
