@@ -203,6 +203,16 @@ impl Counters {
         }
     }
 
+    /// Brings the slot an update of counter `k` reads first into cache.
+    #[inline]
+    pub fn prefetch(&self, k: u64) {
+        if !self.whole
+            && let Some(name) = self.name(k)
+        {
+            self.narrow.prefetch(name.0);
+        }
+    }
+
     /// Every counter, `(counter key, count)`, in no order.
     pub fn iter(&self) -> impl Iterator<Item = (u64, i64)> + '_ {
         // The wide ones (and the far ones) from their own map, with no look-up each: they
@@ -572,6 +582,14 @@ impl Shard {
         let e = &mut self.extent[slot];
         *e = union(*e, (bucket_index, bucket_index));
         self.maps[at(slot, lane)].add(counter_key(series, bucket_index), n);
+    }
+
+    /// Brings into cache what [`Shard::add`] of the same counter reads first.
+    #[inline]
+    pub fn prefetch(&self, slot: usize, lane: Lane, series: SeriesId, bucket_index: u32) {
+        if let Some(m) = self.live_map(slot, lane) {
+            m.prefetch(counter_key(series, bucket_index));
+        }
     }
 
     /// A counter's value: live plus frozen.

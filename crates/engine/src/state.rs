@@ -13,6 +13,9 @@ use tally_core::store::StoreError;
 /// 2^32 until 2026-11-27).
 const LOGGED_TS_END: i64 = 1 << 32;
 
+/// How many counter updates ahead of the one being made the adder asks for its slot.
+const PREFETCH_AHEAD: usize = 8;
+
 use crate::answers::Answers;
 use crate::archive::{Archive, FlushPolicy, Held, store_error};
 use crate::catalog::{Catalog, KeyId, NsId, PairId, SeriesId, StrId, TierPlan, total_of};
@@ -638,7 +641,10 @@ impl Core {
         }
         for group in adds.chunk_by(|a, b| a.shard == b.shard) {
             let mut shard = self.mem.lock(group[0].shard as usize);
-            for a in group {
+            for (i, a) in group.iter().enumerate() {
+                if let Some(b) = group.get(i + PREFETCH_AHEAD) {
+                    shard.prefetch(b.slot as usize, b.lane, b.sid, b.idx);
+                }
                 shard.add(a.slot as usize, a.lane, a.sid, a.idx, a.n);
             }
         }
