@@ -596,12 +596,28 @@ impl Core {
         let ResolvedBatch {
             seq,
             at,
-            mut resolved,
+            resolved,
             sids,
             plans,
         } = batch;
         // One critical section per shard: a key's whole share of the batch appears at once.
-        resolved.sort_by_key(|r| r.shard);
+        // The increments in shard order, by a counting sort of their positions (a sort of
+        // the increments themselves took ~5% of replay's adding thread).
+        let order = {
+            let mut next = vec![0usize; self.mem.shards() + 1];
+            for r in &resolved {
+                next[r.shard + 1] += 1;
+            }
+            for s in 1..next.len() {
+                next[s] += next[s - 1];
+            }
+            let mut order = vec![0u32; resolved.len()];
+            for (i, r) in resolved.iter().enumerate() {
+                order[next[r.shard]] = i as u32;
+                next[r.shard] += 1;
+            }
+            order
+        };
         // The periods this record adds to: few per batch, so a short list.
         let mut touched: Vec<(usize, i64)> = Vec::new();
         // Every counter update of the batch, worked out before any lock is taken and in
@@ -609,7 +625,7 @@ impl Core {
         // cache misses (each is a probe into a map of millions of counters) instead of
         // waiting for each in turn between the checks below.
         let mut adds: Vec<Add> = Vec::with_capacity(resolved.len() * 4);
-        for r in &resolved {
+        for r in order.iter().map(|&i| &resolved[i as usize]) {
             let Some(tiers) = plans.get(r.ns) else {
                 continue;
             };
