@@ -82,12 +82,33 @@ impl<'a> BatchView<'a> {
             view.creates.push((i, schema.clone()));
         }
         view.incs.reserve(batch.increments.len());
+        // A batch's increments nearly always share their namespace, and their dimensions
+        // come in the same order (sorted by name): each is compared with the string of the
+        // increment before, at the same place, before it is hashed.
+        let mut last_ns: Option<(&'a str, u32)> = None;
+        let mut last_dims: [Option<(&'a str, u32)>; 4] = [None; 4];
         for inc in &batch.increments {
-            let ns = intern(inc.ns.as_str(), &mut view.strings);
+            let ns = match last_ns {
+                Some((s, i)) if s == inc.ns.as_str() => i,
+                _ => {
+                    let i = intern(inc.ns.as_str(), &mut view.strings);
+                    last_ns = Some((inc.ns.as_str(), i));
+                    i
+                }
+            };
             let key = intern(inc.key.as_str(), &mut view.strings);
             let start = view.subs.len() as u32;
-            for s in &inc.subtotals {
-                let d = intern(&s.dim, &mut view.strings);
+            for (j, s) in inc.subtotals.iter().enumerate() {
+                let d = match last_dims.get(j).copied().flatten() {
+                    Some((dim, i)) if dim == s.dim => i,
+                    _ => {
+                        let i = intern(&s.dim, &mut view.strings);
+                        if let Some(slot) = last_dims.get_mut(j) {
+                            *slot = Some((&s.dim, i));
+                        }
+                        i
+                    }
+                };
                 let v = intern(&s.value, &mut view.strings);
                 view.subs.push((d, v));
             }
@@ -495,6 +516,52 @@ mod tests {
                 .collect(),
             idempotency: None,
         }
+    }
+
+    /// Namespaces and dimensions are compared with the increment before's first: where
+    /// they change from one increment to the next, each still names its own string.
+    #[test]
+    fn each_increment_names_its_own_namespace_and_dimensions() {
+        let b = batch(&[
+            ("clicks", "a", 1, 1, &[("country", "US"), ("referrer", "x")]),
+            ("other", "a", 2, 1, &[("referrer", "x")]),
+            ("clicks", "b", 3, 1, &[("browser", "x"), ("country", "US")]),
+            (
+                "other",
+                "b",
+                4,
+                1,
+                &[("a", "b"), ("c", "d"), ("e", "f"), ("g", "h"), ("i", "j")],
+            ),
+            (
+                "other",
+                "c",
+                5,
+                1,
+                &[("a", "b"), ("c", "d"), ("e", "f"), ("g", "h"), ("k", "j")],
+            ),
+        ]);
+        let view = BatchView::from_batch(&b);
+        for (inc, want) in view.incs.iter().zip(&b.increments) {
+            assert_eq!(view.str(inc.ns), want.ns.as_str());
+            assert_eq!(view.str(inc.key), want.key.as_str());
+            let subs: Vec<(&str, &str)> = view
+                .subs_of(inc)
+                .iter()
+                .map(|&(d, v)| (view.str(d), view.str(v)))
+                .collect();
+            let want: Vec<(&str, &str)> = want
+                .subtotals
+                .iter()
+                .map(|s| (s.dim.as_str(), s.value.as_str()))
+                .collect();
+            assert_eq!(subs, want);
+        }
+        // Each string once in the table.
+        let mut unique = view.strings.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), view.strings.len());
     }
 
     #[test]
