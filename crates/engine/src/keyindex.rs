@@ -5,10 +5,13 @@
 //! Before, the table held each name (inline up to 22 bytes: 32-byte slots) and a
 //! `BTreeMap` each name again (a shared `Arc<str>`, its own allocation): on
 //! `tally-bench engine`'s workload the catalog's keys took 7.3 B per live counter, now
-//! 3.7 B. A look-up reads what it read before — the table's slot, then the key's entry,
-//! which it needs next for the key's subtotals — only in the other order. Making a key
-//! costs more: a binary search that reads a name (a cache miss) per step, where the
-//! B-tree compared a node's names in a scan the CPU overlapped (~1 µs a new key).
+//! 3.7 B (4.1 B since the sorted list keeps 8 bytes of each name). A look-up reads what it
+//! read before — the table's slot, then the key's entry, which it needs next for the
+//! key's subtotals — only in the other order. Making a key is a binary search over the
+//! runs' heads, then over one run's entries, each with 8 bytes of its name after the
+//! bytes all names share ([`KeyIndex::shared`]): names are read only where those tie.
+//! (Reading a name a step, a cache miss each, took ~9% of replay's resolving thread;
+//! `partition_point` and `insert` now take about half what they took.)
 
 use std::hash::BuildHasher;
 use std::ops::Bound;
@@ -20,9 +23,17 @@ use crate::catalog::KeyId;
 
 /// Most ids in one run of the sorted list: a longer run is split in two. An insert or
 /// removal moves up to this many ids; finding a place reads the runs' first bytes, then
-/// ~log2(RUN) names. (512 took ~25% more time in `partition_point` under `tally-bench
-/// replay`; the runs' own overhead is ~1 byte a key here.)
+/// ~log2(RUN) entries of one run. (512 took ~25% more time in `partition_point` under
+/// `tally-bench replay`.)
 const RUN: usize = 64;
+
+/// Most leading bytes the index skips as shared by every name (see [`KeyIndex::shared`]).
+const MAX_SHARED: usize = 16;
+
+/// Keys past which a name that shares fewer leading bytes than the index skips sets the
+/// skip to none at once: each change of the skip rereads every name, so a large index
+/// rereads them at most once this way, not once per byte lost.
+const RESKIP_FULLY_PAST: usize = if cfg!(test) { 200 } else { 1 << 16 };
 
 /// A key's name as the index reads it: its bytes (compared and hashed as bytes, with no
 /// UTF-8 check per comparison).
@@ -30,15 +41,44 @@ pub trait Names<'a>: Fn(KeyId) -> &'a [u8] {}
 
 impl<'a, F: Fn(KeyId) -> &'a [u8]> Names<'a> for F {}
 
+/// An id in the sorted list, with the 8 bytes of its name after the bytes every name
+/// shares ([`KeyIndex::place`]), as two halves so that an entry takes 12 bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Sorted {
+    hi: u32,
+    lo: u32,
+    id: KeyId,
+}
+
+impl Sorted {
+    fn new(place: u64, id: KeyId) -> Sorted {
+        Sorted {
+            hi: (place >> 32) as u32,
+            lo: place as u32,
+            id,
+        }
+    }
+
+    fn place(self) -> u64 {
+        u64::from(self.hi) << 32 | u64::from(self.lo)
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct KeyIndex {
     table: HashTable<KeyId>,
     /// Every id, sorted by name, in runs of at most [`RUN`]; no run is empty.
-    runs: Vec<Vec<KeyId>>,
-    /// The first id of each run with its name's first bytes ([`prefix`]): a search over
-    /// the runs reads these, in a short list that stays in cache, and reads a name only
-    /// where the first bytes tie (most keys differ in their first 8 bytes).
+    runs: Vec<Vec<Sorted>>,
+    /// The first id of each run with its place: a search over the runs reads these, in a
+    /// short list that stays in cache.
     heads: Vec<(u64, KeyId)>,
+    /// Bytes every name here starts with (up to [`MAX_SHARED`]; the first `shared_len`):
+    /// the list orders names by the 8 bytes after them, and reads a name only where those
+    /// tie. Keys often share a start (`lnk_`, `user:`), and 8 bytes from their first would
+    /// tie across many: a new key's binary search in its run then read a name a step, a
+    /// cache miss each (~9% of replay's resolving thread).
+    shared: [u8; MAX_SHARED],
+    shared_len: usize,
 }
 
 /// A name's first 8 bytes, big-endian and padded with zeros: where two names' prefixes
@@ -52,6 +92,12 @@ fn prefix(name: &[u8]) -> u64 {
 
 fn hash(name: &[u8]) -> u64 {
     FixedState::default().hash_one(name)
+}
+
+/// Where `key` lies against names that all start with `shared`, when it does not.
+enum Outside {
+    BeforeAll,
+    AfterAll,
 }
 
 impl KeyIndex {
@@ -68,38 +114,91 @@ impl KeyIndex {
         self.table.find(hash(key), |&id| name(id) == key).copied()
     }
 
+    fn shared(&self) -> &[u8] {
+        &self.shared[..self.shared_len]
+    }
+
+    /// A name's place in the sorted list: its 8 bytes after the shared ones. Among names
+    /// that start with the shared bytes, places that differ order as the names do.
+    fn place(&self, key: &[u8]) -> u64 {
+        prefix(key.get(self.shared_len..).unwrap_or_default())
+    }
+
+    /// Whether `key` starts with the shared bytes; if not, where it lies.
+    fn outside(&self, key: &[u8]) -> Option<Outside> {
+        if key.starts_with(self.shared()) {
+            None
+        } else if key < self.shared() {
+            // A prefix of the shared bytes, or less at the first byte that differs.
+            Some(Outside::BeforeAll)
+        } else {
+            Some(Outside::AfterAll)
+        }
+    }
+
+    /// Makes the shared bytes the first `len` of those now, and every place again.
+    fn reskip<'a>(&mut self, len: usize, name: &impl Names<'a>) {
+        self.shared_len = len;
+        for (run, head) in self.runs.iter_mut().zip(&mut self.heads) {
+            for s in run.iter_mut() {
+                let key = name(s.id);
+                *s = Sorted::new(prefix(key.get(len..).unwrap_or_default()), s.id);
+            }
+            *head = (run[0].place(), run[0].id);
+        }
+    }
+
     /// Adds `id`, whose name (read through `name`, as every other id's) no id here has.
     pub fn insert<'a>(&mut self, id: KeyId, name: impl Names<'a>) {
         let key = name(id);
         self.table
             .insert_unique(hash(key), id, |&other| hash(name(other)));
+        if self.runs.is_empty() {
+            let n = key.len().min(MAX_SHARED);
+            self.shared[..n].copy_from_slice(&key[..n]);
+            self.shared_len = n;
+        } else if self.outside(key).is_some() {
+            let common = self
+                .shared()
+                .iter()
+                .zip(key)
+                .take_while(|(a, b)| a == b)
+                .count();
+            let len = if self.len() > RESKIP_FULLY_PAST {
+                0
+            } else {
+                common
+            };
+            self.reskip(len, &name);
+        }
+        let place = self.place(key);
         let (r, at) = self.position(key, &name);
         let last = r + 1 == self.runs.len();
+        let entry = Sorted::new(place, id);
         let Some(run) = self.runs.get_mut(r) else {
-            self.runs.push(vec![id]);
-            self.heads.push((prefix(key), id));
+            self.runs.push(vec![entry]);
+            self.heads.push((place, id));
             return;
         };
         if run.len() < RUN {
-            run.insert(at, id);
+            run.insert(at, entry);
             if at == 0 {
-                self.heads[r] = (prefix(key), id);
+                self.heads[r] = (place, id);
             }
         } else if last && at == run.len() {
             // Keys made in order (a counter per new id, a date in the name) fill the last
             // run and start a new one, not leave half-full runs behind.
-            self.runs.push(vec![id]);
-            self.heads.push((prefix(key), id));
+            self.runs.push(vec![entry]);
+            self.heads.push((place, id));
         } else {
             let mut tail = run.split_off(RUN / 2);
             if at <= RUN / 2 {
-                run.insert(at, id);
+                run.insert(at, entry);
             } else {
-                tail.insert(at - RUN / 2, id);
+                tail.insert(at - RUN / 2, entry);
             }
-            let head = |ids: &[KeyId]| (prefix(name(ids[0])), ids[0]);
-            self.heads[r] = head(run);
-            self.heads.insert(r + 1, head(&tail));
+            self.heads[r] = (run[0].place(), run[0].id);
+            self.heads.insert(r + 1, (tail[0].place(), tail[0].id));
             self.runs.insert(r + 1, tail);
         }
     }
@@ -113,11 +212,11 @@ impl KeyIndex {
         found.remove();
         let (r, at) = self.position(key, &name);
         if let Some(run) = self.runs.get_mut(r)
-            && run.get(at) == Some(&id)
+            && run.get(at).map(|s| s.id) == Some(id)
         {
             run.remove(at);
             if let Some(&head) = run.first() {
-                self.heads[r] = (prefix(name(head)), head);
+                self.heads[r] = (head.place(), head.id);
             } else {
                 self.runs.remove(r);
                 self.heads.remove(r);
@@ -126,25 +225,33 @@ impl KeyIndex {
         true
     }
 
-    /// Where `key` is or would go: the run (`runs.len()` when there is none) and the
-    /// place in it.
+    /// Where `key` is or would go: the run (`runs.len()` when there is none, or when it
+    /// comes after every name) and the place in it.
     fn position<'a>(&self, key: &[u8], name: &impl Names<'a>) -> (usize, usize) {
         if self.runs.is_empty() {
             return (0, 0);
         }
+        match self.outside(key) {
+            Some(Outside::BeforeAll) => return (0, 0),
+            Some(Outside::AfterAll) => return (self.runs.len(), 0),
+            None => {}
+        }
         // The last run whose first name is at most `key` (the first run if none is).
-        let first = prefix(key);
+        let place = self.place(key);
         let r = self
             .heads
-            .partition_point(|&(p, id)| p < first || (p == first && name(id) <= key))
+            .partition_point(|&(p, id)| p < place || (p == place && name(id) <= key))
             .saturating_sub(1);
-        let at = self.runs[r].partition_point(|&id| name(id) < key);
+        let at = self.runs[r].partition_point(|s| {
+            let p = s.place();
+            p < place || (p == place && name(s.id) < key)
+        });
         (r, at)
     }
 
     /// Every id, in its name's byte order.
     pub fn iter(&self) -> impl Iterator<Item = KeyId> + '_ {
-        self.runs.iter().flatten().copied()
+        self.runs.iter().flatten().map(|s| s.id)
     }
 
     /// The ids from `start` on, in their names' byte order.
@@ -162,7 +269,7 @@ impl KeyIndex {
                 .runs
                 .get(r)
                 .and_then(|run| run.get(at))
-                .map(|&id| name(id))
+                .map(|s| name(s.id))
                 == Some(k)
         {
             at += 1;
@@ -173,7 +280,7 @@ impl KeyIndex {
             .iter()
             .flatten()
             .skip(at)
-            .copied()
+            .map(|s| s.id)
     }
 
     /// Gives back room a forget left unused.
@@ -196,12 +303,12 @@ impl KeyIndex {
     pub fn bytes(&self) -> usize {
         use std::mem::size_of;
         self.table.capacity() * (size_of::<KeyId>() + 1)
-            + self.runs.capacity() * size_of::<Vec<KeyId>>()
+            + self.runs.capacity() * size_of::<Vec<Sorted>>()
             + self.heads.capacity() * size_of::<(u64, KeyId)>()
             + self
                 .runs
                 .iter()
-                .map(|r| r.capacity() * size_of::<KeyId>())
+                .map(|r| r.capacity() * size_of::<Sorted>())
                 .sum::<usize>()
     }
 }
@@ -212,14 +319,20 @@ mod tests {
     use std::collections::BTreeMap;
 
     /// No run is empty or longer than [`RUN`], and `heads` names each run's first id.
+    /// Every name starts with the shared bytes, and each entry's place is its name's.
     pub(super) fn assert_runs<'a>(index: &KeyIndex, name: impl Names<'a>) {
         assert!(index.runs.iter().all(|r| !r.is_empty() && r.len() <= RUN));
-        let heads: Vec<(u64, KeyId)> = index
-            .runs
-            .iter()
-            .map(|r| (prefix(name(r[0])), r[0]))
-            .collect();
+        let heads: Vec<(u64, KeyId)> = index.runs.iter().map(|r| (r[0].place(), r[0].id)).collect();
         assert_eq!(index.heads, heads);
+        for s in index.runs.iter().flatten() {
+            let key = name(s.id);
+            assert!(
+                key.starts_with(index.shared()),
+                "{key:?} {:?}",
+                index.shared()
+            );
+            assert_eq!(s.place(), index.place(key), "{key:?}");
+        }
     }
 
     /// Random inserts and removals, against a `BTreeMap` of the same names: look-ups,
@@ -325,6 +438,104 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Keys that share their first bytes are placed by the bytes after them; a key that
+    /// shares fewer makes the index skip fewer (none at once past `RESKIP_FULLY_PAST`
+    /// keys), and an index emptied starts again from its next key.
+    #[test]
+    fn the_bytes_every_key_shares_are_skipped_and_given_back() {
+        let mut next = crate::testutil::rng(0x51ed_270b_2718_2818);
+        let mut names: Vec<String> = Vec::new();
+        let mut model: BTreeMap<String, KeyId> = BTreeMap::new();
+        let mut index = KeyIndex::default();
+        let check = |index: &KeyIndex, names: &[String], model: &BTreeMap<String, KeyId>| {
+            let name = |i: KeyId| names[i as usize].as_bytes();
+            assert_runs(index, name);
+            assert_eq!(
+                index.iter().collect::<Vec<_>>(),
+                model.values().copied().collect::<Vec<_>>()
+            );
+            for probe in [
+                "",
+                "a",
+                "lnk",
+                "lnk_",
+                "lnk_5",
+                "lnk_50000",
+                "lnx",
+                "m",
+                "\u{ff}",
+            ] {
+                let got: Vec<KeyId> = index
+                    .range(Bound::Included(probe.as_bytes()), name)
+                    .collect();
+                let want: Vec<KeyId> = model
+                    .range::<str, _>((Bound::Included(probe), Bound::Unbounded))
+                    .map(|(_, &i)| i)
+                    .collect();
+                assert_eq!(got, want, "from {probe:?}");
+                assert_eq!(index.get(probe.as_bytes(), name), model.get(probe).copied());
+            }
+        };
+        let add = |key: String,
+                   index: &mut KeyIndex,
+                   names: &mut Vec<String>,
+                   model: &mut BTreeMap<String, KeyId>| {
+            if model.contains_key(&key) {
+                return;
+            }
+            let id = names.len() as KeyId;
+            names.push(key.clone());
+            let t = &*names;
+            index.insert(id, |i| t[i as usize].as_bytes());
+            model.insert(key, id);
+        };
+        add("lnk_12345".into(), &mut index, &mut names, &mut model);
+        assert_eq!(index.shared(), b"lnk_12345");
+        for _ in 0..100 {
+            add(
+                format!("lnk_{}", next() % 100_000),
+                &mut index,
+                &mut names,
+                &mut model,
+            );
+        }
+        assert_eq!(index.shared(), b"lnk_");
+        add("lnx".into(), &mut index, &mut names, &mut model);
+        assert_eq!(
+            index.shared(),
+            b"ln",
+            "a partial skip while the index is small"
+        );
+        for _ in 0..300 {
+            add(
+                format!("lnk_{}", next() % 100_000),
+                &mut index,
+                &mut names,
+                &mut model,
+            );
+        }
+        check(&index, &names, &model);
+        add("l".into(), &mut index, &mut names, &mut model);
+        assert_eq!(
+            index.shared(),
+            b"",
+            "none at once past RESKIP_FULLY_PAST keys"
+        );
+        add("a".into(), &mut index, &mut names, &mut model);
+        add("m".into(), &mut index, &mut names, &mut model);
+        check(&index, &names, &model);
+        // Emptied, the index takes its next key's bytes.
+        let ids: Vec<KeyId> = index.iter().collect();
+        for id in ids {
+            let t = &names;
+            assert!(index.remove(id, |i| t[i as usize].as_bytes()));
+        }
+        assert!(index.is_empty() && index.runs.is_empty());
+        let t = &names;
+        index.insert(0, |i| t[i as usize].as_bytes());
+        assert_eq!(index.shared(), b"lnk_12345");
     }
 
     #[test]
