@@ -7,7 +7,8 @@
 # Needs a nightly toolchain (`rustup toolchain install nightly`); installs cargo-fuzz if it
 # is missing. Inputs a run finds go to fuzz/scratch/<target>/ (ignored by git), so the
 # committed seeds in fuzz/corpus/<target>/ stay small; crashes go to fuzz/artifacts/<target>/.
-# Built without a sanitizer (the workspace forbids unsafe code) and with debug assertions,
+# Built without a sanitizer (the workspace denies unsafe code; its one site is a cache
+# prefetch, which touches no memory the program sees) and with debug assertions,
 # so an arithmetic overflow is a crash too.
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"

@@ -8,6 +8,8 @@
 //! Subcommands: `engine`, `replay`, `flush-latency`, `compare`, `http`, `idempotency`, `ratelimit`, `statsd`, `redis-backend`, `archive`, `archive-year`, `export`, `load`, and `soak`
 //! and `soak-disk-full` (the crash soak of `scripts/soak.sh`).
 
+// The workspace denies `unsafe`; only the engine has a site that allows it.
+#![forbid(unsafe_code)]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod archive;

@@ -4,6 +4,9 @@
 //! the subcommand, and an error prints as one line with its causes and exits 1 (clap's own
 //! refusals exit 2; a limited `incr` refused exits 3). A closed stdout is success.
 
+// The workspace denies `unsafe`; only the engine has a site that allows it.
+#![forbid(unsafe_code)]
+
 mod cmd;
 mod conn;
 mod http;

@@ -8,6 +8,9 @@
 //! - [`query`]: series, breakdown, window, dashboard, top and keys, generic over `Store`.
 //! - [`reference`]: a simple `BTreeMap` store the real backends are tested against.
 
+// The workspace denies `unsafe`; only the engine has a site that allows it.
+#![forbid(unsafe_code)]
+
 mod durability;
 pub mod error;
 pub mod ingest;

@@ -657,6 +657,9 @@ impl Core {
         }
         for group in adds.chunk_by(|a, b| a.shard == b.shard) {
             let mut shard = self.mem.lock(group[0].shard as usize);
+            for b in group.iter().take(PREFETCH_AHEAD) {
+                shard.prefetch(b.slot as usize, b.lane, b.sid, b.idx);
+            }
             for (i, a) in group.iter().enumerate() {
                 if let Some(b) = group.get(i + PREFETCH_AHEAD) {
                     shard.prefetch(b.slot as usize, b.lane, b.sid, b.idx);

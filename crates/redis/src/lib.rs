@@ -18,6 +18,9 @@
 //! small runtime of its own and blocks on it, which works from any thread that is not itself
 //! driving async tasks.
 
+// The workspace denies `unsafe`; only the engine has a site that allows it.
+#![forbid(unsafe_code)]
+
 pub mod layout;
 pub mod scripts;
 #[cfg(feature = "test-support")]

@@ -5,6 +5,9 @@
 //!
 //! This file only names the modules and the public API; each module says what it owns.
 
+// The workspace denies `unsafe`; only the engine has a site that allows it.
+#![forbid(unsafe_code)]
+
 mod admission;
 mod app;
 mod auth;

@@ -1,7 +1,7 @@
 //! [`Segment`]: an open segment file. Opening reads and checks the footer and the key index
 //! and keeps them in memory; blocks are read on demand with positional reads (no seek, no
 //! shared cursor), so one `Segment` behind an `Arc` serves any number of threads. No mmap
-//! in v1 (the workspace forbids `unsafe`): the index is in memory, blocks come from the page
+//! in v1 (the workspace denies `unsafe`; a mapped file that shrinks is undefined behaviour): the index is in memory, blocks come from the page
 //! cache, through a descriptor [`super::files`] may close and open again.
 
 use std::fs::File;

@@ -406,12 +406,14 @@ impl<'a> Reader<'a> {
     pub(crate) fn string_table(&mut self) -> Result<Vec<&'a str>, PayloadError> {
         let n = self.len()?;
         let start = self.pos;
+        let mut short = true;
         for _ in 0..n {
             let len = self.len()?;
+            short &= len < 0x80;
             self.pos += len;
         }
         let mut strings = Vec::with_capacity(n);
-        if let Ok(table) = std::str::from_utf8(&self.bytes[start..self.pos]) {
+        if short && let Ok(table) = std::str::from_utf8(&self.bytes[start..self.pos]) {
             let mut at = start;
             while strings.len() < n {
                 // A length of one byte: the string follows it.
