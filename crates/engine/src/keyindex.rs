@@ -30,9 +30,13 @@ const RUN: usize = 64;
 /// Most leading bytes the index skips as shared by every name (see [`KeyIndex::shared`]).
 const MAX_SHARED: usize = 16;
 
-/// Keys past which a name that shares fewer leading bytes than the index skips sets the
-/// skip to none at once: each change of the skip rereads every name, so a large index
-/// rereads them at most once this way, not once per byte lost.
+/// Keys (the new one included) past which a name that shares fewer leading bytes than the
+/// index skips sets the skip to none at once. Each change of the skip rereads every name,
+/// and the skip only shrinks until the index empties: at most [`MAX_SHARED`] partial
+/// changes below this size (~1 M names read at worst) and one to none above it, about 17
+/// reads per key made since the index was last empty. Once at none, it stays there though
+/// the key that lowered it is forgotten: searches then read names wherever keys share
+/// their first 8 bytes, as before the skip existed.
 const RESKIP_FULLY_PAST: usize = if cfg!(test) { 200 } else { 1 << 16 };
 
 /// A key's name as the index reads it: its bytes (compared and hashed as bytes, with no
