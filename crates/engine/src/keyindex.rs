@@ -471,97 +471,100 @@ mod tests {
     /// keys), and an index emptied starts again from its next key.
     #[test]
     fn the_bytes_every_key_shares_are_skipped_and_given_back() {
-        let mut next = crate::testutil::rng(0x51ed_270b_2718_2818);
-        let mut names: Vec<String> = Vec::new();
-        let mut model: BTreeMap<String, KeyId> = BTreeMap::new();
-        let mut index = KeyIndex::default();
-        let check = |index: &KeyIndex, names: &[String], model: &BTreeMap<String, KeyId>| {
-            let name = |i: KeyId| names[i as usize].as_bytes();
-            assert_runs(index, name);
-            assert_eq!(
-                index.iter().collect::<Vec<_>>(),
-                model.values().copied().collect::<Vec<_>>()
-            );
-            for probe in [
-                "",
-                "a",
-                "lnk",
-                "lnk_",
-                "lnk_5",
-                "lnk_50000",
-                "lnx",
-                "m",
-                "\u{ff}",
-            ] {
-                let got: Vec<KeyId> = index
-                    .range(Bound::Included(probe.as_bytes()), name)
-                    .collect();
-                let want: Vec<KeyId> = model
-                    .range::<str, _>((Bound::Included(probe), Bound::Unbounded))
-                    .map(|(_, &i)| i)
-                    .collect();
-                assert_eq!(got, want, "from {probe:?}");
-                assert_eq!(index.get(probe.as_bytes(), name), model.get(probe).copied());
-            }
-        };
-        let add = |key: String,
-                   index: &mut KeyIndex,
-                   names: &mut Vec<String>,
-                   model: &mut BTreeMap<String, KeyId>| {
-            if model.contains_key(&key) {
-                return;
-            }
-            let id = names.len() as KeyId;
-            names.push(key.clone());
-            let t = &*names;
-            index.insert(id, |i| t[i as usize].as_bytes());
-            model.insert(key, id);
-        };
-        add("lnk_12345".into(), &mut index, &mut names, &mut model);
-        assert_eq!(index.shared(), b"lnk_12345");
-        for _ in 0..100 {
-            add(
-                format!("lnk_{}", next() % 100_000),
-                &mut index,
-                &mut names,
-                &mut model,
-            );
+        /// The index beside a `BTreeMap` of the same names; names by id.
+        #[derive(Default)]
+        struct Keys {
+            names: Vec<String>,
+            model: BTreeMap<String, KeyId>,
+            index: KeyIndex,
         }
-        assert_eq!(index.shared(), b"lnk_");
-        add("lnx".into(), &mut index, &mut names, &mut model);
+        impl Keys {
+            fn add(&mut self, key: String) {
+                if self.model.contains_key(&key) {
+                    return;
+                }
+                let id = self.names.len() as KeyId;
+                self.names.push(key.clone());
+                let t = &self.names;
+                self.index.insert(id, |i| t[i as usize].as_bytes());
+                self.model.insert(key, id);
+            }
+
+            /// `n` draws of `lnk_` and a number.
+            fn add_links(&mut self, n: usize, next: &mut impl FnMut() -> u64) {
+                for _ in 0..n {
+                    self.add(format!("lnk_{}", next() % 100_000));
+                }
+            }
+
+            fn check(&self) {
+                let name = |i: KeyId| self.names[i as usize].as_bytes();
+                assert_runs(&self.index, name);
+                assert_eq!(
+                    self.index.iter().collect::<Vec<_>>(),
+                    self.model.values().copied().collect::<Vec<_>>()
+                );
+                for probe in [
+                    "",
+                    "a",
+                    "lnk",
+                    "lnk_",
+                    "lnk_5",
+                    "lnk_50000",
+                    "lnx",
+                    "m",
+                    "\u{ff}",
+                ] {
+                    let got: Vec<KeyId> = self
+                        .index
+                        .range(Bound::Included(probe.as_bytes()), name)
+                        .collect();
+                    let want: Vec<KeyId> = self
+                        .model
+                        .range::<str, _>((Bound::Included(probe), Bound::Unbounded))
+                        .map(|(_, &i)| i)
+                        .collect();
+                    assert_eq!(got, want, "from {probe:?}");
+                    assert_eq!(
+                        self.index.get(probe.as_bytes(), name),
+                        self.model.get(probe).copied()
+                    );
+                }
+            }
+        }
+
+        let mut next = crate::testutil::rng(0x51ed_270b_2718_2818);
+        let mut k = Keys::default();
+        k.add("lnk_12345".into());
+        assert_eq!(k.index.shared(), b"lnk_12345");
+        k.add_links(100, &mut next);
+        assert_eq!(k.index.shared(), b"lnk_");
+        k.add("lnx".into());
         assert_eq!(
-            index.shared(),
+            k.index.shared(),
             b"ln",
             "a partial skip while the index is small"
         );
-        for _ in 0..300 {
-            add(
-                format!("lnk_{}", next() % 100_000),
-                &mut index,
-                &mut names,
-                &mut model,
-            );
-        }
-        check(&index, &names, &model);
-        add("l".into(), &mut index, &mut names, &mut model);
+        k.add_links(300, &mut next);
+        k.check();
+        k.add("l".into());
         assert_eq!(
-            index.shared(),
+            k.index.shared(),
             b"",
             "none at once past RESKIP_FULLY_PAST keys"
         );
-        add("a".into(), &mut index, &mut names, &mut model);
-        add("m".into(), &mut index, &mut names, &mut model);
-        check(&index, &names, &model);
+        k.add("a".into());
+        k.add("m".into());
+        k.check();
         // Emptied, the index takes its next key's bytes.
-        let ids: Vec<KeyId> = index.iter().collect();
+        let ids: Vec<KeyId> = k.index.iter().collect();
+        let t = &k.names;
         for id in ids {
-            let t = &names;
-            assert!(index.remove(id, |i| t[i as usize].as_bytes()));
+            assert!(k.index.remove(id, |i| t[i as usize].as_bytes()));
         }
-        assert!(index.is_empty() && index.runs.is_empty());
-        let t = &names;
-        index.insert(0, |i| t[i as usize].as_bytes());
-        assert_eq!(index.shared(), b"lnk_12345");
+        assert!(k.index.is_empty() && k.index.runs.is_empty());
+        k.index.insert(0, |i| t[i as usize].as_bytes());
+        assert_eq!(k.index.shared(), b"lnk_12345");
     }
 
     #[test]

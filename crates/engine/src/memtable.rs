@@ -942,7 +942,6 @@ mod tests {
         assert_eq!(live + 100, total);
     }
 
-    /// Adds `n` to counter `k` of both the map and its model.
     /// Series `u32::MAX` is the entries' free marker: its counters are far wherever their
     /// bucket lies, and a retain drops them and counts them as such (found by a review).
     #[test]
@@ -959,6 +958,7 @@ mod tests {
         assert_eq!((c.far, c.len()), (1, 2));
     }
 
+    /// Adds `n` to counter `k` of both the map and its model.
     fn model_add(c: &mut Counters, model: &mut HashMap<u64, i64>, k: u64, n: i64) {
         c.add(k, n);
         let e = model.entry(k).or_insert(0);
