@@ -414,26 +414,18 @@ impl<'a> Reader<'a> {
         }
         let mut strings = Vec::with_capacity(n);
         if short && let Ok(table) = std::str::from_utf8(&self.bytes[start..self.pos]) {
-            let mut at = start;
-            while strings.len() < n {
-                // A length of one byte: the string follows it.
-                match self.bytes.get(at).map(|&b| usize::from(b)) {
-                    Some(len) if len < 0x80 => {
-                        let from = at + 1 - start;
-                        let s = table.get(from..from + len).ok_or(PayloadError::NotUtf8)?;
-                        strings.push(s);
-                        at += 1 + len;
-                    }
-                    _ => break,
-                }
+            // Every length is one byte, and its string follows it.
+            let mut at = 0;
+            for _ in 0..n {
+                let len = table.as_bytes().get(at).map_or(0, |&b| usize::from(b));
+                let s = table.get(at + 1..at + 1 + len);
+                strings.push(s.ok_or(PayloadError::NotUtf8)?);
+                at += 1 + len;
             }
-            if strings.len() == n {
-                return Ok(strings);
-            }
+            return Ok(strings);
         }
         // A length of more bytes (a string of 128 or more), or bytes that are not UTF-8.
         self.pos = start;
-        strings.clear();
         for _ in 0..n {
             strings.push(self.str()?);
         }
