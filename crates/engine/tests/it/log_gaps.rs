@@ -664,3 +664,63 @@ fn a_damaged_head_is_refused_and_a_missing_one_is_written() {
     );
     assert!(err.to_string().contains("cannot be read"), "{err}");
 }
+
+#[test]
+fn a_record_that_does_not_apply_is_named_by_its_own_offset_though_more_follow() {
+    // Replay decodes ahead of the records it applies (on a thread of its own): the error
+    // must still name the record that failed, not one the decoding had reached.
+    use tally_core::model::Schema;
+    use tally_engine::wal::FILE_HEADER_LEN;
+    use tally_engine::wal::payload::{BatchView, IncView};
+    let clock = clock(NOW);
+    let dir = tempfile::tempdir().unwrap();
+    let batch = |ns: &'static str, create: bool| {
+        let view = BatchView {
+            strings: vec![ns, "k"],
+            creates: if create {
+                vec![(0, Schema::default())]
+            } else {
+                vec![]
+            },
+            incs: vec![IncView {
+                ns: 0,
+                key: 1,
+                ts: NOW - 60,
+                n: 1,
+                subs: (0, 0),
+            }],
+            ..BatchView::default()
+        };
+        let mut payload = Vec::new();
+        view.encode(&mut payload);
+        payload
+    };
+    let wal = dir.path().join("wal");
+    std::fs::create_dir_all(&wal).unwrap();
+    let mut bytes = file_header(1).to_vec();
+    put_frame(&mut bytes, 1, &batch("hn", true));
+    let bad_at = bytes.len();
+    assert!(bad_at > FILE_HEADER_LEN);
+    // Record 2 counts in a namespace nothing created; 40 good ones follow it.
+    put_frame(&mut bytes, 2, &batch("nowhere", false));
+    for seq in 3..43 {
+        put_frame(&mut bytes, seq, &batch("hn", false));
+    }
+    std::fs::write(file_name(&wal, 1), bytes).unwrap();
+    let mut c = config(dir.path(), &clock, false);
+    c.max_wal_file_bytes = 1 << 20;
+    for _ in 0..20 {
+        let err = Engine::open(c.clone()).unwrap_err();
+        match &err {
+            OpenError::Wal(WalError::Corrupt {
+                offset,
+                why: Corruption::Apply(e),
+                ..
+            }) => {
+                assert_eq!(*offset, bad_at as u64, "{err}");
+                assert!(e.to_string().contains("nowhere"), "{err}");
+            }
+            _ => panic!("{err:?}"),
+        }
+    }
+}
