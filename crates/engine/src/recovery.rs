@@ -5,7 +5,6 @@
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::mpsc::SendError;
 use std::time::Duration;
 
 use crate::archive::{Archive, segment_path};
@@ -14,28 +13,14 @@ use crate::io::{Faults, LogFile};
 use crate::manifest::{self, Manifest};
 use crate::state::Core;
 use crate::wal::payload::{self, BatchView, Payload};
-use crate::wal::reader::{self, FileEnd, Gaps, TornTail};
+use crate::wal::reader::{self, Gaps, TornTail};
 use crate::wal::{
     Corruption, FILE_HEADER_LEN, FileProblem, MAX_SEQ, WalError, file_name, list_files,
 };
 use tally_core::model::Schema;
-use tally_core::store::StoreError;
 
 /// Resolved batches replay lets wait for the adder thread.
 const REPLAY_QUEUE: usize = 8;
-
-/// Decoded records replay's scanning thread lets wait for the resolving one.
-const DECODED_QUEUE: usize = 8;
-
-/// A record the scanning thread read and decoded, for the resolving thread.
-struct Decoded<'a> {
-    seq: u64,
-    /// Where the record starts in its file.
-    at: usize,
-    /// Whether records are missing before it.
-    after_loss: bool,
-    payload: Payload<'a>,
-}
 
 /// What the replaying thread hands the adder.
 enum ToAdder {
@@ -275,9 +260,9 @@ pub(crate) fn replay(
     core.set_replay_retentions(final_schemas(&files, wal_start));
     let mut next_seq = files.first().map_or(wal_start, |(s, _)| *s);
     let mut last_end = None;
-    // Two threads: this one resolves each batch to ids (the catalog's work; a scanning
-    // thread per file reads and decodes the records ahead of it, below), the adder adds the
-    // batch before it to the counters, so replay uses both halves of the apply path at once. A schema change waits until the adder has caught up.
+    // Two threads: this one reads, decodes and resolves each batch to ids (the catalog's
+    // work), the adder adds the batch before it to the counters, so replay uses both halves
+    // of the apply path at once. A schema change waits until the adder has caught up.
     let held = archive.held();
     let replayed_against = crate::state::Replayed {
         archive,
@@ -337,86 +322,49 @@ pub(crate) fn replay(
             let bytes = std::fs::read(path).map_err(io_at(path))?;
             recovery.log_bytes += bytes.len() as u64;
             let is_last = i + 1 == files.len();
+            // Whether records are missing before the one visited (gaps inside this file are
+            // seen as a jump in the numbers the visitor gets).
+            let mut after_loss = !lost.is_empty();
+            let mut expected = next_seq;
+            let mut visit = |seq: u64, bytes: &[u8]| -> Result<(), Corruption> {
+                after_loss |= seq != expected;
+                expected = seq + 1;
+                let payload = payload::decode(bytes).map_err(Corruption::Payload)?;
+                if seq < wal_start {
+                    // Archived, with the schemas of its time in the manifest's checkpoint.
+                    recovery.skipped += 1;
+                    return Ok(());
+                }
+                match payload {
+                    Payload::Batch(mut view) => {
+                        if after_loss {
+                            recreate_lost_namespaces(core, &mut view);
+                        }
+                        recovery.events += view.incs.len() as u64;
+                        let batch = core
+                            .resolve(&view, seq, now, Some(replayed_against))
+                            .map_err(Corruption::Apply)?;
+                        if let Err(std::sync::mpsc::SendError(ToAdder::Batch(batch))) =
+                            to_adder.send(ToAdder::Batch(batch))
+                        {
+                            // The adder is gone (it panicked): add here.
+                            core.add_resolved(batch, now, Some(replayed_against));
+                        }
+                        Ok(())
+                    }
+                    Payload::Schema(ns, schema) => {
+                        caught_up();
+                        core.apply_schema(&ns, &schema, seq)
+                            .map_err(Corruption::Apply)
+                    }
+                }
+            };
             let gaps = if accept_data_loss {
                 Gaps::Accept
             } else {
                 Gaps::Refuse
             };
-            let (bytes, first_seq) = (&bytes, next_seq);
-            // Whether records are missing before the one visited (gaps inside this file are
-            // seen as a jump in the numbers the scan hands on).
-            let mut after_loss = !lost.is_empty();
-            // A third stage, per file: a scanning thread checks each record's checksums and
-            // decodes it (a fifth of what this thread did), this one resolves the records
-            // in order. On two cores the three threads share the work more evenly than two.
-            let end = std::thread::scope(|per_file| -> Result<FileEnd, OpenError> {
-                let (to_resolver, decoded) =
-                    std::sync::mpsc::sync_channel::<Decoded<'_>>(DECODED_QUEUE);
-                let scanner = per_file.spawn(move || {
-                    let mut expected = first_seq;
-                    let mut skipped = 0;
-                    let mut visit = |seq: u64, at: usize, rec| -> Result<(), Corruption> {
-                        after_loss |= seq != expected;
-                        expected = seq + 1;
-                        let payload = payload::decode(rec).map_err(Corruption::Payload)?;
-                        if seq < wal_start {
-                            // Archived, with the schemas of its time in the manifest's
-                            // checkpoint.
-                            skipped += 1;
-                            return Ok(());
-                        }
-                        let record = Decoded {
-                            seq,
-                            at,
-                            after_loss,
-                            payload,
-                        };
-                        // Refused only once the resolving side stopped at an error of its
-                        // own, which is the one reported: this one only ends the scan.
-                        to_resolver
-                            .send(record)
-                            .map_err(|_| Corruption::Apply(StoreError::internal("replay stopped")))
-                    };
-                    let end = reader::scan_at(path, bytes, first_seq, is_last, gaps, &mut visit);
-                    (end, skipped)
-                });
-                let mut failed = None;
-                for record in decoded {
-                    let applied = match record.payload {
-                        Payload::Batch(mut view) => {
-                            if record.after_loss {
-                                recreate_lost_namespaces(core, &mut view);
-                            }
-                            recovery.events += view.incs.len() as u64;
-                            core.resolve(&view, record.seq, now, Some(replayed_against))
-                                .map(|batch| {
-                                    if let Err(SendError(ToAdder::Batch(batch))) =
-                                        to_adder.send(ToAdder::Batch(batch))
-                                    {
-                                        // The adder is gone (it panicked): add here.
-                                        core.add_resolved(batch, now, Some(replayed_against));
-                                    }
-                                })
-                        }
-                        Payload::Schema(ns, schema) => {
-                            caught_up();
-                            core.apply_schema(&ns, &schema, record.seq)
-                        }
-                    };
-                    if let Err(e) = applied {
-                        failed = Some(reader::corrupt(path, record.at, Corruption::Apply(e)));
-                        break;
-                    }
-                }
-                let (end, skipped) = scanner
-                    .join()
-                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-                recovery.skipped += skipped;
-                match failed {
-                    Some(e) => Err(e.into()),
-                    None => Ok(end?),
-                }
-            })?;
+            let end = reader::scan_with(path, &bytes, next_seq, is_last, gaps, &mut visit)?;
             // Only `Gaps::Accept` notes a gap; `Refuse` returned it as an error.
             for &(first, last) in &end.missing {
                 note_loss(&mut lost, first, last);

@@ -43,7 +43,7 @@ pub enum Gaps {
     Accept,
 }
 
-pub(crate) fn corrupt(file: &Path, offset: usize, why: Corruption) -> WalError {
+fn corrupt(file: &Path, offset: usize, why: Corruption) -> WalError {
     WalError::Corrupt {
         file: file.to_owned(),
         offset: offset as u64,
@@ -76,27 +76,6 @@ pub fn scan_with(
     is_last: bool,
     gaps: Gaps,
     visit: &mut Visit<'_>,
-) -> Result<FileEnd, WalError> {
-    scan_at(
-        file,
-        bytes,
-        expected_seq,
-        is_last,
-        gaps,
-        &mut |seq, _, payload| visit(seq, payload),
-    )
-}
-
-/// [`scan_with`], telling `visit` where each record starts in the file too: a caller that
-/// applies records after the scan has moved on names a record it cannot apply by that
-/// offset ([`corrupt`]), as the scan names one it cannot read.
-pub fn scan_at<'b>(
-    file: &Path,
-    bytes: &'b [u8],
-    expected_seq: u64,
-    is_last: bool,
-    gaps: Gaps,
-    visit: &mut dyn FnMut(u64, usize, &'b [u8]) -> Result<(), Corruption>,
 ) -> Result<FileEnd, WalError> {
     let mut missing: Vec<(u64, u64)> = Vec::new();
     let torn_at = |offset: usize, records: u64, next_seq: u64, missing: &Vec<(u64, u64)>| FileEnd {
@@ -257,7 +236,7 @@ pub fn scan_at<'b>(
             missing.push((seq, got_seq - 1));
             seq = got_seq;
         }
-        visit(seq, pos, payload).map_err(|why| corrupt(file, pos, why))?;
+        visit(seq, payload).map_err(|why| corrupt(file, pos, why))?;
         records += 1;
         seq += 1;
         pos += end;

@@ -667,8 +667,9 @@ fn a_damaged_head_is_refused_and_a_missing_one_is_written() {
 
 #[test]
 fn a_record_that_does_not_apply_is_named_by_its_own_offset_though_more_follow() {
-    // Replay decodes ahead of the records it applies (on a thread of its own): the error
-    // must still name the record that failed, not one the decoding had reached.
+    // The error names the record that failed, by its offset, and not one after it: replay
+    // stops there though good records follow (a decoding that ran ahead, on a thread of
+    // its own, was tried and measured no faster; it would have to keep this so).
     use tally_core::model::Schema;
     use tally_engine::wal::FILE_HEADER_LEN;
     use tally_engine::wal::payload::{BatchView, IncView};
