@@ -283,11 +283,17 @@ impl Entries {
         self.fill(size, old.iter().copied().filter(|&s| s & NAME != FREE));
     }
 
-    /// Makes `size` slots holding the slots `all` (each a name at most once).
+    /// Makes `size` slots holding the slots `all` (each a name at most once; fewer than
+    /// `size` of them, which every caller's size leaves room for).
     fn fill(&mut self, size: usize, all: impl Iterator<Item = u64>) {
         self.slots = vec![FREE; size].into_boxed_slice();
         self.len = 0;
         for s in all {
+            // A full table has no free slot to end a probe: `find` would never return.
+            assert!(
+                self.len + 1 < size,
+                "entries overfill a table of {size} slots"
+            );
             if let Err(i) = self.find(s & NAME) {
                 self.slots[i] = s;
                 self.len += 1;
@@ -300,6 +306,13 @@ impl Entries {
 mod tests {
     use super::*;
     use std::collections::HashMap;
+
+    #[test]
+    #[should_panic(expected = "overfill")]
+    fn a_fill_past_the_slots_stops_rather_than_probing_forever() {
+        let mut t = Entries::default();
+        t.fill(4, (0..4u64).map(|i| word([0, 1, i as u16])));
+    }
 
     /// Random inserts, updates, removals, retains and shrinks against a `HashMap`, on names
     /// that collide often (few series, nearby offsets) and far apart; every entry stays
