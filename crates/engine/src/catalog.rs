@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use crate::chunked::Chunked;
+use crate::interned::Interned;
 use crate::keyindex::KeyIndex;
 
 use foldhash::fast::FixedState;
@@ -420,7 +421,9 @@ pub struct Catalog {
     pub by_name: BTreeMap<Namespace, NsId>,
     pub ns: Vec<NsEntry>,
     pub keys: Chunked<KeyEntry>,
-    strs: Map<Arc<str>, StrId>,
+    /// Dimension names and values by their bytes ([`Interned`]), and each one's string by
+    /// its id.
+    strs: Interned,
     pub str_list: Vec<Arc<str>>,
     /// The (dimension, value) pairs subtotal series name, numbered (see [`Subs`]), and each
     /// pair's strings by its id ([`VACANT_PAIR`] for a freed one).
@@ -542,11 +545,11 @@ impl Catalog {
     }
 
     pub fn str_id(&self, s: &str) -> Option<StrId> {
-        self.strs.get(s).copied()
+        self.strs.get(s, &self.str_list)
     }
 
     fn intern(&mut self, s: &str) -> Result<StrId, StoreError> {
-        if let Some(&id) = self.strs.get(s) {
+        if let Some(id) = self.strs.get(s, &self.str_list) {
             return Ok(id);
         }
         let a: Arc<str> = s.into();
@@ -561,7 +564,7 @@ impl Catalog {
                 id
             }
         };
-        self.strs.insert(a, id);
+        self.strs.insert(&a, id, &self.str_list);
         Ok(id)
     }
 
@@ -708,11 +711,13 @@ impl Catalog {
         }
         for (id, used) in used.into_iter().enumerate() {
             let id = id as StrId;
-            let s = &self.str_list[id as usize];
-            if used || self.strs.get(&**s) != Some(&id) {
+            if used {
                 continue;
             }
-            self.strs.remove(&**s);
+            let s = Arc::clone(&self.str_list[id as usize]);
+            if !self.strs.remove(&s, id, &self.str_list) {
+                continue;
+            }
             self.str_list[id as usize] = Arc::clone(&self.vacant_str);
             self.free_strs.push(id);
             freed = true;
@@ -720,7 +725,7 @@ impl Catalog {
         if freed {
             self.strings_freed += 1;
             if self.strs.len() < self.strs.capacity() / 4 {
-                self.strs.shrink_to_fit();
+                self.strs.shrink_to_fit(&self.str_list);
             }
         }
     }
@@ -742,7 +747,7 @@ impl Catalog {
         for e in &self.ns {
             keys += e.keys.bytes();
         }
-        let strings = self.strs.capacity() * (size_of::<(Arc<str>, StrId)>() + 1)
+        let strings = self.strs.bytes()
             + self.str_list.capacity() * size_of::<Arc<str>>()
             + self.free_strs.capacity() * size_of::<StrId>()
             + self.pairs.capacity() * (size_of::<((StrId, StrId), PairId)>() + 1)

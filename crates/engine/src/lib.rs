@@ -19,6 +19,7 @@ pub mod engine;
 mod entries;
 mod fair;
 mod flush;
+mod interned;
 pub mod io;
 mod keyindex;
 pub mod manifest;
