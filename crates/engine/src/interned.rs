@@ -111,7 +111,9 @@ impl Interned {
         self.table.capacity()
     }
 
-    /// Bytes the table takes at its capacity, control bytes included.
+    /// Bytes the table takes, counted as the catalog counts its other hash tables: an entry
+    /// and a control byte per unit of `capacity()` (about 7/8 of its slots, so a little
+    /// under what it holds).
     pub fn bytes(&self) -> usize {
         self.capacity() * (std::mem::size_of::<Entry>() + 1)
     }
@@ -125,6 +127,49 @@ impl Interned {
 mod tests {
     use super::*;
     use std::collections::HashMap;
+
+    /// As the catalog uses the table: a forgotten string's id is marked vacant (the empty
+    /// string) in the list and reused for a new string; a look-up of the old string then
+    /// finds nothing, and the new one its id, through shrinks.
+    #[test]
+    fn a_forgotten_strings_id_is_reused_for_another() {
+        let vacant: Arc<str> = Arc::from("");
+        let long = |c: &str, n: usize| c.repeat(n);
+        let mut list: Vec<Arc<str>> = Vec::new();
+        let mut t = Interned::default();
+        let names: Vec<String> = (0..60)
+            .map(|n| {
+                if n % 2 == 0 {
+                    long("q", n)
+                } else {
+                    long("\0", 1) + &long("q", n)
+                }
+            })
+            .collect();
+        for s in &names {
+            list.push(Arc::from(s.as_str()));
+            t.insert(s, list.len() as StrId - 1, &list);
+        }
+        for round in 0..3 {
+            for (id, s) in names.iter().enumerate().filter(|(i, _)| i % 3 == round) {
+                assert!(t.remove(s, id as StrId, &list), "{round} {s:?}");
+                assert!(!t.remove(s, id as StrId, &list), "removed twice");
+                list[id] = Arc::clone(&vacant);
+                assert_eq!(t.get(s, &list), None);
+                // The id back, for another string.
+                let other = format!("{s}#{round}");
+                list[id] = Arc::from(other.as_str());
+                t.insert(&other, id as StrId, &list);
+                assert_eq!(t.get(&other, &list), Some(id as StrId));
+            }
+            if t.len() < t.capacity() / 4 || round == 1 {
+                t.shrink_to_fit(&list);
+            }
+            for (id, s) in list.iter().enumerate() {
+                assert_eq!(t.get(s, &list), Some(id as StrId), "{round} {s:?}");
+            }
+        }
+    }
 
     #[test]
     fn an_entry_takes_what_a_map_entry_took() {
