@@ -412,15 +412,18 @@ fn a_sequence_number_of_0_or_past_2_63_is_refused_even_accepting_data_loss() {
     }
 }
 
-#[test]
-fn accepting_data_loss_without_a_gap_still_refuses_an_unknown_namespace() {
-    // Found by fuzz/wal_recovery: with the flag but no gap, a batch counting in a namespace
-    // nothing created was taken (the namespace made up), and the next start refused it.
+/// A batch payload of one increment to key `k` of namespace `ns` a minute ago, creating the
+/// namespace (default schema) if `create`.
+fn one_increment(ns: &str, create: bool) -> Vec<u8> {
+    use tally_core::model::Schema;
     use tally_engine::wal::payload::{BatchView, IncView};
-    let clock = clock(NOW);
-    let dir = tempfile::tempdir().unwrap();
     let view = BatchView {
-        strings: vec!["hn", "k"],
+        strings: vec![ns, "k"],
+        creates: if create {
+            vec![(0, Schema::default())]
+        } else {
+            vec![]
+        },
         incs: vec![IncView {
             ns: 0,
             key: 1,
@@ -432,6 +435,16 @@ fn accepting_data_loss_without_a_gap_still_refuses_an_unknown_namespace() {
     };
     let mut payload = Vec::new();
     view.encode(&mut payload);
+    payload
+}
+
+#[test]
+fn accepting_data_loss_without_a_gap_still_refuses_an_unknown_namespace() {
+    // Found by fuzz/wal_recovery: with the flag but no gap, a batch counting in a namespace
+    // nothing created was taken (the namespace made up), and the next start refused it.
+    let clock = clock(NOW);
+    let dir = tempfile::tempdir().unwrap();
+    let payload = one_increment("hn", false);
     let wal = dir.path().join("wal");
     std::fs::create_dir_all(&wal).unwrap();
     let mut bytes = file_header(1).to_vec();
@@ -670,32 +683,10 @@ fn a_record_that_does_not_apply_is_named_by_its_own_offset_though_more_follow() 
     // The error names the record that failed, by its offset, and not one after it: replay
     // stops there though good records follow (a decoding that ran ahead, on a thread of
     // its own, was tried and measured no faster; it would have to keep this so).
-    use tally_core::model::Schema;
     use tally_engine::wal::FILE_HEADER_LEN;
-    use tally_engine::wal::payload::{BatchView, IncView};
     let clock = clock(NOW);
     let dir = tempfile::tempdir().unwrap();
-    let batch = |ns: &'static str, create: bool| {
-        let view = BatchView {
-            strings: vec![ns, "k"],
-            creates: if create {
-                vec![(0, Schema::default())]
-            } else {
-                vec![]
-            },
-            incs: vec![IncView {
-                ns: 0,
-                key: 1,
-                ts: NOW - 60,
-                n: 1,
-                subs: (0, 0),
-            }],
-            ..BatchView::default()
-        };
-        let mut payload = Vec::new();
-        view.encode(&mut payload);
-        payload
-    };
+    let batch = one_increment;
     let wal = dir.path().join("wal");
     std::fs::create_dir_all(&wal).unwrap();
     let mut bytes = file_header(1).to_vec();
