@@ -3,9 +3,10 @@
 //! codes, host names), so that a look-up compares without following a pointer.
 //!
 //! A `HashMap<Arc<str>, StrId>` compared through the `Arc` (a pointer to the bytes, then
-//! `memcmp`): in `perf` runs of `tally-bench replay`, `Catalog::intern` took ~8% of the
-//! resolving thread, about half of it in `memcmp` on a miss to the string's bytes. An
-//! entry here takes the 24 bytes one took there.
+//! `memcmp`): in `perf` runs of `tally-bench replay`, `Catalog::intern` and its `memcmp`
+//! took 6–7% of the resolving thread, about half of it in `memcmp` on a miss to the
+//! string's bytes; 4–6% with this table (docs/benchmarks.md). An entry here takes the 24
+//! bytes one took there.
 
 use std::hash::BuildHasher;
 use std::sync::Arc;
@@ -81,8 +82,8 @@ impl Interned {
             .map(|e| e.id)
     }
 
-    /// Adds `s` under `id`; `s` must not be here. `list` holds every string here but `s`
-    /// (it is only read to rehash the long ones).
+    /// Adds `s` under `id`; `s` must not be here. `list` holds every string here at its id
+    /// (`s` there or not yet): it is only read to rehash the long ones.
     pub fn insert(&mut self, s: &str, id: StrId, list: &[Arc<str>]) {
         self.table
             .insert_unique(hash(s), Entry::new(s, id), |e| e.hash(list));
