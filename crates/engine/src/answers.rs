@@ -13,7 +13,6 @@ use std::borrow::Borrow;
 use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
 
-use foldhash::fast::FixedState;
 use tally_core::store::IdemRecord;
 
 const EXPIRES: usize = 0;
@@ -108,7 +107,7 @@ impl Borrow<[u8]> for Packed {
 /// The remembered answers, by key, each tagged with the generation it was inserted in, so
 /// that a publish writes only the answers no answers file holds yet.
 pub(crate) struct Answers {
-    set: HashSet<Packed, FixedState>,
+    set: HashSet<Packed, crate::seeded::State>,
     /// The generation new answers are tagged with; each [`Answers::unwritten`] starts a new one.
     generation: u64,
     /// Answers of an older generation are in a published answers file (or were loaded

@@ -20,7 +20,6 @@
 //! counts the negation of what the range holds now, read through the store as queries read
 //! it, and installs the difference: readers see the old counts or the new, never a mix.
 
-use std::collections::HashMap;
 use std::sync::Mutex;
 
 use tally_core::model::Schema;
@@ -31,8 +30,7 @@ use crate::engine::Engine;
 use crate::flush::{Chosen, FlushReport, Sink};
 use crate::segment::{DimRecord, KeyRecord};
 
-type Fast = foldhash::fast::FixedState;
-type Map<K, V> = HashMap<K, V, Fast>;
+use crate::seeded::Map;
 
 /// A key of a [`Bulk`] (`namespace`, `key`), as [`Bulk::key`] numbers it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -4,14 +4,13 @@
 //! A *series* is one counted quantity of one key: its total, or one (dimension, value)
 //! subtotal. Counters live in the memtable under `(series id, bucket index)`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::chunked::Chunked;
 use crate::interned::Interned;
 use crate::keyindex::KeyIndex;
 
-use foldhash::fast::FixedState;
 use tally_core::model::{Duration, Namespace, Retention, Schema};
 use tally_core::store::StoreError;
 
@@ -23,7 +22,7 @@ pub type StrId = u32;
 /// subtotal entries name (see [`Subs`]).
 pub type PairId = u32;
 
-type Map<K, V> = HashMap<K, V, FixedState>;
+use crate::seeded::Map;
 
 /// One tier of a namespace as the memtable needs it.
 #[derive(Debug, Clone, Copy)]
@@ -204,9 +203,11 @@ const NO_SUB: (PairId, SeriesId) = (0, FREE_SUB);
 
 /// The home slot of pair `p` in a table of `size` slots (more than [`LINEAR_SUBS`]): a
 /// multiplicative (Fibonacci) hash of the id, which every bit of it moves, scaled to the
-/// size by its high bits (a multiply, no division).
+/// size by its high bits (a multiply, no division). The id is first mixed with the
+/// process's seed ([`crate::seeded`]): a client makes pairs in the order it likes, and so
+/// could otherwise pick ids that fall in one run of a key's slots.
 fn sub_home(p: PairId, size: usize) -> usize {
-    let x = u64::from(p).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let x = (u64::from(p) ^ crate::seeded::mix()).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     ((u128::from(x) * size as u128) >> 64) as usize
 }
 

@@ -594,8 +594,7 @@ impl Engine {
         // Per series with counters in the period, where its run is in its shard's array (a
         // key's subtotals without one are then passed over with one probe): from the frozen
         // arrays alone.
-        let mut runs: HashMap<SeriesId, (usize, usize), foldhash::fast::FixedState> =
-            HashMap::default();
+        let mut runs: HashMap<SeriesId, (usize, usize), crate::seeded::State> = HashMap::default();
         for f in &frozen {
             let mut at = 0;
             for run in f.chunk_by(|a, b| split_key(a.0).0 == split_key(b.0).0) {

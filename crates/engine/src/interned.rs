@@ -8,10 +8,8 @@
 //! string's bytes; 4–6% with this table (docs/benchmarks.md). An entry here takes the 24
 //! bytes one took there.
 
-use std::hash::BuildHasher;
 use std::sync::Arc;
 
-use foldhash::fast::FixedState;
 use hashbrown::HashTable;
 
 use crate::catalog::StrId;
@@ -64,7 +62,7 @@ fn hash(s: &str) -> u64 {
 }
 
 fn hash_bytes(b: &[u8]) -> u64 {
-    FixedState::default().hash_one(b)
+    crate::seeded::hash_bytes(b)
 }
 
 /// Strings by their bytes, each to its id; the strings themselves are the catalog's list,

@@ -13,10 +13,8 @@
 //! (Reading a name a step, a cache miss each, took ~9% of replay's resolving thread;
 //! `partition_point` and `insert` now take about half what they took.)
 
-use std::hash::BuildHasher;
 use std::ops::Bound;
 
-use foldhash::fast::FixedState;
 use hashbrown::HashTable;
 
 use crate::catalog::KeyId;
@@ -115,7 +113,7 @@ fn same(a: &[u8], b: &[u8]) -> bool {
 }
 
 fn hash(name: &[u8]) -> u64 {
-    FixedState::default().hash_one(name)
+    crate::seeded::hash_bytes(name)
 }
 
 /// Where `key` lies against names that all start with `shared`, when it does not.

@@ -27,6 +27,7 @@ pub mod memtable;
 pub mod names;
 mod read;
 mod recovery;
+mod seeded;
 pub mod segment;
 mod state;
 mod top;

@@ -18,7 +18,7 @@ use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use foldhash::fast::FixedState;
+use crate::seeded::State;
 
 use crate::catalog::SeriesId;
 use crate::entries::Entries;
@@ -49,7 +49,7 @@ type Narrow = i16;
 const WIDE: Narrow = Narrow::MIN;
 
 /// The count of counter `k` whose entry holds `n`: `n`, or its count in `wide`.
-fn whole(wide: &HashMap<u64, i64, FixedState>, k: u64, n: Narrow) -> i64 {
+fn whole(wide: &HashMap<u64, i64, State>, k: u64, n: Narrow) -> i64 {
     if n == WIDE {
         wide.get(&k).copied().unwrap_or(0)
     } else {
@@ -85,7 +85,7 @@ fn narrow(n: i64) -> Option<Narrow> {
 #[derive(Debug, Default)]
 pub struct Counters {
     narrow: Entries,
-    wide: HashMap<u64, i64, FixedState>,
+    wide: HashMap<u64, i64, State>,
     /// Every count is in `wide`, and `narrow` is empty.
     whole: bool,
     /// The bucket index entries' offsets count from.
@@ -402,7 +402,7 @@ impl Counters {
 }
 
 /// Adds `n` to counter `k` of a map of whole counts (removed at zero).
-fn add_whole(wide: &mut HashMap<u64, i64, FixedState>, k: u64, n: i64) {
+fn add_whole(wide: &mut HashMap<u64, i64, State>, k: u64, n: i64) {
     match wide.entry(k) {
         Entry::Occupied(mut e) => {
             let sum = e.get().wrapping_add(n);

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 
-use foldhash::fast::FixedState;
+use crate::seeded::State;
 
 /// How many names one `Names` holds before the engine starts a new one.
 pub const MAX_NAMES: usize = 1 << 20;
@@ -24,7 +24,7 @@ pub const MAX_NAME_BYTES: usize = 64 << 20;
 const NAME_OVERHEAD: usize = 64;
 #[derive(Debug, Default)]
 struct Inner {
-    ids: HashMap<Arc<str>, u32, FixedState>,
+    ids: HashMap<Arc<str>, u32, State>,
     list: Vec<Arc<str>>,
     /// About the heap bytes held (see [`NAME_OVERHEAD`]).
     bytes: usize,
@@ -166,9 +166,9 @@ const DENSE_CELLS: usize = 1 << 17;
 pub struct PairSums {
     dims: Vec<(u32, Vec<i64>)>,
     /// Where each dimension's array is in `dims`.
-    at: HashMap<u32, usize, FixedState>,
+    at: HashMap<u32, usize, State>,
     cells: usize,
-    large: HashMap<(u32, u32), i64, FixedState>,
+    large: HashMap<(u32, u32), i64, State>,
 }
 
 impl PairSums {

@@ -688,7 +688,7 @@ impl Core {
         // counters walked, else in a map.
         let dense = cat.keys.len() <= counters.saturating_mul(4);
         let mut by_key = vec![0i64; if dense { cat.keys.len() } else { 0 }];
-        let mut sparse: HashMap<KeyId, i64, foldhash::fast::FixedState> = HashMap::default();
+        let mut sparse: HashMap<KeyId, i64, crate::seeded::State> = HashMap::default();
         // Retention keeps a suffix of the window: its first kept bucket. `[lo, hi)` as one
         // unsigned comparison (`hi >= lo`).
         let lo = window.first_kept();
@@ -952,7 +952,7 @@ struct MemorySums<'a> {
     /// The sum of each key, by key id when the catalog holds not many more keys than have
     /// a sum, else in `sparse`.
     dense: Vec<i64>,
-    sparse: HashMap<KeyId, i64, foldhash::fast::FixedState>,
+    sparse: HashMap<KeyId, i64, crate::seeded::State>,
 }
 
 impl<'a> MemorySums<'a> {
@@ -1080,7 +1080,7 @@ fn key_of(name: String) -> Result<Key, StoreError> {
 }
 
 /// Each key's sum so far, looked up by `&str` so that a key is copied once.
-type KeySums = HashMap<String, i64, foldhash::fast::FixedState>;
+type KeySums = HashMap<String, i64, crate::seeded::State>;
 
 fn add(sums: &mut KeySums, key: &str, n: i64) {
     match sums.get_mut(key) {
@@ -1217,7 +1217,7 @@ impl Window {
             }
             return;
         }
-        let at: HashMap<SeriesId, usize, foldhash::fast::FixedState> =
+        let at: HashMap<SeriesId, usize, crate::seeded::State> =
             sids.iter().enumerate().map(|(p, &s)| (s, p)).collect();
         // Live and frozen counters of one bucket are both added, as a sum wants.
         for (k, n) in shard.counters(self.slot, lane) {

@@ -103,7 +103,7 @@ pub(crate) trait ByName {
     fn names(&self, most: usize, keep: &dyn Fn(i64) -> bool) -> Vec<String>;
 }
 
-impl ByName for HashMap<String, i64, foldhash::fast::FixedState> {
+impl ByName for HashMap<String, i64, crate::seeded::State> {
     fn total(&self) -> i64 {
         self.values().fold(0i64, |t, &n| t.wrapping_add(n))
     }

@@ -140,8 +140,8 @@ impl Period {
 #[derive(Debug, Default)]
 pub(crate) struct DictBuilder {
     dims: Vec<(String, Vec<String>)>,
-    dim_ids: HashMap<String, u32, foldhash::fast::FixedState>,
-    value_ids: HashMap<(u32, String), u32, foldhash::fast::FixedState>,
+    dim_ids: HashMap<String, u32, crate::seeded::State>,
+    value_ids: HashMap<(u32, String), u32, crate::seeded::State>,
 }
 
 impl DictBuilder {

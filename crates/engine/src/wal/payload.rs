@@ -70,7 +70,7 @@ pub struct BatchView<'a> {
 impl<'a> BatchView<'a> {
     pub fn from_batch(batch: &'a Batch) -> Self {
         let mut view = BatchView::default();
-        let mut index: HashMap<&'a str, u32, foldhash::fast::FixedState> = HashMap::default();
+        let mut index: HashMap<&'a str, u32, crate::seeded::State> = HashMap::default();
         let mut intern = |s: &'a str, strings: &mut Vec<&'a str>| -> u32 {
             *index.entry(s).or_insert_with(|| {
                 strings.push(s);

@@ -44,8 +44,9 @@ use super::{Checker, LoadArgs, Rebuild, Source, progress};
 use crate::conn::write_json;
 use crate::load::{Format, Input, csv_event};
 
-type Fast = foldhash::fast::FixedState;
-type Map<K, V> = HashMap<K, V, Fast>;
+/// Seeded per process (as the engine's tables are, see `tally_engine`'s `seeded`): the
+/// names come from files, which anyone may have written.
+type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 /// Heap bytes of one remembered name beyond its own bytes (map entry, spare capacity).
 const NAME_OVERHEAD: usize = 48;
