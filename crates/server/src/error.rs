@@ -231,11 +231,34 @@ impl From<IngestError> for ApiError {
             IngestError::Store(s) => s.detail(),
             _ => e.to_string(),
         };
-        let a = ApiError::new(e.code(), message);
+        let mut a = ApiError::new(e.code(), message);
+        if let Some(f) = event_field(&e) {
+            a = a.field(f);
+        }
         match e.index() {
             Some(i) => a.index(i),
             None => a,
         }
+    }
+}
+
+/// The field of a batch's event at fault, as `error.field` names it (with `index`, the
+/// event). `incr` names its query parameters instead (`events::incr_refused`).
+fn event_field(e: &IngestError) -> Option<&'static str> {
+    use ModelError as M;
+    match e {
+        IngestError::Event { source, .. } => match source {
+            M::InvalidName { .. } => Some("ns"),
+            M::InvalidKey { .. } => Some("key"),
+            M::InvalidTimestamp { .. } | M::TimestampInFuture { .. } => Some("ts"),
+            M::InvalidAmount { .. } => Some("n"),
+            M::InvalidDimension { .. }
+            | M::UnknownDimension { .. }
+            | M::TooManyDimensions { .. } => Some("dims"),
+            _ => None,
+        },
+        IngestError::UnknownNamespace { .. } | IngestError::TooManyNamespaces { .. } => Some("ns"),
+        _ => None,
     }
 }
 

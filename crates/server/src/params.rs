@@ -18,7 +18,10 @@ pub(crate) fn pairs(q: &str) -> Result<Vec<(String, String)>, ApiError> {
         .filter(|p| !p.is_empty())
         .map(|p| {
             let (k, v) = p.split_once('=').unwrap_or((p, ""));
-            Ok((decode(k)?, decode(v)?))
+            let k = decode(k)?;
+            // A bad value is named by its parameter.
+            let v = decode(v).map_err(|e| e.field(k.clone()))?;
+            Ok((k, v))
         })
         .collect()
 }
@@ -149,6 +152,8 @@ mod tests {
                 e.message.starts_with("bad percent-encoding in "),
                 "{q}: {e:?}"
             );
+            let field = if q.starts_with("a=") { Some("a") } else { None };
+            assert_eq!(e.field.as_deref(), field, "{q}");
         }
         assert_eq!(
             pairs("a=%4").unwrap_err().message,
@@ -165,7 +170,12 @@ mod tests {
                 e.message.ends_with("is not UTF-8 once decoded"),
                 "{q}: {e:?}"
             );
+            // A bad value is named by its parameter; a bad name by nothing.
+            let field = if q.starts_with("a=") { Some("a") } else { None };
+            assert_eq!(e.field.as_deref(), field, "{q}");
         }
+        let e = pairs("prefix=ok&after=%FF").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("after"));
     }
 
     #[test]

@@ -39,27 +39,46 @@ fn event(fields: serde_json::Value) -> String {
 fn bad_events_are_refused_whole_and_name_their_index() {
     let s = server();
     let before = s.state();
-    let cases: Vec<(String, u16, &str)> = vec![
-        ("not json".into(), 400, "malformed_body"),
-        (json!({"ns": "clicks"}).to_string(), 400, "malformed_body"),
-        (event(json!({"colour": "red"})), 400, "malformed_body"),
-        (event(json!({"key": 5})), 400, "malformed_body"),
-        (event(json!({"ns": "Bad!"})), 400, "invalid_name"),
-        (event(json!({"key": ""})), 400, "invalid_key"),
+    // Each with the field `error.field` names (the event's, beside its `index`).
+    let cases: Vec<(String, u16, &str, Option<&str>)> = vec![
+        ("not json".into(), 400, "malformed_body", None),
+        (
+            json!({"ns": "clicks"}).to_string(),
+            400,
+            "malformed_body",
+            None,
+        ),
+        (
+            event(json!({"colour": "red"})),
+            400,
+            "malformed_body",
+            Some("colour"),
+        ),
+        (event(json!({"key": 5})), 400, "malformed_body", Some("key")),
+        (
+            event(json!({"ns": "Bad!"})),
+            400,
+            "invalid_name",
+            Some("ns"),
+        ),
+        (event(json!({"key": ""})), 400, "invalid_key", Some("key")),
         (
             event(json!({"dims": {"Country": "US"}})),
             400,
             "invalid_dimension",
+            Some("dims"),
         ),
         (
             event(json!({"dims": {"country": 5}})),
             400,
             "invalid_dimension",
+            Some("dims"),
         ),
         (
             event(json!({"ns": "strict", "dims": {"device": "ios"}})),
             400,
             "unknown_dimension",
+            Some("dims"),
         ),
         (
             event(
@@ -67,23 +86,47 @@ fn bad_events_are_refused_whole_and_name_their_index() {
             ),
             400,
             "too_many_dimensions",
+            Some("dims"),
         ),
-        (event(json!({"ts": "yesterday"})), 400, "invalid_timestamp"),
-        (event(json!({"ts": 1.5})), 400, "invalid_timestamp"),
-        (event(json!({"ts": NOW + 7200})), 400, "timestamp_in_future"),
-        (event(json!({"n": 1.5})), 400, "invalid_amount"),
+        (
+            event(json!({"ts": "yesterday"})),
+            400,
+            "invalid_timestamp",
+            Some("ts"),
+        ),
+        (
+            event(json!({"ts": 1.5})),
+            400,
+            "invalid_timestamp",
+            Some("ts"),
+        ),
+        (
+            event(json!({"ts": 99_999_999_999i64})),
+            400,
+            "invalid_timestamp",
+            Some("ts"),
+        ),
+        (
+            event(json!({"ts": NOW + 7200})),
+            400,
+            "timestamp_in_future",
+            Some("ts"),
+        ),
+        (event(json!({"n": 1.5})), 400, "invalid_amount", Some("n")),
         (
             event(json!({"n": 9007199254740992i64})),
             400,
             "invalid_amount",
+            Some("n"),
         ),
-        (event(json!({"n": "3"})), 400, "invalid_amount"),
+        (event(json!({"n": "3"})), 400, "invalid_amount", Some("n")),
     ];
-    for (body, status, code) in cases {
+    for (body, status, code, field) in cases {
         let v = err(s.post("/v1/events", &body), status, code);
         if body.starts_with("[{") {
             assert_eq!(v["error"]["index"], 1, "{body}: {v}");
         }
+        assert_eq!(v["error"]["field"].as_str(), field, "{body}: {v}");
         assert_eq!(s.state(), before, "{code} changed something");
     }
     // NDJSON counts the index among non-blank lines.
