@@ -64,9 +64,7 @@ fn home(w: u64, size: usize) -> usize {
 }
 
 fn home_seeded(w: u64, seed: u64, size: usize) -> usize {
-    const K: u64 = 0x9E37_79B9_7F4A_7C15;
-    let p = u128::from(w ^ seed) * u128::from(K);
-    let x = ((p as u64) ^ ((p >> 64) as u64)).wrapping_mul(K);
+    let x = crate::seeded::fold_mix(w, seed);
     ((u128::from(x) * size as u128) >> 64) as usize
 }
 

@@ -29,9 +29,8 @@ pub(crate) type Map<K, V> = std::collections::HashMap<K, V, State>;
 static SEED: AtomicU64 = AtomicU64::new(0);
 
 /// This process's seed for the tables that hash with a free function: the key index and
-/// the interning table ([`hash_bytes`]), and the multiply hashes of the counter and
-/// subtotal tables (see `entries::home`, `catalog::sub_home`), which mix it into a name
-/// first. Never 0.
+/// the interning table ([`hash_bytes`]), the counter table (see `entries::home`), and a
+/// key's subtotal table once it has seen a long run (see `catalog::sub_home`). Never 0.
 #[inline]
 pub(crate) fn mix() -> u64 {
     match SEED.load(Ordering::Relaxed) {
@@ -49,6 +48,17 @@ fn first_seed() -> u64 {
         // Another thread drew first: every table takes its seed.
         Err(seed) => seed,
     }
+}
+
+/// A name of the counter or subtotal tables (an integer) mixed with `seed` into 64 bits
+/// of hash: the name times a large odd constant to 128 bits, the halves folded and
+/// multiplied again. The fold is what the seed needs: with one multiply, names a client
+/// picked to collide without a seed still collide with one (xor shifts them all alike).
+#[inline]
+pub(crate) fn fold_mix(w: u64, seed: u64) -> u64 {
+    const K: u64 = 0x9E37_79B9_7F4A_7C15;
+    let p = u128::from(w ^ seed) * u128::from(K);
+    ((p as u64) ^ ((p >> 64) as u64)).wrapping_mul(K)
 }
 
 /// The hash of a name's bytes, as the key index and the interning table hash them:
