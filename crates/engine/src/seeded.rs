@@ -11,8 +11,11 @@
 //! than that (a client who could measure look-up times over many requests might still
 //! learn something); `std`'s SipHash would, at a cost on every look-up of the write path.
 //!
-//! Nothing the engine writes or answers follows a table's order: segment dictionaries
-//! number names as they come, answers files are read back whole, and `top` sorts.
+//! What the engine answers does not follow a table's order, and nothing it reads back
+//! depends on it: segment dictionaries number names as they come, reads sort or sum, and
+//! `top` names every key tied at its cut. The one thing written in a table's order is an
+//! answers file's records (`Answers::unwritten`), which now differ in order from run to
+//! run; a file holds each key once and is loaded whole.
 
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};

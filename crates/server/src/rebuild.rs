@@ -96,6 +96,7 @@ pub async fn rebuild(
                     r.ns
                 ),
             )
+            .field("ns")
             .index(i));
         }
         let ts = r.ts.unwrap_or(now);
@@ -104,6 +105,7 @@ pub async fn rebuild(
                 ErrorCode::InvalidTimestamp,
                 format!("event {i}: ts {ts} is outside the rebuilt range [{from}, {to})"),
             )
+            .field("ts")
             .index(i));
         }
     }

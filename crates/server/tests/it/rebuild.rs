@@ -81,14 +81,21 @@ fn bad_rebuilds_are_refused_and_change_nothing() {
         400,
         "invalid_timestamp",
     );
-    assert_eq!(e["error"]["index"], 0);
-    err(
+    assert_eq!(
+        (&e["error"]["index"], &e["error"]["field"]),
+        (&json!(0), &json!("ts"))
+    );
+    let e = err(
         post(
             &range,
             &json!([{"ns": "other", "key": "a", "ts": FROM}]).to_string(),
         ),
         400,
         "invalid_parameter",
+    );
+    assert_eq!(
+        (&e["error"]["index"], &e["error"]["field"]),
+        (&json!(0), &json!("ns"))
     );
     err(
         post(&format!("from={}&to={TO}", FROM + 60), &ok),
