@@ -409,7 +409,14 @@ pub async fn incr(
             }
             "max" => max = Some(parse_max(v)?),
             _ => match k.strip_prefix("dim.") {
-                Some(d) => raw.dims.push((d.to_owned(), v.clone())),
+                Some(d) => {
+                    // Checked here too, so that a bad name or value is named by its
+                    // parameter (the core checks it again with the event).
+                    model::DimName::new(d)
+                        .and_then(|_| model::DimValue::new(v))
+                        .map_err(|e| ApiError::from(e).field(k.clone()))?;
+                    raw.dims.push((d.to_owned(), v.clone()));
+                }
                 None => {
                     return Err(ApiError::new(
                         ErrorCode::InvalidParameter,

@@ -161,7 +161,9 @@ fn bad_incr_parameters() {
         ("ts=4000000000", "timestamp_in_future", Some("ts")),
         ("window=0s", "invalid_duration", Some("window")),
         ("window=5y", "invalid_duration", Some("window")),
-        ("dim.Bad=x", "invalid_dimension", None),
+        ("dim.Bad=x", "invalid_dimension", Some("dim.Bad")),
+        ("dim.=x", "invalid_dimension", Some("dim.")),
+        ("dim.country=%01", "invalid_dimension", Some("dim.country")),
         ("colour=red", "invalid_parameter", Some("colour")),
         ("n=1&n=2", "invalid_parameter", Some("n")),
     ] {
