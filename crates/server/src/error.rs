@@ -213,7 +213,11 @@ impl From<QueryError> for ApiError {
 
 impl From<ModelError> for ApiError {
     fn from(e: ModelError) -> Self {
-        ApiError::new(e.code(), e.to_string())
+        let a = ApiError::new(e.code(), e.to_string());
+        match e.field() {
+            Some(f) => a.field(f),
+            None => a,
+        }
     }
 }
 

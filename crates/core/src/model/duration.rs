@@ -135,6 +135,7 @@ impl Tier {
     pub fn new(s: &str) -> Result<Self, ModelError> {
         let err = |why: String| ModelError::InvalidSchema {
             why: format!("tier {s:?}: {why}"),
+            field: "tiers",
         };
         let (res, ret) = s
             .split_once(':')

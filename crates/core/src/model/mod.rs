@@ -75,11 +75,21 @@ pub enum ModelError {
     InvalidAmount { got: String },
     #[error("invalid duration {got:?}: {why}")]
     InvalidDuration { got: String, why: &'static str },
+    /// `field`: the part of the schema at fault, `tiers`, `breakdown_tiers` or
+    /// `dimensions` (what the API's `error.field` names).
     #[error("invalid schema: {why}")]
-    InvalidSchema { why: String },
+    InvalidSchema { why: String, field: &'static str },
 }
 
 impl ModelError {
+    /// The part of the input at fault, where the error itself knows it (a schema's).
+    pub fn field(&self) -> Option<&'static str> {
+        match self {
+            ModelError::InvalidSchema { field, .. } => Some(field),
+            _ => None,
+        }
+    }
+
     pub fn code(&self) -> ErrorCode {
         match self {
             ModelError::InvalidName { .. } => ErrorCode::InvalidName,

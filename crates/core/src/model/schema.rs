@@ -100,19 +100,19 @@ impl Schema {
         breakdown: Option<Vec<Duration>>,
         dimensions: Option<Vec<Dimension>>,
     ) -> Result<Self, ModelError> {
-        let err = |why: String| ModelError::InvalidSchema { why };
+        let err = |field, why: String| ModelError::InvalidSchema { why, field };
         if tiers.is_empty() {
-            return Err(err("a namespace needs at least one tier".into()));
+            return Err(err("tiers", "a namespace needs at least one tier".into()));
         }
         tiers.sort_by_key(|t| t.resolution);
         if let Some(w) = tiers
             .windows(2)
             .find(|w| w[0].resolution == w[1].resolution)
         {
-            return Err(err(format!(
-                "two tiers have the resolution {}",
-                w[0].resolution
-            )));
+            return Err(err(
+                "tiers",
+                format!("two tiers have the resolution {}", w[0].resolution),
+            ));
         }
         let mut breakdown = match breakdown {
             Some(b) => b,
@@ -124,12 +124,15 @@ impl Schema {
             .iter()
             .find(|b| !tiers.iter().any(|t| t.resolution == **b))
         {
-            return Err(err(format!("breakdown tier {b} is not one of the tiers")));
+            return Err(err(
+                "breakdown_tiers",
+                format!("breakdown tier {b} is not one of the tiers"),
+            ));
         }
         if let Some(dims) = &dimensions {
             let mut seen = std::collections::HashSet::new();
             if let Some(d) = dims.iter().find(|d| !seen.insert(d.name())) {
-                return Err(err(format!("dimension {d} is listed twice")));
+                return Err(err("dimensions", format!("dimension {d} is listed twice")));
             }
         }
         Ok(Schema {
@@ -270,26 +273,35 @@ impl Schema {
     /// names in the allow-list, [`MAX_COMPOUNDS`] compounds. Stored schemas are decoded with
     /// [`Schema::from_doc`], without the bounds: a schema an older build accepted still opens.
     pub fn from_input(doc: &SchemaDoc) -> Result<Self, ModelError> {
-        let err = |why: String| ModelError::InvalidSchema { why };
+        let err = |field, why: String| ModelError::InvalidSchema { why, field };
         if doc.tiers.len() > MAX_TIERS {
-            return Err(err(format!(
-                "a namespace has at most {MAX_TIERS} tiers, got {}",
-                doc.tiers.len()
-            )));
+            return Err(err(
+                "tiers",
+                format!(
+                    "a namespace has at most {MAX_TIERS} tiers, got {}",
+                    doc.tiers.len()
+                ),
+            ));
         }
         if let Some(dims) = &doc.dimensions {
             if dims.len() > MAX_SCHEMA_DIMENSIONS {
-                return Err(err(format!(
-                    "the dimension allow-list holds at most {MAX_SCHEMA_DIMENSIONS} names, got {}",
-                    dims.len()
-                )));
+                return Err(err(
+                    "dimensions",
+                    format!(
+                        "the dimension allow-list holds at most {MAX_SCHEMA_DIMENSIONS} names, got {}",
+                        dims.len()
+                    ),
+                ));
             }
             let compounds = dims.iter().filter(|d| d.contains('+')).count();
             if compounds > MAX_COMPOUNDS {
-                return Err(err(format!(
-                    "a namespace declares at most {MAX_COMPOUNDS} compound dimensions, got \
+                return Err(err(
+                    "dimensions",
+                    format!(
+                        "a namespace declares at most {MAX_COMPOUNDS} compound dimensions, got \
                      {compounds}"
-                )));
+                    ),
+                ));
             }
         }
         Schema::from_doc(doc)
@@ -309,6 +321,7 @@ impl Schema {
                     .map(|s| {
                         Duration::new(s).map_err(|e| ModelError::InvalidSchema {
                             why: format!("breakdown tier: {e}"),
+                            field: "breakdown_tiers",
                         })
                     })
                     .collect::<Result<Vec<_>, _>>()?,
@@ -319,8 +332,10 @@ impl Schema {
             Some(list) => Some(
                 list.iter()
                     .map(|s| {
-                        Dimension::new(s)
-                            .map_err(|e| ModelError::InvalidSchema { why: e.to_string() })
+                        Dimension::new(s).map_err(|e| ModelError::InvalidSchema {
+                            why: e.to_string(),
+                            field: "dimensions",
+                        })
                     })
                     .collect::<Result<Vec<_>, _>>()?,
             ),

@@ -316,33 +316,64 @@ fn bad_query_parameters() {
 fn bad_schemas() {
     let s = server();
     let before = s.state();
-    for (body, code) in [
-        (json!({"tiers": ["7m:1h"]}).to_string(), "invalid_schema"),
-        (json!({"tiers": []}).to_string(), "invalid_schema"),
+    // Each with the part of the schema `error.field` names.
+    for (body, code, field) in [
+        (
+            json!({"tiers": ["7m:1h"]}).to_string(),
+            "invalid_schema",
+            Some("tiers"),
+        ),
+        (json!({"tiers": []}).to_string(), "invalid_schema", Some("tiers")),
+        (
+            json!({"tiers": ["1h:forever", "60m:2d"]}).to_string(),
+            "invalid_schema",
+            Some("tiers"),
+        ),
         (
             json!({"tiers": ["1h:forever"], "breakdown_tiers": ["1m"]}).to_string(),
             "invalid_schema",
+            Some("breakdown_tiers"),
+        ),
+        (
+            json!({"tiers": ["1h:forever"], "breakdown_tiers": ["1x"]}).to_string(),
+            "invalid_schema",
+            Some("breakdown_tiers"),
         ),
         (
             json!({"tiers": ["1h:forever"], "dimensions": ["a", "a"]}).to_string(),
             "invalid_schema",
+            Some("dimensions"),
         ),
-        // Past the bounds on a schema's size: 257 names, 17 compounds.
+        (
+            json!({"tiers": ["1h:forever"], "dimensions": ["Bad"]}).to_string(),
+            "invalid_schema",
+            Some("dimensions"),
+        ),
+        // Past the bounds on a schema's size: 257 names, 17 compounds, 17 tiers.
         (
             json!({"tiers": ["1h:forever"], "dimensions": (0..257).map(|i| format!("d{i}")).collect::<Vec<_>>()}).to_string(),
             "invalid_schema",
+            Some("dimensions"),
         ),
         (
             json!({"tiers": ["1h:forever"], "dimensions": (0..17).map(|i| format!("a+b{i}")).collect::<Vec<_>>()}).to_string(),
             "invalid_schema",
+            Some("dimensions"),
+        ),
+        (
+            json!({"tiers": (0..17).map(|i| format!("{}s:1d", [1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30, 60, 120, 180, 240, 300, 600][i])).collect::<Vec<_>>()}).to_string(),
+            "invalid_schema",
+            Some("tiers"),
         ),
         (
             json!({"tiers": ["1h:forever"], "extra": 1}).to_string(),
             "malformed_body",
+            None,
         ),
-        ("{".to_owned(), "malformed_body"),
+        ("{".to_owned(), "malformed_body", None),
     ] {
-        err(s.req("PUT", "/v1/ns/clicks", Some(&body), &[]), 400, code);
+        let e = err(s.req("PUT", "/v1/ns/clicks", Some(&body), &[]), 400, code);
+        assert_eq!(e["error"]["field"].as_str(), field, "{body}: {e}");
         assert_eq!(s.state(), before, "{body}");
     }
     err(
