@@ -13,6 +13,7 @@ use std::sync::Arc;
 use hashbrown::HashTable;
 
 use crate::catalog::StrId;
+use crate::seeded::hash_bytes;
 
 /// Bytes of a string an entry holds in place.
 const INLINE: usize = 19;
@@ -59,10 +60,6 @@ impl Entry {
 
 fn hash(s: &str) -> u64 {
     hash_bytes(s.as_bytes())
-}
-
-fn hash_bytes(b: &[u8]) -> u64 {
-    crate::seeded::hash_bytes(b)
 }
 
 /// Strings by their bytes, each to its id; the strings themselves are the catalog's list,

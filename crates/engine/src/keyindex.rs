@@ -18,6 +18,7 @@ use std::ops::Bound;
 use hashbrown::HashTable;
 
 use crate::catalog::KeyId;
+use crate::seeded::hash_bytes as hash;
 
 /// Most ids in one run of the sorted list: a longer run is split in two. An insert or
 /// removal moves up to this many ids; finding a place reads the runs' first bytes, then
@@ -110,10 +111,6 @@ fn same(a: &[u8], b: &[u8]) -> bool {
         (x, y) = (&x[8..], &y[8..]);
     }
     x.iter().zip(y).all(|(p, q)| p == q)
-}
-
-fn hash(name: &[u8]) -> u64 {
-    crate::seeded::hash_bytes(name)
 }
 
 /// Where `key` lies against names that all start with `shared`, when it does not.

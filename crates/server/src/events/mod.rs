@@ -410,12 +410,12 @@ pub async fn incr(
             "max" => max = Some(parse_max(v)?),
             _ => match k.strip_prefix("dim.") {
                 Some(d) => {
-                    // Checked here too, so that a bad name or value is named by its
-                    // parameter (the core checks it again with the event).
-                    model::DimName::new(d)
-                        .and_then(|_| model::DimValue::new(v))
-                        .map_err(|e| ApiError::from(e).field(k.clone()))?;
-                    raw.dims.push((d.to_owned(), v.clone()));
+                    // Checked as it is read, so that a bad name or value is named by its
+                    // parameter (the strings the event takes are the ones checked).
+                    let named = |e| ApiError::from(e).field(k.clone());
+                    let name = model::DimName::from_string(d.to_owned()).map_err(named)?;
+                    let value = model::DimValue::from_string(v.clone()).map_err(named)?;
+                    raw.dims.push((name.into_string(), value.into_string()));
                 }
                 None => {
                     return Err(ApiError::new(
