@@ -220,9 +220,9 @@ const NO_SUB: (PairId, SeriesId) = (0, FREE_SUB);
 /// [`sub_home_mixed`] (test `pairs_crafted_against_the_unseeded_hash_probe_few_slots`).
 /// Always mixing cost replay's resolving thread ~5% (`Subs::get` 11.2 → 13.9% of its
 /// samples, 3 runs each): random homes probe ~3–4 slots at these tables' loads. Tables of
-/// ids not in sequence move too, most of those past a few hundred entries (a review: all
-/// of 200 random tables of 1 000), at no cost: under one multiply such ids fall as
-/// randomly as under the mix.
+/// ids not in sequence often move too once they hold a few hundred (random ids at 7/8
+/// full leave runs that long), at no cost: under one multiply such ids fall as randomly as
+/// under the mix.
 fn sub_home(p: PairId, size: usize) -> usize {
     let x = u64::from(p).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     ((u128::from(x) * size as u128) >> 64) as usize
