@@ -69,6 +69,14 @@ impl Rule {
         })
     }
 
+    /// Whether this rule's `dimensions` list names `name` (a rule without a list names
+    /// none).
+    pub fn lists_tag(&self, name: &str) -> bool {
+        self.dimensions
+            .as_ref()
+            .is_some_and(|list| list.iter().any(|d| d == name))
+    }
+
     /// Whether tag `name` becomes a dimension under this rule.
     pub fn keeps_tag(&self, name: &str) -> bool {
         match &self.dimensions {

@@ -140,9 +140,12 @@ pub fn parse_line(line: &[u8], map: &Mapping, rng: &mut Rng) -> Result<RawEvent,
                     "a line carries at most {MAX_TAGS_PER_LINE} tags"
                 )));
             }
+            // A tag without a value (DogStatsD's `#production`, which many clients add to
+            // every line) names no dimension value: it is ignored, unless the rule lists it
+            // as a dimension, whose every event must then say its value.
             match tag.split_once(':') {
                 Some(kv) => pairs.push(kv),
-                None if rule.keeps_tag(tag) => {
+                None if rule.lists_tag(tag) => {
                     return Err(Dropped::invalid(format!(
                         "tag {:?} has no value: a dimension is name:value",
                         clip(tag)
@@ -390,9 +393,15 @@ mod tests {
         assert!(d.reason.contains("at most 16"), "{}", d.reason);
         let sixteen = line(&format!("k:1|c|#{}", tags[..16].join(","))).unwrap();
         assert_eq!(sixteen.dims.len(), 16);
-        let d = line("k:1|c|#env").unwrap_err();
-        assert_eq!(d.outcome, Outcome::Invalid);
-        assert!(d.reason.contains("has no value"), "{}", d.reason);
+        // A tag without a value is ignored where no rule lists it: the line still counts,
+        // and the tag is no dimension (nor does it count toward the 16).
+        assert_eq!(
+            line("k:1|c|#env,country:de,production"),
+            Ok(ev("k", 1, None, &[("country", "de")]))
+        );
+        let mut seventeen = tags[..16].join(",");
+        seventeen.push_str(",canary");
+        assert_eq!(line(&format!("k:1|c|#{seventeen}")).unwrap().dims.len(), 16);
         // 2^53 parses, and the API's rules refuse it (see below); past i64 it cannot parse.
         assert_eq!(line("k:9007199254740992|c").unwrap().n, Some(1 << 53));
         let d = line("k:4503599627370496|c|@0.25").unwrap_err();
