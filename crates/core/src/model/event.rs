@@ -13,6 +13,15 @@ pub fn amount(n: i64) -> Result<i64, ModelError> {
     }
 }
 
+/// Why an event's time is refused: outside the accepted range.
+const EVENT_RANGE: &str =
+    "outside 1970-01-01T00:00:00Z .. 2106-02-07T00:00:00Z (an event's time is before the end)";
+
+/// Why a range's end is refused. A range may end where time does (it is half-open): an
+/// answer whose unit ceils its end can say `2106-02-07T00:00:00Z`, and that must read back.
+const END_RANGE: &str =
+    "outside 1970-01-01T00:00:00Z .. 2106-02-07T00:00:00Z (a range may end at the end)";
+
 /// Checks a unix-seconds timestamp against the accepted range.
 pub fn timestamp(ts: i64) -> Result<i64, ModelError> {
     if (MIN_TS..MAX_TS).contains(&ts) {
@@ -20,7 +29,7 @@ pub fn timestamp(ts: i64) -> Result<i64, ModelError> {
     } else {
         Err(ModelError::InvalidTimestamp {
             got: ts.to_string(),
-            why: "outside 1970-01-01T00:00:00Z .. 2106-02-07T00:00:00Z",
+            why: EVENT_RANGE,
         })
     }
 }
@@ -28,7 +37,14 @@ pub fn timestamp(ts: i64) -> Result<i64, ModelError> {
 /// Parses unix seconds (`1790827200`) or RFC 3339 (`2026-10-01T00:00:00-04:00`; a fraction
 /// of a second is floored: an event is counted in its second).
 pub fn parse_timestamp(s: &str) -> Result<i64, ModelError> {
-    parse_instant(s).map(|(secs, _)| secs)
+    match parse_instant(s)? {
+        // The end of time ends a range; no event is counted in it.
+        (MAX_TS, _) => Err(ModelError::InvalidTimestamp {
+            got: s.to_owned(),
+            why: EVENT_RANGE,
+        }),
+        (secs, _) => Ok(secs),
+    }
 }
 
 /// As [`parse_timestamp`], with the fraction of a second kept: the whole seconds (floored)
@@ -45,7 +61,7 @@ pub fn parse_instant(s: &str) -> Result<(i64, u32), ModelError> {
             got: s.to_owned(),
             why: "the number is too large",
         })?;
-        return Ok((timestamp(ts)?, 0));
+        return Ok((range_end(ts, 0)?, 0));
     }
     let bad = |why| ModelError::InvalidTimestamp {
         got: s.to_owned(),
@@ -62,11 +78,25 @@ pub fn parse_instant(s: &str) -> Result<(i64, u32), ModelError> {
         nanos += 1_000_000_000;
     }
     // Out of range, the error quotes what was written, not the seconds it means.
-    let secs = timestamp(secs).map_err(|e| match e {
+    let nanos = nanos.unsigned_abs();
+    let secs = range_end(secs, nanos).map_err(|e| match e {
         ModelError::InvalidTimestamp { why, .. } => bad(why),
         other => other,
     })?;
-    Ok((secs, nanos.unsigned_abs()))
+    Ok((secs, nanos))
+}
+
+/// Checks the whole seconds and nanoseconds of a range's end: inside the accepted range,
+/// or the end of it exactly.
+fn range_end(secs: i64, nanos: u32) -> Result<i64, ModelError> {
+    if (MIN_TS..MAX_TS).contains(&secs) || (secs == MAX_TS && nanos == 0) {
+        Ok(secs)
+    } else {
+        Err(ModelError::InvalidTimestamp {
+            got: secs.to_string(),
+            why: END_RANGE,
+        })
+    }
 }
 
 /// Checks that `s` has exactly RFC 3339's `date-time` shape (§5.6) before a calendar parser
@@ -302,6 +332,28 @@ mod tests {
             }),
             ErrorCode::InvalidKey
         );
+    }
+
+    /// A range may end where time ends (an answer can say so); no event lies there, and
+    /// nothing past it is either.
+    #[test]
+    fn the_end_of_time_ends_a_range_and_holds_no_event() {
+        for end in [
+            "4294944000",
+            "2106-02-07T00:00:00Z",
+            "2106-02-06T19:00:00-05:00",
+        ] {
+            assert_eq!(parse_instant(end), Ok((MAX_TS, 0)), "{end}");
+            let e = parse_timestamp(end).unwrap_err();
+            assert_eq!(e.code(), ErrorCode::InvalidTimestamp, "{end}");
+            assert!(e.to_string().contains(end), "{e}");
+            assert!(e.to_string().contains("before the end"), "{e}");
+        }
+        for past in ["4294944001", "2106-02-07T00:00:00.5Z", "-1"] {
+            let e = parse_instant(past).unwrap_err();
+            assert!(e.to_string().contains("may end at the end"), "{past}: {e}");
+        }
+        assert_eq!(parse_timestamp("4294943999"), Ok(MAX_TS - 1));
     }
 
     #[test]

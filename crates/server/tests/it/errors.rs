@@ -312,6 +312,39 @@ fn bad_query_parameters() {
     );
 }
 
+/// A range may end where time ends (2106-02-07T00:00:00Z): an answer whose unit ceils its
+/// end there says so, and that end reads back. A fraction past it, or an event at it, is
+/// refused (a black-box review found the answer's own `to` refused).
+#[test]
+fn a_range_may_end_where_time_ends() {
+    let s = server();
+    let series = |to: &str| {
+        s.get(&format!(
+            "/v1/ns/clicks/keys/k/series?from=2106-02-06T00:00:00Z&to={to}&unit=hour"
+        ))
+    };
+    let (status, ceiled) = series("2106-02-06T23:30:00Z");
+    assert_eq!(status, 200, "{ceiled}");
+    assert_eq!(ceiled["to_t"], "2106-02-07T00:00:00+00:00");
+    let (status, back) = series(ceiled["to"].as_i64().unwrap().to_string().as_str());
+    assert_eq!((status, &back), (200, &ceiled));
+    assert_eq!(back["points"].as_array().map(Vec::len), Some(24));
+    let (status, empty) = s.get(
+        "/v1/ns/clicks/keys/k/breakdown?from=2106-02-07T00:00:00Z&to=2106-02-07T00:00:00Z&dim=country",
+    );
+    assert_eq!((status, &empty["total"]), (200, &json!(0)), "{empty}");
+    let before = s.state();
+    let past = err(series("2106-02-07T00:00:00.5Z"), 400, "invalid_timestamp");
+    assert_eq!(past["error"]["field"], "to");
+    let at_end = err(
+        s.post("/v1/events", &event(json!({"ts": 4_294_944_000i64}))),
+        400,
+        "invalid_timestamp",
+    );
+    assert_eq!(at_end["error"]["field"], "ts");
+    assert_eq!(s.state(), before);
+}
+
 #[test]
 fn bad_schemas() {
     let s = server();
