@@ -185,9 +185,23 @@ pub fn choose(
         .copied()
         .unwrap_or(from);
     let suggest = Duration::from_secs(g.unsigned_abs()).map_or("1s".into(), |d| d.to_string());
+    // A breakdown read whose range a tier keeping totals only would serve: that tier is
+    // the one to keep breakdowns in (a review saw "add a 1s tier" to a namespace with one).
+    let totals_only = match reads {
+        Reads::Totals => None,
+        Reads::Subtotals | Reads::Dimension(_) => schema
+            .tiers()
+            .iter()
+            .filter(|t| g % t.resolution.secs_i64() == 0 && t.retention.holds_from(from, now))
+            .max_by_key(|t| t.resolution.secs()),
+    };
+    let advice = match totals_only {
+        Some(t) => format!("add {} to its breakdown_tiers", t.resolution),
+        None => format!("add a {suggest} or finer tier"),
+    };
     Err(NoTier {
         message: format!(
-            "namespace {ns} keeps {kind}{} data; {what} boundaries fall {} — add a {suggest} or finer tier",
+            "namespace {ns} keeps {kind}{} data; {what} boundaries fall {} — {advice}",
             words(candidates.iter().copied()),
             at(off)
         ),
@@ -272,13 +286,13 @@ mod tests {
             ),
             // ... but a namespace with a minute tier serves them while it holds them.
             (&api, Reads::Totals, kolkata_day.to_vec(), Ok("1m:2d")),
-            // Breakdowns ignore the 1s tier.
+            // Breakdowns ignore the 1s tier, and the advice says to keep them in it.
             (
                 &api,
                 Reads::Dimension("country"),
                 vec![NOW - 61, NOW - 1],
                 Err(
-                    "namespace clicks keeps breakdowns in minute and hourly data; Asia/Kolkata day boundaries fall 58 min 59 s past the hour — add a 1s or finer tier",
+                    "namespace clicks keeps breakdowns in minute and hourly data; Asia/Kolkata day boundaries fall 58 min 59 s past the hour — add 1s to its breakdown_tiers",
                 ),
             ),
             (
