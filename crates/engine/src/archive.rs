@@ -166,14 +166,69 @@ pub fn store_error(e: SegmentError) -> StoreError {
     }
 }
 
+/// A segment the manifest listed that opening left out, accepting data loss: missing, or
+/// damaged where opening reads (cut short, zeroed, its footer or index, another segment's
+/// file).
+#[derive(Debug, Clone)]
+pub struct LostSegment {
+    pub entry: SegmentEntry,
+    /// The error that opening it gave.
+    pub why: String,
+}
+
+/// Whether opening a listed segment failed for damage or absence — what accepting data
+/// loss may leave out — rather than for something an operator can put right without losing
+/// it (a segment of a newer format, a permission, a failing disk).
+fn lost_for_good(e: &SegmentError) -> bool {
+    match e {
+        SegmentError::Io { err, .. } => err.kind() == std::io::ErrorKind::NotFound,
+        SegmentError::BadMagic { .. }
+        | SegmentError::Checksum { .. }
+        | SegmentError::FrameChecksum { .. }
+        | SegmentError::Corrupt { .. }
+        | SegmentError::OutOfOrder { .. } => true,
+        SegmentError::UnsupportedVersion { .. }
+        | SegmentError::Invalid { .. }
+        | SegmentError::Poisoned { .. }
+        | SegmentError::Stopped { .. } => false,
+    }
+}
+
 impl Archive {
     /// Opens every segment a manifest lists; a missing or unreadable one is an error.
     pub fn open(dir: &Path, manifest: Manifest) -> Result<Archive, SegmentError> {
+        Archive::open_accepting(dir, manifest, false).map(|(archive, _)| archive)
+    }
+
+    /// As [`Archive::open`], but with `accept_loss` a listed segment that is missing or
+    /// damaged where opening reads ([`lost_for_good`]) is left out instead of stopping it:
+    /// returned, and left out of the archive's manifest, whose number grows by one — a
+    /// manifest the caller must publish before anything else reads the directory (removing
+    /// leftovers keeps only the current manifest). Anything else still stops it.
+    pub fn open_accepting(
+        dir: &Path,
+        mut manifest: Manifest,
+        accept_loss: bool,
+    ) -> Result<(Archive, Vec<LostSegment>), SegmentError> {
         let mut segments = Vec::with_capacity(manifest.segments.len());
+        let mut lost = Vec::new();
         for e in &manifest.segments {
-            segments.push((*e, Arc::new(open_listed(dir, e)?)));
+            match open_listed(dir, e) {
+                Ok(seg) => segments.push((*e, Arc::new(seg))),
+                Err(err) if accept_loss && lost_for_good(&err) => lost.push(LostSegment {
+                    entry: *e,
+                    why: format!("{err:#}"),
+                }),
+                Err(err) => return Err(err),
+            }
         }
-        Ok(Archive::with(manifest, segments))
+        if !lost.is_empty() {
+            manifest
+                .segments
+                .retain(|e| lost.iter().all(|l| l.entry.id != e.id));
+            manifest.number += 1;
+        }
+        Ok((Archive::with(manifest, segments), lost))
     }
 
     /// An archive of already opened segments.

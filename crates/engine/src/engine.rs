@@ -324,13 +324,24 @@ impl Engine {
         make_dir(&wal_dir)?;
         let segments_dir = dir.join("segments");
         make_dir(&segments_dir)?;
-        let (archive, wal_start) = match manifest::load(&dir)? {
+        let (archive, wal_start, lost_segments) = match manifest::load(&dir)? {
             Some(m) => {
                 let wal_start = m.wal_start;
-                (Archive::open(&segments_dir, m)?, wal_start)
+                let (archive, lost) =
+                    Archive::open_accepting(&segments_dir, m, config.accept_data_loss)?;
+                (archive, wal_start, lost)
             }
-            None => (Archive::default(), 1),
+            None => (Archive::default(), 1, Vec::new()),
         };
+        if !lost_segments.is_empty() {
+            drop_lost_segments(
+                config.fs.as_ref(),
+                &dir,
+                &segments_dir,
+                &archive,
+                &lost_segments,
+            )?;
+        }
         recovery::remove_leftovers(&dir, &segments_dir, &archive.manifest).map_err(io_at(&dir))?;
         let written = manifest::load_answers(&segments_dir, &archive.manifest)?;
         let core = Core::new(config.shards, config.flush, Archive::default());
@@ -346,6 +357,7 @@ impl Engine {
             config.accept_data_loss,
         )?;
         recovery.segments = archive.segments.len();
+        recovery.lost_segments = lost_segments;
         *core.archive.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(archive);
         let wal = Writer::start(Start {
             dir: wal_dir.clone(),
@@ -799,4 +811,41 @@ impl Drop for Engine {
     fn drop(&mut self) {
         self.wal.close();
     }
+}
+
+/// Accepting data loss, publishes `archive`'s manifest, which no longer lists the segments
+/// opening left out (`lost`), so that the next start needs no flag; then renames each lost
+/// segment's file, where there is one, to `….tls.damaged`, which nothing removes or reads.
+/// Published first: a crash in between leaves a file the manifest does not list, which the
+/// next start removes as a leftover.
+fn drop_lost_segments(
+    fs: &dyn Fs,
+    dir: &Path,
+    segments_dir: &Path,
+    archive: &Archive,
+    lost: &[crate::archive::LostSegment],
+) -> Result<(), OpenError> {
+    for l in lost {
+        tracing::error!(
+            segment = l.entry.id,
+            resolution = l.entry.resolution,
+            period_start = l.entry.period_start,
+            period_end = l.entry.period_end,
+            why = %l.why,
+            "accepting data loss: a segment the manifest lists is missing or damaged; its \
+             counts are lost, and the archive goes on without it"
+        );
+    }
+    manifest::publish(fs, dir, &archive.manifest).map_err(io_at(dir))?;
+    for l in lost {
+        let path = crate::archive::segment_path(segments_dir, l.entry.id);
+        let mut aside = path.clone().into_os_string();
+        aside.push(".damaged");
+        match fs.rename(&path, Path::new(&aside)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_at(&path)(e)),
+        }
+    }
+    fs.sync_dir(segments_dir).map_err(io_at(segments_dir))
 }

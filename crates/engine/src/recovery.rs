@@ -45,6 +45,10 @@ pub struct Recovery {
     /// Ranges of records (`first..=last`) that were missing and accepted as lost
     /// (`Config::accept_data_loss`); recovery refuses to start over any of them otherwise.
     pub lost: Vec<(u64, u64)>,
+    /// Segments the manifest listed that were missing or damaged, left out accepting data
+    /// loss (their counts are gone; a damaged file is kept beside the others, renamed
+    /// `….tls.damaged`).
+    pub lost_segments: Vec<crate::archive::LostSegment>,
 }
 
 /// Removes what a crash or a compaction left behind: segment and answers files (and

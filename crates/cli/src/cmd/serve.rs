@@ -46,8 +46,11 @@ pub struct ServeArgs {
     /// (overrides `[statsd] listen_tcp` in the config).
     #[arg(long, env = "TALLY_STATSD_TCP")]
     statsd_tcp: Option<SocketAddr>,
-    /// Start even if log records are missing (a deleted or lost log file): the missing range
-    /// is logged and lost for good. Without it, such a data directory refuses to open.
+    /// Start even if log records are missing (a deleted or lost log file), or a segment the
+    /// manifest lists is missing or damaged where opening reads it: the missing range, or the
+    /// segment (its file renamed `….tls.damaged`), is logged and lost for good, less what the
+    /// log still holds of that segment's period. Without it, such a data directory refuses to
+    /// open.
     #[arg(long, env = "TALLY_ACCEPT_DATA_LOSS")]
     accept_data_loss: bool,
 }

@@ -749,6 +749,97 @@ fn a_missing_segment_stops_recovery() {
     assert!(matches!(err, OpenError::Segment(_)), "{err:?}");
 }
 
+/// A segment the manifest lists that is missing, empty or cut short stops recovery, naming
+/// it; accepting data loss, it is left out instead, the damaged file kept aside, and the
+/// next start needs no flag (a black-box review found no way to start such a directory
+/// short of a backup). What the log still holds of its period is replayed into memory, so
+/// its counts come back whole; once the log is cut past them, they are lost, and nothing
+/// else is.
+#[test]
+fn accepting_data_loss_a_missing_or_damaged_segment_is_left_out() {
+    for (damage, log_cut) in [
+        ("missing", false),
+        ("empty", false),
+        ("cut short", false),
+        ("missing", true),
+        ("cut short", true),
+    ] {
+        let case = format!("{damage}, log cut {log_cut}");
+        let dir = tempfile::tempdir().unwrap();
+        let (clock, reference, e) = seeded(dir.path());
+        e.flush().unwrap();
+        if log_cut {
+            write_both(&e, &reference, NOW, &[raw("clicks", "lnk_1", NOW, 1, &[])]);
+            clock.advance(DAY + 3600);
+            assert!(e.flush().unwrap().wal_files_removed >= 1, "{case}");
+        }
+        drop(e);
+        let m = manifest::load(dir.path()).unwrap().unwrap();
+        let victim = *m
+            .segments
+            .iter()
+            .find(|s| s.resolution == 3600 && (s.flushed_seq < m.wal_start) == log_cut)
+            .unwrap();
+        let path = tally_engine::archive::segment_path(&dir.path().join("segments"), victim.id);
+        match damage {
+            "missing" => std::fs::remove_file(&path).unwrap(),
+            "empty" => std::fs::write(&path, b"").unwrap(),
+            _ => {
+                let len = std::fs::metadata(&path).unwrap().len();
+                let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+                f.set_len(len - 10).unwrap();
+            }
+        }
+        let config = |accept_data_loss| {
+            let mut c = Config::new(dir.path());
+            c.clock = clock.clone();
+            c.accept_data_loss = accept_data_loss;
+            c
+        };
+        let err = Engine::open(config(false)).unwrap_err();
+        assert!(
+            format!("{err:#}").contains(&path.display().to_string()),
+            "{case}: {err:#}"
+        );
+
+        let e = Engine::open(config(true)).unwrap();
+        let lost = &e.recovery().lost_segments;
+        assert_eq!(lost.len(), 1, "{case}");
+        assert_eq!(lost[0].entry, victim, "{case}");
+        let aside = path.with_extension("tls.damaged");
+        assert_eq!(aside.exists(), damage != "missing", "{case}");
+        assert!(!path.exists(), "{case}");
+        let lost_period = victim.period_start..victim.period_end;
+        let mut lost_counts = 0;
+        for k in KEYS {
+            // The minute tier is whole; the hourly tier lacks at most the lost period.
+            assert_eq!(
+                read_all(&e, "clicks", k, 60),
+                read_all(&reference, "clicks", k, 60),
+                "{case}: {k}"
+            );
+            let (got, mut want) = (
+                read_all(&e, "clicks", k, 3600),
+                read_all(&reference, "clicks", k, 3600),
+            );
+            if log_cut {
+                let before = want.totals.len();
+                want.totals.retain(|(ts, _)| !lost_period.contains(ts));
+                lost_counts += before - want.totals.len();
+            }
+            assert_eq!(got.totals, want.totals, "{case}: {k}");
+        }
+        assert_eq!(lost_counts > 0, log_cut, "{case}: counts lost");
+        drop(e);
+
+        let e = Engine::open(config(false)).unwrap();
+        assert!(e.recovery().lost_segments.is_empty(), "{case}");
+        drop(e);
+        let report = tally_engine::check::check(dir.path()).unwrap();
+        assert!(report.damage.is_empty(), "{case}: {:?}", report.damage);
+    }
+}
+
 /// A lost `CURRENT` after a publish (the log truncated behind it) is named as such by
 /// `check` and by recovery, even accepting data loss — which used to open the directory as
 /// one that never flushed and delete its intact manifest and segments as leftovers. Put
