@@ -421,6 +421,10 @@ impl Engine {
             period_end,
         };
         let damaged = |e| self.core.archive_error(e);
+        // What the merge does not read must be whole too, or its damage leaves with the file.
+        for (_, seg) in &inputs {
+            seg.verify_frames().map_err(damaged)?;
+        }
         let mut w = SegmentWriter::create(&tmp, meta).map_err(seg_err)?;
         let mut any = false;
         // A k-way merge: every input walked once in (namespace, key) order, the smallest

@@ -1170,6 +1170,62 @@ fn one_merge() -> crate::FailFs {
     )
 }
 
+/// Damage in a frame beside the blocks (a span, hour, key or rollup frame), which a merge
+/// does not read, stops the merge of its segment as damage in a block does, rather than
+/// leaving with the merged-away file: a black-box review saw `tally compact` exit 0 and
+/// `tally check` pass afterwards, with no trace of the damage.
+#[test]
+fn damage_in_a_frame_stops_the_merge_of_its_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    let (clock, reference, e) = seeded(dir.path());
+    e.flush().unwrap();
+    // A late event into an archived day: a delta to merge with its base.
+    let late = [raw("clicks", "lnk_2", NOW - 2 * DAY + 7 * 3600, 4, &[])];
+    write_both(&e, &reference, NOW, &late);
+    e.flush().unwrap();
+    drop(e);
+    let m = manifest::load(dir.path()).unwrap().unwrap();
+    let delta = *m
+        .segments
+        .iter()
+        .find(|s| s.delta && s.resolution == 3600)
+        .unwrap();
+    let base = m
+        .segments
+        .iter()
+        .find(|s| {
+            !s.delta && (s.resolution, s.period_start) == (delta.resolution, delta.period_start)
+        })
+        .unwrap();
+    let path = tally_engine::archive::segment_path(&dir.path().join("segments"), base.id);
+    let whole = std::fs::read(&path).unwrap();
+    // The first byte whose flip only a frame's checksum sees: the segment still opens.
+    let at = (0..whole.len())
+        .find(|&i| {
+            let mut b = whole.clone();
+            b[i] ^= 0x55;
+            std::fs::write(&path, &b).unwrap();
+            tally_engine::segment::Segment::open(&path)
+                .is_ok_and(|s| s.verify().is_err_and(|e| e.to_string().contains(" frame ")))
+        })
+        .expect("a byte of a frame");
+    let e = open(dir.path(), &clock);
+    clock.advance(DAY + 3600);
+    let now = clock_now(&clock);
+    write_both(&e, &reference, now, &[raw("clicks", "lnk_1", now, 1, &[])]);
+    e.flush().unwrap();
+    let err = e.compact().unwrap_err();
+    let said = err.detail();
+    assert!(
+        said.contains(&path.display().to_string()) && said.contains(" frame "),
+        "byte {at}: {said}"
+    );
+    assert!(path.exists(), "the damaged segment stays");
+    drop(e);
+    let report = tally_engine::check::check(dir.path()).unwrap();
+    assert_eq!(report.damage.len(), 1, "{:?}", report.damage);
+}
+
 /// A merge that fails holds up no other: the rest of the pass merges the other periods,
 /// the pass reports the failure, and the next pass merges the one left.
 #[test]
