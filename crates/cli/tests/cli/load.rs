@@ -1307,9 +1307,10 @@ fn the_server_checks_every_batch_before_anything_is_applied() {
 type Posts = std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>;
 
 /// A stand-in for a server older than dry runs: it ignores `dry_run` and applies what it is
-/// sent. It answers `GET /v1/ns` with no namespace and every `POST` with `{"accepted": N}`,
-/// and keeps each POST's target and body.
-fn older_server() -> (String, Posts) {
+/// sent. It answers `GET /v1/ns` with no namespace and every `POST` with `{"accepted": N}`
+/// — but the `refuse`th (1-based) with 400 `unknown_dimension`, as a server whose
+/// allow-list was narrowed meanwhile — and keeps each POST's target and body.
+fn older_server(refuse: Option<usize>) -> (String, Posts) {
     use std::io::{BufRead, BufReader, Read};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
@@ -1344,16 +1345,25 @@ fn older_server() -> (String, Posts) {
                     r.read_exact(&mut body).unwrap();
                     let body = String::from_utf8(body).unwrap();
                     let target = head.split(' ').nth(1).unwrap_or_default().to_owned();
-                    let answer = if head.starts_with("GET") {
-                        r#"{"namespaces": []}"#.to_owned()
+                    let (status, answer) = if head.starts_with("GET") {
+                        ("200 OK", r#"{"namespaces": []}"#.to_owned())
                     } else {
                         let n = body.lines().filter(|l| !l.trim().is_empty()).count();
-                        seen.lock().unwrap().push((target, body));
-                        format!(r#"{{"accepted": {n}}}"#)
+                        let mut seen = seen.lock().unwrap();
+                        seen.push((target, body));
+                        if Some(seen.len()) == refuse {
+                            (
+                                "400 Bad Request",
+                                r#"{"error": {"code": "unknown_dimension", "message": "event 0: dimension \"country\" is not allowed in namespace clicks"}}"#
+                                    .to_owned(),
+                            )
+                        } else {
+                            ("200 OK", format!(r#"{{"accepted": {n}}}"#))
+                        }
                     };
                     write!(
                         out,
-                        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{answer}",
+                        "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{answer}",
                         answer.len()
                     )
                     .unwrap();
@@ -1376,7 +1386,7 @@ fn a_server_older_than_dry_runs_is_sent_no_events_to_check() {
         format!("ns,key,ts,n\nclicks,a,{DAY0},1\nclicks,b,{DAY0},2\nclicks,c,{DAY0},3\n"),
     )
     .unwrap();
-    let (url, posts) = older_server();
+    let (url, posts) = older_server(None);
     let o = load(&[f.to_str().unwrap(), "--server", &url, "--batch", "2"]);
     let said = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{said}");
@@ -1782,4 +1792,35 @@ fn data_commands_print_json_summaries() {
             .contains(seg.to_str().unwrap()),
         "{v}"
     );
+}
+
+/// A load the server stops midway (a batch refused after others were taken: here a server
+/// without dry runs) names the batch, the lines loaded before it, and that the same command
+/// run again once the cause is fixed loads the rest, counting loaded batches once (found by
+/// a review: it named the failing batch only).
+#[test]
+fn a_load_stopped_midway_says_what_it_loaded_and_how_to_go_on() {
+    let tmp = tempfile::tempdir().unwrap();
+    let f = tmp.path().join("race.csv");
+    let mut text = String::from("ns,key,ts,n\n");
+    for i in 0..7 {
+        text.push_str(&format!("clicks,k{i},{DAY0},1\n"));
+    }
+    std::fs::write(&f, text).unwrap();
+    // The first POST is the probe for dry runs; then 2–3, 4–5, and 6–7 refused.
+    let (url, posts) = older_server(Some(4));
+    let o = load(&[f.to_str().unwrap(), "--server", &url, "--batch", "2"]);
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{said}");
+    let f = f.display();
+    assert!(
+        said.contains(&format!(
+            "tally: {f}: lines 6–7: unknown_dimension: event 0: dimension \"country\" is not \
+             allowed in namespace clicks (HTTP 400); loaded before it: {f} lines 2–5; once the \
+             cause is fixed, run the same command again to resume (loaded batches are not \
+             counted twice)\n"
+        )),
+        "{said}"
+    );
+    assert_eq!(posts.lock().unwrap().len(), 4);
 }

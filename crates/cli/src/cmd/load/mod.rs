@@ -564,9 +564,14 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
         let shown = bar.clone();
         let poster = scope.spawn(move || -> anyhow::Result<u64> {
             let (mut already, mut posted) = (0, 0u64);
+            // The lines of the batches the server has taken, by file.
+            let mut taken = Taken::default();
             for p in queued {
-                let replayed = send_batch(client, &p.body, &p.key)
-                    .with_context(|| format!("{}: lines {}–{}", p.name, p.first, p.last))?;
+                let replayed = match send_batch(client, &p.body, &p.key) {
+                    Ok(replayed) => replayed,
+                    Err(e) => return Err(taken.stopped(&p, e)),
+                };
+                taken.add(&p);
                 if replayed {
                     already += p.events;
                 }
@@ -985,6 +990,69 @@ struct Post {
     last: u64,
     events: u64,
 }
+
+/// The lines of the batches the server has taken, by file (first and last line): what a
+/// load stopped midway says it loaded before it stopped.
+#[derive(Debug, Default)]
+struct Taken(Vec<(String, u64, u64)>);
+
+impl Taken {
+    fn add(&mut self, p: &Post) {
+        match self.0.last_mut() {
+            // The next batch of the same file (a file given twice starts again).
+            Some((name, _, last)) if *name == p.name && p.first > *last => *last = p.last,
+            _ => self.0.push((p.name.clone(), p.first, p.last)),
+        }
+    }
+
+    /// The error of a load stopped at batch `p` by `cause`: it names the batch, what was
+    /// loaded before it and, when the server refused the batch, that the same command run
+    /// again loads the rest (the batches' keys count each once).
+    fn stopped(&self, p: &Post, cause: anyhow::Error) -> anyhow::Error {
+        let refused = cause
+            .downcast_ref::<crate::http::ServerError>()
+            .is_some_and(|e| e.code != "idempotency_key_reused");
+        let before = match self.0.as_slice() {
+            [] => "nothing was loaded before it".to_owned(),
+            taken => {
+                let lines: Vec<String> = taken
+                    .iter()
+                    .map(|(name, first, last)| format!("{name} lines {first}–{last}"))
+                    .collect();
+                format!("loaded before it: {}", lines.join(", "))
+            }
+        };
+        let resume = if refused {
+            "; once the cause is fixed, run the same command again to resume (loaded batches \
+             are not counted twice)"
+        } else {
+            ""
+        };
+        anyhow::Error::new(Stopped {
+            batch: format!("{}: lines {}–{}", p.name, p.first, p.last),
+            cause,
+            then: format!("{before}{resume}"),
+        })
+    }
+}
+
+/// A load stopped midway: the batch, its cause, then what was loaded before it and how to go
+/// on — the cause written in the middle, not after as a context's would be, so that the
+/// message ends with what to do.
+#[derive(Debug)]
+struct Stopped {
+    batch: String,
+    cause: anyhow::Error,
+    then: String,
+}
+
+impl std::fmt::Display for Stopped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {:#}; {}", self.batch, self.cause, self.then)
+    }
+}
+
+impl std::error::Error for Stopped {}
 
 /// POSTs one batch's NDJSON under `key`. Answers whether the server had applied it before
 /// (a re-run).
