@@ -310,7 +310,20 @@ impl CsvRecords {
                 cols.join(",")
             );
         }
-        let dims = cols[4..].iter().map(|s| (*s).to_owned()).collect();
+        // A dimension given twice would refuse every line that fills both columns, each
+        // naming its own line: it is the header's fault, so the header is refused.
+        let dims: Vec<String> = cols[4..].iter().map(|s| (*s).to_owned()).collect();
+        if let Some((i, twice)) = dims
+            .iter()
+            .enumerate()
+            .find(|(i, d)| dims[..*i].contains(*d))
+        {
+            bail!(
+                "{name}:1: the CSV header gives dimension {twice:?} twice (columns {} and {})",
+                dims.iter().position(|d| d == twice).map_or(0, |p| p + 5),
+                i + 5
+            );
+        }
         Ok(CsvRecords {
             dims,
             rd,
@@ -730,6 +743,21 @@ mod tests {
         let input = Input::open(&p, "x.csv", None, &indicatif::ProgressBar::hidden()).unwrap();
         let err = input.events(&mut |_, _, _| Ok(())).unwrap_err();
         assert!(err.to_string().contains("must start ns,key,ts,n"), "{err}");
+    }
+
+    /// A dimension named twice is the header's fault: refused at line 1, not at each line
+    /// that fills both columns.
+    #[test]
+    fn a_csv_header_may_not_name_a_dimension_twice() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("dup.csv");
+        std::fs::write(&p, "ns,key,ts,n,country,device,country\nc,k,5,1,US,tv,DE\n").unwrap();
+        let input = Input::open(&p, "dup.csv", None, &indicatif::ProgressBar::hidden()).unwrap();
+        let err = input.events(&mut |_, _, _| Ok(())).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "dup.csv:1: the CSV header gives dimension \"country\" twice (columns 5 and 7)"
+        );
     }
 
     #[test]

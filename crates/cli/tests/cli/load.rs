@@ -1794,6 +1794,51 @@ fn data_commands_print_json_summaries() {
     );
 }
 
+/// When every line is bad and skipped, the refusal says how many and the first reasons, as
+/// the summary does, and with --json prints the summary too (found by a review: it said
+/// only "no events to load"); offline and online alike. Exit code 1 as before.
+#[test]
+fn a_load_of_only_bad_lines_says_what_it_skipped() {
+    let tmp = tempfile::tempdir().unwrap();
+    let f = tmp.path().join("upper10.csv");
+    let mut text = String::from("ns,key,ts,n\n");
+    for i in 0..10 {
+        text.push_str(&format!("Clicks,k{i},{DAY0},1\n"));
+    }
+    std::fs::write(&f, text).unwrap();
+    let dir = stopped_dir(tmp.path(), "d");
+    let data = dir.join("data");
+    let online = tmp.path().join("online");
+    std::fs::create_dir(&online).unwrap();
+    let s = serve_dir(&online);
+    for target in [
+        ["--data", data.to_str().unwrap()],
+        ["--server", s.url.as_str()],
+    ] {
+        let o = load(&[&[f.to_str().unwrap(), "--skip-bad", "--json"][..], &target].concat());
+        let said = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{target:?}: {said}");
+        let f = f.display();
+        assert!(
+            said.contains("tally: no events to load: skipped 10 bad line(s)\n")
+                && said.contains(&format!("\n  skipped {f}:2: invalid namespace name"))
+                && said.contains(&format!("\n  skipped {f}:6: "))
+                && !said.contains(&format!("{f}:7:")),
+            "{target:?}: {said}"
+        );
+        let v: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+            panic!("{target:?}: {e}: {:?}", String::from_utf8_lossy(&o.stdout))
+        });
+        assert_eq!(
+            (&v["loaded"], &v["skipped"]),
+            (&json!(0), &json!(10)),
+            "{v}"
+        );
+        assert_eq!(v["skipped_lines"].as_array().map(Vec::len), Some(5), "{v}");
+    }
+    sigterm_and_wait(s);
+}
+
 /// A load the server stops midway (a batch refused after others were taken: here a server
 /// without dry runs) names the batch, the lines loaded before it, and that the same command
 /// run again once the cause is fixed loads the rest, counting loaded batches once (found by

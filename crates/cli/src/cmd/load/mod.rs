@@ -543,7 +543,22 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
     })?;
     bar.finish_and_clear();
     if events == 0 && rebuild.is_none() {
-        bail!("no events to load");
+        let shown: Vec<&String> = shown.iter().map(|(_, _, s)| s).collect();
+        if a.json {
+            json_summary(
+                0,
+                sources.len(),
+                start.elapsed().as_secs_f64(),
+                json!({
+                "checking_seconds": start.elapsed().as_secs_f64(),
+                "loaded_before": 0,
+                "skipped": bad_lines.get(),
+                "refused_by_server": server_refused,
+                "skipped_lines": shown,
+                }),
+            )?;
+        }
+        return Err(no_events(bad_lines.get(), server_refused, &shown));
     }
     let checked = start.elapsed().as_secs_f64();
 
@@ -752,18 +767,38 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
         } else {
             String::new()
         },
-        match (bad_lines.get(), server_refused) {
-            (0, _) => String::new(),
-            (n, 0) => format!("; skipped {n} bad line(s)"),
-            (n, by_server) => {
-                format!("; skipped {n} bad line(s), {by_server} of them refused by the server")
-            }
-        }
+        skipped(bad_lines.get(), server_refused)
     );
     for (_, _, s) in shown {
         eprintln!("  skipped {s}");
     }
     Ok(())
+}
+
+/// The summary's account of bad lines skipped (`by_server` of them refused by the server),
+/// after "; ".
+fn skipped(bad: u64, by_server: u64) -> String {
+    match (bad, by_server) {
+        (0, _) => String::new(),
+        (n, 0) => format!("; skipped {n} bad line(s)"),
+        (n, by_server) => {
+            format!("; skipped {n} bad line(s), {by_server} of them refused by the server")
+        }
+    }
+}
+
+/// A load with no event to load is refused; when every line was skipped as bad, it says how
+/// many and the first reasons, as the summary would.
+fn no_events(bad: u64, by_server: u64, shown: &[impl std::fmt::Display]) -> anyhow::Error {
+    let skipped = skipped(bad, by_server);
+    let mut m = match skipped.strip_prefix("; ") {
+        Some(s) => format!("no events to load: {s}"),
+        None => "no events to load".to_owned(),
+    };
+    for s in shown {
+        m.push_str(&format!("\n  skipped {s}"));
+    }
+    anyhow::anyhow!(m)
 }
 
 /// A load's summary as `--json` prints it: what both modes report, then `more` (each

@@ -676,7 +676,20 @@ pub(super) fn run(
         total,
     )?;
     if found.events + found.already == 0 && rebuild.is_none() {
-        bail!("no events to load");
+        if a.json {
+            super::json_summary(
+                0,
+                sources.len(),
+                start.elapsed().as_secs_f64(),
+                json!({
+                    "passes": 1,
+                    "loaded_before": 0,
+                    "skipped": found.bad,
+                    "skipped_lines": found.shown,
+                }),
+            )?;
+        }
+        return Err(super::no_events(found.bad, 0, &found.shown));
     }
     if let Some(r) = rebuild {
         if found.overflowed {
@@ -773,11 +786,7 @@ pub(super) fn run(
         } else {
             String::new()
         },
-        if found.bad > 0 {
-            format!("; skipped {} bad line(s)", found.bad)
-        } else {
-            String::new()
-        }
+        super::skipped(found.bad, 0)
     );
     for s in found.shown {
         eprintln!("  skipped {s}");
