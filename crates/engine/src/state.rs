@@ -630,7 +630,8 @@ impl Core {
                 continue;
             };
             for t in tiers.iter() {
-                let b = r.ts.div_euclid(t.res) * t.res;
+                let q = r.ts.div_euclid(t.res);
+                let b = q * t.res;
                 if !adds_to(t, b, now, (seq, at), archived) {
                     continue;
                 }
@@ -638,7 +639,7 @@ impl Core {
                 if !touched.contains(&(t.slot, period)) {
                     touched.push((t.slot, period));
                 }
-                let idx = (b / t.res) as u32;
+                let idx = q as u32;
                 let add = |lane, sid| Add {
                     shard: r.shard as u32,
                     slot: t.slot as u32,
