@@ -55,7 +55,7 @@ with open(sys.argv[1], 'w') as f:
                     f"{'%07d' % (d * 100000 + i) + 'v' * 1993}\n")
 P
     to=$(( ($(date +%s) / 3600 + 1) * 3600 ))
-    peak "load --memory-mb 16" "$tally" load "$work/wide.csv" --data "$work/data" --quiet --memory-mb 16
+    peak "load --memory-mb 16" "$tally" load "$work/wide.csv" --data "$work/data" --create --quiet --memory-mb 16
     for format in parquet csv; do
         peak "export $format" "$tally" export --ns wide --from 1790000000 --to "$to" \
             --resolution 1h --format "$format" --out "$work/ex_$format" --data "$work/data" --quiet

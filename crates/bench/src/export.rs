@@ -280,7 +280,7 @@ pub fn load_bench(args: &[String]) {
                     "--memory-mb",
                     mem,
                 ])
-                .args(["--data", data.to_str().expect("utf-8")]),
+                .args(["--data", data.to_str().expect("utf-8"), "--create"]),
         );
         let segments = dir_bytes(&data.join("segments"));
         let all = dir_bytes(&data);

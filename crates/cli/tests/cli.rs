@@ -1110,7 +1110,8 @@ fn serve_refuses_a_log_with_a_missing_file_unless_told_to_accept_the_loss() {
 
 /// The commands that read or maintain a data directory refuse a path that is not one, and
 /// create nothing there (found by a review: `export` and `compact` made a fresh directory,
-/// `check` of an empty one passed, and a failed `backup` left a partial copy behind).
+/// `check` of an empty one passed, and a failed `backup` left a partial copy behind; a later
+/// one: `load` made one where a path was mistyped).
 #[test]
 fn data_commands_refuse_a_path_that_is_not_a_data_directory() {
     let tmp = tempfile::tempdir().unwrap();
@@ -1121,11 +1122,13 @@ fn data_commands_refuse_a_path_that_is_not_a_data_directory() {
         let d = dir.to_str().unwrap();
         let dest = tmp.path().join("copy");
         let out_dir = tmp.path().join("out");
-        // A rebuild (`load --replace --data`) too; a plain load may make a new directory.
+        // A load and a rebuild (`load --replace --data`) too: a load makes a new directory
+        // only with --create.
         let csv = tmp.path().join("r.csv");
         std::fs::write(&csv, "ns,key,ts,n\nclicks,k,10,1\n").unwrap();
         let range = ["--from", "0", "--to", "3600"];
-        let runs: [Vec<&str>; 5] = [
+        let runs: [Vec<&str>; 6] = [
+            vec!["load", csv.to_str().unwrap(), "--data", d, "--quiet"],
             vec!["check", "--data", d],
             vec!["compact", "--data", d],
             [

@@ -13,18 +13,31 @@ pub mod serve;
 
 /// Refuses a `--data` path that is not a data directory a server made (it has a `wal/`):
 /// the commands that read or maintain one must not create one where a path was mistyped
-/// (`tally load --data` may make a new one: loading history into it is what it is for).
+/// (`tally load --data` makes a new one only when asked, with `--create`).
 pub(crate) fn existing_data_dir(dir: &std::path::Path) -> anyhow::Result<()> {
+    if !is_data_dir(dir)? {
+        anyhow::bail!("{}", not_a_data_dir(dir));
+    }
+    Ok(())
+}
+
+/// Whether `dir` is a data directory a server made (it has a `wal/`); an error when it
+/// cannot be looked into at all (then it is not "it has no wal/").
+pub(crate) fn is_data_dir(dir: &std::path::Path) -> anyhow::Result<bool> {
     match std::fs::metadata(dir.join("wal")) {
-        Ok(m) if m.is_dir() => Ok(()),
-        // Not "it has no wal/" when the directory cannot be looked into at all.
+        Ok(m) => Ok(m.is_dir()),
         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
             anyhow::bail!("{}: {e}", dir.display())
         }
-        _ => anyhow::bail!(
-            "{} is not a tally data directory (it has no wal/): give the directory `tally \
-             serve --data` uses",
-            dir.display()
-        ),
+        Err(_) => Ok(false),
     }
+}
+
+/// Why `dir` is refused as a data directory.
+pub(crate) fn not_a_data_dir(dir: &std::path::Path) -> String {
+    format!(
+        "{} is not a tally data directory (it has no wal/): give the directory `tally serve \
+         --data` uses",
+        dir.display()
+    )
 }

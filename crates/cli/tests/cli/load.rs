@@ -854,7 +854,7 @@ fn a_batch_of_wide_lines_ends_at_its_bytes() {
     let data = tmp.path().join("data");
     let data = data.to_str().unwrap();
     for again in [false, true] {
-        let o = load(&[f.to_str().unwrap(), "--data", data]);
+        let o = load(&[f.to_str().unwrap(), "--data", data, "--create"]);
         let said = String::from_utf8_lossy(&o.stderr);
         assert!(o.status.success(), "{said}");
         assert_eq!(
@@ -927,7 +927,9 @@ fn a_load_from_stdin_killed_leaves_no_temporary_file() {
         std::fs::create_dir(&spool).unwrap();
         let data = tmp.path().join("data");
         let mut child = tally()
-            .args(["load", "-", "--format", "csv", "--quiet", "--data"])
+            .args([
+                "load", "-", "--format", "csv", "--quiet", "--create", "--data",
+            ])
             .arg(&data)
             .env("TMPDIR", &spool)
             .stdin(Stdio::piped())
@@ -1791,6 +1793,122 @@ fn data_commands_print_json_summaries() {
             .unwrap()
             .contains(seg.to_str().unwrap()),
         "{v}"
+    );
+}
+
+/// An offline load into a path that is not a data directory is refused as the other offline
+/// commands refuse it, creating nothing; `--create` makes one (parents included) and says so;
+/// a `--create` load refused takes away what it made (found by a review: a mistyped path
+/// became a new directory, and a refused load left one behind).
+#[test]
+fn a_load_makes_a_new_data_directory_only_with_create() {
+    let tmp = tempfile::tempdir().unwrap();
+    let good = tmp.path().join("good.csv");
+    std::fs::write(
+        &good,
+        format!("ns,key,ts,n\nclicks,a,{DAY0},1\nclicks,b,{DAY0},2\n"),
+    )
+    .unwrap();
+    let bad = tmp.path().join("bad.csv");
+    std::fs::write(
+        &bad,
+        format!("ns,key,ts,n\nclicks,a,{DAY0},1\nclicks,b,soon,2\n"),
+    )
+    .unwrap();
+    let top = tmp.path().join("typo");
+    let data = top.join("deeper/data");
+    let d = data.to_str().unwrap();
+
+    let o = load(&[good.to_str().unwrap(), "--data", d]);
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains(&format!(
+            "{d} is not a tally data directory (it has no wal/): give the directory `tally \
+             serve --data` uses"
+        )) && said.contains("--create"),
+        "{said}"
+    );
+    assert!(!top.exists(), "a refused load made {}", top.display());
+
+    // Refused with --create: by a bad line, and by no events at all (every line skipped).
+    let o = load(&[bad.to_str().unwrap(), "--data", d, "--create"]);
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && said.contains("bad.csv:3"), "{said}");
+    assert!(
+        !top.exists(),
+        "a refused --create load left {}",
+        top.display()
+    );
+    // A rebuild replaces what a data directory holds: never into a new one.
+    let o = load(&[
+        good.to_str().unwrap(),
+        "--data",
+        d,
+        "--create",
+        "--replace",
+        "--ns",
+        "clicks",
+        "--from",
+        "0",
+        "--to",
+        "3600",
+    ]);
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.code() == Some(2) && said.contains("cannot be used with"),
+        "{said}"
+    );
+    let only_bad = tmp.path().join("only_bad.csv");
+    std::fs::write(&only_bad, "ns,key,ts,n\nclicks,a,soon,1\n").unwrap();
+    let o = load(&[
+        only_bad.to_str().unwrap(),
+        "--data",
+        d,
+        "--create",
+        "--skip-bad",
+    ]);
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && said.contains("no events to load"),
+        "{said}"
+    );
+    assert!(
+        !top.exists(),
+        "a refused --create load left {}",
+        top.display()
+    );
+
+    let o = load(&[good.to_str().unwrap(), "--data", d, "--create"]);
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.success()
+            && said.contains("loaded 2 events")
+            && said.contains(&format!("; created a new data directory at {d}")),
+        "{said}"
+    );
+    assert!(data.join("wal").is_dir());
+    // Run again, with --create or without: the directory is one now, the batches counted.
+    for create in [true, false] {
+        let mut args = vec![good.to_str().unwrap(), "--data", d];
+        if create {
+            args.push("--create");
+        }
+        let o = load(&args);
+        let said = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            o.status.success()
+                && said.contains("2 of them were loaded before")
+                && !said.contains("created"),
+            "{said}"
+        );
+    }
+    // A refused load into a directory it did not make leaves it.
+    let o = load(&[bad.to_str().unwrap(), "--data", d, "--create"]);
+    assert!(!o.status.success());
+    assert!(
+        data.join("wal").is_dir(),
+        "a refused load took away a directory it did not make"
     );
 }
 

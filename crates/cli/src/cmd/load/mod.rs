@@ -13,7 +13,8 @@
 //!   with backoff. In both passes a thread of its own sends the requests, in order, so the
 //!   server's work on a batch overlaps reading and checking the next. A rebuild sends the events aggregated in one `POST /v1/ns/{ns}/rebuild`
 //!   (applied whole or not at all, so it has no dry run).
-//! - `--data DIR` (a stopped server's directory; `offline`): counters aggregated in memory
+//! - `--data DIR` (a stopped server's directory, or a new one with `--create`: `fresh`;
+//!   `offline`): counters aggregated in memory
 //!   within `--memory-mb` and written straight into archive segments (`Engine::install`: no
 //!   log, no memtable) — in one pass when they fit, else two — each install published
 //!   atomically with the idempotency answers of its batches, so a re-run within 24 h (how
@@ -46,7 +47,10 @@ use crate::conn::write_json;
 use crate::http::{Client, Route};
 use crate::load::{Digest, Format, Input, spool_stdin};
 
+mod fresh;
 mod offline;
+
+use fresh::Fresh;
 
 #[derive(Debug, clap::Args)]
 #[command(group(clap::ArgGroup::new("target").required(true).args(["data", "server"])))]
@@ -70,9 +74,14 @@ pub struct LoadArgs {
         value_parser = crate::http::token
     )]
     token: Option<String>,
-    /// Load into a stopped server's data directory.
+    /// Load into a stopped server's data directory (the one `tally serve --data` uses; a path
+    /// that is not a data directory is refused, unless --create).
     #[arg(long)]
     data: Option<PathBuf>,
+    /// With --data: make a new data directory there (parent directories included) if the path
+    /// is not one yet; nothing else may be there. A refused load takes away what it made.
+    #[arg(long, requires = "data", conflicts_with = "replace")]
+    create: bool,
     /// With --data: the server's configuration file (as `tally serve --config` takes it), so
     /// the load applies its [defaults], [limits] max_future_secs and max_namespaces and
     /// [namespaces] as the server would. Through --server, the server applies its own (a warning says so).
@@ -279,6 +288,23 @@ fn reason(e: IngestError) -> String {
 }
 
 pub fn run(a: LoadArgs) -> anyhow::Result<()> {
+    let mut fresh = None;
+    let done = load(a, &mut fresh);
+    if let (Err(_), Some(fresh)) = (&done, fresh) {
+        let dir = fresh.dir.clone();
+        if let Err(e) = fresh.undo() {
+            eprintln!(
+                "tally: warning: could not take away the data directory this load made at {}: {e}",
+                dir.display()
+            );
+        }
+    }
+    done
+}
+
+/// The load; `fresh`: the data directory it made (--create), which a refused load takes
+/// away (once the engine is closed: when this returns).
+fn load(a: LoadArgs, fresh: &mut Option<Fresh>) -> anyhow::Result<()> {
     if let (Some(config), Some(_)) = (&a.config, &a.server) {
         eprintln!(
             "tally: warning: --config (or TALLY_CONFIG) is not used with --server: the server \
@@ -321,10 +347,13 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
     let target = match (&a.server, &a.data) {
         (Some(server), _) => Target::Server(Client::new(server, a.token.as_deref())),
         (None, Some(dir)) => Target::Engine(Box::new({
-            // A rebuild replaces what a directory holds: a mistyped path must not become a
-            // fresh one (a plain load may make one; loading history into it is its use).
+            // A rebuild replaces what a directory holds, and a plain load into a path that
+            // is not a data directory most likely names a mistyped path: refused, unless
+            // --create asks for a new one.
             if a.replace {
                 crate::cmd::existing_data_dir(dir)?;
+            } else {
+                *fresh = Fresh::prepare(dir, a.create)?;
             }
             // The segments the load writes and reads keep their decoded dictionaries within
             // a sixteenth of --memory-mb (see `offline::run` for the rest of it).
@@ -403,7 +432,15 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
     }
     let client = match &target {
         Target::Engine(engine) => {
-            return offline::run(&a, engine, &sources, &checker, rebuild.as_ref(), start);
+            return offline::run(
+                &a,
+                engine,
+                &sources,
+                &checker,
+                rebuild.as_ref(),
+                start,
+                fresh.as_ref().map(|f| f.dir.as_path()),
+            );
         }
         Target::Server(client) => client,
     };

@@ -30,6 +30,7 @@
 //! numbers afresh, and the aggregate, told so, installs what it holds first when it may).
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::Instant;
@@ -654,6 +655,7 @@ pub(super) fn run(
     checker: &Checker,
     rebuild: Option<&Rebuild>,
     start: Instant,
+    created: Option<&Path>,
 ) -> anyhow::Result<()> {
     let total: u64 = sources.iter().map(|s| s.bytes).sum();
     let memory = a.memory_mb as usize * 1024 * 1024;
@@ -686,6 +688,8 @@ pub(super) fn run(
                     "loaded_before": 0,
                     "skipped": found.bad,
                     "skipped_lines": found.shown,
+                    // A refused load takes away the directory it made.
+                    "created": false,
                 }),
             )?;
         }
@@ -765,11 +769,12 @@ pub(super) fn run(
                 "loaded_before": found.already,
                 "skipped": found.bad,
                 "skipped_lines": found.shown,
+                "created": created.is_some(),
             }),
         );
     }
     eprintln!(
-        "loaded {loaded} events from {} file(s) in {secs:.1} s ({:.0} events/s){}{}{}",
+        "loaded {loaded} events from {} file(s) in {secs:.1} s ({:.0} events/s){}{}{}{}",
         sources.len(),
         loaded as f64 / secs.max(1e-9),
         if found.overflowed {
@@ -786,7 +791,11 @@ pub(super) fn run(
         } else {
             String::new()
         },
-        super::skipped(found.bad, 0)
+        super::skipped(found.bad, 0),
+        match created {
+            Some(dir) => format!("; created a new data directory at {}", dir.display()),
+            None => String::new(),
+        }
     );
     for s in found.shown {
         eprintln!("  skipped {s}");
