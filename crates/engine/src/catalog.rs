@@ -280,6 +280,7 @@ impl Subs {
         std::mem::size_of_val(&*self.slots)
     }
 
+    #[inline]
     pub fn get(&self, p: PairId) -> Option<SeriesId> {
         if !self.hashed() {
             return self.slots[..self.len()]
@@ -971,6 +972,7 @@ impl Catalog {
         self.sub_pair_or_insert(key, p)
     }
 
+    #[inline]
     pub fn sub_pair_or_insert(&mut self, key: KeyId, p: PairId) -> Result<SeriesId, StoreError> {
         let Some(k) = self.keys.get(key as usize) else {
             return Err(StoreError::internal("unknown key id"));

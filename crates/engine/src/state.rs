@@ -144,6 +144,7 @@ impl Plans {
     /// Namespaces past which look-ups go through the map.
     const SCANNED: usize = 8;
 
+    #[inline]
     fn get(&self, ns: NsId) -> Option<&[TierPlan]> {
         let i = if self.list.len() <= Self::SCANNED {
             self.list.iter().position(|(n, _)| *n == ns)?
