@@ -201,10 +201,11 @@ impl Archive {
     }
 
     /// As [`Archive::open`], but with `accept_loss` a listed segment that is missing or
-    /// damaged where opening reads ([`lost_for_good`]) is left out instead of stopping it:
-    /// returned, and left out of the archive's manifest, whose number grows by one — a
-    /// manifest the caller must publish before anything else reads the directory (removing
-    /// leftovers keeps only the current manifest). Anything else still stops it.
+    /// damaged where opening reads ([`lost_for_good`]) is left out instead of stopping it,
+    /// and with a lost base every delta of its period: returned, and left out of the
+    /// archive's manifest, whose number grows by one — a manifest the caller publishes once
+    /// recovery has succeeded (until then, leftovers are judged by the published one).
+    /// Anything else still stops it.
     pub fn open_accepting(
         dir: &Path,
         mut manifest: Manifest,
@@ -222,6 +223,25 @@ impl Archive {
                 Err(err) => return Err(err),
             }
         }
+        // A delta counts from its period's base (a rebuild's holds the difference from what
+        // the base held): with the base gone it would read as counts never made, negative
+        // ones among them, so it goes with it (set aside too).
+        let bases: Vec<SegmentEntry> = lost.iter().map(|l| l.entry).filter(|e| !e.delta).collect();
+        segments.retain(|(e, _)| {
+            let base = bases.iter().find(|b| {
+                e.delta
+                    && b.resolution == e.resolution
+                    && e.period_start < b.period_end
+                    && b.period_start < e.period_end
+            });
+            if let Some(b) = base {
+                lost.push(LostSegment {
+                    entry: *e,
+                    why: format!("a delta of the period of lost segment {}", b.id),
+                });
+            }
+            base.is_none()
+        });
         if !lost.is_empty() {
             manifest
                 .segments

@@ -324,7 +324,11 @@ impl Engine {
         make_dir(&wal_dir)?;
         let segments_dir = dir.join("segments");
         make_dir(&segments_dir)?;
-        let (archive, wal_start, lost_segments) = match manifest::load(&dir)? {
+        let published = manifest::load(&dir)?;
+        if let Some(m) = &published {
+            no_archive_missing(&segments_dir, m)?;
+        }
+        let (archive, wal_start, lost_segments) = match published.clone() {
             Some(m) => {
                 let wal_start = m.wal_start;
                 let (archive, lost) =
@@ -333,16 +337,10 @@ impl Engine {
             }
             None => (Archive::default(), 1, Vec::new()),
         };
-        if !lost_segments.is_empty() {
-            drop_lost_segments(
-                config.fs.as_ref(),
-                &dir,
-                &segments_dir,
-                &archive,
-                &lost_segments,
-            )?;
-        }
-        recovery::remove_leftovers(&dir, &segments_dir, &archive.manifest).map_err(io_at(&dir))?;
+        // Leftovers as the published manifest says: a manifest leaving out lost segments is
+        // published only once recovery has succeeded.
+        let current = published.unwrap_or_default();
+        recovery::remove_leftovers(&dir, &segments_dir, &current).map_err(io_at(&dir))?;
         let written = manifest::load_answers(&segments_dir, &archive.manifest)?;
         let core = Core::new(config.shards, config.flush, Archive::default());
         core.restore_checkpoint(&archive.manifest, &written)
@@ -356,6 +354,15 @@ impl Engine {
             &archive,
             config.accept_data_loss,
         )?;
+        if !lost_segments.is_empty() {
+            drop_lost_segments(
+                config.fs.as_ref(),
+                &dir,
+                &segments_dir,
+                &archive,
+                &lost_segments,
+            )?;
+        }
         recovery.segments = archive.segments.len();
         recovery.lost_segments = lost_segments;
         *core.archive.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(archive);
@@ -813,11 +820,38 @@ impl Drop for Engine {
     }
 }
 
-/// Accepting data loss, publishes `archive`'s manifest, which no longer lists the segments
-/// opening left out (`lost`), so that the next start needs no flag; then renames each lost
-/// segment's file, where there is one, to `….tls.damaged`, which nothing removes or reads.
-/// Published first: a crash in between leaves a file the manifest does not list, which the
-/// next start removes as a leftover.
+/// Refuses an archive whose every file is gone — a manifest listing segments beside a
+/// `segments/` holding none (a restore that left it out, a volume not mounted) — whatever
+/// `accept_data_loss` says: that is no damage to accept but an archive to put back, and
+/// accepting it would publish an empty one.
+fn no_archive_missing(segments_dir: &Path, m: &Manifest) -> Result<(), OpenError> {
+    if m.segments.is_empty() {
+        return Ok(());
+    }
+    let any = std::fs::read_dir(segments_dir)
+        .map_err(io_at(segments_dir))?
+        .filter_map(Result::ok)
+        .any(|e| e.path().extension().is_some_and(|x| x == "tls"));
+    if any {
+        return Ok(());
+    }
+    Err(OpenError::Segment(SegmentError::Corrupt {
+        path: segments_dir.to_path_buf(),
+        why: format!(
+            "the manifest lists {} segment(s) and this directory holds none: the archive's \
+             files are missing (a restore without them, a volume not mounted?); put them back \
+             (--accept-data-loss does not start without a whole archive)",
+            m.segments.len()
+        ),
+    }))
+}
+
+/// Accepting data loss: renames each lost segment's file, where there is one, to
+/// `….tls.damaged`, which nothing removes or reads, then publishes `archive`'s manifest,
+/// which no longer lists them, so that the next start needs no flag. Called once recovery
+/// has succeeded, so a failed one changes nothing. Set aside first: a crash in between
+/// leaves the old manifest listing files now missing, which the flag leaves out again,
+/// and every damaged file kept.
 fn drop_lost_segments(
     fs: &dyn Fs,
     dir: &Path,
@@ -832,12 +866,10 @@ fn drop_lost_segments(
             period_start = l.entry.period_start,
             period_end = l.entry.period_end,
             why = %l.why,
-            "accepting data loss: a segment the manifest lists is missing or damaged; its \
-             counts are lost, and the archive goes on without it"
+            "accepting data loss: a segment the manifest lists is missing or damaged (or a \
+             delta of its lost base's period); its counts are lost, and the archive goes on \
+             without it"
         );
-    }
-    manifest::publish(fs, dir, &archive.manifest).map_err(io_at(dir))?;
-    for l in lost {
         let path = crate::archive::segment_path(segments_dir, l.entry.id);
         let mut aside = path.clone().into_os_string();
         aside.push(".damaged");
@@ -847,5 +879,6 @@ fn drop_lost_segments(
             Err(e) => return Err(io_at(&path)(e)),
         }
     }
-    fs.sync_dir(segments_dir).map_err(io_at(segments_dir))
+    fs.sync_dir(segments_dir).map_err(io_at(segments_dir))?;
+    manifest::publish(fs, dir, &archive.manifest).map_err(io_at(dir))
 }

@@ -769,17 +769,33 @@ fn accepting_data_loss_a_missing_or_damaged_segment_is_left_out() {
         let (clock, reference, e) = seeded(dir.path());
         e.flush().unwrap();
         if log_cut {
+            // A late event into an archived day: its period gets a delta, which counts from
+            // the base and so goes with it.
+            let late = [raw("clicks", "lnk_2", NOW - 2 * DAY + 7 * 3600, 4, &[])];
+            write_both(&e, &reference, NOW, &late);
+            e.flush().unwrap();
             write_both(&e, &reference, NOW, &[raw("clicks", "lnk_1", NOW, 1, &[])]);
             clock.advance(DAY + 3600);
             assert!(e.flush().unwrap().wal_files_removed >= 1, "{case}");
         }
         drop(e);
         let m = manifest::load(dir.path()).unwrap().unwrap();
+        let delta_of = |b: &manifest::SegmentEntry| {
+            m.segments.iter().find(|s| {
+                s.delta && (s.resolution, s.period_start) == (b.resolution, b.period_start)
+            })
+        };
         let victim = *m
             .segments
             .iter()
-            .find(|s| s.resolution == 3600 && (s.flushed_seq < m.wal_start) == log_cut)
+            .find(|s| {
+                s.resolution == 3600
+                    && !s.delta
+                    && (s.flushed_seq < m.wal_start) == log_cut
+                    && delta_of(s).is_some() == log_cut
+            })
             .unwrap();
+        let orphan = delta_of(&victim).copied();
         let path = tally_engine::archive::segment_path(&dir.path().join("segments"), victim.id);
         match damage {
             "missing" => std::fs::remove_file(&path).unwrap(),
@@ -803,9 +819,15 @@ fn accepting_data_loss_a_missing_or_damaged_segment_is_left_out() {
         );
 
         let e = Engine::open(config(true)).unwrap();
-        let lost = &e.recovery().lost_segments;
-        assert_eq!(lost.len(), 1, "{case}");
-        assert_eq!(lost[0].entry, victim, "{case}");
+        let lost: Vec<_> = e.recovery().lost_segments.iter().map(|l| l.entry).collect();
+        assert_eq!(
+            lost,
+            [Some(victim), orphan]
+                .into_iter()
+                .flatten()
+                .collect::<Vec<_>>(),
+            "{case}"
+        );
         let aside = path.with_extension("tls.damaged");
         assert_eq!(aside.exists(), damage != "missing", "{case}");
         assert!(!path.exists(), "{case}");
@@ -838,6 +860,37 @@ fn accepting_data_loss_a_missing_or_damaged_segment_is_left_out() {
         let report = tally_engine::check::check(dir.path()).unwrap();
         assert!(report.damage.is_empty(), "{case}: {:?}", report.damage);
     }
+}
+
+/// A manifest listing segments beside a `segments/` holding none (a restore without them,
+/// a volume not mounted) is refused even accepting data loss, and nothing is changed:
+/// accepting it would have published an empty archive (found by a review).
+#[test]
+fn a_missing_archive_is_refused_even_accepting_data_loss() {
+    let dir = tempfile::tempdir().unwrap();
+    let (clock, _reference, e) = seeded(dir.path());
+    e.flush().unwrap();
+    drop(e);
+    let segments = dir.path().join("segments");
+    let aside = dir.path().join("segments-elsewhere");
+    std::fs::rename(&segments, &aside).unwrap();
+    let listed = |d: &Path| std::fs::read_dir(d).unwrap().count();
+    let files = listed(dir.path());
+    for accept_data_loss in [false, true] {
+        let mut c = Config::new(dir.path());
+        c.clock = clock.clone();
+        c.accept_data_loss = accept_data_loss;
+        let err = Engine::open(c).unwrap_err();
+        assert!(
+            format!("{err:#}").contains("this directory holds none"),
+            "{err:#}"
+        );
+    }
+    assert_eq!(listed(dir.path()), files + 1, "only segments/ made again");
+    std::fs::remove_dir(&segments).unwrap();
+    std::fs::rename(&aside, &segments).unwrap();
+    let e = open(dir.path(), &clock);
+    assert!(e.recovery().lost_segments.is_empty());
 }
 
 /// A lost `CURRENT` after a publish (the log truncated behind it) is named as such by
