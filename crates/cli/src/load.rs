@@ -312,17 +312,19 @@ impl CsvRecords {
         }
         // A dimension given twice would refuse every line that fills both columns, each
         // naming its own line: it is the header's fault, so the header is refused.
+        // (Columns without a name, as a trailing comma makes, are no dimension: a line
+        // leaving them empty loads, so they may repeat. One pass with a set: a header may
+        // be a MiB of columns.)
         let dims: Vec<String> = cols[4..].iter().map(|s| (*s).to_owned()).collect();
-        if let Some((i, twice)) = dims
-            .iter()
-            .enumerate()
-            .find(|(i, d)| dims[..*i].contains(*d))
-        {
-            bail!(
-                "{name}:1: the CSV header gives dimension {twice:?} twice (columns {} and {})",
-                dims.iter().position(|d| d == twice).map_or(0, |p| p + 5),
-                i + 5
-            );
+        let mut first: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+        for (i, d) in dims.iter().enumerate().filter(|(_, d)| !d.is_empty()) {
+            if let Some(was) = first.insert(d.as_str(), i) {
+                bail!(
+                    "{name}:1: the CSV header gives dimension {d:?} twice (columns {} and {})",
+                    was + 5,
+                    i + 5
+                );
+            }
         }
         Ok(CsvRecords {
             dims,
@@ -758,6 +760,19 @@ mod tests {
             err.to_string(),
             "dup.csv:1: the CSV header gives dimension \"country\" twice (columns 5 and 7)"
         );
+        // Unnamed columns (trailing commas) may repeat, left empty.
+        let p = dir.path().join("trailing.csv");
+        std::fs::write(&p, "ns,key,ts,n,country,,\nc,k,5,1,US,,\n").unwrap();
+        let input =
+            Input::open(&p, "trailing.csv", None, &indicatif::ProgressBar::hidden()).unwrap();
+        let mut seen = 0;
+        input
+            .events(&mut |_, _, _| {
+                seen += 1;
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(seen, 1);
     }
 
     #[test]

@@ -1879,6 +1879,38 @@ fn a_load_makes_a_new_data_directory_only_with_create() {
         top.display()
     );
 
+    // A failure once the load is published (here its --json summary, written to a full
+    // device) keeps the directory: the load is in it (a review found it deleted).
+    let full = tmp.path().join("full/data");
+    let o = tally()
+        .args([
+            "load",
+            good.to_str().unwrap(),
+            "--quiet",
+            "--json",
+            "--create",
+            "--data",
+        ])
+        .arg(&full)
+        .stdout(
+            std::fs::File::options()
+                .write(true)
+                .open("/dev/full")
+                .unwrap(),
+        )
+        .output()
+        .unwrap();
+    assert!(
+        !o.status.success(),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        full.join(tally_engine::manifest::CURRENT).exists() && full.join("wal").is_dir(),
+        "a published --create load was taken away: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+
     let o = load(&[good.to_str().unwrap(), "--data", d, "--create"]);
     let said = String::from_utf8_lossy(&o.stderr);
     assert!(
@@ -1981,7 +2013,7 @@ fn a_load_stopped_midway_says_what_it_loaded_and_how_to_go_on() {
             "tally: {f}: lines 6–7: unknown_dimension: event 0: dimension \"country\" is not \
              allowed in namespace clicks (HTTP 400); loaded before it: {f} lines 2–5; once the \
              cause is fixed, run the same command again to resume (loaded batches are not \
-             counted twice)\n"
+             counted twice within 24 hours)\n"
         )),
         "{said}"
     );

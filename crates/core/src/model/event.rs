@@ -37,13 +37,17 @@ pub fn timestamp(ts: i64) -> Result<i64, ModelError> {
 /// Parses unix seconds (`1790827200`) or RFC 3339 (`2026-10-01T00:00:00-04:00`; a fraction
 /// of a second is floored: an event is counted in its second).
 pub fn parse_timestamp(s: &str) -> Result<i64, ModelError> {
-    match parse_instant(s)? {
+    let out_of_range = || ModelError::InvalidTimestamp {
+        got: s.to_owned(),
+        why: EVENT_RANGE,
+    };
+    match parse_instant(s) {
         // The end of time ends a range; no event is counted in it.
-        (MAX_TS, _) => Err(ModelError::InvalidTimestamp {
-            got: s.to_owned(),
-            why: EVENT_RANGE,
-        }),
-        (secs, _) => Ok(secs),
+        Ok((MAX_TS, _)) => Err(out_of_range()),
+        Ok((secs, _)) => Ok(secs),
+        // Past the end or before the start: said as an event's rule, not a range's.
+        Err(ModelError::InvalidTimestamp { why: END_RANGE, .. }) => Err(out_of_range()),
+        Err(e) => Err(e),
     }
 }
 
@@ -352,6 +356,9 @@ mod tests {
         for past in ["4294944001", "2106-02-07T00:00:00.5Z", "-1"] {
             let e = parse_instant(past).unwrap_err();
             assert!(e.to_string().contains("may end at the end"), "{past}: {e}");
+            let e = parse_timestamp(past).unwrap_err();
+            assert!(e.to_string().contains("before the end"), "{past}: {e}");
+            assert!(e.to_string().contains(past), "{past}: {e}");
         }
         assert_eq!(parse_timestamp("4294943999"), Ok(MAX_TS - 1));
     }

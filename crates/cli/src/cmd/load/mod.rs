@@ -290,7 +290,11 @@ fn reason(e: IngestError) -> String {
 pub fn run(a: LoadArgs) -> anyhow::Result<()> {
     let mut fresh = None;
     let done = load(a, &mut fresh);
-    if let (Err(_), Some(fresh)) = (&done, fresh) {
+    // Taken away only while it holds nothing published: once an install has published a
+    // manifest, what it holds is loaded (a failure after it, printing the summary say,
+    // must not delete a finished load), and running the command again resumes.
+    let published = |f: &Fresh| f.dir.join(tally_engine::manifest::CURRENT).exists();
+    if let (Err(_), Some(fresh)) = (&done, fresh.filter(|f| !published(f))) {
         let dir = fresh.dir.clone();
         if let Err(e) = fresh.undo() {
             eprintln!(
@@ -1096,7 +1100,7 @@ impl Taken {
         };
         let resume = if refused {
             "; once the cause is fixed, run the same command again to resume (loaded batches \
-             are not counted twice)"
+             are not counted twice within 24 hours)"
         } else {
             ""
         };
@@ -1174,11 +1178,11 @@ fn send(
             return match sent {
                 Ok((status, text, _)) => bail!(
                     "the server still answers {status} after 2 minutes of retries: {text}; run the \
-                     same command again to resume (loaded batches are not counted twice)"
+                     same command again to resume (loaded batches are not counted twice within 24 hours)"
                 ),
                 Err(e) => Err(e.context(
                     "the server is unreachable after 2 minutes of retries; run the same command \
-                     again to resume (loaded batches are not counted twice)",
+                     again to resume (loaded batches are not counted twice within 24 hours)",
                 )),
             };
         }
