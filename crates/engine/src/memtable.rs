@@ -151,7 +151,7 @@ impl Counters {
 
     /// Adds `n` to a counter (made if new; removed when it comes to zero). Counts wrap past
     /// 64 bits. Inlined, with [`Shard::add`], into the batch's update loop: as calls they
-    /// took ~12% more instructions on that path (`cachegrind` of `tally-bench replay`,
+    /// took ~14% more instructions on that path (`cachegrind` of `tally-bench replay`,
     /// docs/benchmarks.md).
     #[inline]
     pub fn add(&mut self, k: u64, n: i64) {

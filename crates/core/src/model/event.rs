@@ -51,8 +51,9 @@ pub fn parse_timestamp(s: &str) -> Result<i64, ModelError> {
     }
 }
 
-/// As [`parse_timestamp`], with the fraction of a second kept: the whole seconds (floored)
-/// and the nanoseconds past them. A range's ends need it: events are counted by the whole
+/// As [`parse_timestamp`], for a range's end (the end of accepted time accepted too: a range
+/// is half-open), with the fraction of a second kept: the whole seconds (floored) and the
+/// nanoseconds past them. A range's ends need it: events are counted by the whole
 /// second, so `[from, to)` holds the second `s` exactly when `from` ≤ `s` < `to`, which a
 /// fraction floored away would change.
 pub fn parse_instant(s: &str) -> Result<(i64, u32), ModelError> {

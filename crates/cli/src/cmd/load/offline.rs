@@ -591,10 +591,16 @@ impl Aggregate {
             .context("installing archive segments")?;
         self.segments += report.segments;
         if self.segments >= COMPACT_AFTER_SEGMENTS {
-            engine
-                .compact()
-                .map_err(|e| anyhow::anyhow!(e.detail()))
-                .context("compacting the installed segments")?;
+            // Only to bound the files held open: a merge that fails (a segment already
+            // there found damaged) is passed over while the pass merges the rest, and the
+            // load goes on, saying so — it must not fail on every run for an old file.
+            if let Err(e) = engine.compact() {
+                eprintln!(
+                    "tally: warning: compacting the installed segments: {}; the load goes on \
+                     (`tally check --data` names any damage)",
+                    e.detail()
+                );
+            }
             self.segments = 0;
         }
         Ok(())
