@@ -11,8 +11,9 @@ use anyhow::bail;
 pub(super) struct Fresh {
     /// The directory the load was given.
     pub(super) dir: PathBuf,
-    /// The first of its ancestors (itself included) that did not exist, which a refused load
-    /// removes; `None` when the directory was there, empty, and a refused load empties it.
+    /// The first of its ancestors (itself included) that did not exist, up to which a refused
+    /// load removes the directories it made; `None` when the directory was there, empty, and
+    /// a refused load takes out what it put in it.
     made: Option<PathBuf>,
 }
 
@@ -70,23 +71,40 @@ impl Fresh {
         }))
     }
 
-    /// Takes away what the load made (call it once the engine is closed).
+    /// Takes away what the load made (call it once the engine is closed): the files a data
+    /// directory holds ([`ours`]), then each directory it created, from the data directory
+    /// up, while it is empty — so nothing anyone else put there meanwhile goes.
     pub(super) fn undo(self) -> std::io::Result<()> {
-        match &self.made {
-            Some(top) => std::fs::remove_dir_all(top),
-            None => {
-                for entry in std::fs::read_dir(&self.dir)? {
-                    let path = entry?.path();
-                    if path.is_dir() {
-                        std::fs::remove_dir_all(&path)?;
-                    } else {
-                        std::fs::remove_file(&path)?;
-                    }
-                }
-                Ok(())
+        for entry in std::fs::read_dir(&self.dir)? {
+            let entry = entry?;
+            if !ours(&entry.file_name().to_string_lossy()) {
+                continue;
+            }
+            let path = entry.path();
+            if entry.file_type()?.is_dir() {
+                std::fs::remove_dir_all(&path)?;
+            } else {
+                std::fs::remove_file(&path)?;
             }
         }
+        let Some(top) = &self.made else {
+            return Ok(());
+        };
+        for d in self.dir.ancestors() {
+            if std::fs::remove_dir(d).is_err() || d == top.as_path() {
+                break;
+            }
+        }
+        Ok(())
     }
+}
+
+/// Whether a name in a data directory is one the engine writes there.
+fn ours(name: &str) -> bool {
+    matches!(
+        name,
+        "LOCK" | "wal" | "segments" | "CURRENT" | "CURRENT.tmp"
+    ) || name.starts_with("MANIFEST-")
 }
 
 #[cfg(test)]
@@ -108,11 +126,21 @@ mod tests {
         fresh.undo().unwrap();
         assert!(!tmp.path().join("a").exists() && tmp.path().exists());
 
+        // What someone else put in a directory it made stays, with the directories above.
+        let fresh = Fresh::prepare(&dir, true).unwrap().unwrap();
+        std::fs::create_dir(dir.join("segments")).unwrap();
+        std::fs::write(tmp.path().join("a/theirs.txt"), "theirs").unwrap();
+        fresh.undo().unwrap();
+        assert!(!tmp.path().join("a/b").exists());
+        assert!(tmp.path().join("a/theirs.txt").exists());
+        std::fs::remove_dir_all(tmp.path().join("a")).unwrap();
+
         let empty = tmp.path().join("empty");
         std::fs::create_dir(&empty).unwrap();
         let fresh = Fresh::prepare(&empty, true).unwrap().unwrap();
         std::fs::create_dir(empty.join("wal")).unwrap();
         std::fs::write(empty.join("LOCK"), "").unwrap();
+        std::fs::write(empty.join("MANIFEST-00000000000000000001"), "").unwrap();
         fresh.undo().unwrap();
         assert!(empty.is_dir() && std::fs::read_dir(&empty).unwrap().next().is_none());
 
