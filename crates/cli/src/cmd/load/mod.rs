@@ -591,11 +591,11 @@ fn load(a: LoadArgs, fresh: &mut Option<Fresh>) -> anyhow::Result<()> {
                 sources.len(),
                 start.elapsed().as_secs_f64(),
                 json!({
-                "checking_seconds": start.elapsed().as_secs_f64(),
-                "loaded_before": 0,
-                "skipped": bad_lines.get(),
-                "refused_by_server": server_refused,
-                "skipped_lines": shown,
+                    "checking_seconds": start.elapsed().as_secs_f64(),
+                    "loaded_before": 0,
+                    "skipped": bad_lines.get(),
+                    "refused_by_server": server_refused,
+                    "skipped_lines": shown,
                 }),
             )?;
         }
