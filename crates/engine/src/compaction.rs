@@ -5,6 +5,9 @@
 //!   with that tier has let the whole period age out, or no namespace has the tier) goes.
 //! - **Merge**: the segments of one period (a base and its deltas) become one base segment,
 //!   summed, with whatever a removed tier's cutoff hides left out.
+//! - **Deltas**: [`DELTAS_MERGED_AT`] deltas of one exact period become one delta while
+//!   recovery may still need them, so late traffic leaves a few segments a period, not one
+//!   a flush.
 //!
 //! - **Months**: the day segments of an hourly (or coarser) tier in a UTC month over for a
 //!   day become one month segment, so a long range reads one segment a month.
@@ -12,8 +15,10 @@
 //!   day segment: a `15m:1y` tier is then 365 files, not 8 760 (each an open file, with
 //!   its index in memory).
 //!
-//! Only segments whose every log record is before `wal_start` are merged: recovery never
-//! needs their per-period log position again, so the merged segment can carry the largest.
+//! Only segments whose every log record is before `wal_start` are merged into a base, a day
+//! or a month: recovery never needs their per-period log position again, so the merged
+//! segment can carry the largest. Deltas of one exact period are the exception: recovery
+//! looks up that period's largest position (`Archive::flushed_at`), which their merge keeps.
 //!
 //! Readers are never blocked: they keep the archive they started with (segments stay
 //! readable through their open file even once removed), and the new archive is swapped in
@@ -37,6 +42,11 @@ use crate::segment::{
 /// seconds: a new delta for its period makes it another merge, tried at once.
 pub const MERGE_RETRY_SECS: i64 = 600;
 
+/// How many deltas of one period the log still holds records of are summed into one: a
+/// flush a minute leaves a delta per period it finds late events for, so without this a day
+/// of late traffic would leave 1 440 segments a period for every read of it to open.
+pub const DELTAS_MERGED_AT: usize = 4;
+
 /// What the policy decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Choice {
@@ -47,6 +57,12 @@ pub enum Choice {
     /// a period's base and deltas into a base of that period, or the days of a closed UTC
     /// month into one month.
     Merge {
+        ids: Vec<u64>,
+        period: (i64, i64),
+    },
+    /// Sum these deltas (by id), all of one resolution and exactly one period, into one
+    /// delta of that period, flushed through the largest of theirs.
+    MergeDeltas {
         ids: Vec<u64>,
         period: (i64, i64),
     },
@@ -121,6 +137,25 @@ pub fn choose_avoiding(
         let end = group.iter().map(|e| e.period_end).max().unwrap_or(*start);
         if let Some(c) = merge(group, (*start, end)) {
             return c;
+        }
+    }
+    // Deltas of one exact period, settled or not: the merged delta carries their largest
+    // flushed_seq, which is what recovery looks up for that period (a segment vouches for its
+    // own period only, so deltas of other periods, even inside this one, stay apart).
+    let mut deltas: BTreeMap<(u32, i64, i64), Vec<&SegmentEntry>> = BTreeMap::new();
+    for e in segments.iter().filter(|e| e.delta) {
+        deltas
+            .entry((e.resolution, e.period_start, e.period_end))
+            .or_default()
+            .push(e);
+    }
+    for (&(_, start, end), group) in &deltas {
+        let ids: Vec<u64> = group.iter().map(|e| e.id).collect();
+        if ids.len() >= DELTAS_MERGED_AT && !avoid(&ids) {
+            return Choice::MergeDeltas {
+                ids,
+                period: (start, end),
+            };
         }
     }
     // Days of hourly (or coarser) tiers into months, once the month has been over for a day:
@@ -314,15 +349,16 @@ impl Engine {
                 now,
                 &avoid,
             );
+            let delta = matches!(choice, Choice::MergeDeltas { .. });
             match choice {
                 Choice::Nothing => break,
                 Choice::Drop(ids) => {
                     self.replace(&old, &ids, None)?;
                     report.dropped += ids.len();
                 }
-                Choice::Merge { ids, period } => {
+                Choice::Merge { ids, period } | Choice::MergeDeltas { ids, period } => {
                     let done = self
-                        .merge(&old, &ids, period)
+                        .merge(&old, &ids, period, delta)
                         .and_then(|merged| self.replace(&old, &ids, merged));
                     match done {
                         Ok(()) => {
@@ -370,7 +406,10 @@ impl Engine {
     }
 
     /// Sums segments into a new base segment of `period` (written and renamed into place,
-    /// not yet published); `None` when nothing is left in them. Keys are merged in order,
+    /// not yet published); `None` when nothing is left in them. With `delta`, into a delta,
+    /// kept even when nothing is left: its flushed_seq is what recovery looks up for the
+    /// period, and without it recovery would add back what the log still holds of the
+    /// deltas' increments (their sum is zero, but a cutoff may hide part of it). Keys are merged in order,
     /// one at a time, so memory holds one namespace's key list and one record, not the
     /// segments; each input's blocks are then read in order, once each (its block cache).
     fn merge(
@@ -378,6 +417,7 @@ impl Engine {
         old: &Archive,
         ids: &[u64],
         (period_start, period_end): (i64, i64),
+        delta: bool,
     ) -> Result<Option<(SegmentEntry, Arc<Segment>)>, StoreError> {
         let inputs: Vec<&(SegmentEntry, Arc<Segment>)> = old
             .segments
@@ -403,7 +443,7 @@ impl Engine {
         let id = self.fresh.segment_after(&old.manifest);
         let entry = SegmentEntry {
             id,
-            delta: false,
+            delta,
             resolution,
             period_start,
             period_end,
@@ -415,7 +455,11 @@ impl Engine {
         self.fs.remove(&tmp).map_err(unavailable)?;
         let meta = SegmentMeta {
             id,
-            kind: SegmentKind::Base,
+            kind: if delta {
+                SegmentKind::Delta
+            } else {
+                SegmentKind::Base
+            },
             resolution,
             period_start,
             period_end,
@@ -473,7 +517,7 @@ impl Engine {
             }
         }
         w.finish().map_err(seg_err)?;
-        if !any {
+        if !any && !delta {
             self.fs.remove(&tmp).map_err(unavailable)?;
             return Ok(None);
         }
@@ -639,6 +683,47 @@ mod tests {
         for (what, segments, wal_start, want) in table {
             assert_eq!(choose(&segments, wal_start, &keeps, NOW), want, "{what}");
         }
+    }
+
+    #[test]
+    fn deltas_of_one_exact_period_merge_while_recovery_needs_them() {
+        let keeps = |_: u32| Some(Retention::Forever);
+        let d = NOW - 3 * DAY;
+        // A base and three deltas flushed after wal_start (ids even: deltas).
+        let mut segments = vec![seg(1, 3600, d, DAY, 5)];
+        segments.extend((1..DELTAS_MERGED_AT as u64).map(|i| seg(2 * i, 3600, d, DAY, 10 + i)));
+        assert_eq!(choose(&segments, 10, &keeps, NOW), Choice::Nothing);
+        // One more: the deltas, not the base, become one delta.
+        segments.push(seg(100, 3600, d, DAY, 20));
+        let deltas: Vec<u64> = segments.iter().skip(1).map(|e| e.id).collect();
+        assert_eq!(
+            choose(&segments, 10, &keeps, NOW),
+            Choice::MergeDeltas {
+                ids: deltas.clone(),
+                period: (d, d + DAY)
+            }
+        );
+        let avoided = |ids: &[u64]| ids == deltas.as_slice();
+        assert_eq!(
+            choose_avoiding(&segments, 10, &keeps, NOW, &avoided),
+            Choice::Nothing
+        );
+        // Once the log is cut past them all, base and deltas become one base instead.
+        let mut all: Vec<u64> = vec![1];
+        all.extend(&deltas);
+        assert_eq!(
+            choose(&segments, 21, &keeps, NOW),
+            Choice::Merge {
+                ids: all,
+                period: (d, d + DAY)
+            }
+        );
+        // Deltas of periods of other lengths, even at the same start, are not summed with
+        // them: each vouches only for its own period.
+        let mixed: Vec<SegmentEntry> = (1..=DELTAS_MERGED_AT as u64)
+            .map(|i| seg(2 * i, 900, d, if i % 2 == 0 { DAY } else { 3600 }, 10 + i))
+            .collect();
+        assert_eq!(choose(&mixed, 10, &keeps, NOW), Choice::Nothing);
     }
 
     #[test]

@@ -284,6 +284,88 @@ fn late_events_after_a_flush_are_delta_segments_summed_at_read() {
     same(&e, &reference, NOW);
 }
 
+/// Late events to archived periods with a flush after each, as `tally serve` flushes every
+/// minute: while the log still holds their records, the deltas of one period are summed
+/// into one once there are `DELTAS_MERGED_AT`, so they do not pile up a flush at a time,
+/// and a restart, which replays that log, still counts every event once. One period's
+/// deltas net to zero: their merge is kept, empty, for recovery to know the period is
+/// archived through it.
+#[test]
+fn late_deltas_of_one_period_merge_while_the_log_still_holds_them() {
+    use tally_engine::compaction::DELTAS_MERGED_AT;
+    let dir = tempfile::tempdir().unwrap();
+    let (clock, reference, e) = seeded(dir.path());
+    e.flush().unwrap();
+    let deltas = |dir: &Path| {
+        let m = manifest::load(dir).unwrap().unwrap();
+        let mut per_period: std::collections::BTreeMap<_, Vec<_>> = Default::default();
+        for s in m.segments.iter().filter(|s| s.delta) {
+            per_period
+                .entry((s.resolution, s.period_start, s.period_end))
+                .or_default()
+                .push(*s);
+        }
+        (m.wal_start, per_period)
+    };
+    let mut merged = 0;
+    for i in 0..10i64 {
+        // Into the day two days back, and +3, -3, +5, -5, ... into the day before it.
+        let n = if i % 2 == 0 { 3 + i } else { -(2 + i) };
+        let late = [
+            raw(
+                "clicks",
+                "lnk_2",
+                NOW - 2 * DAY + 5 + 60 * i,
+                1 + i,
+                &[("country", ["FR", "US"][i as usize % 2])],
+            ),
+            raw("clicks", "lnk_1", NOW - 3 * DAY + 7, n, &[]),
+        ];
+        write_both(&e, &reference, NOW, &late);
+        e.flush().unwrap();
+        merged += e.compact().unwrap().merged;
+        same(&e, &reference, NOW);
+        let (wal_start, per_period) = deltas(dir.path());
+        for (period, ds) in &per_period {
+            assert!(ds.len() < DELTAS_MERGED_AT, "{period:?}: {ds:?}");
+            // The log still holds them all: only the exact-period rule merged them.
+            assert!(ds.iter().all(|d| d.flushed_seq >= wal_start), "{ds:?}");
+        }
+        if i == DELTAS_MERGED_AT as i64 - 1 {
+            // +3, -3, +5, -5: their merge holds nothing, and is kept.
+            let day = (3600, NOW - 3 * DAY, NOW - 2 * DAY);
+            assert_eq!(
+                per_period.get(&day).map(Vec::len),
+                Some(1),
+                "{per_period:?}"
+            );
+        }
+    }
+    assert!(merged >= 2 * DELTAS_MERGED_AT, "{merged}");
+    let report = tally_engine::check::check(dir.path()).unwrap();
+    assert!(report.is_whole(), "{report:?}");
+    // Restarts replay the log the merged deltas came from: nothing counted twice or lost.
+    drop(e);
+    let e = open(dir.path(), &clock);
+    same(&e, &reference, NOW);
+    write_both(&e, &reference, NOW, &late_event());
+    e.flush().unwrap();
+    e.compact().unwrap();
+    drop(e);
+    let e = open(dir.path(), &clock);
+    same(&e, &reference, NOW);
+    // Once the log is cut past them, base and deltas become one base as before.
+    let (now, _) = a_day_later_compact(&e, &reference, &clock);
+    same(&e, &reference, now);
+    let (_, per_period) = deltas(dir.path());
+    assert!(
+        per_period
+            .keys()
+            .all(|&(_, start, _)| start > NOW - 2 * DAY),
+        "{per_period:?}"
+    );
+}
+
 /// Counts wrap past 64 bits in the archive as in memory: sums of segments (a day and its
 /// delta), and of memory and segments, wrap rather than overflow (which a debug build
 /// would stop at), and agree with the reference.
