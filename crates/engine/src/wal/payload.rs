@@ -70,7 +70,13 @@ pub struct BatchView<'a> {
 impl<'a> BatchView<'a> {
     pub fn from_batch(batch: &'a Batch) -> Self {
         let mut view = BatchView::default();
-        let mut index: HashMap<&'a str, u32, crate::seeded::State> = HashMap::default();
+        // Sized for a key and two values an increment, so that the map is not grown and
+        // rehashed a dozen times a batch.
+        let strings = batch.increments.len() * 3;
+        let mut index: HashMap<&'a str, u32, crate::seeded::State> =
+            HashMap::with_capacity_and_hasher(strings, crate::seeded::State::default());
+        view.strings.reserve(strings);
+        view.subs.reserve(batch.increments.len() * 2);
         let mut intern = |s: &'a str, strings: &mut Vec<&'a str>| -> u32 {
             *index.entry(s).or_insert_with(|| {
                 strings.push(s);
