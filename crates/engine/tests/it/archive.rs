@@ -339,6 +339,8 @@ fn late_deltas_of_one_period_merge_while_the_log_still_holds_them() {
                 Some(1),
                 "{per_period:?}"
             );
+            let report = tally_engine::check::check(dir.path()).unwrap();
+            assert!(report.is_whole(), "{report:?}");
         }
     }
     assert!(merged >= 2 * DELTAS_MERGED_AT, "{merged}");
