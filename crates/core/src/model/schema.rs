@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 
 use super::{
-    DimName, DimValue, Dimension, Duration, MAX_COMPOUNDS, MAX_SCHEMA_DIMENSIONS, MAX_TIERS,
-    ModelError, Retention, Tier,
+    DimName, DimValue, Dimension, Duration, MAX_COMPOUNDS, MAX_DIM_VALUE_BYTES,
+    MAX_SCHEMA_DIMENSIONS, MAX_TIERS, ModelError, Retention, Tier,
 };
 
 /// The schema of a namespace: its tiers, which of them keep breakdowns, and an optional
@@ -435,15 +435,29 @@ impl Schema {
                         });
                     }
                 }
-                Ok(allowed
+                // A compound's value is its parts joined: held to a value's length, like
+                // any other, so that 16 compounds of 16 long parts cannot make one event
+                // count half a megabyte of values.
+                allowed
                     .iter()
-                    .filter_map(|d| {
-                        d.value_of(dims).map(|value| Subtotal {
+                    .filter_map(|d| d.value_of(dims).map(|value| (d, value)))
+                    .map(|(d, value)| {
+                        if value.len() > MAX_DIM_VALUE_BYTES {
+                            return Err(ModelError::InvalidDimension {
+                                what: format!("value of compound {}", d.name()),
+                                why: format!(
+                                    "its parts, joined, come to {} bytes; a value is 1 to \
+                                     {MAX_DIM_VALUE_BYTES} bytes",
+                                    value.len()
+                                ),
+                            });
+                        }
+                        Ok(Subtotal {
                             dim: d.name().to_owned(),
                             value,
                         })
                     })
-                    .collect())
+                    .collect()
             }
         }
     }
@@ -614,5 +628,41 @@ mod tests {
             s.subtotals(&e.dims).unwrap_err().code(),
             ErrorCode::UnknownDimension
         );
+    }
+
+    #[test]
+    fn a_compound_value_is_held_to_a_value_length() {
+        let doc = SchemaDoc {
+            tiers: vec!["1h:forever".into()],
+            breakdown_tiers: None,
+            dimensions: Some(vec!["a".into(), "b".into(), "a+b".into()]),
+        };
+        let s = Schema::from_doc(&doc).unwrap();
+        let event = |a: &str, b: &str| {
+            let raw = RawEvent {
+                ns: "x".into(),
+                key: "k".into(),
+                dims: vec![("a".into(), a.into()), ("b".into(), b.into())],
+                ..RawEvent::default()
+            };
+            Event::validate(&raw, 1000, 3600).unwrap()
+        };
+        // 1 023 + "|" + 1 024: exactly 2 048, the most a value holds.
+        let fits = event(&"x".repeat(1023), &"y".repeat(1024));
+        let subs = s.subtotals(&fits.dims).unwrap();
+        assert_eq!(subs[2].value.len(), MAX_DIM_VALUE_BYTES);
+        // One byte more, or a part that escaping lengthens past it: refused, with the
+        // compound named; each part alone is a valid value.
+        for (a, b) in [
+            ("x".repeat(1024), "y".repeat(1024)),
+            ("|".repeat(1024), "y".to_owned()),
+        ] {
+            let e = s.subtotals(&event(&a, &b).dims).unwrap_err();
+            assert_eq!(e.code(), ErrorCode::InvalidDimension);
+            assert!(
+                e.to_string().contains("compound a+b") && e.to_string().contains("2048 bytes"),
+                "{e}"
+            );
+        }
     }
 }

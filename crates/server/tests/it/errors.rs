@@ -14,6 +14,10 @@ dimensions = ["country"]
 [namespaces.short]
 tiers = ["1m:1h"]
 
+[namespaces.pairs]
+tiers = ["1h:forever"]
+dimensions = ["a", "b", "a+b"]
+
 [limits]
 max_body_bytes = 4096
 max_batch_events = 3
@@ -78,6 +82,13 @@ fn bad_events_are_refused_whole_and_name_their_index() {
             event(json!({"ns": "strict", "dims": {"device": "ios"}})),
             400,
             "unknown_dimension",
+            Some("dims"),
+        ),
+        // Each part a valid value, their compound's value one byte too long.
+        (
+            event(json!({"ns": "pairs", "dims": {"a": "x".repeat(1024), "b": "y".repeat(1024)}})),
+            400,
+            "invalid_dimension",
             Some("dims"),
         ),
         (
