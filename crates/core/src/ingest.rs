@@ -18,6 +18,10 @@ pub struct Limits {
     /// Namespaces in all, the config file's included: a write or `PUT` that would make one
     /// more is `too_many_namespaces` (the config file's are made whatever it says).
     pub max_namespaces: usize,
+    /// Counter updates one batch may make: an event makes one per tier of its namespace and
+    /// one per subtotal in each breakdown tier, so a schema of many tiers and compounds
+    /// makes a batch of small events cost far more than its bytes say.
+    pub max_batch_updates: usize,
 }
 
 impl Default for Limits {
@@ -28,6 +32,7 @@ impl Default for Limits {
             max_points: 100_000,
             max_future_secs: 3600,
             max_namespaces: 10_000,
+            max_batch_updates: 4_000_000,
         }
     }
 }
@@ -64,6 +69,12 @@ pub enum IngestError {
     },
     #[error("a batch holds at most {max} events, got {got}")]
     BatchTooLarge { got: usize, max: usize },
+    #[error(
+        "event {index}: the batch makes more than {max} counter updates by here (an event makes \
+         one per tier of its namespace, and one per subtotal in each breakdown tier): send \
+         fewer events a batch ([limits] max_batch_updates)"
+    )]
+    TooManyUpdates { index: usize, max: usize },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -74,7 +85,9 @@ impl IngestError {
             IngestError::Event { source, .. } => source.code(),
             IngestError::UnknownNamespace { .. } => ErrorCode::UnknownNamespace,
             IngestError::TooManyNamespaces { .. } => ErrorCode::TooManyNamespaces,
-            IngestError::BatchTooLarge { .. } => ErrorCode::BatchTooLarge,
+            IngestError::BatchTooLarge { .. } | IngestError::TooManyUpdates { .. } => {
+                ErrorCode::BatchTooLarge
+            }
             IngestError::Store(e) => e.code(),
         }
     }
@@ -84,7 +97,8 @@ impl IngestError {
         match self {
             IngestError::Event { index, .. }
             | IngestError::UnknownNamespace { index, .. }
-            | IngestError::TooManyNamespaces { index, .. } => Some(*index),
+            | IngestError::TooManyNamespaces { index, .. }
+            | IngestError::TooManyUpdates { index, .. } => Some(*index),
             _ => None,
         }
     }
@@ -255,6 +269,8 @@ struct Preparer<'a> {
     schemas: BTreeMap<Namespace, Option<Schema>>,
     to_create: std::collections::BTreeSet<Namespace>,
     existing: Option<usize>,
+    /// Counter updates the batch's events make so far (see [`Limits::max_batch_updates`]).
+    updates: usize,
     batch: Batch,
 }
 
@@ -276,6 +292,7 @@ impl<'a> Preparer<'a> {
             schemas: BTreeMap::new(),
             to_create: Default::default(),
             existing: None,
+            updates: 0,
             batch,
         }
     }
@@ -296,8 +313,13 @@ impl<'a> Preparer<'a> {
             };
             self.schemas.insert(event.ns.clone(), schema);
         }
-        let subtotals = match self.schemas.get(&event.ns) {
-            Some(Some(schema)) => schema.subtotals_owned(event.dims).map_err(at)?,
+        let (subtotals, updates) = match self.schemas.get(&event.ns) {
+            Some(Some(schema)) => {
+                let subtotals = schema.subtotals_owned(event.dims).map_err(at)?;
+                let updates =
+                    schema.tiers().len() + schema.breakdown_resolutions().len() * subtotals.len();
+                (subtotals, updates)
+            }
             _ => {
                 return Err(IngestError::UnknownNamespace {
                     index,
@@ -305,6 +327,10 @@ impl<'a> Preparer<'a> {
                 });
             }
         };
+        let max = self.limits.max_batch_updates;
+        if self.updates.saturating_add(updates) > max {
+            return Err(IngestError::TooManyUpdates { index, max });
+        }
         // A namespace is created by the batch only with an event of it that passed, and
         // only within `max_namespaces` (each later event of a refused one is refused too).
         if self.to_create.contains(&event.ns) {
@@ -325,6 +351,7 @@ impl<'a> Preparer<'a> {
                 .create
                 .push((event.ns.clone(), self.defaults.schema.clone()));
         }
+        self.updates += updates;
         self.batch.increments.push(Increment {
             ns: event.ns,
             key: event.key,
@@ -587,6 +614,56 @@ mod tests {
         let sorted = sort_creations(&store, &many, &none, &Limits::default()).unwrap();
         assert_eq!((sorted.new.len(), sorted.over.len()), (40, 0));
         assert!(prepare(&store, &[raw("c", "z")], 1000, &limits, &d).is_ok());
+    }
+
+    /// A batch is held to `max_batch_updates` counter updates: an event makes one per tier
+    /// and one per subtotal in each breakdown tier. The event that passes it is named, and
+    /// the store is not touched.
+    #[test]
+    fn a_batch_is_held_to_its_counter_updates() {
+        let store = MemStore::new(std::sync::Arc::new(crate::store::SystemClock));
+        let d = Defaults {
+            // Three tiers, two keeping breakdowns.
+            schema: Schema::from_doc(&crate::model::SchemaDoc {
+                tiers: vec!["1m:2d".into(), "15m:30d".into(), "1h:forever".into()],
+                breakdown_tiers: Some(vec!["15m".into(), "1h".into()]),
+                dimensions: None,
+            })
+            .unwrap(),
+            auto_create: true,
+        };
+        let event = |key: &str| RawEvent {
+            dims: vec![("a".into(), "1".into()), ("b".into(), "2".into())],
+            ..raw("x", key)
+        };
+        // 3 + 2 x 2 = 7 updates an event: two fit in 20, a third does not.
+        let limits = Limits {
+            max_batch_updates: 20,
+            ..Limits::default()
+        };
+        let two = prepare(&store, &[event("a"), event("b")], 1000, &limits, &d);
+        assert_eq!(two.unwrap().increments.len(), 2);
+        let e = prepare(
+            &store,
+            &[event("a"), event("b"), event("c")],
+            1000,
+            &limits,
+            &d,
+        )
+        .unwrap_err();
+        assert_eq!(e.code(), ErrorCode::BatchTooLarge);
+        assert_eq!(e.index(), Some(2));
+        assert!(e.to_string().contains("max_batch_updates"), "{e}");
+        // An event without dimensions makes 3: it still fits after two.
+        let small = prepare(
+            &store,
+            &[event("a"), event("b"), raw("x", "c")],
+            1000,
+            &limits,
+            &d,
+        );
+        assert_eq!(small.unwrap().increments.len(), 3);
+        assert!(store.namespaces().unwrap().is_empty());
     }
 
     #[test]

@@ -120,6 +120,7 @@ struct DefaultsDoc {
 struct LimitsDoc {
     max_body_bytes: Option<usize>,
     max_batch_events: Option<usize>,
+    max_batch_updates: Option<usize>,
     max_points: Option<usize>,
     max_future_secs: Option<i64>,
     max_namespaces: Option<usize>,
@@ -375,6 +376,11 @@ impl Settings {
                 l.max_batch_events,
                 s.limits.max_batch_events,
             )?;
+            s.limits.max_batch_updates = positive(
+                "max_batch_updates",
+                l.max_batch_updates,
+                s.limits.max_batch_updates,
+            )?;
             s.limits.max_points = positive("max_points", l.max_points, s.limits.max_points)?;
             s.limits.max_namespaces =
                 positive("max_namespaces", l.max_namespaces, s.limits.max_namespaces)?;
@@ -588,6 +594,7 @@ auto_create = true
 [limits]
 max_body_bytes = 16777216
 max_batch_events = 100000
+max_batch_updates = 4000000
 max_points = 100000
 max_future_secs = 3600
 max_namespaces = 10000

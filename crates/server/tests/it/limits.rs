@@ -220,3 +220,40 @@ fn namespaces_stop_at_max_namespaces() {
     let (_, list) = s.get("/v1/ns");
     assert_eq!(list["namespaces"].as_array().unwrap().len(), 4, "{list}");
 }
+
+/// A batch is held to `max_batch_updates` counter updates, not only to its events: with
+/// many tiers and dimensions a batch of small events would make millions of counters. The
+/// event that passes it is named, and nothing is applied.
+#[test]
+fn a_batch_is_held_to_its_counter_updates() {
+    let s = Server::with_config(
+        r#"
+[namespaces.wide]
+tiers = ["1m:2d", "15m:30d", "1h:forever"]
+breakdown_tiers = ["15m", "1h"]
+
+[limits]
+max_batch_updates = 20
+"#,
+    );
+    let before = s.state();
+    // 3 tiers + 2 breakdown tiers x 2 dimensions: 7 updates an event.
+    let events = |n: usize| {
+        let e: Vec<_> = (0..n)
+            .map(|i| json!({"ns": "wide", "key": format!("k{i}"), "ts": NOW - 60, "dims": {"a": "1", "b": "2"}}))
+            .collect();
+        json!(e).to_string()
+    };
+    let e = err(s.post("/v1/events", &events(3)), 413, "batch_too_large");
+    assert_eq!(e["error"]["index"], 2, "{e}");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_batch_updates"),
+        "{e}"
+    );
+    assert_eq!(s.state(), before);
+    let (st, a) = s.post("/v1/events", &events(2));
+    assert_eq!(st, 200, "{a}");
+}

@@ -396,6 +396,8 @@ fn load(a: LoadArgs, fresh: &mut Option<Fresh>) -> anyhow::Result<()> {
         max_batch_events: a.batch as usize,
         max_future_secs: rules.limits.max_future_secs,
         max_namespaces: rules.limits.max_namespaces,
+        // A server holds its batches to its own; offline, `--memory-mb` bounds the work.
+        max_batch_updates: usize::MAX,
         ..Limits::default()
     };
     if dry.is_some() {
