@@ -33,7 +33,10 @@
 //!    `max_concurrent_writes`, queries (series, breakdown, window, dashboard, top, keys,
 //!    export, `POST /v1/query`) `max_concurrent_queries`, the other `/v1` routes (schemas,
 //!    admin) [`OTHER_V1_PERMITS`]. A request waits for its permit holding its body but no
-//!    socket read, and one class's flood cannot starve another.
+//!    socket read, and one class's flood cannot starve another. A query's
+//!    `query_timeout_ms` counts from here, its wait for a permit included ([`QUEUED_AT`]):
+//!    one still waiting when it passes is `503 query_timeout`, and one that gets its permit
+//!    runs for what is left of it.
 //!
 //! 6. **A query's answer**, once built, is charged to a budget of
 //!    `max_answer_bytes_in_flight` shared by all queries and released when its client has
@@ -96,6 +99,12 @@ enum Class {
     Free,
 }
 
+tokio::task_local! {
+    /// When the request being handled began to wait for its permit: a query's
+    /// `query_timeout_ms` counts from here ([`crate::app::App::query`]).
+    pub(crate) static QUEUED_AT: tokio::time::Instant;
+}
+
 impl Admission {
     pub(crate) fn new(app: App) -> Admission {
         let l = app.settings().server;
@@ -130,12 +139,31 @@ impl Admission {
             Class::Query => &self.queries,
             Class::OtherV1 | Class::Free => &self.other,
         };
-        let permit = pool.clone().acquire_owned().await.map_err(|_| {
-            ApiError::new(ErrorCode::BackendUnavailable, "the server is shutting down")
-        })?;
-        let resp = next
-            .run(Request::from_parts(parts, Body::from(bytes)))
-            .await;
+        let closed =
+            |_| ApiError::new(ErrorCode::BackendUnavailable, "the server is shutting down");
+        let queued_at = tokio::time::Instant::now();
+        let permit = match class {
+            Class::Query => {
+                let ms = self.app.settings().server.query_timeout_ms;
+                let wait = Duration::from_millis(ms);
+                match tokio::time::timeout(wait, pool.clone().acquire_owned()).await {
+                    Ok(permit) => permit.map_err(closed)?,
+                    Err(_) => {
+                        return Err(ApiError::new(
+                            ErrorCode::QueryTimeout,
+                            format!(
+                                "the query waited {ms} ms for its turn ([limits] \
+                                 max_concurrent_queries run at once) and ran past \
+                                 [limits] query_timeout_ms"
+                            ),
+                        ));
+                    }
+                }
+            }
+            _ => pool.clone().acquire_owned().await.map_err(closed)?,
+        };
+        let run = next.run(Request::from_parts(parts, Body::from(bytes)));
+        let resp = QUEUED_AT.scope(queued_at, run).await;
         drop((permit, held));
         // Only a query's answer: a write's, a schema change's or an admin answer's is small,
         // and its work is done — it must not become a 503 its client would retry.

@@ -259,7 +259,22 @@ impl App {
         f: impl FnOnce(&App, &Deadline) -> Result<T, ApiError> + Send + 'static,
     ) -> Result<T, ApiError> {
         let ms = self.0.settings.server.query_timeout_ms;
-        let limit = std::time::Duration::from_millis(ms);
+        // What is left of it once the query waited for its turn (admission's); a query
+        // run outside admission has it whole.
+        let waited = crate::admission::QUEUED_AT
+            .try_with(|at| at.elapsed())
+            .unwrap_or_default();
+        let limit = std::time::Duration::from_millis(ms).saturating_sub(waited);
+        if limit.is_zero() {
+            return Err(ApiError::new(
+                ErrorCode::QueryTimeout,
+                format!(
+                    "the query waited {} ms for its turn and ran past {ms} ms ([limits] \
+                     query_timeout_ms)",
+                    waited.as_millis()
+                ),
+            ));
+        }
         let cancelled = Arc::new(AtomicBool::new(false));
         let _cancel_on_drop = CancelOnDrop(Arc::clone(&cancelled));
         let deadline = Deadline::new(limit, cancelled);

@@ -477,6 +477,14 @@ impl Settings {
                 },
             };
         }
+        // A body larger than the budget of all bodies in flight could never be taken: every
+        // one would be `503 … try again shortly`, forever.
+        if s.server.max_body_bytes_in_flight < s.limits.max_body_bytes {
+            return Err(ConfigError::Limit {
+                key: "max_body_bytes_in_flight",
+                rule: "at least max_body_bytes (one body of that size must fit)",
+            });
+        }
         for (i, t) in file.tokens.iter().enumerate() {
             if t.token.is_empty() {
                 return Err(ConfigError::EmptyToken { number: i + 1 });
@@ -736,6 +744,10 @@ dimensions = ["status"]
             (
                 "[limits]\ndictionary_cache_bytes = 0",
                 "dictionary_cache_bytes must be greater than 0",
+            ),
+            (
+                "[limits]\nmax_body_bytes = 100000\nmax_body_bytes_in_flight = 100",
+                "max_body_bytes_in_flight must be at least max_body_bytes",
             ),
             (
                 "[limits]\nscrub_percent = 101",

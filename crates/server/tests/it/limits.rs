@@ -257,3 +257,42 @@ max_batch_updates = 20
     let (st, a) = s.post("/v1/events", &events(2));
     assert_eq!(st, 200, "{a}");
 }
+
+/// `query_timeout_ms` counts a query's wait for its turn: behind a full queue, a query is
+/// answered (`503 query_timeout` if it could not finish) by its arrival plus the limit, not
+/// a limit after it got its turn (a review timed a trivial query at 10.9 s under a 2 s
+/// limit, behind 150 clients).
+#[test]
+fn a_query_waiting_for_its_turn_counts_the_wait_in_its_timeout() {
+    let s = Server::start(settings(
+        "[limits]\nquery_timeout_ms = 400\nmax_concurrent_queries = 1",
+    ));
+    seed(&s);
+    // Every scan holds its slot until its deadline.
+    *s.store.hold_scans.lock().unwrap() = true;
+    let top = format!("/v1/ns/clicks/top?from={}&to={NOW}", NOW - 3600);
+    std::thread::scope(|scope| {
+        let holder = scope.spawn(|| s.get(&top));
+        wait_for(|| *s.store.scans_held.lock().unwrap() == 1);
+        // Three more, queued behind it one after another: each waited for the one before
+        // and then had 400 ms of its own, ~800, ~1 200 and ~1 600 ms in all.
+        let waiters: Vec<_> = (0..3)
+            .map(|_| {
+                scope.spawn(|| {
+                    let t = Instant::now();
+                    let e = err(s.get(&top), 503, "query_timeout");
+                    (t.elapsed(), e)
+                })
+            })
+            .collect();
+        for w in waiters {
+            let (took, e) = w.join().unwrap();
+            assert!(took < Duration::from_millis(700), "{took:?}: {e}");
+        }
+        assert_eq!(holder.join().unwrap().0, 503);
+    });
+    // With the slots free, the same query answers.
+    *s.store.hold_scans.lock().unwrap() = false;
+    let (st, a) = s.get(&top);
+    assert_eq!(st, 200, "{a}");
+}
