@@ -63,6 +63,11 @@ fn serve_refuses_bad_flags_configs_and_data_dirs() {
         &run(&["serve", "--config", missing.to_str().unwrap()]),
         "reading config",
     );
+    // A path that is no settings file: refused after 16 MiB read, not read without end.
+    refused(
+        &run(&["serve", "--config", "/dev/zero"]),
+        "larger than 16777216 bytes",
+    );
     let bad = dir.path().join("bad.toml");
     std::fs::write(&bad, "fsync = \"sometimes\"").unwrap();
     let out = run(&[
@@ -202,6 +207,10 @@ fn serve_refuses_half_or_bad_tls_flags_and_says_https_when_ready() {
             "/nonexistent/key.pem",
         ]),
         "reading /nonexistent/key.pem",
+    );
+    refused(
+        &run(&["serve", "--tls-cert", "/dev/zero", "--tls-key", key]),
+        "larger than 16777216 bytes",
     );
     let mut child = tally()
         .args(["serve", "--listen", "127.0.0.1:0", "--tls-cert", cert])

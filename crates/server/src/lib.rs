@@ -91,6 +91,27 @@ pub mod fuzzing {
 }
 
 pub use app::App;
+
+/// The most bytes `tally` reads of a configuration file, a certificate or a key: far more
+/// than any holds, so that a wrong path (`/dev/zero`, a log) is an error, not gigabytes.
+pub const MAX_SETTINGS_FILE_BYTES: u64 = 16 * 1024 * 1024;
+
+/// Reads a settings file whole, refusing one past [`MAX_SETTINGS_FILE_BYTES`] (read no
+/// further than that).
+pub fn read_settings_file(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    std::fs::File::open(path)?
+        .take(MAX_SETTINGS_FILE_BYTES + 1)
+        .read_to_end(&mut out)?;
+    if out.len() as u64 > MAX_SETTINGS_FILE_BYTES {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("larger than {MAX_SETTINGS_FILE_BYTES} bytes: not a settings file"),
+        ));
+    }
+    Ok(out)
+}
 pub use config::{Action, ConfigError, Scope, ServerLimits, Settings, StatsdSettings, Token};
 pub use error::ApiError;
 pub use listen::{ACCEPT_BACKOFF, Routes, serve, serve_with};

@@ -56,7 +56,7 @@ impl Tls {
     /// Loads `cert` (PEM, the server's certificate first, then its chain) and `key` (PEM).
     pub fn load(cert: &Path, key: &Path) -> Result<Tls, TlsError> {
         let read = |path: &Path| {
-            std::fs::read(path).map_err(|source| TlsError::Read {
+            crate::read_settings_file(path).map_err(|source| TlsError::Read {
                 path: path.to_owned(),
                 source,
             })

@@ -67,7 +67,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let settings = match &args.config {
         None => Settings::default(),
         Some(path) => {
-            let text = std::fs::read_to_string(path)
+            let text = tally_server::read_settings_file(path)
+                .and_then(|b| String::from_utf8(b).map_err(std::io::Error::other))
                 .with_context(|| format!("reading config {}", path.display()))?;
             Settings::from_toml(&text).with_context(|| format!("config {}", path.display()))?
         }

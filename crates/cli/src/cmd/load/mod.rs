@@ -170,7 +170,8 @@ impl Rules {
                 namespaces: Vec::new(),
             });
         };
-        let text = std::fs::read_to_string(path)
+        let text = tally_server::read_settings_file(path)
+            .and_then(|b| String::from_utf8(b).map_err(std::io::Error::other))
             .with_context(|| format!("reading config {}", path.display()))?;
         let s = tally_server::Settings::from_toml(&text)
             .with_context(|| format!("config {}", path.display()))?;
