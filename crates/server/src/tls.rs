@@ -29,20 +29,18 @@ pub enum TlsError {
         #[source]
         source: std::io::Error,
     },
-    #[error("{}: not a PEM certificate chain", path.display())]
-    Certificate {
-        path: PathBuf,
-        #[source]
-        source: rustls_pki_types::pem::Error,
-    },
+    #[error("{}: not a PEM certificate chain: {why}", path.display())]
+    Certificate { path: PathBuf, why: String },
     #[error("{}: no PEM certificate in it", path.display())]
     NoCertificate { path: PathBuf },
-    #[error("{}: not a PEM private key (PKCS#8, PKCS#1 or SEC1)", path.display())]
-    Key {
-        path: PathBuf,
-        #[source]
-        source: rustls_pki_types::pem::Error,
-    },
+    #[error("{}: not a PEM private key (PKCS#8, PKCS#1 or SEC1): {why}", path.display())]
+    Key { path: PathBuf, why: String },
+    #[error(
+        "{}: the private key is encrypted; tally serve needs it unencrypted \
+         (e.g. `openssl pkey -in KEY -out PLAIN.pem`, kept readable only by tally)",
+        path.display()
+    )]
+    EncryptedKey { path: PathBuf },
     #[error("{} with {}: not a usable certificate and key", cert.display(), key.display())]
     Pair {
         cert: PathBuf,
@@ -64,18 +62,28 @@ impl Tls {
         let (cert_pem, key_pem) = (read(cert)?, read(key)?);
         let chain = CertificateDer::pem_slice_iter(&cert_pem)
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|source| TlsError::Certificate {
+            .map_err(|e| TlsError::Certificate {
                 path: cert.to_owned(),
-                source,
+                why: pem_problem(&e),
             })?;
         if chain.is_empty() {
             return Err(TlsError::NoCertificate {
                 path: cert.to_owned(),
             });
         }
-        let private = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|source| TlsError::Key {
+        // OpenSSL's two ways of saying so: PKCS#8 `ENCRYPTED PRIVATE KEY`, or a legacy
+        // key's `Proc-Type: 4,ENCRYPTED` header (whose base64 then fails to decode).
+        let text = String::from_utf8_lossy(&key_pem);
+        if text.contains("-----BEGIN ENCRYPTED PRIVATE KEY-----")
+            || text.contains("Proc-Type: 4,ENCRYPTED")
+        {
+            return Err(TlsError::EncryptedKey {
+                path: key.to_owned(),
+            });
+        }
+        let private = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| TlsError::Key {
             path: key.to_owned(),
-            source,
+            why: pem_problem(&e),
         })?;
         let pair = |source| TlsError::Pair {
             cert: cert.to_owned(),
@@ -92,5 +100,69 @@ impl Tls {
         .map_err(pair)?;
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         Ok(Tls(tokio_rustls::TlsAcceptor::from(Arc::new(config))))
+    }
+}
+
+/// What is wrong with a PEM file, in words: the section markers as text, not as the list of
+/// byte values `pem::Error` shows.
+fn pem_problem(e: &rustls_pki_types::pem::Error) -> String {
+    use rustls_pki_types::pem::Error as E;
+    match e {
+        E::MissingSectionEnd { end_marker } => format!(
+            "cut short: no \"-----END {}-----\" line",
+            String::from_utf8_lossy(end_marker)
+        ),
+        E::IllegalSectionStart { line } => {
+            format!(
+                "a malformed BEGIN line: {:?}",
+                String::from_utf8_lossy(line)
+            )
+        }
+        E::NoItemsFound => "nothing PEM in it".to_owned(),
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each problem is named in words: a cut-short chain, an encrypted key (in either of
+    /// OpenSSL's forms), a key that is not PEM.
+    #[test]
+    fn problems_with_the_files_are_said_plainly() {
+        let dir = tempfile::tempdir().unwrap();
+        let ck = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        let write = |name: &str, text: &str| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, text).unwrap();
+            p
+        };
+        let cert = write("cert.pem", &ck.cert.pem());
+        let key = write("key.pem", &ck.signing_key.serialize_pem());
+        assert!(Tls::load(&cert, &key).is_ok());
+        let pem = ck.cert.pem();
+        let cut = write("cut.pem", &pem[..pem.len() / 2]);
+        let e = Tls::load(&cut, &key).unwrap_err().to_string();
+        assert!(
+            e.contains("cut short: no \"-----END CERTIFICATE-----\" line"),
+            "{e}"
+        );
+        let pkcs8 = write(
+            "enc8.pem",
+            "-----BEGIN ENCRYPTED PRIVATE KEY-----\nMIIB\n-----END ENCRYPTED PRIVATE KEY-----\n",
+        );
+        let legacy = write(
+            "enc1.pem",
+            "-----BEGIN EC PRIVATE KEY-----\nProc-Type: 4,ENCRYPTED\nDEK-Info: AES-256-CBC,00\n\nMIIB\n-----END EC PRIVATE KEY-----\n",
+        );
+        for k in [pkcs8, legacy] {
+            let e = Tls::load(&cert, &k).unwrap_err().to_string();
+            assert!(e.contains("the private key is encrypted"), "{e}");
+        }
+        let e = Tls::load(&cert, &write("none.pem", "not PEM"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("nothing PEM in it"), "{e}");
     }
 }
