@@ -36,6 +36,18 @@ pub(crate) fn caller<'t>(
     if tokens.is_empty() {
         return Ok(None);
     }
+    // Several would leave which one counts to the order of the headers.
+    if headers
+        .get_all(axum::http::header::AUTHORIZATION)
+        .iter()
+        .nth(1)
+        .is_some()
+    {
+        return Err(ApiError::new(
+            ErrorCode::Unauthorized,
+            "send one Authorization header, not several",
+        ));
+    }
     let given = headers
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())

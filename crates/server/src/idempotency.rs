@@ -179,6 +179,14 @@ pub(crate) fn header_key(headers: &HeaderMap) -> Result<Option<String>, ApiError
     let Some(key) = headers.get(HEADER) else {
         return Ok(None);
     };
+    // Two keys would make the request two different promises: which one holds?
+    if headers.get_all(HEADER).iter().nth(1).is_some() {
+        return Err(ApiError::new(
+            ErrorCode::InvalidParameter,
+            "send one Idempotency-Key header, not several",
+        )
+        .field("Idempotency-Key"));
+    }
     key.to_str()
         .ok()
         .filter(|k| !k.is_empty() && k.len() <= 256)

@@ -187,6 +187,44 @@ scopes = ["admin:*", "read:*", "write:*"]
     assert_eq!(v["error"]["field"], "Idempotency-Key", "{v}");
     assert_eq!(dry, s.req("POST", "/v1/events", Some(&good), &bad_key));
     assert_eq!(s.state_with(&admin), before);
+    // Two keys, or two tokens, make no promise: which would hold? Refused, not the first
+    // taken.
+    let two_keys = [
+        ("Authorization", "Bearer w"),
+        ("Idempotency-Key", "a"),
+        ("Idempotency-Key", "b"),
+    ];
+    for path in ["/v1/events?dry_run=true", "/v1/events"] {
+        let v = err(
+            s.req("POST", path, Some(&good), &two_keys),
+            400,
+            "invalid_parameter",
+        );
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("one Idempotency-Key"),
+            "{v}"
+        );
+        let two_tokens = [
+            ("Authorization", "Bearer w"),
+            ("Authorization", "Bearer nope"),
+        ];
+        let v = err(
+            s.req("POST", path, Some(&good), &two_tokens),
+            401,
+            "unauthorized",
+        );
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("one Authorization"),
+            "{v}"
+        );
+    }
+    assert_eq!(s.state_with(&admin), before);
     // A token is needed as for a real request.
     err(
         s.req("POST", "/v1/events?dry_run=true", Some(&good), &[]),
