@@ -65,6 +65,11 @@ pub enum ModelError {
     InvalidDimension { what: String, why: String },
     #[error("dimension {name:?} is not in the namespace's allow-list")]
     UnknownDimension { name: String },
+    #[error(
+        "dimension {name:?} is a compound, counted only where a namespace's allow-list \
+         declares it, and this namespace has no allow-list"
+    )]
+    UndeclaredCompound { name: String },
     #[error("an event carries at most {MAX_DIMS_PER_EVENT} dimensions, got {got}")]
     TooManyDimensions { got: usize },
     #[error("invalid timestamp {got:?}: {why}")]
@@ -95,7 +100,9 @@ impl ModelError {
             ModelError::InvalidName { .. } => ErrorCode::InvalidName,
             ModelError::InvalidKey { .. } => ErrorCode::InvalidKey,
             ModelError::InvalidDimension { .. } => ErrorCode::InvalidDimension,
-            ModelError::UnknownDimension { .. } => ErrorCode::UnknownDimension,
+            ModelError::UnknownDimension { .. } | ModelError::UndeclaredCompound { .. } => {
+                ErrorCode::UnknownDimension
+            }
             ModelError::TooManyDimensions { .. } => ErrorCode::TooManyDimensions,
             ModelError::InvalidTimestamp { .. } => ErrorCode::InvalidTimestamp,
             ModelError::TimestampInFuture { .. } => ErrorCode::TimestampInFuture,

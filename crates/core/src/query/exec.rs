@@ -23,15 +23,17 @@ pub(super) fn schema_of(store: &dyn Store, ns: &Namespace) -> Result<Schema, Que
 }
 
 fn check_dim(schema: &Schema, dim: &Dimension) -> Result<(), QueryError> {
-    if schema.knows_dimension(dim.name()) {
-        Ok(())
-    } else {
-        Err(QueryError::Model {
+    let name = dim.name().to_owned();
+    match (schema.knows_dimension(dim.name()), schema.dimensions()) {
+        (true, _) => Ok(()),
+        (false, None) if dim.is_compound() => Err(QueryError::Model {
             field: "dim",
-            source: ModelError::UnknownDimension {
-                name: dim.name().to_owned(),
-            },
-        })
+            source: ModelError::UndeclaredCompound { name },
+        }),
+        (false, _) => Err(QueryError::Model {
+            field: "dim",
+            source: ModelError::UnknownDimension { name },
+        }),
     }
 }
 

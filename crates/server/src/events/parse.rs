@@ -43,11 +43,17 @@ fn raw_event(v: &Value) -> Result<RawEvent, ApiError> {
             Some(model::parse_timestamp(s).map_err(|e| ApiError::from(e).field("ts"))?)
         }
         Some(Value::Number(n)) => Some(n.as_i64().ok_or_else(|| {
-            ApiError::new(
-                ErrorCode::InvalidTimestamp,
-                format!("ts {n} is not whole unix seconds"),
-            )
-            .field("ts")
+            let why = match n.as_f64() {
+                Some(f) if f.fract() == 0.0 && (0.0..model::MAX_TS as f64).contains(&f) => {
+                    "must be written as an integer (unix seconds)".to_owned()
+                }
+                Some(f) if f.fract() == 0.0 || f.is_infinite() => format!(
+                    "is out of range: unix seconds from 0 to {}",
+                    model::MAX_TS - 1
+                ),
+                _ => "is not whole unix seconds".to_owned(),
+            };
+            ApiError::new(ErrorCode::InvalidTimestamp, format!("ts {n} {why}")).field("ts")
         })?),
         Some(_) => {
             return Err(malformed("ts must be unix seconds or an RFC 3339 string").field("ts"));

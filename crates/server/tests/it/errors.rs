@@ -978,3 +978,43 @@ fn a_malformed_escape_in_a_path_is_refused() {
     assert_eq!(s.state(), before);
     assert_eq!(s.post("/v1/ns/clicks/keys/%25G1/incr", "").0, 200);
 }
+
+/// Refusals say what is wrong in the case at hand (a review found these misleading): a
+/// compound asked of a namespace with no allow-list, a timestamp written as a float.
+#[test]
+fn refusals_say_what_is_wrong() {
+    let s = server();
+    let r = format!("from={}&to={NOW}", NOW - 3600);
+    let message = |got: (u16, serde_json::Value), status, code| {
+        err(got, status, code)["error"]["message"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let m = message(
+        s.get(&format!("/v1/ns/clicks/keys/k/breakdown?{r}&dim=a%2Bb")),
+        400,
+        "unknown_dimension",
+    );
+    assert!(
+        m.contains("is a compound") && m.contains("no allow-list"),
+        "{m}"
+    );
+    let m = message(
+        s.get(&format!(
+            "/v1/ns/strict/keys/k/breakdown?{r}&dim=country%2Bdevice"
+        )),
+        400,
+        "unknown_dimension",
+    );
+    assert!(m.contains("not in the namespace's allow-list"), "{m}");
+    for (ts, says) in [
+        ("1e26", "is out of range"),
+        ("1e9", "must be written as an integer"),
+        ("1.5", "is not whole unix seconds"),
+    ] {
+        let body = format!(r#"[{{"ns": "clicks", "key": "k", "ts": {ts}}}]"#);
+        let m = message(s.post("/v1/events", &body), 400, "invalid_timestamp");
+        assert!(m.contains(says), "{ts}: {m}");
+    }
+}
