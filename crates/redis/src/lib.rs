@@ -866,8 +866,11 @@ impl Store for RedisStore {
     }
 
     fn schema(&self, ns: &Namespace) -> Result<Option<Schema>, StoreError> {
-        let (_, stored) = self.block_on(self.read_record(ns))?;
-        Ok(stored.map(|s| s.schema_at(self.clock.now())))
+        // As writes and reads load them: with the schemas' node out of reach, the record
+        // last read stands in (docs/redis.md "Cluster operation"), so that a namespace
+        // whose series live elsewhere is still validated and queried.
+        let mut stored = self.block_on(self.load_schemas(&[ns]))?;
+        Ok(stored.remove(ns).map(|s| s.schema_at(self.clock.now())))
     }
 
     fn put_schema(&self, ns: &Namespace, schema: &Schema) -> Result<(), StoreError> {

@@ -762,7 +762,7 @@ impl RedisStore {
     ) -> Result<Outcome, StoreError> {
         for (step, calls) in steps.into_iter().enumerate() {
             let calls: Vec<Call> = calls.into_iter().filter(|c| !c.is_empty()).collect();
-            let replies = self.run(&calls).await?;
+            let replies = self.run(&calls).await.map_err(maybe_applied)?;
             let (mut stale, mut fenced, mut claimed) = (false, false, false);
             if step == 0
                 && let Some(record) = &record
@@ -916,6 +916,20 @@ impl RedisStore {
                 Ok((status, reply.collect()))
             })
             .collect()
+    }
+}
+
+/// A failure of a batch's script calls: some may have run (other nodes' calls, or one whose
+/// answer was lost to a timeout), so the client is told what a retry must carry, rather
+/// than left to retry without a key and count the applied part twice.
+fn maybe_applied(e: StoreError) -> StoreError {
+    match e {
+        StoreError::Unavailable { .. } => StoreError::unavailable(format!(
+            "{}; the batch may have been applied in part or whole: only a retry with the \
+             same Idempotency-Key counts it exactly once",
+            e.detail()
+        )),
+        other => other,
     }
 }
 

@@ -461,6 +461,20 @@ fn a_stale_schema_record_serves_no_read_that_could_miss_codes() {
         .pop()
         .unwrap();
     assert_eq!(us.subtotals[0].buckets[0].1, 1);
+    // Validation and tier choice read the schema through `Store::schema`: it is the
+    // record last read too, so writes to live nodes go on (a review saw every request of
+    // every namespace refused while the schemas' node was down).
+    assert!(stale.schema(&nsn).unwrap().is_some());
+    let third = [raw(&ns, &key, now, 1, &[("country", "US")])];
+    stale
+        .apply(&batch(&stale, now, &third, &Defaults::default()))
+        .unwrap();
+    let totals = stale.read(&[read(Want::Totals)]).unwrap().pop().unwrap();
+    assert_eq!(totals.totals.iter().map(|(_, n)| n).sum::<i64>(), 3);
+    // A namespace never read is refused as before.
+    let never = Namespace::new("never_read").unwrap();
+    let e = stale.schema(&never).unwrap_err();
+    assert!(matches!(e, StoreError::Unavailable { .. }), "{e:?}");
 }
 
 /// An event no breakdown tier keeps (too old for it) writes no subtotal, so it gives its

@@ -266,11 +266,19 @@ fn a_killed_cluster_master_fails_only_its_slots() {
         .apply(&batch(&store, now, &raws, &Defaults::default()))
         .unwrap();
     assert_eq!(total(&store, ns, live[0], 3600), 2);
-    let raws = [raw(ns, dead[0], now, 1, &[])];
+    // A batch across live and dead slots is applied on the live ones only: the error says
+    // so, and what a retry must carry to count it once.
+    let raws = [raw(ns, live[0], now, 1, &[]), raw(ns, dead[0], now, 1, &[])];
     let e = store
         .apply(&batch(&store, now, &raws, &Defaults::default()))
         .unwrap_err();
     assert!(matches!(e, StoreError::Unavailable { .. }), "{e:?}");
+    assert!(
+        e.detail().contains("may have been applied in part")
+            && e.detail().contains("same Idempotency-Key"),
+        "{}",
+        e.detail()
+    );
     let health = store.health().unwrap_err();
     assert!(
         health.detail().contains(&format!("127.0.0.1:{port}")),
