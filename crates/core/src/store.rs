@@ -294,13 +294,17 @@ impl StoreError {
     }
 
     /// The message followed by each cause, `: `-joined, on one line: what an HTTP answer or
-    /// a log line shows.
+    /// a log line shows. A cause whose text the line holds already (some errors show their
+    /// source in their own message) is not repeated.
     pub fn detail(&self) -> String {
         let mut out = self.to_string();
         let mut cause = std::error::Error::source(self);
         while let Some(c) = cause {
-            out.push_str(": ");
-            out.push_str(&c.to_string());
+            let text = c.to_string();
+            if !out.contains(&text) {
+                out.push_str(": ");
+                out.push_str(&text);
+            }
             cause = c.source();
         }
         out
@@ -550,5 +554,35 @@ impl Clock for ManualClock {
 impl<C: Clock + ?Sized> Clock for std::sync::Arc<C> {
     fn now(&self) -> i64 {
         (**self).now()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An error that shows its source in its own message, as the Redis client's do.
+    #[derive(Debug)]
+    struct Echo(Option<Box<Echo>>);
+
+    impl std::fmt::Display for Echo {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("Moved: 13705 127.0.0.1:7603")
+        }
+    }
+
+    impl std::error::Error for Echo {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.0.as_deref().map(|e| e as _)
+        }
+    }
+
+    #[test]
+    fn a_detail_says_a_repeated_cause_once() {
+        let e = StoreError::unavailable("redis at x").because(Echo(Some(Box::new(Echo(None)))));
+        assert_eq!(
+            e.detail(),
+            "backend unavailable: redis at x: Moved: 13705 127.0.0.1:7603"
+        );
     }
 }

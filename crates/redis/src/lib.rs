@@ -271,9 +271,23 @@ impl RedisStore {
         store.index_page = index_page_size(store.block_on(store.listpack_entries()));
         // (INFO first: a user that may not run it would otherwise be warned about first
         // that its eviction policy cannot be read.)
-        store.block_on(store.check_info())?;
-        store.block_on(store.check_eviction())?;
-        store.block_on(store.check_layout())?;
+        // A cluster node named as a single server answers its first keyed command with a
+        // redirection: say which URL it wants.
+        let single = matches!(store.conns.target, Target::Single(_));
+        let hint = |e: StoreError| {
+            if single && e.detail().to_lowercase().contains("moved") {
+                StoreError::unavailable(format!(
+                    "{}: this Redis is a cluster node; name the cluster as \
+                     redis+cluster://host:port,host:port,…",
+                    e.detail()
+                ))
+            } else {
+                e
+            }
+        };
+        store.block_on(store.check_info()).map_err(hint)?;
+        store.block_on(store.check_eviction()).map_err(hint)?;
+        store.block_on(store.check_layout()).map_err(hint)?;
         if let Err(e) = store.block_on(store.resume_extends()) {
             tracing::warn!(
                 error = %e.detail(),

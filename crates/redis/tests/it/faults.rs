@@ -298,6 +298,20 @@ fn a_killed_cluster_master_fails_only_its_slots() {
     assert!(listed.contains(&Key::new(dead[0]).unwrap()));
 }
 
+/// A cluster node named as a single server (`redis://`) is refused with the URL it wants,
+/// not with the redirection Redis answered (a review saw `Moved: 13705 …` three times).
+#[test]
+fn a_cluster_node_named_as_a_single_server_is_refused_with_the_url_it_wants() {
+    let cluster = RedisCluster::start();
+    // A node that does not hold the layout key: the first keyed command is redirected.
+    let other = (0..3)
+        .find(|&i| i != cluster.node_of(layout::LAYOUT_KEY))
+        .unwrap();
+    let url = format!("redis://127.0.0.1:{}/0", cluster.nodes[other].port());
+    let e = RedisStore::connect(&url).unwrap_err();
+    assert!(e.detail().contains("redis+cluster://"), "{}", e.detail());
+}
+
 #[test]
 fn a_foreign_layout_version_is_refused() {
     let server = RedisServer::start();
