@@ -77,9 +77,11 @@ pub async fn rebuild(
         ));
     }
     if to > now {
-        return Err(bad(format!(
-            "a rebuild replaces a closed range: to ({to}) is after now ({now})"
-        )));
+        return Err(ApiError::new(
+            ErrorCode::InvalidRange,
+            format!("a rebuild replaces a closed range: to ({to}) is after now ({now})"),
+        )
+        .field("to"));
     }
     let bytes = read_body(body, app.settings().limits.max_body_bytes).await?;
     let raws = parse::parse_body(

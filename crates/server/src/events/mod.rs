@@ -343,6 +343,8 @@ fn incr_refused(e: ingest::IngestError) -> ApiError {
         M::UnknownDimension { name } => Some(format!("dim.{name}")),
         M::InvalidName { .. } => Some("ns".to_owned()),
         M::InvalidKey { .. } => Some("key".to_owned()),
+        // The `dim.<name>` parameters together.
+        M::TooManyDimensions { .. } => Some("dim".to_owned()),
         _ => None,
     };
     let a = ApiError::from(source);

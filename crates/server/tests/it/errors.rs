@@ -165,6 +165,10 @@ fn bad_incr_parameters() {
     let before = s.state();
     // Each names its parameter where one is at fault, as a batch's refusal names its event
     // (found by a review: `n=2^53` and a future `ts` answered "event 0: …" with `index: 0`).
+    let seventeen: String = (0..17)
+        .map(|i| format!("dim.d{i}=v"))
+        .collect::<Vec<_>>()
+        .join("&");
     for (q, code, field) in [
         ("n=1.5", "invalid_amount", Some("n")),
         ("n=9007199254740992", "invalid_amount", Some("n")),
@@ -177,6 +181,7 @@ fn bad_incr_parameters() {
         ("dim.country=%01", "invalid_dimension", Some("dim.country")),
         ("colour=red", "invalid_parameter", Some("colour")),
         ("n=1&n=2", "invalid_parameter", Some("n")),
+        (seventeen.as_str(), "too_many_dimensions", Some("dim")),
     ] {
         let got = s.post(&format!("/v1/ns/clicks/keys/k/incr?{q}"), "");
         let e = &err(got, 400, code)["error"];

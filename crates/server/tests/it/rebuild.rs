@@ -117,11 +117,13 @@ fn bad_rebuilds_are_refused_and_change_nothing() {
         400,
         "invalid_range",
     );
-    err(
+    // A range still open: `to` is at fault, and named.
+    let e = err(
         post(&format!("from={FROM}&to={}", NOW + 3600), &ok),
         400,
         "invalid_range",
     );
+    assert_eq!(e["error"]["field"], "to", "{e}");
     err(post(&format!("to={TO}"), &ok), 400, "missing_parameter");
     err(
         post(&format!("{range}&tz=UTC"), &ok),
