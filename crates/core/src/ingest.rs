@@ -22,6 +22,9 @@ pub struct Limits {
     /// one per subtotal in each breakdown tier, so a schema of many tiers and compounds
     /// makes a batch of small events cost far more than its bytes say.
     pub max_batch_updates: usize,
+    /// Bytes of dimension values one answer (or one `POST /v1/query`'s answers together)
+    /// may hold: `max_points` counts values, and a value may be 2 KB.
+    pub max_answer_bytes: usize,
 }
 
 impl Default for Limits {
@@ -33,6 +36,7 @@ impl Default for Limits {
             max_future_secs: 3600,
             max_namespaces: 10_000,
             max_batch_updates: 4_000_000,
+            max_answer_bytes: 64 * 1024 * 1024,
         }
     }
 }

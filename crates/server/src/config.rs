@@ -122,6 +122,7 @@ struct LimitsDoc {
     max_batch_events: Option<usize>,
     max_batch_updates: Option<usize>,
     max_points: Option<usize>,
+    max_answer_bytes: Option<usize>,
     max_future_secs: Option<i64>,
     max_namespaces: Option<usize>,
     query_timeout_ms: Option<u64>,
@@ -382,6 +383,11 @@ impl Settings {
                 s.limits.max_batch_updates,
             )?;
             s.limits.max_points = positive("max_points", l.max_points, s.limits.max_points)?;
+            s.limits.max_answer_bytes = positive(
+                "max_answer_bytes",
+                l.max_answer_bytes,
+                s.limits.max_answer_bytes,
+            )?;
             s.limits.max_namespaces =
                 positive("max_namespaces", l.max_namespaces, s.limits.max_namespaces)?;
             if let Some(f) = l.max_future_secs {
@@ -604,6 +610,7 @@ max_body_bytes = 16777216
 max_batch_events = 100000
 max_batch_updates = 4000000
 max_points = 100000
+max_answer_bytes = 67108864
 max_future_secs = 3600
 max_namespaces = 10000
 query_timeout_ms = 10000

@@ -135,6 +135,7 @@ fn run(
         }
         Kind::Breakdown => {
             let a = query::breakdown(store, ctx, &query::BreakdownQuery::parse(ns, key, p)?)?;
+            within_bytes(app, a.values.iter().map(|v| v.value.len()))?;
             Answer::of(&a, a.values.len())
         }
         Kind::Window => {
@@ -143,6 +144,8 @@ fn run(
         }
         Kind::Dashboard => {
             let a = query::dashboard(store, ctx, &query::DashboardQuery::parse(ns, key, p)?)?;
+            let lens = a.breakdowns.values().flat_map(|b| &b.values);
+            within_bytes(app, lens.map(|v| v.value.len()))?;
             let values: usize = a.breakdowns.values().map(|b| b.values.len()).sum();
             Answer::of(&a, a.timeline.len() + values)
         }
@@ -171,6 +174,29 @@ fn run(
         )),
         answer => answer,
     }
+}
+
+/// Refuses an answer whose dimension values would pass `[limits] max_answer_bytes`, before
+/// it is serialised (a breakdown or dashboard of long values is within `max_points` and can
+/// still be hundreds of megabytes).
+fn within_bytes(app: &App, values: impl Iterator<Item = usize>) -> Result<(), ApiError> {
+    let max = app.settings().limits.max_answer_bytes;
+    // A value's own bytes and its JSON around it (`{"value":"","n":…},`).
+    let bytes: usize = values.map(|len| len + 32).sum();
+    if bytes > max {
+        return Err(too_many_bytes(bytes, max));
+    }
+    Ok(())
+}
+
+fn too_many_bytes(bytes: usize, max: usize) -> ApiError {
+    ApiError::new(
+        ErrorCode::TooManyPoints,
+        format!(
+            "the answer would hold about {bytes} bytes, more than {max} ([limits] \
+             max_answer_bytes); narrow it (a smaller limit, range or request)"
+        ),
+    )
 }
 
 async fn get(
@@ -299,6 +325,7 @@ pub async fn batch(
         })
         .collect();
     let max_points = app.settings().limits.max_points;
+    let max_bytes = app.settings().limits.max_answer_bytes;
     app.query(move |app, deadline| {
         let mut out = Vec::from(&b"{\"results\":["[..]);
         let mut points = 0usize;
@@ -321,6 +348,9 @@ pub async fn batch(
                         ));
                     }
                     out.extend_from_slice(&a.json);
+                    if out.len() > max_bytes {
+                        return Err(too_many_bytes(out.len(), max_bytes));
+                    }
                 }
                 // Out of time is the whole request's failure, not one entry's.
                 Err(e) if e.code == ErrorCode::QueryTimeout => return Err(e),

@@ -318,7 +318,7 @@ pub fn dashboard(
     let counts = rollup(&data.totals, &bounds);
     let total = sum(&data.totals);
     let tz = q.cal.tz();
-    let mut by_dim: BTreeMap<&str, Vec<ValueCount>> = BTreeMap::new();
+    let mut by_dim: BTreeMap<String, Vec<ValueCount>> = BTreeMap::new();
     // A dimension a schema change started counting after `from` has only part of the
     // range: its breakdown is left out rather than shown too small (the tier was chosen for
     // every subtotal, so this can only be one the allow-list added).
@@ -329,13 +329,17 @@ pub fn dashboard(
                 .whole_from(tier.resolution, Reads::Dimension(dim))
                 .is_none_or(|s| from >= s)
     };
-    for s in data.subtotals.iter().filter(|s| whole(&s.dim)) {
+    // The values are moved, not copied: a key's values may be hundreds of megabytes.
+    for s in data.subtotals.into_iter().filter(|s| whole(&s.dim)) {
         let n = sum(&s.buckets);
         if n != 0 {
-            by_dim.entry(&s.dim).or_default().push(ValueCount {
-                value: s.value.clone(),
-                n,
-            });
+            let value = ValueCount { value: s.value, n };
+            match by_dim.get_mut(&s.dim) {
+                Some(values) => values.push(value),
+                None => {
+                    by_dim.insert(s.dim, vec![value]);
+                }
+            }
         }
     }
     let breakdowns = by_dim
@@ -344,13 +348,14 @@ pub fn dashboard(
             let head = BreakdownHead {
                 ns: &q.ns,
                 key: &q.key,
-                dim,
+                dim: &dim,
                 resolution: tier.resolution,
                 from,
                 to,
                 tz,
             };
-            (dim.to_owned(), breakdown_of(head, total, values, q.limit))
+            let answer = breakdown_of(head, total, values, q.limit);
+            (dim, answer)
         })
         .collect();
     Ok(DashboardAnswer {

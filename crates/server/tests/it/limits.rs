@@ -296,3 +296,44 @@ fn a_query_waiting_for_its_turn_counts_the_wait_in_its_timeout() {
     let (st, a) = s.get(&top);
     assert_eq!(st, 200, "{a}");
 }
+
+/// `max_points` counts values, and a value may be 2 KB: `max_answer_bytes` bounds what a
+/// breakdown or dashboard of long values holds, before it is serialised, and what the
+/// answers of one `POST /v1/query` hold together (a review built a 197 MB dashboard of
+/// 96 000 values within `max_points`).
+#[test]
+fn an_answer_of_long_values_is_held_to_max_answer_bytes() {
+    let s = Server::start(settings("[limits]\nmax_answer_bytes = 20000"));
+    let events: Vec<_> = (0..20)
+        .map(|i| json!({"ns": "c", "key": "k", "ts": NOW - 60, "dims": {"long": format!("{i:02}{}", "v".repeat(998))}}))
+        .collect();
+    assert_eq!(s.post("/v1/events", &json!(events).to_string()).0, 200);
+    let r = format!("from={}&to={NOW}", NOW - 3600);
+    // Twenty values of 1 000 bytes: past 20 000 with what JSON adds around them.
+    for path in [
+        format!("/v1/ns/c/keys/k/breakdown?{r}&dim=long"),
+        format!("/v1/ns/c/keys/k/dashboard?{r}&unit=hour"),
+    ] {
+        let e = err(s.get(&format!("{path}&limit=100")), 422, "too_many_points");
+        assert!(
+            e["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("max_answer_bytes"),
+            "{path}: {e}"
+        );
+        // Fewer values fit.
+        let (st, a) = s.get(&format!("{path}&limit=10"));
+        assert_eq!(st, 200, "{path}: {a}");
+    }
+    // Each answer fits alone; two do not fit together.
+    let one = json!({"kind": "breakdown", "ns": "c", "key": "k", "dim": "long",
+                     "from": NOW - 3600, "to": NOW, "limit": 12});
+    let (st, a) = s.post("/v1/query", &json!({"queries": [one]}).to_string());
+    assert_eq!(st, 200, "{a}");
+    err(
+        s.post("/v1/query", &json!({"queries": [one, one]}).to_string()),
+        422,
+        "too_many_points",
+    );
+}
