@@ -233,7 +233,7 @@ pub async fn series(
 #[utoipa::path(get, path = "/v1/ns/{ns}/keys/{key}/breakdown", tag = "queries",
     params(("ns" = String, Path), ("key" = String, Path), ("dim" = String, Query), ("from" = String, Query), ("to" = String, Query),
         ("unit" = Option<String>, Query), ("every" = Option<u32>, Query), ("tz" = Option<String>, Query), ("limit" = Option<u32>, Query)),
-    responses((status = 200, description = "breakdown answer: values, other, unset, total"), (status = 422, description = "no_tier_for_range, too_many_points (more values than [limits] max_points)")))]
+    responses((status = 200, description = "breakdown answer: values, other, unset, total"), (status = 422, description = "no_tier_for_range, too_many_points (more values than [limits] max_points, or values of more bytes than [limits] max_answer_bytes)")))]
 pub async fn breakdown(
     State(app): State<App>,
     Path((ns, key)): Path<(String, String)>,
@@ -261,7 +261,7 @@ pub async fn window(
 #[utoipa::path(get, path = "/v1/ns/{ns}/keys/{key}/dashboard", tag = "queries",
     params(("ns" = String, Path), ("key" = String, Path), ("from" = String, Query), ("to" = String, Query), ("unit" = String, Query),
         ("every" = Option<u32>, Query), ("tz" = Option<String>, Query), ("limit" = Option<u32>, Query)),
-    responses((status = 200, description = "dashboard answer"), (status = 422, description = "no_tier_for_range, too_many_points (more values than [limits] max_points)")))]
+    responses((status = 200, description = "dashboard answer"), (status = 422, description = "no_tier_for_range, too_many_points (more values than [limits] max_points, or values of more bytes than [limits] max_answer_bytes)")))]
 pub async fn dashboard(
     State(app): State<App>,
     Path((ns, key)): Path<(String, String)>,
@@ -303,7 +303,7 @@ pub async fn keys(
 #[utoipa::path(post, path = "/v1/query", tag = "queries",
     description = "`{\"queries\": [{\"kind\": \"series\", \"ns\": …, \"key\": …, <the GET parameters>}, …]}`, at most 1000; a parameter is a string or a number, and null means not given (as answers print one).",
     request_body(content = String, content_type = "application/json"),
-    responses((status = 200, description = "`{\"results\": [<answer or {\"error\": …}>, …]}`"), (status = 413, description = "batch_too_large")))]
+    responses((status = 200, description = "`{\"results\": [<answer or {\"error\": …}>, …]}`"), (status = 413, description = "batch_too_large"), (status = 422, description = "too_many_points: the answers together hold more than [limits] max_points points, or values of more than max_answer_bytes bytes")))]
 pub async fn batch(
     State(app): State<App>,
     headers: HeaderMap,
