@@ -1295,3 +1295,38 @@ fn serve_raises_the_soft_open_files_limit_to_the_hard_one() {
         .unwrap();
     assert_eq!(soft, hard, "{running}");
 }
+
+/// With tokens configured, one token's idempotency keys hold at most
+/// `max_idempotency_keys_per_token` answers: a client that fills its share gets `503` for a
+/// new key, and another token's new keys are still taken (a review filled the whole pool
+/// from one client in ~100 s, refusing every other client's keys for a day).
+#[test]
+fn one_token_holds_at_most_its_share_of_idempotency_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("tally.toml");
+    std::fs::write(
+        &config,
+        "[limits]\nmax_idempotency_keys_per_token = 2\n\n\
+         [[tokens]]\ntoken = \"a\"\nscopes = [\"write:*\"]\n\n\
+         [[tokens]]\ntoken = \"b\"\nscopes = [\"write:*\"]\n",
+    )
+    .unwrap();
+    let s = serve_with(
+        &dir.path().join("d"),
+        &["--config", config.to_str().unwrap()],
+    );
+    let post = |token: &str, key: &str| {
+        let resp = http_agent()
+            .post(&format!("{}/v1/events", s.url.trim_end_matches('/')))
+            .header("Authorization", &format!("Bearer {token}"))
+            .header("Idempotency-Key", key)
+            .send(r#"[{"ns": "clicks", "key": "k"}]"#)
+            .unwrap();
+        resp.status().as_u16()
+    };
+    assert_eq!(post("a", "1"), 200);
+    assert_eq!(post("a", "2"), 200);
+    assert_eq!(post("a", "3"), 503);
+    assert_eq!(post("a", "1"), 200, "a key it holds is answered again");
+    assert_eq!(post("b", "1"), 200);
+}

@@ -10,7 +10,7 @@
 //! keep their own encodings (docs/format.md).
 
 use std::borrow::Borrow;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 
 use tally_core::store::IdemRecord;
@@ -108,6 +108,8 @@ impl Borrow<[u8]> for Packed {
 /// that a publish writes only the answers no answers file holds yet.
 pub(crate) struct Answers {
     set: HashSet<Packed, crate::seeded::State>,
+    /// How many answers each scope holds ([`scope_of`]): one token's share of the set.
+    scopes: HashMap<Box<[u8]>, usize>,
     /// The generation new answers are tagged with; each [`Answers::unwritten`] starts a new one.
     generation: u64,
     /// Answers of an older generation are in a published answers file (or were loaded
@@ -119,6 +121,7 @@ impl Default for Answers {
     fn default() -> Self {
         Answers {
             set: HashSet::default(),
+            scopes: HashMap::new(),
             generation: 1,
             written_below: 1,
         }
@@ -145,9 +148,34 @@ impl Copied {
     }
 }
 
+/// The scope of a stored key: what comes before its first `:` (a server stores a token's
+/// keys as `t<digest of the token>:<key>`), or nothing for a key without one.
+pub(crate) fn scope_of(key: &[u8]) -> &[u8] {
+    key.iter()
+        .position(|&b| b == b':')
+        .map_or(&[][..], |at| &key[..at])
+}
+
 impl Answers {
     pub(crate) fn len(&self) -> usize {
         self.set.len()
+    }
+
+    /// How many answers keys of this scope hold.
+    pub(crate) fn scope_len(&self, scope: &[u8]) -> usize {
+        self.scopes.get(scope).copied().unwrap_or(0)
+    }
+
+    fn counted(&mut self, key: &[u8], added: bool) {
+        let scope = scope_of(key);
+        if added {
+            *self.scopes.entry(scope.into()).or_default() += 1;
+        } else if let Some(n) = self.scopes.get_mut(scope) {
+            *n -= 1;
+            if *n == 0 {
+                self.scopes.remove(scope);
+            }
+        }
     }
 
     pub(crate) fn contains(&self, key: &str) -> bool {
@@ -170,21 +198,43 @@ impl Answers {
         {
             p.0[GEN..GEN + 8].copy_from_slice(&old.generation().to_le_bytes());
         }
-        self.set.replace(p).map(|p| p.record())
+        let replaced = self.set.replace(p).map(|p| p.record());
+        if replaced.is_none() {
+            self.counted(r.key.as_bytes(), true);
+        }
+        replaced
     }
 
     /// Remembers `r`, read from a published answers file: no publish writes it again.
     pub(crate) fn insert_written(&mut self, r: &IdemRecord) {
-        self.set.replace(Packed::new(r, self.written_below - 1));
+        if self
+            .set
+            .replace(Packed::new(r, self.written_below - 1))
+            .is_none()
+        {
+            self.counted(r.key.as_bytes(), true);
+        }
     }
 
     pub(crate) fn remove(&mut self, key: &str) {
-        self.set.remove(key.as_bytes());
+        if self.set.remove(key.as_bytes()) {
+            self.counted(key.as_bytes(), false);
+        }
     }
 
     /// Forgets every answer expired at `now`.
     pub(crate) fn sweep(&mut self, now: i64) {
-        self.set.retain(|p| p.expires() > now);
+        let scopes = &mut self.scopes;
+        self.set.retain(|p| {
+            let kept = p.expires() > now;
+            if !kept && let Some(n) = scopes.get_mut(scope_of(p.key())) {
+                *n -= 1;
+                if *n == 0 {
+                    scopes.remove(scope_of(p.key()));
+                }
+            }
+            kept
+        });
         // A day's peak need not stay allocated once its answers expired.
         if self.set.len() < self.set.capacity() / 4 {
             self.set.shrink_to_fit();
@@ -248,6 +298,32 @@ mod tests {
         a.insert(&empty);
         assert_eq!(a.get(""), Some(empty));
         assert_eq!(a.len(), 2);
+    }
+
+    /// Each scope's count follows its answers in and out, however they come and go.
+    #[test]
+    fn answers_are_counted_by_scope() {
+        let mut a = Answers::default();
+        a.insert(&rec("tA:1", 10, "x"));
+        a.insert(&rec("tA:2", 20, "x"));
+        a.insert(&rec("tA:2", 30, "y")); // replaced: still two
+        a.insert_written(&rec("tB:1", 10, "x"));
+        a.insert_written(&rec("tB:1", 10, "x"));
+        a.insert(&rec("plain", 10, "x"));
+        assert_eq!(
+            (a.scope_len(b"tA"), a.scope_len(b"tB"), a.scope_len(b"")),
+            (2, 1, 1)
+        );
+        a.remove("tA:1");
+        a.remove("tA:1"); // gone already: no change
+        assert_eq!(a.scope_len(b"tA"), 1);
+        a.sweep(15);
+        assert_eq!(
+            (a.scope_len(b"tA"), a.scope_len(b"tB"), a.scope_len(b"")),
+            (1, 0, 0)
+        );
+        assert_eq!(a.len(), 1);
+        assert_eq!(scope_of(b"t1:k:x"), b"t1");
     }
 
     #[test]

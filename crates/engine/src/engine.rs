@@ -54,6 +54,11 @@ pub struct Config {
     /// Idempotency answers remembered at once (each for 24 h, in memory and once in an
     /// answers file): a batch with a new key past it is refused, nothing logged.
     pub max_idempotency_answers: usize,
+    /// Idempotency answers one scope may hold (a stored key's part before its first `:`:
+    /// one token's keys, as a server stores them), so that one client cannot take every
+    /// answer the bound allows and refuse everyone else's keys for a day; `None`: no bound
+    /// but `max_idempotency_answers`.
+    pub max_idempotency_answers_per_scope: Option<usize>,
     /// How far in the future the events it is given may be dated (`[limits]
     /// max_future_secs`): a schema change's additions count every event from that long after
     /// it (`Schema::replacing`).
@@ -70,6 +75,10 @@ impl std::fmt::Debug for Config {
             .field("flush", &self.flush)
             .field("accept_data_loss", &self.accept_data_loss)
             .field("max_idempotency_answers", &self.max_idempotency_answers)
+            .field(
+                "max_idempotency_answers_per_scope",
+                &self.max_idempotency_answers_per_scope,
+            )
             .field("max_future_secs", &self.max_future_secs)
             .finish_non_exhaustive()
     }
@@ -90,6 +99,7 @@ impl Config {
             fs: Arc::new(OsFs),
             accept_data_loss: false,
             max_idempotency_answers: 1_000_000,
+            max_idempotency_answers_per_scope: None,
             max_future_secs: tally_core::ingest::Limits::default().max_future_secs,
         }
     }
@@ -169,6 +179,7 @@ pub struct Engine {
     /// Manifest numbers and segment ids no publish has used yet.
     pub(crate) fresh: Fresh,
     max_idempotency_answers: usize,
+    max_idempotency_answers_per_scope: Option<usize>,
     max_future_secs: i64,
     /// Compaction merges that failed, by their segments, with when (engine clock, seconds):
     /// passed over until `compaction::MERGE_RETRY_SECS` later.
@@ -268,6 +279,18 @@ impl Engine {
                      max_idempotency_keys allows; each is kept 24 h: retry later, or send \
                      without an Idempotency-Key",
                     idem.len()
+                )));
+            }
+            let scope = crate::answers::scope_of(r.key.as_bytes());
+            if let Some(max) = self.max_idempotency_answers_per_scope
+                && idem.scope_len(scope) >= max
+                && !idem.contains(&r.key)
+            {
+                return Err(StoreError::unavailable(format!(
+                    "this token's {} idempotency answers are the most [limits] \
+                     max_idempotency_keys_per_token allows; each is kept 24 h: retry later, \
+                     or send without an Idempotency-Key",
+                    idem.scope_len(scope)
                 )));
             }
         }
@@ -399,6 +422,7 @@ impl Engine {
             flush_lock: Mutex::new(Default::default()),
             fresh: Fresh::default(),
             max_idempotency_answers: config.max_idempotency_answers,
+            max_idempotency_answers_per_scope: config.max_idempotency_answers_per_scope,
             max_future_secs: config.max_future_secs,
             failed_merges: Mutex::new(Vec::new()),
             rebuild_lock: Mutex::new(()),

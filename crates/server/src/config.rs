@@ -135,6 +135,7 @@ struct LimitsDoc {
     max_body_bytes_in_flight: Option<usize>,
     max_answer_bytes_in_flight: Option<usize>,
     max_idempotency_keys: Option<usize>,
+    max_idempotency_keys_per_token: Option<usize>,
     export_min_bytes_per_sec: Option<usize>,
     dictionary_cache_bytes: Option<usize>,
     scrub_percent: Option<u64>,
@@ -252,6 +253,9 @@ pub struct ServerLimits {
     /// Idempotency answers the embedded engine remembers at once (each 24 h, in memory and
     /// in every manifest); a request with a new key past it is `503`.
     pub max_idempotency_keys: usize,
+    /// Of those, how many one token's keys may hold (with `[[tokens]]` configured), so that
+    /// one client cannot fill them all and refuse every other's new key for a day.
+    pub max_idempotency_keys_per_token: usize,
     /// An export's client must take its answer at least this fast, measured over the time
     /// the export waited on it beyond a grace of `body_timeout_ms`; slower, it is cut off
     /// (it holds one of the `max_concurrent_queries` export permits meanwhile).
@@ -279,6 +283,7 @@ impl Default for ServerLimits {
             max_body_bytes_in_flight: 512 * 1024 * 1024,
             max_answer_bytes_in_flight: 512 * 1024 * 1024,
             max_idempotency_keys: 1_000_000,
+            max_idempotency_keys_per_token: 100_000,
             export_min_bytes_per_sec: 16 * 1024,
             dictionary_cache_bytes: 256 * 1024 * 1024,
             scrub_percent: 1,
@@ -459,6 +464,11 @@ impl Settings {
                     l.max_idempotency_keys,
                     d.max_idempotency_keys,
                 )?,
+                max_idempotency_keys_per_token: positive(
+                    "max_idempotency_keys_per_token",
+                    l.max_idempotency_keys_per_token,
+                    d.max_idempotency_keys_per_token,
+                )?,
                 export_min_bytes_per_sec: at_most(
                     "export_min_bytes_per_sec",
                     l.export_min_bytes_per_sec,
@@ -623,6 +633,7 @@ max_concurrent_queries = 16
 max_body_bytes_in_flight = 536870912
 max_answer_bytes_in_flight = 536870912
 max_idempotency_keys = 1000000
+max_idempotency_keys_per_token = 100000
 export_min_bytes_per_sec = 16384
 dictionary_cache_bytes = 268435456
 scrub_percent = 1

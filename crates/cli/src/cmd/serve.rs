@@ -97,6 +97,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     cfg.fsync = fsync;
     cfg.accept_data_loss = args.accept_data_loss;
     cfg.max_idempotency_answers = limits.max_idempotency_keys;
+    // Without tokens every key is the same client's: only the whole bound applies.
+    cfg.max_idempotency_answers_per_scope =
+        (!settings.tokens.is_empty()).then_some(limits.max_idempotency_keys_per_token);
     cfg.max_future_secs = settings.limits.max_future_secs;
 
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -848,6 +848,53 @@ fn idempotency_answers_past_their_bound_are_refused_and_nothing_is_logged() {
     e.apply(&batch("c")).unwrap();
 }
 
+/// One scope (a token's keys, `t<id>:…`) holds at most its share of the answers: a client
+/// filling its own cannot refuse another's keys; the count survives a restart.
+#[test]
+fn one_scope_holds_at_most_its_share_of_idempotency_answers() {
+    use tally_core::store::IdemRecord;
+    let dir = tempfile::tempdir().unwrap();
+    let c = clock(NOW);
+    let open = || {
+        let mut cfg = Config::new(dir.path());
+        cfg.clock = c.clone();
+        cfg.fsync = FsyncPolicy::Never;
+        cfg.max_idempotency_answers = 10;
+        cfg.max_idempotency_answers_per_scope = Some(2);
+        Engine::open(cfg).unwrap()
+    };
+    let batch = |e: &Engine, key: &str| {
+        let mut b = crate::prepared(e, NOW, &[raw("clicks", "k", NOW, 1, &[])]);
+        b.idempotency = Some(IdemRecord {
+            key: key.into(),
+            fingerprint: "f".into(),
+            expires: NOW + 86_400,
+            status: 200,
+            body: "{}".into(),
+        });
+        b
+    };
+    let e = open();
+    e.apply(&batch(&e, "tA:1")).unwrap();
+    e.apply(&batch(&e, "tA:2")).unwrap();
+    let err = e.apply(&batch(&e, "tA:3")).unwrap_err();
+    assert!(matches!(err, StoreError::Unavailable { .. }), "{err:?}");
+    assert!(
+        err.detail().contains("max_idempotency_keys_per_token"),
+        "{err:?}"
+    );
+    // Another token's keys are taken.
+    e.apply(&batch(&e, "tB:1")).unwrap();
+    drop(e);
+    let e = open();
+    assert!(
+        e.apply(&batch(&e, "tA:3")).is_err(),
+        "counted again after a restart"
+    );
+    e.apply(&batch(&e, "tB:2")).unwrap();
+    assert_eq!(total(&e, "clicks", "k", 60), 4);
+}
+
 /// Found by an independent review: a last log file whose header was zeros was taken for a
 /// crash while creating it and dropped whole, records and all. A header is synced before
 /// any record is written, so records after a zeroed header are damage: refused, naming the
