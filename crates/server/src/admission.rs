@@ -163,7 +163,12 @@ impl Admission {
             _ => pool.clone().acquire_owned().await.map_err(closed)?,
         };
         let run = next.run(Request::from_parts(parts, Body::from(bytes)));
-        let resp = QUEUED_AT.scope(queued_at, run).await;
+        // Only a query's time counts its wait (a write's must never turn into a timeout
+        // after it was applied).
+        let resp = match class {
+            Class::Query => QUEUED_AT.scope(queued_at, run).await,
+            _ => run.await,
+        };
         drop((permit, held));
         // Only a query's answer: a write's, a schema change's or an admin answer's is small,
         // and its work is done — it must not become a 503 its client would retry.
