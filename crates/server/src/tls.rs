@@ -81,6 +81,16 @@ impl Tls {
                 path: key.to_owned(),
             });
         }
+        if marked_as_ca(&chain[0]) {
+            // Served all the same (some clients take it), but tally's own, curl and browsers
+            // refuse a CA's certificate as a server's with an error that names neither file.
+            tracing::warn!(
+                cert = %cert.display(),
+                "the server's certificate is marked as a CA (basicConstraints CA:TRUE): \
+                 most TLS clients, tally's included, refuse it as a server's own; make it \
+                 with `-addext basicConstraints=critical,CA:FALSE`"
+            );
+        }
         let private = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| TlsError::Key {
             path: key.to_owned(),
             why: pem_problem(&e),
@@ -101,6 +111,24 @@ impl Tls {
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         Ok(Tls(tokio_rustls::TlsAcceptor::from(Arc::new(config))))
     }
+}
+
+/// Whether a certificate's DER says it is a CA: a basicConstraints extension (OID 2.5.29.19)
+/// whose value starts with `cA TRUE`. (DER leaves out a FALSE, so an end entity's is empty.)
+fn marked_as_ca(der: &[u8]) -> bool {
+    const OID: [u8; 5] = [0x06, 0x03, 0x55, 0x1d, 0x13];
+    const TRUE: [u8; 3] = [0x01, 0x01, 0xff];
+    der.windows(OID.len())
+        .position(|w| w == OID)
+        .is_some_and(|at| {
+            let mut rest = &der[at + OID.len()..];
+            // The extension's own `critical` flag, when set.
+            if rest.starts_with(&TRUE) {
+                rest = &rest[TRUE.len()..];
+            }
+            // OCTET STRING (short length), then its SEQUENCE (short length), then cA.
+            matches!(rest, [0x04, _, 0x30, len, tail @ ..] if *len >= 3 && tail.starts_with(&TRUE))
+        })
 }
 
 /// What is wrong with a PEM file, in words: the section markers as text, not as the list of
@@ -160,6 +188,16 @@ mod tests {
             let e = Tls::load(&cert, &k).unwrap_err().to_string();
             assert!(e.contains("the private key is encrypted"), "{e}");
         }
+        // A CA's certificate is told apart from an end entity's (a warning at start).
+        let der = |c: &rcgen::Certificate| c.der().to_vec();
+        assert!(!marked_as_ca(&der(&ck.cert)));
+        let mut params = rcgen::CertificateParams::new(vec!["localhost".into()]).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = params.self_signed(&ck.signing_key).unwrap();
+        assert!(marked_as_ca(&der(&ca)));
+        params.is_ca = rcgen::IsCa::ExplicitNoCa;
+        let end = params.self_signed(&ck.signing_key).unwrap();
+        assert!(!marked_as_ca(&der(&end)));
         let e = Tls::load(&cert, &write("none.pem", "not PEM"))
             .unwrap_err()
             .to_string();
