@@ -297,18 +297,36 @@ impl StoreError {
     /// a log line shows. A cause whose text the line holds already (some errors show their
     /// source in their own message) is not repeated.
     pub fn detail(&self) -> String {
-        let mut out = self.to_string();
-        let mut cause = std::error::Error::source(self);
-        while let Some(c) = cause {
-            let text = c.to_string();
-            if !out.contains(&text) {
-                out.push_str(": ");
-                out.push_str(&text);
-            }
-            cause = c.source();
-        }
-        out
+        with_causes(self.to_string(), std::error::Error::source(self))
     }
+
+    /// An `Unavailable` with `note` after all it says, its causes included (what its caller
+    /// knows of the failure that the backend's own message cannot); anything else as it is.
+    pub fn noted(self, note: &str) -> StoreError {
+        match self {
+            StoreError::Unavailable { what, cause } => {
+                let source = cause
+                    .as_deref()
+                    .map(|c| c as &(dyn std::error::Error + 'static));
+                StoreError::unavailable(format!("{}{note}", with_causes(what, source)))
+            }
+            other => other,
+        }
+    }
+}
+
+/// `out` followed by each cause in the chain from `cause`, `: `-joined, but one whose text
+/// `out` holds already (some errors show their source in their own message).
+fn with_causes(mut out: String, mut cause: Option<&(dyn std::error::Error + 'static)>) -> String {
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        cause = c.source();
+    }
+    out
 }
 
 /// What a backend offers. Time-based retention is the backend's: it applies an increment to
@@ -584,5 +602,15 @@ mod tests {
             e.detail(),
             "backend unavailable: redis at x: Moved: 13705 127.0.0.1:7603"
         );
+        // A note goes after the causes, the kind said once.
+        assert_eq!(
+            e.noted("; see there").detail(),
+            "backend unavailable: redis at x: Moved: 13705 127.0.0.1:7603; see there"
+        );
+        let other = StoreError::Timeout {
+            what: "late".into(),
+        }
+        .noted("; see there");
+        assert_eq!(other.detail(), "late");
     }
 }

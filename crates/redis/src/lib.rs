@@ -275,12 +275,12 @@ impl RedisStore {
         // redirection: say which URL it wants.
         let single = matches!(store.conns.target, Target::Single(_));
         let hint = |e: StoreError| {
-            if single && e.detail().to_lowercase().contains("moved") {
-                StoreError::unavailable(format!(
-                    "{}: this Redis is a cluster node; name the cluster as \
+            // The client's rendering of a MOVED reply: `Moved: <slot> <host:port>`.
+            if single && e.detail().contains("Moved: ") {
+                e.noted(
+                    ": this Redis is a cluster node; name the cluster as \
                      redis+cluster://host:port,host:port,…",
-                    e.detail()
-                ))
+                )
             } else {
                 e
             }

@@ -923,14 +923,10 @@ impl RedisStore {
 /// answer was lost to a timeout), so the client is told what a retry must carry, rather
 /// than left to retry without a key and count the applied part twice.
 fn maybe_applied(e: StoreError) -> StoreError {
-    match e {
-        StoreError::Unavailable { .. } => StoreError::unavailable(format!(
-            "{}; the batch may have been applied in part or whole: only a retry with the \
-             same Idempotency-Key counts it exactly once",
-            e.detail()
-        )),
-        other => other,
-    }
+    e.noted(
+        "; the batch may have been applied in part or whole: only a retry with the same \
+         Idempotency-Key counts it exactly once",
+    )
 }
 
 /// What becomes of a cluster batch's markers once it is applied whole.
