@@ -813,9 +813,21 @@ fn a_batch_replay_could_not_apply_is_refused_before_it_is_logged() {
     assert_eq!(total(&e, "fresh", "k", 60), 1);
 }
 
+/// One event to `clicks`/`k` under idempotency key `key` (its answer kept a day).
+fn keyed(e: &Engine, key: &str) -> tally_core::store::Batch {
+    let mut b = crate::prepared(e, NOW, &[raw("clicks", "k", NOW, 1, &[])]);
+    b.idempotency = Some(tally_core::store::IdemRecord {
+        key: key.into(),
+        fingerprint: "f".into(),
+        expires: NOW + 86_400,
+        status: 200,
+        body: "{}".into(),
+    });
+    b
+}
+
 #[test]
 fn idempotency_answers_past_their_bound_are_refused_and_nothing_is_logged() {
-    use tally_core::store::IdemRecord;
     let dir = tempfile::tempdir().unwrap();
     let c = clock(NOW);
     let mut cfg = Config::new(dir.path());
@@ -823,17 +835,7 @@ fn idempotency_answers_past_their_bound_are_refused_and_nothing_is_logged() {
     cfg.fsync = FsyncPolicy::Never;
     cfg.max_idempotency_answers = 2;
     let e = Engine::open(cfg).unwrap();
-    let batch = |key: &str| {
-        let mut b = crate::prepared(&e, NOW, &[raw("clicks", "k", NOW, 1, &[])]);
-        b.idempotency = Some(IdemRecord {
-            key: key.into(),
-            fingerprint: "f".into(),
-            expires: NOW + 86_400,
-            status: 200,
-            body: "{}".into(),
-        });
-        b
-    };
+    let batch = |key: &str| keyed(&e, key);
     e.apply(&batch("a")).unwrap();
     e.apply(&batch("b")).unwrap();
     let records = e.stats().wal.records;
@@ -852,7 +854,6 @@ fn idempotency_answers_past_their_bound_are_refused_and_nothing_is_logged() {
 /// filling its own cannot refuse another's keys; the count survives a restart.
 #[test]
 fn one_scope_holds_at_most_its_share_of_idempotency_answers() {
-    use tally_core::store::IdemRecord;
     let dir = tempfile::tempdir().unwrap();
     let c = clock(NOW);
     let open = || {
@@ -863,17 +864,7 @@ fn one_scope_holds_at_most_its_share_of_idempotency_answers() {
         cfg.max_idempotency_answers_per_scope = Some(2);
         Engine::open(cfg).unwrap()
     };
-    let batch = |e: &Engine, key: &str| {
-        let mut b = crate::prepared(e, NOW, &[raw("clicks", "k", NOW, 1, &[])]);
-        b.idempotency = Some(IdemRecord {
-            key: key.into(),
-            fingerprint: "f".into(),
-            expires: NOW + 86_400,
-            status: 200,
-            body: "{}".into(),
-        });
-        b
-    };
+    let batch = keyed;
     let e = open();
     e.apply(&batch(&e, "tA:1")).unwrap();
     e.apply(&batch(&e, "tA:2")).unwrap();

@@ -194,35 +194,24 @@ scopes = ["admin:*", "read:*", "write:*"]
         ("Idempotency-Key", "a"),
         ("Idempotency-Key", "b"),
     ];
+    let two_tokens = [
+        ("Authorization", "Bearer w"),
+        ("Authorization", "Bearer nope"),
+    ];
     for path in ["/v1/events?dry_run=true", "/v1/events"] {
-        let v = err(
-            s.req("POST", path, Some(&good), &two_keys),
-            400,
-            "invalid_parameter",
-        );
-        assert!(
-            v["error"]["message"]
-                .as_str()
-                .unwrap()
-                .contains("one Idempotency-Key"),
-            "{v}"
-        );
-        let two_tokens = [
-            ("Authorization", "Bearer w"),
-            ("Authorization", "Bearer nope"),
-        ];
-        let v = err(
-            s.req("POST", path, Some(&good), &two_tokens),
-            401,
-            "unauthorized",
-        );
-        assert!(
-            v["error"]["message"]
-                .as_str()
-                .unwrap()
-                .contains("one Authorization"),
-            "{v}"
-        );
+        for (headers, status, code, says) in [
+            (
+                &two_keys[..],
+                400,
+                "invalid_parameter",
+                "one Idempotency-Key",
+            ),
+            (&two_tokens[..], 401, "unauthorized", "one Authorization"),
+        ] {
+            let v = err(s.req("POST", path, Some(&good), headers), status, code);
+            let message = v["error"]["message"].as_str().unwrap();
+            assert!(message.contains(says), "{path}: {v}");
+        }
     }
     assert_eq!(s.state_with(&admin), before);
     // A token is needed as for a real request.
