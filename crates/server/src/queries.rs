@@ -128,52 +128,64 @@ fn run(
     let store = &**app.store();
     let ctx = app.ctx(deadline);
     let t = Instant::now();
-    let answer = match kind {
+    let none = std::iter::empty;
+    let answer = (|| match kind {
         Kind::Series => {
             let a = query::series(store, ctx, &query::SeriesQuery::parse(ns, key, p)?)?;
-            Answer::of(&a, a.points.len())
+            bounded(app, kind, &a, a.points.len(), none())
         }
         Kind::Breakdown => {
             let a = query::breakdown(store, ctx, &query::BreakdownQuery::parse(ns, key, p)?)?;
-            within_bytes(app, a.values.iter().map(|v| v.value.len()))?;
-            Answer::of(&a, a.values.len())
+            let values = a.values.iter().map(|v| v.value.len());
+            bounded(app, kind, &a, a.values.len(), values)
         }
         Kind::Window => {
             let a = query::window(store, ctx, &query::WindowQuery::parse(ns, key, p)?)?;
-            Answer::of(&a, 1)
+            bounded(app, kind, &a, 1, none())
         }
         Kind::Dashboard => {
             let a = query::dashboard(store, ctx, &query::DashboardQuery::parse(ns, key, p)?)?;
-            let lens = a.breakdowns.values().flat_map(|b| &b.values);
-            within_bytes(app, lens.map(|v| v.value.len()))?;
-            let values: usize = a.breakdowns.values().map(|b| b.values.len()).sum();
-            Answer::of(&a, a.timeline.len() + values)
+            let all = a.breakdowns.values().flat_map(|b| &b.values);
+            let points = a.timeline.len() + all.clone().count();
+            bounded(app, kind, &a, points, all.map(|v| v.value.len()))
         }
         Kind::Top => {
             let a = query::top(store, ctx, &query::TopQuery::parse(ns, p)?)?;
-            Answer::of(&a, a.keys.len())
+            bounded(app, kind, &a, a.keys.len(), none())
         }
         Kind::Keys => {
             let a = query::keys(store, &query::KeysQuery::parse(ns, p)?)?;
-            Answer::of(&a, a.keys.len())
+            bounded(app, kind, &a, a.keys.len(), none())
         }
-    };
+    })();
     app.metrics().query(kind.name(), t.elapsed());
-    // A series is refused before it is read; a breakdown, dashboard or top is known only
-    // once answered (its values are the data's): refused here, the same alone or in a batch.
-    // A page of keys is bounded by its own `limit`.
+    answer
+}
+
+/// Serialises an answer holding `points` points and dimension values of `values` bytes
+/// each, once it is known to be within `[limits]`: a series is refused before it is read,
+/// but a breakdown, dashboard or top is known only once answered (its values are the
+/// data's), so it is refused here, before serialising, the same alone or in a batch. A page
+/// of keys is bounded by its own `limit`.
+fn bounded<T: serde::Serialize>(
+    app: &App,
+    kind: Kind,
+    answer: &T,
+    points: usize,
+    values: impl Iterator<Item = usize>,
+) -> Result<Answer, ApiError> {
     let max_points = app.settings().limits.max_points;
-    match answer {
-        Ok(a) if a.points > max_points && !matches!(kind, Kind::Keys) => Err(ApiError::new(
+    if points > max_points && !matches!(kind, Kind::Keys) {
+        return Err(ApiError::new(
             ErrorCode::TooManyPoints,
             format!(
-                "the answer holds {} points, more than {max_points} ([limits] max_points); \
-                 narrow it (a smaller limit, range or unit)",
-                a.points
+                "the answer holds {points} points, more than {max_points} ([limits] \
+                 max_points); narrow it (a smaller limit, range or unit)"
             ),
-        )),
-        answer => answer,
+        ));
     }
+    within_bytes(app, values)?;
+    Answer::of(answer, points)
 }
 
 /// Refuses an answer whose dimension values would pass `[limits] max_answer_bytes`, before
