@@ -58,8 +58,10 @@ fn redis_restart_gives_clear_errors_then_recovers_with_whole_batches_only() {
     const KEYS: usize = 20;
     let stop = Arc::new(AtomicBool::new(false));
     let acked = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(AtomicU64::new(0));
     let writer = {
-        let (store, stop, acked) = (store.clone(), stop.clone(), acked.clone());
+        let (store, stop, acked, failed) =
+            (store.clone(), stop.clone(), acked.clone(), failed.clone());
         std::thread::spawn(move || {
             let mut errors = Vec::new();
             let mut i = 0u64;
@@ -86,7 +88,10 @@ fn redis_restart_gives_clear_errors_then_recovers_with_whole_batches_only() {
                     Ok(()) => {
                         acked.fetch_add(1, Ordering::SeqCst);
                     }
-                    Err(e) => errors.push(e),
+                    Err(e) => {
+                        errors.push(e);
+                        failed.fetch_add(1, Ordering::SeqCst);
+                    }
                 }
                 i += 1;
             }
@@ -99,7 +104,13 @@ fn redis_restart_gives_clear_errors_then_recovers_with_whole_batches_only() {
     unavailable(&down, port);
     let read = read_all(&*store, "m", "k0", 3600).unwrap_err();
     unavailable(&read, port);
-    std::thread::sleep(Duration::from_millis(500));
+    // Redis stays down until the writer has seen a write fail: on a busy machine the writer
+    // may not be scheduled at all within a fixed pause.
+    eventually(
+        Duration::from_secs(15),
+        "a write failed while Redis was down",
+        || failed.load(Ordering::SeqCst) > 0,
+    );
     server.restart();
     // The store reconnects by itself.
     eventually(Duration::from_secs(15), "reconnected", || {
