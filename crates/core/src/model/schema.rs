@@ -304,7 +304,43 @@ impl Schema {
                 ));
             }
         }
-        Schema::from_doc(doc)
+        if let Some(list) = &doc.breakdown_tiers {
+            for (i, b) in list.iter().enumerate() {
+                let same = |a: &String| match (Duration::new(a), Duration::new(b)) {
+                    (Ok(x), Ok(y)) => x == y,
+                    _ => false,
+                };
+                if let Some(first) = list[..i].iter().find(|a| same(a)) {
+                    let why = if first == b {
+                        format!("breakdown tier {b} is listed twice")
+                    } else {
+                        format!("breakdown tiers {first} and {b} are the same resolution")
+                    };
+                    return Err(err("breakdown_tiers", why));
+                }
+            }
+        }
+        let schema = Schema::from_doc(doc)?;
+        // A compound is the combination of its parts: `b+a` counts what `a+b` counts, in
+        // another order of its value's parts. (Stored schemas that hold both still open.)
+        if let Some(dims) = &schema.dimensions {
+            let mut seen: Vec<(Vec<&DimName>, &Dimension)> = Vec::new();
+            for d in dims.iter().filter(|d| d.is_compound()) {
+                let mut parts: Vec<&DimName> = d.parts().iter().collect();
+                parts.sort();
+                if let Some((_, first)) = seen.iter().find(|(p, _)| *p == parts) {
+                    return Err(err(
+                        "dimensions",
+                        format!(
+                            "compound {d} combines the same dimensions as {first}: declare one \
+                             of them"
+                        ),
+                    ));
+                }
+                seen.push((parts, d));
+            }
+        }
+        Ok(schema)
     }
 
     /// Validates the wire form (of a stored schema too: see [`Schema::from_input`]).
@@ -578,6 +614,43 @@ mod tests {
         assert!(check(tiers(1), compounds(MAX_COMPOUNDS)).is_ok());
         let err = check(tiers(1), compounds(MAX_COMPOUNDS + 1)).unwrap_err();
         assert!(err.to_string().contains("at most 16 compound"), "{err}");
+        // A breakdown tier or a compound given twice, in any spelling, is refused (the
+        // allow-list's names already were); a stored schema holding them still decodes.
+        for (bd, dims, says) in [
+            (&["1h", "1h"][..], None, "breakdown tier 1h is listed twice"),
+            (
+                &["1h", "60m"][..],
+                None,
+                "breakdown tiers 1h and 60m are the same resolution",
+            ),
+            (
+                &["1h"][..],
+                Some(&["a+b", "c", "b+a"][..]),
+                "compound b+a combines the same dimensions as a+b",
+            ),
+            (
+                &["1h"][..],
+                Some(&["a+b+c", "c+a+b"][..]),
+                "compound c+a+b combines the same dimensions as a+b+c",
+            ),
+        ] {
+            let doc = SchemaDoc {
+                tiers: vec!["1h:forever".into()],
+                breakdown_tiers: Some(bd.iter().map(|s| s.to_string()).collect()),
+                dimensions: dims.map(|d| d.iter().map(|s| s.to_string()).collect()),
+            };
+            let err = Schema::from_input(&doc).unwrap_err();
+            assert_eq!(err.code(), ErrorCode::InvalidSchema);
+            assert!(err.to_string().contains(says), "{err}");
+            assert!(Schema::from_doc(&doc).is_ok());
+        }
+        // Compounds of other combinations, and a part alone beside its compound, are fine.
+        let doc = SchemaDoc {
+            tiers: vec!["1h:forever".into()],
+            breakdown_tiers: None,
+            dimensions: Some(vec!["a+b".into(), "a+c".into(), "a".into(), "a+b+c".into()]),
+        };
+        assert!(Schema::from_input(&doc).is_ok());
         // A stored schema past the bounds (an older build took any) still decodes.
         let doc = SchemaDoc {
             tiers: tiers(1),
