@@ -10,7 +10,8 @@
 //!    never reach us: `bare::JsonBare` gives its empty answers the same JSON.) Then, for
 //!    `/v1` routes, the head's form: a malformed percent-escape in the path is
 //!    `400 invalid_parameter` (axum would read it as text), and a `Content-Encoding` other
-//!    than `identity` is `400 malformed_body` (no coding is taken).
+//!    than `identity`, or a `Transfer-Encoding` other than `chunked`, is
+//!    `400 malformed_body` (no coding is taken).
 //! 2. Routes outside `/v1` (`/healthz`, `/metrics`, `/openapi.json`, the dashboard) go
 //!    straight on: they read no body and take no permit, so a flood of `/v1` traffic
 //!    cannot hide the server's health.
@@ -420,6 +421,23 @@ fn check_head(req: &Request) -> Result<(), ApiError> {
         return Err(ApiError::new(
             ErrorCode::MalformedBody,
             format!("Content-Encoding {coding:?} is not taken: send the body uncompressed"),
+        ));
+    }
+    // The same for a transfer coding: hyper takes the `chunked` framing off and hands over
+    // what is under it, compressed or not.
+    if let Some(coding) = req
+        .headers()
+        .get_all(header::TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|v| v.to_str().unwrap_or("?").split(','))
+        .map(str::trim)
+        .find(|c| !c.is_empty() && !c.eq_ignore_ascii_case("chunked"))
+    {
+        return Err(ApiError::new(
+            ErrorCode::MalformedBody,
+            format!(
+                "Transfer-Encoding {coding:?} is not taken: send the body uncompressed (chunked alone is fine)"
+            ),
         ));
     }
     Ok(())

@@ -50,6 +50,10 @@ pub enum ConfigError {
     /// Two entries with one secret: which scopes it has would depend on their order.
     #[error("[[tokens]] #{number}: the same token as #{first} (give one entry all its scopes)")]
     RepeatedToken { number: usize, first: usize },
+    #[error(
+        "[[tokens]] #{number}: no scopes: this token could do nothing; give it read:<ns>, write:<ns> or admin:<ns> (ns may be *), or remove it"
+    )]
+    NoScopes { number: usize },
     #[error("scope {got:?}: expected read:<ns>, write:<ns> or admin:<ns> (ns may be *)")]
     Scope { got: String },
     #[error("[statsd] {key}: {why}")]
@@ -514,6 +518,9 @@ impl Settings {
                     first: first + 1,
                 });
             }
+            if t.scopes.is_empty() {
+                return Err(ConfigError::NoScopes { number: i + 1 });
+            }
             let scopes = t
                 .scopes
                 .iter()
@@ -691,28 +698,32 @@ dimensions = ["status"]
                 "max_namespaces must be greater than 0",
             ),
             (
-                "[[tokens]]\ntoken = \"\"\nscopes = []",
+                "[[tokens]]\ntoken = \"\"\nscopes = [\"read:*\"]",
                 "#1: the token is empty",
             ),
             (
-                "[[tokens]]\ntoken = \"ends with a space \"\nscopes = []",
+                "[[tokens]]\ntoken = \"ends with a space \"\nscopes = [\"read:*\"]",
                 "#1: a token is printable ASCII",
             ),
             (
-                "[[tokens]]\ntoken = \"t\"\nscopes = []\n[[tokens]]\ntoken = \"tökén\"\nscopes = []",
+                "[[tokens]]\ntoken = \"t\"\nscopes = [\"read:*\"]\n[[tokens]]\ntoken = \"tökén\"\nscopes = [\"read:*\"]",
                 "#2: a token is printable ASCII",
             ),
             (
-                "[[tokens]]\ntoken = \"tab\\there\"\nscopes = []",
+                "[[tokens]]\ntoken = \"tab\\there\"\nscopes = [\"read:*\"]",
                 "#1: a token is printable ASCII",
             ),
             (
-                "[[tokens]]\ntoken = \"t\"\nscopes = [\"read:*\"]\n[[tokens]]\ntoken = \"u\"\nscopes = []\n[[tokens]]\ntoken = \"t\"\nscopes = [\"admin:*\"]",
+                "[[tokens]]\ntoken = \"t\"\nscopes = [\"read:*\"]\n[[tokens]]\ntoken = \"u\"\nscopes = [\"read:*\"]\n[[tokens]]\ntoken = \"t\"\nscopes = [\"admin:*\"]",
                 "#3: the same token as #1",
             ),
             (
                 "[[tokens]]\ntoken = \"t\"\nscopes = [\"read:Bad\"]",
                 "invalid namespace name",
+            ),
+            (
+                "[[tokens]]\ntoken = \"t\"\nscopes = [\"read:*\"]\n[[tokens]]\ntoken = \"u\"\nscopes = []",
+                "#2: no scopes: this token could do nothing",
             ),
             ("unknown = 1", "unknown field"),
             (

@@ -960,6 +960,26 @@ fn a_content_encoding_is_refused_by_name() {
     // Only the API's routes: a probe's stray header does not fail a health check.
     let got = s.req("GET", "/healthz", None, &[("Content-Encoding", "gzip")]);
     assert_eq!(got.0, 200, "{}", got.1);
+    // A transfer coding under `chunked` too (it was answered "not JSON"); `chunked` alone
+    // is how a body of unknown length comes.
+    let chunked = |coding: &str| {
+        format!(
+            "POST /v1/events HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
+             Content-Type: application/json\r\nTransfer-Encoding: {coding}\r\n\r\n\
+             {:x}\r\n{e}\r\n0\r\n\r\n",
+            e.len()
+        )
+    };
+    let before = s.state();
+    for coding in ["gzip, chunked", "deflate,chunked"] {
+        let answer = raw_http(s.addr, &chunked(coding));
+        assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+        assert!(answer.contains("\"malformed_body\""), "{answer}");
+        assert!(answer.contains("Transfer-Encoding"), "{answer}");
+        assert_eq!(s.state(), before, "{coding}");
+    }
+    let answer = raw_http(s.addr, &chunked("chunked"));
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
 }
 
 /// Found by a review: a path's malformed escape was read as text (`%G1` the same key as
