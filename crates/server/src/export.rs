@@ -184,13 +184,28 @@ pub async fn export(
                 done
             }
         };
+        // A client that went away ended it; one still there was too slow.
+        let cut_off = || {
+            if cancelled.load(std::sync::atomic::Ordering::SeqCst) {
+                tracing::debug!(ns = %ns, "an export's client went away before its end");
+            } else {
+                tracing::warn!(
+                    ns = %ns,
+                    "an export was cut off: its client took nothing for body_timeout_ms, or \
+                     read slower than [limits] export_min_bytes_per_sec"
+                );
+            }
+        };
         match done {
             Ok(()) if !cut => {
                 if buf.is_empty() || send(Ok(Bytes::from(buf.into_bytes()))) {
                     done_flag.store(true, std::sync::atomic::Ordering::SeqCst);
+                } else {
+                    cut_off();
                 }
             }
-            Ok(()) => {}
+            Ok(()) => cut_off(),
+            Err(_) if cancelled.load(std::sync::atomic::Ordering::SeqCst) => cut_off(),
             Err(e) => {
                 tracing::warn!(error = %e, "an export failed after its answer started; cutting it off");
                 send(Err(std::io::Error::other(e.to_string())));
