@@ -167,6 +167,24 @@ pub fn idem_key(key: &str) -> String {
     format!("tally:idem:{{{}}}", escape_tag(key))
 }
 
+/// The idempotency answers stored per hour (a hash: field the hour since the epoch, value
+/// how many), of one scope (`[limits] max_idempotency_keys_per_token`: the part of the key
+/// before its first `:`, a token's digest) or, with `None`, of all of them
+/// (`max_idempotency_keys`): `tally:answers:{<scope>}`, `tally:answers:{*}`.
+pub fn answers_key(scope: Option<&str>) -> String {
+    match scope {
+        Some(s) => format!("tally:answers:{{{}}}", escape_tag(s)),
+        None => "tally:answers:{*}".to_owned(),
+    }
+}
+
+/// That an idempotency key's answer is counted in [`answers_key`]'s hash (so a retry under
+/// the key is not counted again), in the hash's slot: `tally:counted:{<scope or *>}:<key>`.
+pub fn counted_key(answers: &str, key: &str) -> String {
+    let tag = &answers["tally:answers:".len()..];
+    format!("tally:counted:{tag}:{key}")
+}
+
 /// A cluster apply's claim of an idempotency key for its request (`APPLY`'s marker, set to
 /// the request's fingerprint): `tally:claim:{<key>}`, in the record's slot.
 pub fn claim_key(key: &str) -> String {

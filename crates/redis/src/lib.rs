@@ -54,6 +54,9 @@ use layout::{LAYOUT_KEY, LAYOUT_VERSION, Stored, UPGRADES_FROM};
 /// How often a call that failed transiently is sent (the first time included), and the
 /// first pause between tries (tripled each time).
 const ATTEMPTS: u32 = 3;
+/// Idempotency answers stored a day, all scopes together, unless told otherwise
+/// ([`RedisStore::with_answer_bounds`]): the embedded engine's default.
+const DEFAULT_MAX_ANSWERS: usize = 1_000_000;
 const FIRST_PAUSE: Duration = Duration::from_millis(50);
 
 /// A limited increment's lock lives this long at most (a holder that died frees it then),
@@ -86,6 +89,10 @@ pub struct RedisStore {
     listed: write::Listed,
     /// `[limits] max_future_secs`, for `Schema::replacing`.
     max_future_secs: i64,
+    /// `[limits] max_idempotency_keys` and `max_idempotency_keys_per_token` (with tokens):
+    /// new idempotency answers a day, all together and of one scope (see
+    /// `write::count_answer`).
+    answer_bounds: (usize, Option<usize>),
     /// What `connect` checked of Redis, checked again now and then ([`RedisStore::vet`]).
     vetted: Mutex<Vetted>,
 }
@@ -260,6 +267,7 @@ impl RedisStore {
             index_page: INDEX_PAGE_DEFAULT,
             listed: write::Listed::default(),
             max_future_secs: tally_core::ingest::Limits::default().max_future_secs,
+            answer_bounds: (DEFAULT_MAX_ANSWERS, None),
             vetted: Mutex::new(Vetted {
                 at: Instant::now(),
                 every: VET_EVERY,
@@ -310,6 +318,15 @@ impl RedisStore {
     /// event from that long after it.
     pub fn with_max_future_secs(mut self, secs: i64) -> Self {
         self.max_future_secs = secs;
+        self
+    }
+
+    /// How many idempotency answers may be stored in a day, all together and (`Some`) of one
+    /// scope: a token's keys, `t<digest>:<key>` (`[limits] max_idempotency_keys` and
+    /// `max_idempotency_keys_per_token`). A batch with a key past either is refused
+    /// `Unavailable` and applies nothing. 1 000 000 and none by default.
+    pub fn with_answer_bounds(mut self, all: usize, per_scope: Option<usize>) -> Self {
+        self.answer_bounds = (all, per_scope);
         self
     }
 

@@ -398,6 +398,40 @@ done()
 return 1
 "#;
 
+/// Counts a new idempotency answer against a bound: `KEYS[1]` the hash of answers stored per
+/// hour ([`crate::layout::answers_key`]), `KEYS[2]` (optional) the key's mark that it is
+/// counted; `ARGV` the hour now, the bound, when the hash expires, when the mark expires.
+/// Hours before the last 25 are dropped (an answer lives 24 h, so they hold none).
+/// Answers `-2` for a key counted already, `-1` once counted, else the count that fills the
+/// bound (nothing counted).
+pub static COUNT_ANSWER: LazyLock<Script> = LazyLock::new(|| Script::new(COUNT_ANSWER_LUA));
+
+const COUNT_ANSWER_LUA: &str = r#"
+if KEYS[2] and redis.call('EXISTS', KEYS[2]) == 1 then
+  return -2
+end
+local h = tonumber(ARGV[1])
+local all = redis.call('HGETALL', KEYS[1])
+local sum = 0
+for i = 1, #all, 2 do
+  local at = tonumber(all[i])
+  if at == nil or at < h - 24 then
+    redis.call('HDEL', KEYS[1], all[i])
+  else
+    sum = sum + (tonumber(all[i + 1]) or 0)
+  end
+end
+if sum >= tonumber(ARGV[2]) then
+  return sum
+end
+redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
+redis.call('EXPIREAT', KEYS[1], ARGV[3])
+if KEYS[2] then
+  redis.call('SET', KEYS[2], '1', 'EXAT', ARGV[4])
+end
+return -1
+"#;
+
 /// The last bucket offset a window hash holds a field for, `-1` if none: `KEYS[1]` the
 /// hash, `ARGV[1]` the highest offset. A small hash's fields are read whole; a large one
 /// (a busy series' subtotals) is probed for totals from the top down first.

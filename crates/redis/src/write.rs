@@ -451,6 +451,9 @@ impl RedisStore {
     ) -> Result<(), StoreError> {
         self.vet().await?;
         let now = self.now();
+        if let Some(r) = &batch.idempotency {
+            self.count_answer(r, now).await?;
+        }
         // Under its idempotency key, a batch's marker says which request applied it: the
         // request's fingerprint, so a different request under the key is told apart (and
         // the same one, retried on any server, finishes what is left). Under a caller's or
@@ -691,6 +694,98 @@ impl RedisStore {
     /// it) after a failure that applied no series — a stale epoch, a lost lock — so that
     /// the key is free again, as on a single server, where nothing was set. Best effort: a
     /// claim left makes a different request under the key `claimed` until it ends.
+    /// Counts the answer `r` will store against `[limits] max_idempotency_keys` (and, with
+    /// tokens, `max_idempotency_keys_per_token`), or refuses the batch before anything is
+    /// applied once a bound is reached. Redis holds the answers until they expire, so
+    /// without a bound a client sending a fresh key with every request would fill it.
+    ///
+    /// Counted by the hour an answer is stored in, over the last 25 hours: an answer lives
+    /// 24 h, so the count is never below what Redis holds (it may be above by an hour's
+    /// answers, and by answers of requests that then failed). A key is counted once
+    /// (`layout::counted_key`, in its scope's slot, or the whole count's without tokens):
+    /// a retry of a failed request under the same key, which must be able to finish what
+    /// the first attempt left, is never refused for it. Servers sharing a Redis share the
+    /// count.
+    async fn count_answer(&self, r: &IdemRecord, now: i64) -> Result<(), StoreError> {
+        const UNCOUNT: &str = "if redis.call('DEL', KEYS[2]) == 1 then \
+             redis.call('HINCRBY', KEYS[1], ARGV[1], -1) end return 0";
+        let (all, per_scope) = self.answer_bounds;
+        let hour = now.div_euclid(3600);
+        let hash_expires = (hour + 26) * 3600;
+        let count = |answers: String, max: usize, mark: bool| {
+            let counted = layout::counted_key(&answers, &r.key);
+            async move {
+                let got: i64 = self
+                    .retry(|mut c| {
+                        let mut call = scripts::COUNT_ANSWER.key(&answers);
+                        if mark {
+                            call.key(&counted);
+                        }
+                        call.arg(hour)
+                            .arg(max)
+                            .arg(hash_expires)
+                            .arg(r.expires.max(now + 1));
+                        async move { call.invoke_async(&mut c).await }
+                    })
+                    .await?;
+                Ok::<i64, StoreError>(got)
+            }
+        };
+        let full = |held: i64, what: &str, key: &str| {
+            StoreError::unavailable(format!(
+                "{what}{held} idempotency answers were stored in the last day, the most \
+                 [limits] {key} allows; each is kept 24 h: retry later, or send without an \
+                 Idempotency-Key"
+            ))
+        };
+        if let Some(max) = per_scope {
+            let scope = r.key.split_once(':').map_or("", |(s, _)| s);
+            match count(layout::answers_key(Some(scope)), max, true).await? {
+                -2 => return Ok(()),
+                -1 => {}
+                held => {
+                    return Err(full(
+                        held,
+                        "this token's ",
+                        "max_idempotency_keys_per_token",
+                    ));
+                }
+            }
+            match count(layout::answers_key(None), all, false).await? {
+                held if held >= 0 => {
+                    // Not counted after all: a retry under the key is checked again.
+                    let answers = layout::answers_key(Some(scope));
+                    let counted = layout::counted_key(&answers, &r.key);
+                    let undone: Result<(), StoreError> = self
+                        .retry(|mut c| {
+                            let (answers, counted) = (&answers, &counted);
+                            async move {
+                                redis::cmd("EVAL")
+                                    .arg(UNCOUNT)
+                                    .arg(2)
+                                    .arg(answers)
+                                    .arg(counted)
+                                    .arg(hour)
+                                    .exec_async(&mut c)
+                                    .await
+                            }
+                        })
+                        .await;
+                    if let Err(e) = undone {
+                        tracing::warn!(error = %e.detail(), "an idempotency answer refused was left counted for its token");
+                    }
+                    Err(full(held, "", "max_idempotency_keys"))
+                }
+                _ => Ok(()),
+            }
+        } else {
+            match count(layout::answers_key(None), all, true).await? {
+                held if held >= 0 => Err(full(held, "", "max_idempotency_keys")),
+                _ => Ok(()),
+            }
+        }
+    }
+
     async fn release_claim(&self, batch: &Batch, claim: Option<&str>) {
         const RELEASE: &str = "local v = redis.call('GET', KEYS[1]) \
              if v and string.sub(v, 1, #ARGV[1] + 1) == ARGV[1] .. '@' then \

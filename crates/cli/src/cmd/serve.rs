@@ -152,8 +152,15 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             tracing::info!("connecting to {shown} (answering 503 on {scheme}://{addr} meanwhile)");
             let u = url.clone();
             let future = settings.limits.max_future_secs;
+            let answers = (
+                limits.max_idempotency_keys,
+                (!settings.tokens.is_empty()).then_some(limits.max_idempotency_keys_per_token),
+            );
             let store = tokio::task::spawn_blocking(move || {
-                RedisStore::connect(&u).map(|s| s.with_max_future_secs(future))
+                RedisStore::connect(&u).map(|s| {
+                    s.with_max_future_secs(future)
+                        .with_answer_bounds(answers.0, answers.1)
+                })
             })
                 .await
                 .context("connecting to Redis")?

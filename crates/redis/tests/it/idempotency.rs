@@ -289,3 +289,92 @@ fn a_claim_is_given_up_when_nothing_was_applied() {
     assert_eq!(total(&store, "api", "a", 60), 2);
     assert_eq!(store.idempotency("k").unwrap().unwrap().body, "second");
 }
+
+/// `[limits] max_idempotency_keys` and `max_idempotency_keys_per_token` on Redis: answers
+/// live 24 h in Redis, so without a bound a client sending a fresh key with each request
+/// fills it. Past a bound a batch with a new key is `Unavailable` and applies nothing; a key
+/// counted already (a retry, which must be able to finish what a failed attempt left) is
+/// never refused; two servers share the count.
+fn answers_are_bounded(url: &str) {
+    let now = real_now();
+    let one = api_store(url).with_answer_bounds(5, Some(2));
+    let two = RedisStore::connect(url)
+        .unwrap()
+        .with_answer_bounds(5, Some(2));
+    let full = |e: StoreError, what: &str| {
+        assert!(matches!(e, StoreError::Unavailable { .. }), "{e:?}");
+        assert!(e.detail().contains(what), "{}", e.detail());
+    };
+    // Token A's share: two keys, whichever server stores them.
+    one.apply(&under_key(&one, now, "tA:1", 1, "a1")).unwrap();
+    two.apply(&under_key(&two, now, "tA:2", 1, "a2")).unwrap();
+    full(
+        one.apply(&under_key(&one, now, "tA:3", 1, "a3"))
+            .unwrap_err(),
+        "max_idempotency_keys_per_token",
+    );
+    assert_eq!(
+        total(&one, "api", "a", 60),
+        2,
+        "the refused batch applied nothing"
+    );
+    // A key counted already is taken again (here: the same request, applied once).
+    two.apply(&under_key(&two, now, "tA:1", 1, "a1")).unwrap();
+    assert_eq!(total(&one, "api", "a", 60), 2);
+    // Other tokens have their own shares, up to the whole bound of 5.
+    for key in ["tB:1", "tB:2", "tC:1"] {
+        one.apply(&under_key(&one, now, key, 1, key)).unwrap();
+    }
+    assert_eq!(total(&one, "api", "a", 60), 5);
+    full(
+        two.apply(&under_key(&two, now, "tD:1", 1, "d1"))
+            .unwrap_err(),
+        "max_idempotency_keys allows",
+    );
+    assert_eq!(total(&one, "api", "a", 60), 5);
+    // Refused by the whole bound, the key was not left counted for its token: sent again it
+    // is refused again (not waved through as counted), and once there is room (a larger
+    // bound here) it is taken.
+    full(
+        one.apply(&under_key(&one, now, "tD:1", 1, "d1"))
+            .unwrap_err(),
+        "max_idempotency_keys allows",
+    );
+    let three = RedisStore::connect(url)
+        .unwrap()
+        .with_answer_bounds(6, Some(1));
+    three
+        .apply(&under_key(&three, now, "tD:1", 1, "d1"))
+        .unwrap();
+    assert_eq!(total(&one, "api", "a", 60), 6);
+    // Batches without a key are not counted.
+    one.apply(&batch(
+        &one,
+        now,
+        &[raw("api", "a", now, 1, &[])],
+        &Defaults::default(),
+    ))
+    .unwrap();
+    assert_eq!(total(&one, "api", "a", 60), 7);
+    // Without per-token bounds (no tokens), only the whole one: 6 counted of 6.
+    let open = RedisStore::connect(url)
+        .unwrap()
+        .with_answer_bounds(6, None);
+    full(
+        open.apply(&under_key(&open, now, "free", 1, "f"))
+            .unwrap_err(),
+        "max_idempotency_keys allows",
+    );
+}
+
+#[test]
+fn answers_are_bounded_on_one_redis() {
+    let server = RedisServer::start();
+    answers_are_bounded(&server.url());
+}
+
+#[test]
+fn answers_are_bounded_on_a_cluster() {
+    let cluster = RedisCluster::start();
+    answers_are_bounded(&cluster.url());
+}
