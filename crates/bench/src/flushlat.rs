@@ -191,6 +191,7 @@ fn read_days(engine: &Engine, key: &str, now: i64) {
         to: now + 1,
         want: Want::Totals,
         sum_subtotals: false,
+        keep: None,
     };
     engine.read(&[read]).expect("read");
 }

@@ -386,6 +386,7 @@ pub(crate) fn tally_hour_total(engine: &Engine, key: &str) -> i64 {
         to: 1 << 32,
         want: Want::Totals,
         sum_subtotals: false,
+        keep: None,
     };
     engine.read(&[read]).unwrap()[0]
         .totals

@@ -242,6 +242,7 @@ impl Store for MemStore {
             out.push(KeyData {
                 totals: cut(&series.totals),
                 subtotals,
+                rest: Vec::new(),
             });
         }
         Ok(out)

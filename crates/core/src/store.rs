@@ -73,6 +73,12 @@ pub struct KeyRead<'a> {
     /// breakdowns): a store may then answer each with one bucket, at `from`, holding its
     /// sum, instead of all of them. Totals are always answered bucket by bucket.
     pub sum_subtotals: bool,
+    /// With `sum_subtotals`: the caller answers only the `keep` largest sums of each
+    /// dimension (largest first, ties by value in byte order; sums of 0 never), and the
+    /// others only as their sum. A store may then answer only those values, and each
+    /// dimension's others summed in [`KeyData::rest`], so that a key of millions of values
+    /// costs the read no more than the answer. `None`: every value.
+    pub keep: Option<usize>,
 }
 
 /// Sparse buckets: `(bucket start, count)`, sorted by start, zero buckets may be left out.
@@ -91,6 +97,9 @@ pub struct SubtotalBuckets {
 pub struct KeyData {
     pub totals: Buckets,
     pub subtotals: Vec<SubtotalBuckets>,
+    /// Per dimension, the sum of the values a read's [`KeyRead::keep`] left out of
+    /// `subtotals` (a dimension with none left out may be missing).
+    pub rest: Vec<(String, i64)>,
 }
 
 /// A scan of every key of a namespace for `top`: the sum of each key's totals (or of one

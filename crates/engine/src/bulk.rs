@@ -736,6 +736,7 @@ impl Engine {
                         to,
                         want,
                         sum_subtotals: false,
+                        keep: None,
                     })
                     .collect();
                 let data = self.read(&reads)?;

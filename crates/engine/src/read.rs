@@ -93,6 +93,7 @@ impl Core {
                 })
                 .filter(|s| !s.buckets.is_empty())
                 .collect(),
+            rest: Vec::new(),
         })
     }
 
@@ -187,15 +188,40 @@ impl Core {
                 sums.add(d, v, n)
             })
             .map_err(|e| self.archive_error(e))?;
-        // In no particular order: the callers (breakdowns, dashboards) order by count.
-        let subtotals: Vec<SubtotalBuckets> = names.with(|name| {
-            sums.non_zero()
+        // In no particular order: the callers (breakdowns, dashboards) order by count. Only
+        // the values they answer are copied out as text (`KeyRead::keep`): a key's values
+        // may be hundreds of megabytes.
+        let (subtotals, rest) = names.with(|name| {
+            let mut found: Vec<(u32, u32, i64)> = sums.non_zero().collect();
+            let mut rest = Vec::new();
+            if let Some(keep) = r.keep {
+                found.sort_unstable_by_key(|&(d, _, _)| d);
+                let mut kept = Vec::with_capacity(found.len().min(keep.saturating_mul(16)));
+                for one in found.chunk_by_mut(|a, b| a.0 == b.0) {
+                    if one.len() > keep {
+                        let order = |a: &(u32, u32, i64), b: &(u32, u32, i64)| {
+                            b.2.cmp(&a.2)
+                                .then_with(|| name(a.1).as_bytes().cmp(name(b.1).as_bytes()))
+                        };
+                        if keep > 0 {
+                            one.select_nth_unstable_by(keep - 1, order);
+                        }
+                        let left = one[keep..].iter().fold(0i64, |t, e| t.wrapping_add(e.2));
+                        rest.push((name(one[0].0).to_owned(), left));
+                    }
+                    kept.extend_from_slice(&one[..one.len().min(keep)]);
+                }
+                found = kept;
+            }
+            let subtotals: Vec<SubtotalBuckets> = found
+                .into_iter()
                 .map(|(d, v, n)| SubtotalBuckets {
                     dim: name(d).to_owned(),
                     value: name(v).to_owned(),
                     buckets: vec![(r.from, n)],
                 })
-                .collect()
+                .collect();
+            (subtotals, rest)
         });
         Ok(KeyData {
             totals: totals
@@ -204,6 +230,7 @@ impl Core {
                 .map(|(i, n)| (i64::from(i) * window.res, n))
                 .collect(),
             subtotals,
+            rest,
         })
     }
 

@@ -87,6 +87,7 @@ fn total(e: &Engine) -> i64 {
         to: NOW,
         want: Want::All,
         sum_subtotals: false,
+        keep: None,
     };
     let d = e.read(&[read]).unwrap().pop().unwrap();
     d.totals.iter().map(|(_, n)| n).sum()

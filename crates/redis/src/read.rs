@@ -853,6 +853,7 @@ impl Collect {
                 })
                 .filter(|s| !s.buckets.is_empty())
                 .collect(),
+            rest: Vec::new(),
         }
     }
 }

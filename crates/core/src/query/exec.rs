@@ -122,14 +122,16 @@ fn ends(from: i64, to: i64) -> Vec<i64> {
 }
 
 /// Values of one dimension summed, sorted by count (desc) then value bytes, zeros left out.
+/// A breakdown's answer from its values (`left_out`: the sum of those the store left out,
+/// [`KeyData::rest`], which are never among the first `limit`).
 fn breakdown_of(
     head: BreakdownHead<'_>,
     total: i64,
-    mut values: Vec<ValueCount>,
+    (mut values, left_out): (Vec<ValueCount>, i64),
     limit: usize,
 ) -> BreakdownAnswer {
     values.retain(|v| v.n != 0);
-    let all = wrapping_sum(values.iter().map(|v| v.n));
+    let all = wrapping_sum(values.iter().map(|v| v.n)).wrapping_add(left_out);
     let order = |a: &ValueCount, b: &ValueCount| {
         b.n.cmp(&a.n)
             .then_with(|| a.value.as_bytes().cmp(b.value.as_bytes()))
@@ -140,7 +142,7 @@ fn breakdown_of(
     if limit < values.len() {
         values.select_nth_unstable_by(limit, order);
     }
-    let rest = wrapping_sum(values.iter().skip(limit).map(|v| v.n));
+    let rest = wrapping_sum(values.iter().skip(limit).map(|v| v.n)).wrapping_add(left_out);
     values.truncate(limit);
     values.sort_unstable_by(order);
     BreakdownAnswer {
@@ -154,6 +156,13 @@ fn breakdown_of(
         other: rest,
         unset: total.wrapping_sub(all),
     }
+}
+
+/// The sum of the values of `dim` a read left out ([`KeyRead::keep`]).
+fn left_out(rest: &[(String, i64)], dim: &str) -> i64 {
+    rest.iter()
+        .filter(|(d, _)| d == dim)
+        .fold(0i64, |t, (_, n)| t.wrapping_add(*n))
 }
 
 #[derive(Clone, Copy)]
@@ -200,6 +209,7 @@ pub fn series(store: &dyn Store, ctx: Ctx, q: &SeriesQuery) -> Result<SeriesAnsw
             to,
             want,
             sum_subtotals: false,
+            keep: None,
         };
         let data = read_one(store, read, &ctx.deadline)?;
         let buckets = match &q.filter {
@@ -254,6 +264,7 @@ pub fn breakdown(
         to,
         want: Want::Dim { dim: q.dim.name() },
         sum_subtotals: true,
+        keep: Some(q.limit),
     };
     let data = if from < to {
         read_one(store, read, &ctx.deadline)?
@@ -261,6 +272,7 @@ pub fn breakdown(
         Default::default()
     };
     let total = sum(&data.totals);
+    let left_out = left_out(&data.rest, q.dim.name());
     let values = data
         .subtotals
         .into_iter()
@@ -279,7 +291,7 @@ pub fn breakdown(
         to,
         tz: &q.tz,
     };
-    Ok(breakdown_of(head, total, values, q.limit))
+    Ok(breakdown_of(head, total, (values, left_out), q.limit))
 }
 
 pub fn dashboard(
@@ -309,6 +321,7 @@ pub fn dashboard(
         to,
         want: Want::All,
         sum_subtotals: true,
+        keep: Some(q.limit),
     };
     let data = if bounds.is_empty() {
         Default::default()
@@ -354,7 +367,8 @@ pub fn dashboard(
                 to,
                 tz,
             };
-            let answer = breakdown_of(head, total, values, q.limit);
+            let left_out = left_out(&data.rest, &dim);
+            let answer = breakdown_of(head, total, (values, left_out), q.limit);
             (dim, answer)
         })
         .collect();

@@ -199,6 +199,7 @@ pub fn export(
                 to: plan.to,
                 want,
                 sum_subtotals: false,
+                keep: None,
             })
             .collect();
         let data = store.read(&reads)?;

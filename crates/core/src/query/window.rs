@@ -29,6 +29,7 @@ impl WindowPlan {
             to: self.to,
             want: Want::Totals,
             sum_subtotals: false,
+            keep: None,
         }
     }
 
@@ -556,6 +557,7 @@ mod tests {
                 to: s + 1,
                 want: Want::Totals,
                 sum_subtotals: false,
+                keep: None,
             };
             store.read(&[read]).unwrap()[0]
                 .totals

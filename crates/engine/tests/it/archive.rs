@@ -1118,6 +1118,7 @@ fn three_days_of_lnk_1<'a>(
         to: NOW,
         want: tally_core::store::Want::All,
         sum_subtotals: false,
+        keep: None,
     }
 }
 
@@ -1444,6 +1445,7 @@ fn churning_dimension_values_are_freed_and_read_back_by_their_names() {
         to: NOW + 2 * DAY,
         want: tally_core::store::Want::All,
         sum_subtotals: true,
+        keep: None,
     };
     let mut strings = Vec::new();
     for h in 0..30 {
@@ -2073,6 +2075,7 @@ fn a_breakdown_over_archived_days_reads_rollups_and_adds_late_events() {
                 to,
                 want,
                 sum_subtotals: true,
+                keep: None,
             };
             let folded = |s: &dyn Store| {
                 let d = s.read(&[read]).unwrap().pop().unwrap();
@@ -2132,6 +2135,7 @@ fn memory_past_retention_counts_for_nothing_before_a_sweep() {
         to: t0 + 600,
         want: Want::Totals,
         sum_subtotals: false,
+        keep: None,
     };
     assert_eq!(e.read(&[read]).unwrap(), reference.read(&[read]).unwrap());
 }

@@ -97,6 +97,7 @@ pub fn read_all(store: &dyn Store, ns: &str, key: &str, res_secs: u64) -> KeyDat
         to: 1 << 32,
         want: Want::All,
         sum_subtotals: false,
+        keep: None,
     };
     let mut d = store.read(&[read]).unwrap().pop().unwrap();
     d.subtotals
@@ -126,7 +127,10 @@ pub fn sums(d: &KeyData) -> (i64, i64) {
 pub type Folded = (Vec<(i64, i64)>, Vec<(String, String, i64)>);
 
 pub fn folded(store: &dyn Store, read: KeyRead<'_>) -> Folded {
-    let d = store.read(&[read]).unwrap().pop().unwrap();
+    fold(&store.read(&[read]).unwrap().pop().unwrap())
+}
+
+fn fold(d: &KeyData) -> Folded {
     let mut subs: Vec<(String, String, i64)> = d
         .subtotals
         .iter()
@@ -140,7 +144,46 @@ pub fn folded(store: &dyn Store, read: KeyRead<'_>) -> Folded {
         .filter(|s| s.2 != 0)
         .collect();
     subs.sort();
-    (d.totals, subs)
+    (d.totals.clone(), subs)
+}
+
+/// A summed read with [`KeyRead::keep`], as compared between stores: [`folded`]'s, with
+/// the sum of each dimension's values left out (sorted by dimension).
+pub type Kept = (Folded, Vec<(String, i64)>);
+
+pub fn kept(store: &dyn Store, read: KeyRead<'_>) -> Kept {
+    let d = store.read(&[read]).unwrap().pop().unwrap();
+    let mut rest = d.rest.clone();
+    rest.sort();
+    (fold(&d), rest)
+}
+
+/// What a read keeping `keep` values a dimension answers, from the whole answer `f`: each
+/// dimension's `keep` largest sums (ties by value in byte order), the others summed.
+pub fn trimmed((totals, subs): Folded, keep: usize) -> Kept {
+    let mut by_dim: std::collections::BTreeMap<String, Vec<(String, i64)>> = Default::default();
+    for (d, v, n) in subs {
+        by_dim.entry(d).or_default().push((v, n));
+    }
+    let (mut kept, mut rest) = (Vec::new(), Vec::new());
+    for (d, mut values) in by_dim {
+        values.sort_by(|a, b| {
+            b.1.cmp(&a.1)
+                .then_with(|| a.0.as_bytes().cmp(b.0.as_bytes()))
+        });
+        if values.len() > keep {
+            let left: i64 = values[keep..].iter().map(|v| v.1).sum();
+            rest.push((d.clone(), left));
+        }
+        kept.extend(
+            values
+                .into_iter()
+                .take(keep)
+                .map(|(v, n)| (d.clone(), v, n)),
+        );
+    }
+    kept.sort();
+    ((totals, kept), rest)
 }
 
 pub fn minute_only() -> tally_core::model::Schema {

@@ -281,6 +281,7 @@ fn compare(engine: &Engine, reference: &MemStore, now: i64) -> Result<(), TestCa
                 to: 1 << 32,
                 want: Want::All,
                 sum_subtotals: false,
+                keep: None,
             };
             let sorted = |s: &dyn Store| {
                 let mut d = s.read(&[read]).unwrap().pop().unwrap();
@@ -324,6 +325,28 @@ fn compare(engine: &Engine, reference: &MemStore, now: i64) -> Result<(), TestCa
                             to,
                             sum_subtotals
                         );
+                        // Keeping the largest values of each dimension, the others summed
+                        // (a breakdown's or dashboard's read), against the whole answer
+                        // trimmed as the contract says.
+                        for keep in [0, 1, 2].into_iter().filter(|_| sum_subtotals) {
+                            prop_assert_eq!(
+                                crate::kept(
+                                    engine,
+                                    KeyRead {
+                                        keep: Some(keep),
+                                        ..read
+                                    }
+                                ),
+                                crate::trimmed(crate::folded(reference, read), keep),
+                                "key {} at {}s, {:?} over {}..{}, keeping {}",
+                                k,
+                                res,
+                                want,
+                                from,
+                                to,
+                                keep
+                            );
+                        }
                     }
                 }
             }
@@ -549,6 +572,7 @@ proptest! {
                         to: (now / r + 1) * r,
                         want: Want::Totals,
                         sum_subtotals: false,
+                        keep: None,
                     };
                     let mut seen = Vec::new();
                     let mut decide = |b: &tally_core::store::Buckets| {

@@ -135,6 +135,7 @@ fn same(e: &Engine, r: &MemStore, now: i64, ns: &str, keys: &[String], what: &st
                 to: now + DAY,
                 want: Want::Dim { dim: "country" },
                 sum_subtotals: true,
+                keep: None,
             };
             assert_eq!(
                 crate::folded(e, read),

@@ -55,6 +55,7 @@ fn a_reader_never_sees_half_an_event() {
                     to: 1 << 32,
                     want: Want::Dim { dim: "country" },
                     sum_subtotals: false,
+                    keep: None,
                 };
                 let d = engine.read(&[read]).unwrap().pop().unwrap();
                 let (total, subs) = crate::sums(&d);
@@ -157,6 +158,7 @@ fn flushes_under_readers_and_writers_neither_hide_nor_double_a_count() {
                     to: 1 << 32,
                     want: Want::Dim { dim: "country" },
                     sum_subtotals: false,
+                    keep: None,
                 };
                 let d = engine.read(&[read]).unwrap().pop().unwrap();
                 let (total, subs) = crate::sums(&d);
@@ -295,6 +297,7 @@ fn flushes_of_many_keys_beside_writers_readers_and_schema_changes_count_exactly(
                         to: 1 << 32,
                         want: Want::Dim { dim: "country" },
                         sum_subtotals: false,
+                        keep: None,
                     };
                     let d = engine.read(&[read]).unwrap().pop().unwrap();
                     let (total, subs) = crate::sums(&d);

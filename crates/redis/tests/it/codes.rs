@@ -109,6 +109,7 @@ fn dimensions_past_the_code_cap_keep_spelled_out_fields() {
                 to,
                 want,
                 sum_subtotals: false,
+                keep: None,
             };
             let got = sorted(redis.read(&[read]).unwrap().pop().unwrap());
             let expected = sorted(reference.read(&[read]).unwrap().pop().unwrap());
@@ -342,6 +343,7 @@ fn fields_of_a_pending_code_are_read() {
             value: "US",
         },
         sum_subtotals: false,
+        keep: None,
     };
     let value = redis.read(&[read]).unwrap().pop().unwrap();
     assert_eq!(value.subtotals[0].buckets, vec![(hour, 5)]);
@@ -426,6 +428,7 @@ fn a_stale_schema_record_serves_no_read_that_could_miss_codes() {
         to: now + 86_400,
         want,
         sum_subtotals: false,
+        keep: None,
     };
     let refused = |r: Result<Vec<KeyData>, StoreError>| match r {
         Err(e @ StoreError::Unavailable { .. }) => {

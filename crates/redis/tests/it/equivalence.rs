@@ -131,6 +131,7 @@ fn compare(
                                 to,
                                 want,
                                 sum_subtotals,
+                                keep: None,
                             });
                         }
                     }
@@ -362,6 +363,7 @@ fn subtotals_from_before_breakdowns_stopped_stay_hidden_when_they_restart() {
             to,
             want,
             sum_subtotals: false,
+            keep: None,
         })
         .collect();
     let got: Vec<KeyData> = redis

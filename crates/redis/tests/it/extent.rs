@@ -60,6 +60,7 @@ fn reads_of_all_time_name_only_the_windows_data_spans() {
         to: 1 << 32,
         want,
         sum_subtotals: false,
+        keep: None,
     };
     server.cli(&["CONFIG", "RESETSTAT"]);
     let d = store

@@ -69,6 +69,7 @@ fn hammer(url: &str) {
         to: now + 60,
         want: tally_core::store::Want::Totals,
         sum_subtotals: false,
+        keep: None,
     };
     let total: i64 = stores[1].read(&[read]).unwrap()[0]
         .totals

@@ -100,6 +100,7 @@ pub fn last_hour<'a>(ns: &'a Namespace, key: &'a Key, now: i64) -> KeyRead<'a> {
         to: now + 60,
         want: Want::Totals,
         sum_subtotals: false,
+        keep: None,
     }
 }
 
@@ -120,6 +121,7 @@ pub fn read_all(
         to: 1 << 33,
         want: Want::All,
         sum_subtotals: false,
+        keep: None,
     };
     let mut d = store.read(&[read])?.pop().unwrap();
     d.subtotals

@@ -377,6 +377,7 @@ fn datagrams_waiting_at_a_stop_are_counted() {
         to: NOW + 3600,
         want: tally_core::store::Want::Totals,
         sum_subtotals: false,
+        keep: None,
     };
     let d = engine.read(&[read]).unwrap().pop().unwrap();
     assert_eq!(d.totals.iter().map(|(_, n)| n).sum::<i64>(), 100);
