@@ -90,7 +90,8 @@ pub struct LoadArgs {
     /// Events per batch.
     #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     batch: u32,
-    /// With --data: memory for counters aggregated before they are written as segments.
+    /// With --data: memory for counters aggregated before they are written as segments
+    /// (16 to 1048576).
     #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(16..=1_048_576))]
     memory_mb: u32,
     /// Rebuild: replace what --ns holds in [--from, --to) — whole hours, closed — with what
@@ -107,8 +108,9 @@ pub struct LoadArgs {
     /// With --replace: the range's end, exclusive (a whole hour).
     #[arg(long, requires = "replace")]
     to: Option<String>,
-    /// Count and skip bad lines instead of refusing the load.
-    #[arg(long)]
+    /// Count and skip bad lines instead of refusing the load. Not with --replace: a rebuild
+    /// replaces its range with what the files say, so a line left out would be lost.
+    #[arg(long, conflicts_with = "replace")]
     skip_bad: bool,
     /// Count the input again even if a load of the same bytes counted it within 24 hours
     /// (a recurring file of events without `ts`, each meaning "now"): its batches get keys

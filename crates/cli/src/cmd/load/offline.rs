@@ -929,6 +929,9 @@ fn read(
             lines: 0,
             bytes: 0,
             skip: false,
+            counted: None,
+            first: 0,
+            good: 0,
         };
         match input.format {
             Format::Csv => {
@@ -981,6 +984,12 @@ struct Chunker<'r> {
     bytes: usize,
     /// An earlier run installed this chunk: its lines are checked, not sent.
     skip: bool,
+    /// How many of the chunk's lines that run counted (its answer's `accepted`), when known,
+    /// and the chunk's first line.
+    counted: Option<u64>,
+    first: u64,
+    /// How many of the chunk's lines this run finds good.
+    good: u64,
 }
 
 impl Chunker<'_> {
@@ -1008,21 +1017,33 @@ impl Chunker<'_> {
             // before" here (skipping it would leave the range without it). Otherwise a batch
             // is skipped when an earlier run installed it, or when it is the second copy of a
             // file given twice in this run (same keys: counted once, as a server replays).
+            self.first = line;
+            self.good = 0;
+            self.counted = None;
             if scanner.rebuild.is_none() {
                 let key = format!("tally-load-{:016x}-{}-{line}", self.s.digest, self.a.batch);
-                self.skip = self.s.repeat
-                    || scanner
-                        .engine
-                        .idempotency(&key)
-                        .map_err(|e| anyhow::anyhow!(e.detail()))?
-                        .is_some();
+                let before = scanner
+                    .engine
+                    .idempotency(&key)
+                    .map_err(|e| anyhow::anyhow!(e.detail()))?;
+                // (An online load's answer, `{"accepted": N}` from the server, says it too.)
+                self.counted = before.as_ref().and_then(|r| {
+                    serde_json::from_str::<serde_json::Value>(&r.body)
+                        .ok()?
+                        .get("accepted")?
+                        .as_u64()
+                });
+                self.skip = self.s.repeat || before.is_some();
                 self.chunk.answer = (!self.skip).then_some(key);
             }
         }
         self.lines += 1;
         let (rows, keys) = (self.chunk.rows.len(), self.chunk.keys.len());
         match check(scanner, &mut self.chunk)? {
-            Ok(()) if self.skip => self.found.already += 1,
+            Ok(()) if self.skip => {
+                self.found.already += 1;
+                self.good += 1;
+            }
             Ok(()) => {
                 self.found.events += 1;
                 self.chunk.events += 1;
@@ -1049,10 +1070,25 @@ impl Chunker<'_> {
         Ok(())
     }
 
-    /// Hands the chunk over (if it holds any line).
+    /// Hands the chunk over (if it holds any line). A chunk an earlier run counted must
+    /// count the same lines now: else a line's verdict changed (a line `--skip-bad` skipped
+    /// then is good now, or the other way), and skipping the chunk as "loaded before" would
+    /// leave such a line uncounted, or the summary wrong, without a word.
     fn send(&mut self, scanner: &mut Scanner<'_>) -> anyhow::Result<()> {
         if self.lines == 0 {
             return Ok(());
+        }
+        if let Some(counted) = self.counted.filter(|&n| self.skip && n != self.good) {
+            bail!(
+                "{}:{}: the batch of lines from here was loaded within 24 hours, counting {counted} \
+                 of them, and this run finds {} good: a line's verdict changed since (a \
+                 timestamp then in the future, a limit or a schema), or --skip-bad was given \
+                 only one of the times. What that load counted stays counted; nothing was \
+                 loaded now (--again counts the file again)",
+                self.s.name,
+                self.first,
+                self.good
+            );
         }
         scanner.end_chunk(&mut self.chunk);
         self.tx
