@@ -219,7 +219,7 @@ fn constrain_parameters(op: &mut Map<String, Value>) {
 
 fn document_body(path: &str, method: &str, op: &mut Map<String, Value>) {
     let body = match (method, path) {
-        ("post", "/v1/events") => json!({"required": true, "content": {
+        ("post", "/v1/events" | "/v1/ns/{ns}/rebuild") => json!({"required": true, "content": {
             "application/json": {"schema": {"$ref": "#/components/schemas/Events"}},
             "application/x-ndjson": {"schema": {"type": "string",
                 "description": "one Event object per line; blank lines are ignored"}}

@@ -101,7 +101,17 @@ pub async fn rebuild(
             .field("ns")
             .index(i));
         }
-        let ts = r.ts.unwrap_or(now);
+        let Some(ts) = r.ts else {
+            return Err(ApiError::new(
+                ErrorCode::InvalidTimestamp,
+                format!(
+                    "event {i}: it has no ts: a rebuild's events need one, inside the rebuilt \
+                     range [{from}, {to}) (without one an event is dated now, after the range)"
+                ),
+            )
+            .field("ts")
+            .index(i));
+        };
         if !(from..to).contains(&ts) {
             return Err(ApiError::new(
                 ErrorCode::InvalidTimestamp,

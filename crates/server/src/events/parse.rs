@@ -80,9 +80,12 @@ fn raw_event(v: &Value) -> Result<RawEvent, ApiError> {
             .iter()
             .map(|(k, v)| match v {
                 Value::String(s) => Ok((k.clone(), s.clone())),
-                _ => Err(ApiError::new(
+                other => Err(ApiError::new(
                     ErrorCode::InvalidDimension,
-                    format!("dimension {k:?}: a value is a string"),
+                    format!(
+                        "dimension {k:?}: its value must be a string, got {}",
+                        json_kind(other)
+                    ),
                 )
                 .field("dims")),
             })
@@ -399,6 +402,18 @@ pub(crate) fn parse_slow(body: &[u8], ndjson: bool, max: usize) -> Result<Vec<Ra
     }
 }
 
+/// What kind of JSON value `v` is, for messages.
+fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -535,6 +550,20 @@ mod tests {
                 refusal(&lines, true),
                 (*code, Some(1), Some((*field).into())),
                 "{lines}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_dimension_value_not_a_string_is_named_with_its_kind() {
+        for (value, kind) in [("5", "a number"), ("null", "null"), ("[\"x\"]", "an array")] {
+            let body = format!(r#"[{{"ns": "a", "key": "k", "dims": {{"c": {value}}}}}]"#);
+            let e = parse(&body, false).unwrap_err();
+            assert_eq!(e.code, ErrorCode::InvalidDimension, "{body}");
+            assert_eq!(
+                e.message,
+                format!("dimension \"c\": its value must be a string, got {kind}"),
+                "{body}"
             );
         }
     }

@@ -79,6 +79,12 @@ fn bad_events_are_refused_whole_and_name_their_index() {
             Some("dims"),
         ),
         (
+            event(json!({"dims": {"country": null}})),
+            400,
+            "invalid_dimension",
+            Some("dims"),
+        ),
+        (
             event(json!({"ns": "strict", "dims": {"device": "ios"}})),
             400,
             "unknown_dimension",

@@ -85,6 +85,25 @@ fn bad_rebuilds_are_refused_and_change_nothing() {
         (&e["error"]["index"], &e["error"]["field"]),
         (&json!(0), &json!("ts"))
     );
+    // An event without `ts` is dated now, after the range: said as such (it was "ts
+    // <now> is outside the rebuilt range", a time the client never sent).
+    let e = err(
+        post(
+            &range,
+            &json!([{"ns": "clicks", "key": "a", "ts": FROM}, {"ns": "clicks", "key": "a"}])
+                .to_string(),
+        ),
+        400,
+        "invalid_timestamp",
+    );
+    assert_eq!(e["error"]["index"], 1, "{e}");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("event 1: it has no ts: a rebuild's events need one"),
+        "{e}"
+    );
     let e = err(
         post(
             &range,

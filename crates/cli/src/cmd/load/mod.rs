@@ -536,7 +536,7 @@ fn load(a: LoadArgs, fresh: &mut Option<Fresh>) -> anyhow::Result<()> {
                 if let Some(r) = &rebuild {
                     let mut kept = Vec::with_capacity(chunk.len());
                     for (line, e) in chunk {
-                        match r.refuses(&e, now) {
+                        match r.refuses(&e) {
                             Some(why) => bad(line, why)?,
                             None => kept.push((line, e)),
                         }
@@ -658,7 +658,7 @@ fn load(a: LoadArgs, fresh: &mut Option<Fresh>) -> anyhow::Result<()> {
                         let last = chunk.last().map_or(0, |(l, _)| *l);
                         let key = format!("tally-load-{:016x}-{}-{first}", s.digest, a.batch);
                         if let Some(r) = &rebuild {
-                            chunk.retain(|(_, e)| r.refuses(e, now).is_none());
+                            chunk.retain(|(_, e)| r.refuses(e).is_none());
                         }
                         if !gone.is_empty() {
                             chunk.retain(|(line, _)| gone.binary_search(line).is_err());
@@ -891,14 +891,20 @@ impl Rebuild {
     }
 
     /// Why an event does not belong to the rebuild, if it does not.
-    fn refuses(&self, e: &RawEvent, now: i64) -> Option<String> {
+    fn refuses(&self, e: &RawEvent) -> Option<String> {
         if e.ns != self.ns.as_str() {
             return Some(format!(
                 "namespace {:?} is not the rebuilt one ({})",
                 e.ns, self.ns
             ));
         }
-        let ts = e.ts.unwrap_or(now);
+        let Some(ts) = e.ts else {
+            return Some(format!(
+                "it has no ts: a rebuild's events need one, inside the rebuilt range [{}, {}) \
+                 (without one an event is dated now, after the range)",
+                self.from, self.to
+            ));
+        };
         (ts < self.from || ts >= self.to).then(|| {
             format!(
                 "ts {ts} is outside the rebuilt range [{}, {})",
@@ -1348,8 +1354,8 @@ impl<'a> DryRun<'a> {
                 e.message
             ),
             (None, "body_too_large") => bail!(
-                "{}: a batch of {} events is {} bytes, more than the server takes: {} (its \
-                 [limits] max_body_bytes); run again with a smaller --batch; nothing was loaded",
+                "{}: a batch of {} events is {} bytes, more than the server takes: {}; run \
+                 again with a smaller --batch; nothing was loaded",
                 lines(part),
                 part.len(),
                 ndjson(part.iter().filter_map(|&i| chunk.get(i)).map(|(_, e)| e))?.len(),

@@ -417,7 +417,7 @@ impl<'a> Scanner<'a> {
         raw: RawEvent,
         chunk: &mut Chunk,
     ) -> anyhow::Result<Result<(), String>> {
-        if let Some(why) = self.rebuild.and_then(|r| r.refuses(&raw, self.checker.now)) {
+        if let Some(why) = self.rebuild.and_then(|r| r.refuses(&raw)) {
             return Ok(Err(why));
         }
         let batch = match self.checker.one(raw)? {
