@@ -102,6 +102,11 @@ pub fn run(a: ExportArgs) -> anyhow::Result<()> {
             .and_then(|()| parts.finish())
         })
         .and_then(|w| {
+            // Nothing to export: no tree (an empty `ns=…` would fail a reader's glob, and a
+            // later export of another range into this `<out>`).
+            if w.1 == 0 {
+                return Ok(w);
+            }
             // Another export into the same new `<out>` that failed may have removed it
             // meanwhile (it was empty): make it again.
             let renamed = std::fs::rename(&partial, &done).or_else(|_| {
@@ -120,6 +125,20 @@ pub fn run(a: ExportArgs) -> anyhow::Result<()> {
         }
     };
     drop(stage);
+    if files == 0 {
+        let _ = forget_out(anyhow::anyhow!("nothing exported"));
+        progress.finish();
+        if a.json {
+            return crate::conn::write_json(&serde_json::json!({
+                "rows": 0,
+                "files": 0,
+                "dir": null,
+                "seconds": progress.start.elapsed().as_secs_f64(),
+            }));
+        }
+        eprintln!("exported nothing: the range holds no counts; nothing was written");
+        return Ok(());
+    }
     if let Ok(dir) = std::fs::File::open(&a.out) {
         let _ = dir.sync_all();
     }

@@ -464,3 +464,55 @@ fn an_export_cuts_its_requests_to_the_server_s_point_cap() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(csv_rows(&fractions), want);
 }
+
+/// An export of a range that holds nothing writes nothing: no `ns=…` directory, which left
+/// empty made a reader's glob fail ("No files found") and refused a later export into the
+/// same `--out` (found by a review).
+#[test]
+fn an_export_of_nothing_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("one.csv");
+    std::fs::write(&csv, "ns,key,ts,n\nclicks,k,1795132800,1\n").unwrap();
+    let data = dir.path().join("d");
+    let o = tally()
+        .args(["load", csv.to_str().unwrap(), "--data"])
+        .arg(&data)
+        .args(["--create", "--quiet"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = dir.path().join("out");
+    let run = |json: bool| {
+        let mut args = vec![
+            "--ns",
+            "clicks",
+            "--from",
+            "0",
+            "--to",
+            "3600",
+            "--resolution",
+            "1h",
+            "--out",
+            out.to_str().unwrap(),
+            "--data",
+            data.to_str().unwrap(),
+        ];
+        if json {
+            args.push("--json");
+        }
+        export(&args)
+    };
+    let o = run(false);
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.success() && said.contains("exported nothing"),
+        "{said}"
+    );
+    assert!(!out.exists(), "an --out it made is not left");
+    std::fs::create_dir(&out).unwrap();
+    let o = run(true);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!((&v["rows"], &v["dir"]), (&json!(0), &Value::Null), "{v}");
+    assert_eq!(std::fs::read_dir(&out).unwrap().count(), 0);
+}
