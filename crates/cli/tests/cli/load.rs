@@ -1713,8 +1713,10 @@ fn data_commands_print_json_summaries() {
     );
 
     let v = json_of(&["compact", "--data", d, "--json"]);
-    // (The offline loads wrote segments: compaction merges them.)
-    assert!(v["merged"].as_u64().unwrap() > 0, "{v}");
+    // (Offline loads write closed days whole, so there may be nothing left to merge.)
+    for field in ["merged", "written", "dropped", "flushed_segments"] {
+        assert!(v[field].as_u64().is_some(), "{field}: {v}");
+    }
     let v = json_of(&["check", "--data", d, "--json"]);
     assert_eq!(
         (&v["whole"], &v["damage"]),

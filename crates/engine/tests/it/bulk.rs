@@ -364,3 +364,75 @@ fn a_rebuild_past_its_memory_budget_stops_and_changes_nothing() {
     assert_eq!(e.rebuild_bulk(&ns, day, day + 3600, bulk).unwrap(), 6000);
     assert_eq!(crate::total(&e, "clicks", "k0000", 3600), 0);
 }
+
+/// A tier finer than an hour kept long (`30m:forever`, for a half-hour time zone) is
+/// installed a UTC day a segment for the days over for an hour — what compaction makes of
+/// them — not an hour a segment: a backfill of a year wrote ~8 000 segments and compacted
+/// them 512 at a time, 50 times slower than into `1h:forever` (found by a review). What it
+/// reads is what the write path gives, before and after a restart, and a second install
+/// over the same days (deltas) and late writes land on top.
+#[test]
+fn a_long_fine_tier_is_installed_a_day_a_segment() {
+    let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    // An hour past midnight (NOW): the day before is over for an hour, today is not.
+    let now = NOW + 3600;
+    let c = clock(now);
+    let a = open(a_dir.path(), &c, FsyncPolicy::Never);
+    let b = open(b_dir.path(), &c, FsyncPolicy::Never);
+    let ns = Namespace::new("clicks").unwrap();
+    let half = Schema::from_doc(&SchemaDoc {
+        tiers: vec!["30m:forever".into()],
+        breakdown_tiers: None,
+        dimensions: None,
+    })
+    .unwrap();
+    for e in [&a, &b] {
+        e.put_schema(&ns, &half).unwrap();
+    }
+    // Ten days before NOW, and today's first hour.
+    let history: Vec<_> = events(3)
+        .into_iter()
+        .chain((0..100).map(|i| raw("clicks", "k1", NOW + 30 * i, 1, &[])))
+        .collect();
+    let batch =
+        ingest::prepare(&a, &history, now, &Limits::default(), &Defaults::default()).unwrap();
+    a.apply(&batch).unwrap();
+    let batch =
+        ingest::prepare(&b, &history, now, &Limits::default(), &Defaults::default()).unwrap();
+    let install = |incs: &[tally_core::store::Increment]| {
+        let mut bulk = Bulk::default();
+        for inc in incs {
+            bulk.add(&half, inc, now);
+        }
+        b.install(bulk, Vec::new()).unwrap()
+    };
+    let (first, second) = batch.increments.split_at(2000);
+    // At most ten whole days (of half-hours, 48 a day), then as many deltas and today's
+    // hour: an hour a segment made up to 240 each time.
+    let report = install(first);
+    assert!(report.segments <= 10, "{report:?}");
+    let report = install(second);
+    assert!(report.segments <= 11, "{report:?}");
+    let check = |b: &dyn Store| {
+        for k in 0..7 {
+            let key = format!("k{k}");
+            assert_eq!(
+                read_all(&a, "clicks", &key, 1800),
+                read_all(b, "clicks", &key, 1800),
+                "{key}"
+            );
+        }
+    };
+    check(&b);
+    drop(b);
+    let b = open(b_dir.path(), &c, FsyncPolicy::Never);
+    check(&b);
+    let late = [raw("clicks", "k2", NOW - 5 * 86_400 + 100, 4, &[])];
+    for e in [&a, &b] {
+        let batch =
+            ingest::prepare(e, &late, now, &Limits::default(), &Defaults::default()).unwrap();
+        e.apply(&batch).unwrap();
+    }
+    b.flush().unwrap();
+    check(&b);
+}
