@@ -304,6 +304,14 @@ impl CsvRecords {
             .with_context(|| format!("{name}: reading the CSV header"))?
             .clone();
         let cols: Vec<&str> = header.iter().collect();
+        // An empty file (a day's export of nothing) holds no events, as a header alone does.
+        if cols.is_empty() {
+            return Ok(CsvRecords {
+                dims: Vec::new(),
+                rd,
+                name: name.to_owned(),
+            });
+        }
         if cols.len() < 4 || cols[..4] != ["ns", "key", "ts", "n"] {
             bail!(
                 "{name}:1: the CSV header must start ns,key,ts,n (then one column per dimension), got {:?}",
@@ -318,6 +326,14 @@ impl CsvRecords {
         let dims: Vec<String> = cols[4..].iter().map(|s| (*s).to_owned()).collect();
         let mut first: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
         for (i, d) in dims.iter().enumerate().filter(|(_, d)| !d.is_empty()) {
+            // A column that is no dimension name would refuse every line that fills it, each
+            // naming its own line (and `--skip-bad` skip them one by one): the header's fault.
+            if let Err(e) = m::DimName::new(d) {
+                bail!(
+                    "{name}:1: the CSV header's column {} ({d:?}) is not a dimension name: {e}",
+                    i + 5
+                );
+            }
             if let Some(was) = first.insert(d.as_str(), i) {
                 bail!(
                     "{name}:1: the CSV header gives dimension {d:?} twice (columns {} and {})",
@@ -765,6 +781,48 @@ mod tests {
         std::fs::write(&p, "ns,key,ts,n,country,,\nc,k,5,1,US,,\n").unwrap();
         let got = events_of(&p, "trailing.csv").unwrap();
         assert!(got.len() == 1 && got[0].is_ok(), "{got:?}");
+    }
+
+    /// So is a column that is no dimension name: it refused each line filling it, at that
+    /// line (and `--skip-bad` skipped them one by one), and loaded a file leaving it empty
+    /// (found by a review).
+    #[test]
+    fn a_csv_header_names_only_dimensions() {
+        let dir = tempfile::tempdir().unwrap();
+        for (column, why) in [
+            ("Country", "only a-z, 0-9 and '_' are allowed"),
+            ("bad-name", "only a-z, 0-9 and '_' are allowed"),
+        ] {
+            let p = dir.path().join("h.csv");
+            std::fs::write(
+                &p,
+                format!(
+                    "ns,key,ts,n,country,{column}
+c,k,5,1,US,
+"
+                ),
+            )
+            .unwrap();
+            let err = events_of(&p, "h.csv").unwrap_err().to_string();
+            assert!(
+                err.starts_with(&format!(
+                    "h.csv:1: the CSV header's column 6 ({column:?}) is not a dimension name"
+                )) && err.contains(why),
+                "{err}"
+            );
+        }
+    }
+
+    /// An empty file holds no events, as a header alone does (it was "the CSV header must
+    /// start ns,key,ts,n …, got \"\"", and failed a load of several files).
+    #[test]
+    fn an_empty_csv_file_holds_no_events() {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, text) in [("empty.csv", ""), ("header.csv", "ns,key,ts,n\n")] {
+            let p = dir.path().join(name);
+            std::fs::write(&p, text).unwrap();
+            assert_eq!(events_of(&p, name).unwrap().len(), 0, "{name}");
+        }
     }
 
     #[test]
