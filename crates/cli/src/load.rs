@@ -256,6 +256,11 @@ fn ndjson(
         if text.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
+        // (The route's parser speaks of "the body".)
+        if std::str::from_utf8(text).is_err() {
+            each(line, buf.len(), Err("the line is not UTF-8".into()))?;
+            continue;
+        }
         match tally_server::parse_events(text, true, 1) {
             Ok(mut events) if events.len() == 1 => each(line, buf.len(), Ok(events.remove(0)))?,
             Ok(_) => each(line, buf.len(), Err("not one event".into()))?,
@@ -811,6 +816,22 @@ c,k,5,1,US,
                 "{err}"
             );
         }
+    }
+
+    /// An NDJSON line that is not UTF-8 is said to be one (it was "the body is not UTF-8",
+    /// the route's words).
+    #[test]
+    fn an_ndjson_line_not_utf8_is_named_as_a_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("x.ndjson");
+        std::fs::write(
+            &p,
+            b"{\"ns\":\"a\",\"key\":\"k\"}\n{\"ns\":\"a\",\"key\":\"\xff\"}\n",
+        )
+        .unwrap();
+        let got = events_of(&p, "x.ndjson").unwrap();
+        assert!(got[0].is_ok(), "{got:?}");
+        assert_eq!(got[1], Err("the line is not UTF-8".to_owned()));
     }
 
     /// An empty file holds no events, as a header alone does (it was "the CSV header must

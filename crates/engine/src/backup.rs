@@ -94,6 +94,12 @@ pub fn unfinished_error(marker: &Path) -> std::io::Error {
     ))
 }
 
+/// Whether `path` (existing or not) lies inside directory `dir`, links and `..` resolved:
+/// what a backup refuses for its destination, and an export for its output.
+pub fn is_inside(path: &Path, dir: &Path) -> std::io::Result<bool> {
+    Ok(resolved(path)?.starts_with(resolved(dir)?))
+}
+
 /// `path` with every link and `..` resolved, as far as it exists; the part that does not
 /// exist yet is appended as given.
 fn resolved(path: &Path) -> std::io::Result<PathBuf> {

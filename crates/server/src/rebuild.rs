@@ -26,7 +26,7 @@ use crate::params;
 
 /// Replaces a closed range of a namespace with the body's events.
 #[utoipa::path(post, path = "/v1/ns/{ns}/rebuild", tag = "operations",
-    description = "Replaces what the namespace holds in [from, to) — whole hours, ending no later than now — with what the body's events (the shape of POST /v1/events, all of this namespace and inside the range) count, every tier, totals and breakdowns, atomically: a query sees the old counts or the new, never a mix. Needs admin on the namespace. The embedded engine only (404 elsewhere).",
+    description = "Replaces what the namespace holds in [from, to) — whole hours, ending no later than now — with what the body's events (the shape of POST /v1/events, all of this namespace and inside the range) count, every tier, totals and breakdowns, atomically: a query sees the old counts or the new, never a mix. Needs admin on the namespace. No Idempotency-Key is used: the same rebuild run again changes nothing. The embedded engine only (404 elsewhere).",
     params(("ns" = String, Path), ("from" = String, Query), ("to" = String, Query)),
     request_body(content = String, content_type = "application/json"),
     responses(

@@ -70,6 +70,19 @@ pub struct ExportArgs {
 }
 
 pub fn run(a: ExportArgs) -> anyhow::Result<()> {
+    // (As a backup's destination: files of its own in a data directory are none of the
+    // server's, and a tree there would go wherever the data directory goes.)
+    if a.server.is_none() {
+        let data = a.data.as_deref().unwrap_or(Path::new("tally-data"));
+        if tally_engine::backup::is_inside(&a.out, data).unwrap_or(false) {
+            bail!(
+                "{} is inside the data directory {}: an export must live apart from the data \
+                 it reads",
+                a.out.display(),
+                data.display()
+            );
+        }
+    }
     let done = a.out.join(format!("ns={}", a.ns));
     if done.exists() {
         bail!(

@@ -515,4 +515,29 @@ fn an_export_of_nothing_writes_nothing() {
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!((&v["rows"], &v["dir"]), (&json!(0), &Value::Null), "{v}");
     assert_eq!(std::fs::read_dir(&out).unwrap().count(), 0);
+    // An --out inside the data directory read is refused, as a backup's destination is,
+    // and nothing is written there (it was taken: found by a review).
+    for inside in [data.join("segments"), data.join("exports/x")] {
+        let o = export(&[
+            "--ns",
+            "clicks",
+            "--from",
+            "1795132800",
+            "--to",
+            "1795136400",
+            "--resolution",
+            "1h",
+            "--out",
+            inside.to_str().unwrap(),
+            "--data",
+            data.to_str().unwrap(),
+        ]);
+        let said = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            !o.status.success() && said.contains("is inside the data directory"),
+            "{said}"
+        );
+        assert!(!inside.join("ns=clicks").exists());
+    }
+    assert!(!data.join("exports").exists());
 }
