@@ -409,36 +409,31 @@ fn check_head(req: &Request) -> Result<(), ApiError> {
         ));
     }
     // A compressed body would be read as the bytes it is (a gzip body as "not JSON", a
-    // `br` label on plain JSON accepted): no coding is taken, so one is refused by name.
-    if let Some(coding) = req
-        .headers()
-        .get_all(header::CONTENT_ENCODING)
-        .iter()
-        .flat_map(|v| v.to_str().unwrap_or("?").split(','))
-        .map(str::trim)
-        .find(|c| !c.is_empty() && !c.eq_ignore_ascii_case("identity"))
-    {
-        return Err(ApiError::new(
-            ErrorCode::MalformedBody,
-            format!("Content-Encoding {coding:?} is not taken: send the body uncompressed"),
-        ));
-    }
-    // The same for a transfer coding: hyper takes the `chunked` framing off and hands over
-    // what is under it, compressed or not.
-    if let Some(coding) = req
-        .headers()
-        .get_all(header::TRANSFER_ENCODING)
-        .iter()
-        .flat_map(|v| v.to_str().unwrap_or("?").split(','))
-        .map(str::trim)
-        .find(|c| !c.is_empty() && !c.eq_ignore_ascii_case("chunked"))
-    {
-        return Err(ApiError::new(
-            ErrorCode::MalformedBody,
-            format!(
-                "Transfer-Encoding {coding:?} is not taken: send the body uncompressed (chunked alone is fine)"
-            ),
-        ));
+    // `br` label on plain JSON accepted): no coding is taken, so one is refused by name. The
+    // same for a transfer coding: hyper takes the `chunked` framing off and hands over what
+    // is under it, compressed or not.
+    for (name, said, plain, hint) in [
+        (header::CONTENT_ENCODING, "Content-Encoding", "identity", ""),
+        (
+            header::TRANSFER_ENCODING,
+            "Transfer-Encoding",
+            "chunked",
+            " (chunked alone is fine)",
+        ),
+    ] {
+        if let Some(coding) = req
+            .headers()
+            .get_all(&name)
+            .iter()
+            .flat_map(|v| v.to_str().unwrap_or("?").split(','))
+            .map(str::trim)
+            .find(|c| !c.is_empty() && !c.eq_ignore_ascii_case(plain))
+        {
+            return Err(ApiError::new(
+                ErrorCode::MalformedBody,
+                format!("{said} {coding:?} is not taken: send the body uncompressed{hint}"),
+            ));
+        }
     }
     Ok(())
 }

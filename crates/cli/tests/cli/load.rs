@@ -682,8 +682,8 @@ fn a_rebuild_replaces_one_range_and_nothing_else() {
     let o = load(&[h.to_str().unwrap(), "--data", &data(&a)]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let (from, to) = (day2.to_string(), day3.to_string());
-    let replace_from = |file: &Path, from: &str| {
-        load(&[
+    let replace_with = |file: &Path, from: &str, more: &[&str]| {
+        let args = [
             file.to_str().unwrap(),
             "--data",
             &data(&a),
@@ -694,8 +694,10 @@ fn a_rebuild_replaces_one_range_and_nothing_else() {
             from,
             "--to",
             &to,
-        ])
+        ];
+        load(&[&args[..], more].concat())
     };
+    let replace_from = |file: &Path, from: &str| replace_with(file, from, &[]);
     let replace = |file: &Path| replace_from(file, &from);
     // An event outside the range refuses the rebuild, naming it; nothing changes.
     let outside = tmp.path().join("outside.csv");
@@ -714,19 +716,7 @@ fn a_rebuild_replaces_one_range_and_nothing_else() {
     );
     // Nor with --skip-bad, which skipped it without a word (found by a review): a line
     // left out of a rebuild is lost from its range.
-    let o = load(&[
-        outside.to_str().unwrap(),
-        "--data",
-        &data(&a),
-        "--replace",
-        "--ns",
-        "clicks",
-        "--from",
-        &from,
-        "--to",
-        &to,
-        "--skip-bad",
-    ]);
+    let o = replace_with(&outside, &from, &["--skip-bad"]);
     let said = String::from_utf8_lossy(&o.stderr);
     assert!(
         o.status.code() == Some(2) && said.contains("'--skip-bad'"),
