@@ -305,12 +305,22 @@ impl Schema {
             }
         }
         if let Some(list) = &doc.breakdown_tiers {
+            // Each is one of the tiers, named once: at most as many (checked first, so that
+            // a body of millions of entries is not compared pair by pair).
+            if list.len() > MAX_TIERS {
+                return Err(err(
+                    "breakdown_tiers",
+                    format!(
+                        "a namespace has at most {MAX_TIERS} breakdown tiers, got {}",
+                        list.len()
+                    ),
+                ));
+            }
+            let parsed: Vec<Option<Duration>> =
+                list.iter().map(|b| Duration::new(b).ok()).collect();
             for (i, b) in list.iter().enumerate() {
-                let same = |a: &String| match (Duration::new(a), Duration::new(b)) {
-                    (Ok(x), Ok(y)) => x == y,
-                    _ => false,
-                };
-                if let Some(first) = list[..i].iter().find(|a| same(a)) {
+                let same = |j: &usize| parsed[*j].is_some() && parsed[*j] == parsed[i];
+                if let Some(first) = (0..i).find(same).map(|j| &list[j]) {
                     let why = if first == b {
                         format!("breakdown tier {b} is listed twice")
                     } else {
@@ -614,6 +624,18 @@ mod tests {
         assert!(check(tiers(1), compounds(MAX_COMPOUNDS)).is_ok());
         let err = check(tiers(1), compounds(MAX_COMPOUNDS + 1)).unwrap_err();
         assert!(err.to_string().contains("at most 16 compound"), "{err}");
+        // Breakdown tiers are bounded as tiers are (a list of millions was compared pair by
+        // pair when repeats were first refused).
+        let many = SchemaDoc {
+            tiers: tiers(1),
+            breakdown_tiers: Some(vec!["1s".to_owned(); 1_000_000]),
+            dimensions: None,
+        };
+        let err = Schema::from_input(&many).unwrap_err();
+        assert!(
+            err.to_string().contains("at most 16 breakdown tiers"),
+            "{err}"
+        );
         // A breakdown tier or a compound given twice, in any spelling, is refused (the
         // allow-list's names already were); a stored schema holding them still decodes.
         for (bd, dims, says) in [
