@@ -317,6 +317,15 @@ impl CsvRecords {
                 name: name.to_owned(),
             });
         }
+        if cols
+            .first()
+            .is_some_and(|c| c.trim_start().starts_with('{'))
+        {
+            bail!(
+                "{name}:1: this looks like NDJSON (a line starts with {{), not CSV: give \
+                 --format ndjson, or name the file .ndjson"
+            );
+        }
         if cols.len() < 4 || cols[..4] != ["ns", "key", "ts", "n"] {
             bail!(
                 "{name}:1: the CSV header must start ns,key,ts,n (then one column per dimension), got {:?}",
@@ -767,6 +776,15 @@ mod tests {
         std::fs::write(&p, "key,ns,ts,n\n").unwrap();
         let err = events_of(&p, "x.csv").unwrap_err();
         assert!(err.to_string().contains("must start ns,key,ts,n"), "{err}");
+        // NDJSON read as CSV (`--format csv`, or a .csv name) is said to be NDJSON: the
+        // header quoted back had lost its quotes to the CSV parser.
+        std::fs::write(&p, "{\"ns\":\"x\",\"key\":\"k\"}\n").unwrap();
+        let err = events_of(&p, "x.csv").unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("x.csv:1: this looks like NDJSON (a line starts with {), not CSV"),
+            "{err}"
+        );
     }
 
     /// A dimension named twice is the header's fault: refused at line 1, not at each line
