@@ -227,10 +227,15 @@ const LOCK_WAIT_MARGIN: i64 = 300;
 /// key's lock (a bucket edge passed meanwhile), so counted now it would land outside the
 /// window it is checked against, unchecked. Nothing was applied or remembered: the caller
 /// prepares the increment again at a fresh `now` and tries again (an increment given an
-/// explicit `ts` that has left the window is then refused).
+/// explicit `ts` that has left the window is then refused). So too when the increments were
+/// `stamped` at `prepared_at` (no `ts` given) and a bucket edge passed before the decision:
+/// counted in its old bucket, an increment would add to windows that ended before the one
+/// checked (the window of its own moment was full, the one of the decision's not yet), and
+/// a history read back would show more than `max` in a window (found by a review: 18 in
+/// two seconds for a limit of 10). Stamped again, it lands in the bucket the check ends at.
 pub fn incr_limited(
     store: &dyn Store,
-    prepared_at: i64,
+    (prepared_at, stamped): (i64, bool),
     now: &dyn Fn() -> i64,
     batch: &Batch,
     last: Duration,
@@ -266,8 +271,11 @@ pub fn incr_limited(
         let at = now();
         let plan = window_plan(ns, &schema, last, at)
             .map_err(|e| StoreError::internal(format!("the window's tier went away: {e}")))?;
+        let res = plan.resolution.secs_i64();
+        let moved = |ts: i64| ts.div_euclid(res) != at.div_euclid(res);
         if plan.resolution != planned.resolution
             || batch.increments.iter().any(|i| !plan.covers(i.ts))
+            || (stamped && batch.increments.iter().any(|i| moved(i.ts)))
         {
             // Undecided (see above): nothing applied, nothing remembered. So too when the
             // window moved to another tier while we waited (a tier a schema change added
@@ -370,8 +378,10 @@ mod tests {
         )
         .unwrap();
         let last = Duration::from_secs(60).unwrap();
-        let outcome =
-            incr_limited(&store, t, &|| t + 2, &batch, last, 2, &mut |_| Ok(None)).unwrap();
+        let outcome = incr_limited(&store, (t, false), &|| t + 2, &batch, last, 2, &mut |_| {
+            Ok(None)
+        })
+        .unwrap();
         assert!(
             matches!(&outcome, Some(Limited::Refused { window, .. }) if window.n == 2),
             "{outcome:?}"
@@ -435,7 +445,7 @@ mod tests {
         clock.set(h + 4200);
         let o = incr_limited(
             &store,
-            h + 4199,
+            (h + 4199, true),
             &|| h + 4200,
             &at(h + 4199, None),
             last,
@@ -446,7 +456,7 @@ mod tests {
         assert!(o.is_none(), "undecided: {o:?}");
         let o = incr_limited(
             &store,
-            h + 4200,
+            (h + 4200, true),
             &|| h + 4200,
             &at(h + 4200, None),
             last,
@@ -504,14 +514,16 @@ mod tests {
             .unwrap()
         };
         for _ in 0..3 {
-            let o = incr_limited(&store, t, &|| t, &at(t), last, max, &mut |_| Ok(None));
+            let o = incr_limited(&store, (t, true), &|| t, &at(t), last, max, &mut |_| {
+                Ok(None)
+            });
             assert!(matches!(o, Ok(Some(Limited::Accepted(_)))), "{o:?}");
         }
         // Five more stamped in second t take the lock at t + 1.
         clock.set(t + 1);
         let mut remembered = 0;
         for _ in 0..5 {
-            let o = incr_limited(&store, t, &|| t + 1, &at(t), last, max, &mut |_| {
+            let o = incr_limited(&store, (t, true), &|| t + 1, &at(t), last, max, &mut |_| {
                 remembered += 1;
                 Ok(None)
             });
@@ -532,7 +544,15 @@ mod tests {
             &Defaults::default(),
         )
         .unwrap();
-        let o = incr_limited(&store, t + 1, &|| t + 1, &b, last, max, &mut |_| Ok(None));
+        let o = incr_limited(
+            &store,
+            (t + 1, false),
+            &|| t + 1,
+            &b,
+            last,
+            max,
+            &mut |_| Ok(None),
+        );
         assert!(
             matches!(o, Err(QueryError::InvalidParameter { field: "ts", .. })),
             "{o:?}"
@@ -540,9 +560,15 @@ mod tests {
         // Prepared again at t + 1: three fit.
         let outcomes: Vec<_> = (0..5)
             .map(|_| {
-                incr_limited(&store, t + 1, &|| t + 1, &at(t + 1), last, max, &mut |_| {
-                    Ok(None)
-                })
+                incr_limited(
+                    &store,
+                    (t + 1, true),
+                    &|| t + 1,
+                    &at(t + 1),
+                    last,
+                    max,
+                    &mut |_| Ok(None),
+                )
             })
             .map(|o| matches!(o, Ok(Some(Limited::Accepted(_)))))
             .collect();
@@ -566,6 +592,88 @@ mod tests {
                 .sum()
         };
         assert_eq!((second(t), second(t + 1)), (3, 3));
+    }
+
+    /// Found by a review: a request stamped in second t + 1 (no `ts`), while second t held
+    /// the limit, that got the key's lock in second t + 2 was checked against seconds t + 1
+    /// and t + 2 — room — and counted in second t + 1: seconds t and t + 1 then held 11 for
+    /// a limit of 10 in 2 s. Now it comes back undecided, and stamped again it lands in
+    /// second t + 2, so every 2 seconds hold at most 10.
+    #[test]
+    fn a_stamped_increment_decided_after_a_bucket_edge_is_stamped_again() {
+        use std::sync::Arc;
+
+        use crate::ingest::{Defaults, Limits, prepare};
+        use crate::model::{Key, RawEvent};
+        use crate::reference::MemStore;
+        use crate::store::{KeyRead, ManualClock, Want};
+
+        let t = 1_795_176_000;
+        let clock = Arc::new(ManualClock::new(t));
+        let store = MemStore::new(clock.clone());
+        let ns = Namespace::new("api").unwrap();
+        let schema = Schema::from_doc(&crate::model::SchemaDoc {
+            tiers: vec!["1s:2h".into()],
+            breakdown_tiers: None,
+            dimensions: None,
+        })
+        .unwrap();
+        store.put_schema(&ns, &schema).unwrap();
+        let raw = RawEvent {
+            ns: "api".into(),
+            key: "k".into(),
+            ts: None,
+            n: Some(1),
+            dims: Vec::new(),
+        };
+        let (last, max) = (Duration::from_secs(2).unwrap(), 10);
+        let at = |when: i64| {
+            prepare(
+                &store,
+                std::slice::from_ref(&raw),
+                when,
+                &Limits::default(),
+                &Defaults::default(),
+            )
+            .unwrap()
+        };
+        let limited = |stamped: i64, decided: i64| {
+            incr_limited(
+                &store,
+                (stamped, true),
+                &|| decided,
+                &at(stamped),
+                last,
+                max,
+                &mut |_| Ok(None),
+            )
+            .unwrap()
+        };
+        for _ in 0..10 {
+            assert!(matches!(limited(t, t), Some(Limited::Accepted(_))));
+        }
+        clock.set(t + 2);
+        assert!(limited(t + 1, t + 2).is_none(), "undecided");
+        assert!(matches!(limited(t + 2, t + 2), Some(Limited::Accepted(_))));
+        let k = Key::new("k").unwrap();
+        let two = |s: i64| -> i64 {
+            let read = KeyRead {
+                ns: &ns,
+                key: &k,
+                resolution: Duration::from_secs(1).unwrap(),
+                from: s,
+                to: s + 2,
+                want: Want::Totals,
+                sum_subtotals: false,
+                keep: None,
+            };
+            store.read(&[read]).unwrap()[0]
+                .totals
+                .iter()
+                .map(|(_, n)| n)
+                .sum()
+        };
+        assert_eq!((two(t), two(t + 1)), (10, 1));
     }
 
     #[test]

@@ -36,8 +36,10 @@ fn hammer(url: &str) {
                         &Defaults::default(),
                     );
                     let last = Duration::from_secs(3600).unwrap();
-                    match incr_limited(&*store, now, &real_now, &b, last, 100, &mut |_| Ok(None))
-                        .unwrap()
+                    match incr_limited(&*store, (now, false), &real_now, &b, last, 100, &mut |_| {
+                        Ok(None)
+                    })
+                    .unwrap()
                     {
                         Some(Limited::Accepted(_)) => accepted.fetch_add(1, Ordering::SeqCst),
                         Some(Limited::Refused { .. }) => refused.fetch_add(1, Ordering::SeqCst),

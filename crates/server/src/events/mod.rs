@@ -231,8 +231,15 @@ fn apply_limited(
             let max = app.settings().limits.max_namespaces;
             return Err(incr_refused(ingest::refuse_creation(&batch, ns, max)));
         }
-        let decided =
-            query::incr_limited(&**app.store(), now, &clock, &batch, last, max, &mut |o| {
+        let stamped = (now, raw.ts.is_none());
+        let decided = query::incr_limited(
+            &**app.store(),
+            stamped,
+            &clock,
+            &batch,
+            last,
+            max,
+            &mut |o| {
                 let Some(ticket) = &idem else {
                     return Ok(None);
                 };
@@ -242,7 +249,8 @@ fn apply_limited(
                     status,
                     body.to_string(),
                 )))
-            })?;
+            },
+        )?;
         if let Some(outcome) = decided {
             break outcome;
         }
