@@ -25,7 +25,7 @@ use crate::error::ApiError;
 const IDEMPOTENCY_SECS: i64 = 24 * 3600;
 
 /// The header, as axum's lower-case lookup spells it.
-const HEADER: &str = "idempotency-key";
+pub(crate) const HEADER: &str = "idempotency-key";
 
 /// Whether the client asked for idempotency: fingerprinting a large body costs, so only then.
 pub(crate) fn requested(headers: &HeaderMap) -> bool {
@@ -98,6 +98,24 @@ pub(crate) struct Ticket {
 }
 
 impl Ticket {
+    /// The answer stored under this ticket's key now, if it is this request's (another one
+    /// under the key is `422 idempotency_key_reused`). A limited increment asks once it is
+    /// decided: another server may have decided the same request first (see
+    /// `events::apply_limited`).
+    pub(crate) fn stored(
+        &self,
+        store: &dyn tally_core::store::Store,
+    ) -> Result<Option<IdemRecord>, ApiError> {
+        match store.idempotency(&self.key)? {
+            Some(r) if r.fingerprint == self.fingerprint => Ok(Some(r)),
+            Some(_) => Err(ApiError::new(
+                ErrorCode::IdempotencyKeyReused,
+                "this Idempotency-Key was used for a different request",
+            )),
+            None => Ok(None),
+        }
+    }
+
     /// The record that travels in the batch: this answer, kept for 24 h from `now`.
     pub(crate) fn record(self, now: i64, answer: &Accepted) -> Result<IdemRecord, ApiError> {
         let body = serde_json::to_string(answer)

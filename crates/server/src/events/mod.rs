@@ -232,6 +232,12 @@ fn apply_limited(
             return Err(incr_refused(ingest::refuse_creation(&batch, ns, max)));
         }
         let stamped = (now, raw.ts.is_none());
+        // The same request sent to two servers sharing a Redis at once: each waits for the
+        // key's lock, and the second would find the first's increment in the window and
+        // answer `429`, though its request was counted (found by a review). So, holding the
+        // lock, a request under a key first looks for the key's answer: found, it decides
+        // nothing (the error stops the step before anything is applied) and answers that.
+        let mut answered: Option<Result<tally_core::store::IdemRecord, ApiError>> = None;
         let decided = query::incr_limited(
             &**app.store(),
             stamped,
@@ -243,6 +249,12 @@ fn apply_limited(
                 let Some(ticket) = &idem else {
                     return Ok(None);
                 };
+                if let found @ (Ok(Some(_)) | Err(_)) = ticket.stored(&**app.store()) {
+                    answered = found.transpose();
+                    return Err(tally_core::store::StoreError::internal(
+                        "answered before: nothing decided",
+                    ));
+                }
                 let (status, body) = limited_answer(o, spelled);
                 Ok(Some(ticket.clone().record_raw(
                     now,
@@ -250,7 +262,17 @@ fn apply_limited(
                     body.to_string(),
                 )))
             },
-        )?;
+        );
+        if let Some(r) = answered {
+            let r = r?;
+            let mut resp = idempotency::replay(r.status, r.body);
+            resp.headers_mut().insert(
+                "idempotent-replayed",
+                axum::http::HeaderValue::from_static("true"),
+            );
+            return Ok(resp);
+        }
+        let decided = decided?;
         if let Some(outcome) = decided {
             break outcome;
         }
@@ -266,6 +288,21 @@ fn apply_limited(
         }
     };
     let (status, body) = limited_answer(&outcome, spelled);
+    // The same request sent to two servers sharing a Redis at once: each waits for the
+    // key's lock and decides, and the second finds the first's increment in the window —
+    // refused, though its request was counted (the first's answer is the one stored, and
+    // its apply, under the key, changed nothing). The stored answer is the request's.
+    if let Some(ticket) = &idem
+        && let Some(r) = ticket.stored(&**app.store())?
+        && (r.status, r.body.as_str()) != (status, body.to_string().as_str())
+    {
+        let mut resp = idempotency::replay(r.status, r.body);
+        resp.headers_mut().insert(
+            "idempotent-replayed",
+            axum::http::HeaderValue::from_static("true"),
+        );
+        return Ok(resp);
+    }
     if let query::Limited::Accepted(_) = outcome {
         app.metrics().events.fetch_add(1, Ordering::Relaxed);
         app.metrics().batches.fetch_add(1, Ordering::Relaxed);
@@ -496,6 +533,52 @@ pub async fn incr(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
+
+    /// Found by a review: the same request under one `Idempotency-Key`, sent to two servers
+    /// sharing a Redis at once, was decided by both; the second saw the first's increment
+    /// in the window and answered `429`, though its request had been counted. Here the
+    /// second decision runs after the first under the same ticket (as on the second
+    /// server): it answers the stored `200`, marked replayed, and counts nothing more.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_request_decided_twice_answers_what_was_stored_first() {
+        const NOW: i64 = 1_795_176_000;
+        let clock = Arc::new(tally_core::store::ManualClock::new(NOW));
+        let store = Arc::new(tally_core::reference::MemStore::new(clock.clone()));
+        let app = App::new(store, crate::config::Settings::default(), clock);
+        let mut headers = HeaderMap::new();
+        headers.insert(idempotency::HEADER, "rk1".parse().unwrap());
+        let Idem::Proceed(Some(held)) = idempotency::begin(&app, &headers, "fp".into())
+            .await
+            .unwrap()
+        else {
+            panic!("a first use proceeds");
+        };
+        let raw = RawEvent {
+            ns: "rl".into(),
+            key: "k".into(),
+            ts: None,
+            n: Some(1),
+            dims: Vec::new(),
+        };
+        let hour = Duration::new("1h").unwrap();
+        let decide = |app: App, ticket: Ticket, raw: RawEvent| {
+            tokio::task::spawn_blocking(move || {
+                apply_limited(&app, raw, Some(ticket), (hour, "1h"), 1).map(|r| {
+                    (
+                        r.status().as_u16(),
+                        r.headers().contains_key("idempotent-replayed"),
+                    )
+                })
+            })
+        };
+        let first = decide(app.clone(), held.ticket(), raw.clone())
+            .await
+            .unwrap();
+        assert_eq!(first.unwrap(), (200, false));
+        let second = decide(app.clone(), held.ticket(), raw).await.unwrap();
+        assert_eq!(second.unwrap(), (200, true), "the stored answer, not 429");
+    }
 
     #[test]
     fn dry_run_is_true_or_false_once() {
