@@ -193,6 +193,7 @@ fn probe_total(e: &Engine) -> i64 {
         to: 1 << 32,
         want: Want::All,
         sum_subtotals: false,
+        keep: None,
     };
     let data = e.read(&[read]).unwrap().pop().unwrap();
     data.totals.iter().map(|(_, n)| n).sum()
