@@ -93,6 +93,8 @@ pub struct RedisStore {
     /// new idempotency answers a day, all together and of one scope (see
     /// `write::count_answer`).
     answer_bounds: (usize, Option<usize>),
+    /// How long a write may take in all ([`write::WRITE_DEADLINE`] by default).
+    write_deadline: Duration,
     /// What `connect` checked of Redis, checked again now and then ([`RedisStore::vet`]).
     vetted: Mutex<Vetted>,
 }
@@ -268,6 +270,7 @@ impl RedisStore {
             listed: write::Listed::default(),
             max_future_secs: tally_core::ingest::Limits::default().max_future_secs,
             answer_bounds: (DEFAULT_MAX_ANSWERS, None),
+            write_deadline: write::WRITE_DEADLINE,
             vetted: Mutex::new(Vetted {
                 at: Instant::now(),
                 every: VET_EVERY,
@@ -327,6 +330,13 @@ impl RedisStore {
     /// `Unavailable` and applies nothing. 1 000 000 and none by default.
     pub fn with_answer_bounds(mut self, all: usize, per_scope: Option<usize>) -> Self {
         self.answer_bounds = (all, per_scope);
+        self
+    }
+
+    /// How long a write may take in all, its calls' retries included, before it answers
+    /// `Unavailable` (30 s by default; tests make it short).
+    pub fn with_write_deadline(mut self, deadline: Duration) -> Self {
+        self.write_deadline = deadline;
         self
     }
 

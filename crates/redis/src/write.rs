@@ -443,7 +443,28 @@ impl RedisStore {
     /// `id`: the batch's id; `None` for its idempotency key, else a fresh random one.
     /// `fence`: a lock the batch's series must still be held under when they are applied
     /// (their slot's); else nothing is applied and the answer is `unavailable`.
+    /// Applies `batch` (see [`RedisStore::apply_inner`]) within [`WRITE_DEADLINE`] (unless
+    /// told otherwise, [`RedisStore::with_write_deadline`]): each of
+    /// a write's calls is retried up to three times with a 10 s timeout, and on a Redis that
+    /// stopped answering they added up to ~90 s before a `503` (found by a review).
     pub(crate) async fn apply_async(
+        &self,
+        batch: &Batch,
+        id: Option<&str>,
+        fence: Option<&Fence>,
+    ) -> Result<(), StoreError> {
+        let deadline = self.write_deadline;
+        match tokio::time::timeout(deadline, self.apply_inner(batch, id, fence)).await {
+            Ok(done) => done,
+            Err(_) => Err(maybe_applied(StoreError::unavailable(format!(
+                "{}: the write got no answer within {} s",
+                self.label,
+                deadline.as_secs_f64()
+            )))),
+        }
+    }
+
+    async fn apply_inner(
         &self,
         batch: &Batch,
         id: Option<&str>,
@@ -1017,6 +1038,9 @@ impl RedisStore {
 /// A failure of a batch's script calls: some may have run (other nodes' calls, or one whose
 /// answer was lost to a timeout), so the client is told what a retry must carry, rather
 /// than left to retry without a key and count the applied part twice.
+/// How long a write may take in all (its calls and their retries) before it gives up.
+pub(crate) const WRITE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
+
 fn maybe_applied(e: StoreError) -> StoreError {
     e.noted(
         "; the batch may have been applied in part or whole: only a retry with the same \

@@ -596,6 +596,31 @@ fn a_paused_redis_is_unhealthy_within_seconds() {
     });
 }
 
+/// A write to a Redis that stopped answering gives up at its deadline, in all, saying it
+/// may have been applied: each call's retries (three of up to 10 s) added up to ~93 s before
+/// a `503` (found by a review; 30 s by default, 2 s here).
+#[test]
+fn a_write_to_a_paused_redis_gives_up_at_its_deadline() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url())
+        .unwrap()
+        .with_write_deadline(Duration::from_secs(2));
+    let one = one_event(&store);
+    store.apply(&one).unwrap();
+    server.pause();
+    let start = Instant::now();
+    let e = store.apply(&one).unwrap_err();
+    let took = start.elapsed();
+    server.resume();
+    unavailable(&e, server.port());
+    let detail = e.detail();
+    assert!(
+        detail.contains("no answer within 2 s") && detail.contains("may have been applied"),
+        "{detail}"
+    );
+    assert!(took < Duration::from_secs(4), "{took:?}");
+}
+
 /// A Redis busy running a long script refuses every other command (`BUSY`) until it ends:
 /// that is `Unavailable` (503 with `Retry-After`), not an internal error, and nothing is
 /// applied (found by a black-box review: another tally server's 100 000-event batch made
