@@ -470,6 +470,70 @@ mod tests {
         );
     }
 
+    /// A reference store at `t` whose namespace `api` keeps a `1s:2h` tier.
+    fn seconds_store(
+        t: i64,
+    ) -> (
+        std::sync::Arc<crate::store::ManualClock>,
+        crate::reference::MemStore,
+    ) {
+        let clock = std::sync::Arc::new(crate::store::ManualClock::new(t));
+        let store = crate::reference::MemStore::new(clock.clone());
+        let schema = Schema::from_doc(&crate::model::SchemaDoc {
+            tiers: vec!["1s:2h".into()],
+            breakdown_tiers: None,
+            dimensions: None,
+        })
+        .unwrap();
+        store
+            .put_schema(&Namespace::new("api").unwrap(), &schema)
+            .unwrap();
+        (clock, store)
+    }
+
+    /// One increment of 1 to `api`/`k`, with `ts` (none: stamped at `when`), prepared at
+    /// `when`.
+    fn one_at(store: &dyn Store, when: i64, ts: Option<i64>) -> Batch {
+        let raw = crate::model::RawEvent {
+            ns: "api".into(),
+            key: "k".into(),
+            ts,
+            n: Some(1),
+            dims: Vec::new(),
+        };
+        crate::ingest::prepare(
+            store,
+            &[raw],
+            when,
+            &crate::ingest::Limits::default(),
+            &crate::ingest::Defaults::default(),
+        )
+        .unwrap()
+    }
+
+    /// The sum of `api`/`k`'s seconds in `[from, to)`.
+    fn seconds_sum(store: &dyn Store, from: i64, to: i64) -> i64 {
+        let (ns, k) = (
+            Namespace::new("api").unwrap(),
+            crate::model::Key::new("k").unwrap(),
+        );
+        let read = crate::store::KeyRead {
+            ns: &ns,
+            key: &k,
+            resolution: Duration::from_secs(1).unwrap(),
+            from,
+            to,
+            want: crate::store::Want::Totals,
+            sum_subtotals: false,
+            keep: None,
+        };
+        store.read(&[read]).unwrap()[0]
+            .totals
+            .iter()
+            .map(|(_, n)| n)
+            .sum()
+    }
+
     /// Found by an independent review: requests stamped in second t (no `ts` given) that got
     /// the key's lock once the clock reached t + 1 saw an empty window and were all written
     /// into second t, uncounted: 8 in one second for a limit of 3 per second. Now they come
@@ -477,42 +541,10 @@ mod tests {
     /// to the limit and no further.
     #[test]
     fn an_increment_whose_bucket_left_the_window_while_it_waited_is_not_counted_unchecked() {
-        use std::sync::Arc;
-
-        use crate::ingest::{Defaults, Limits, prepare};
-        use crate::model::{Key, RawEvent};
-        use crate::reference::MemStore;
-        use crate::store::{KeyRead, ManualClock, Want};
-
         let t = 1_795_176_000;
-        let clock = Arc::new(ManualClock::new(t));
-        let store = MemStore::new(clock.clone());
-        let ns = Namespace::new("api").unwrap();
-        let schema = Schema::from_doc(&crate::model::SchemaDoc {
-            tiers: vec!["1s:2h".into()],
-            breakdown_tiers: None,
-            dimensions: None,
-        })
-        .unwrap();
-        store.put_schema(&ns, &schema).unwrap();
-        let raw = RawEvent {
-            ns: "api".into(),
-            key: "k".into(),
-            ts: None,
-            n: Some(1),
-            dims: Vec::new(),
-        };
+        let (clock, store) = seconds_store(t);
         let (last, max) = (Duration::from_secs(1).unwrap(), 3);
-        let at = |when: i64| {
-            prepare(
-                &store,
-                std::slice::from_ref(&raw),
-                when,
-                &Limits::default(),
-                &Defaults::default(),
-            )
-            .unwrap()
-        };
+        let at = |when: i64| one_at(&store, when, None);
         for _ in 0..3 {
             let o = incr_limited(&store, (t, true), &|| t, &at(t), last, max, &mut |_| {
                 Ok(None)
@@ -532,18 +564,7 @@ mod tests {
         assert_eq!(remembered, 0, "an undecided increment is not remembered");
         // One given an explicit ts of second t, tried again at t + 1, is refused: counted
         // now it would escape the window.
-        let explicit = RawEvent {
-            ts: Some(t),
-            ..raw.clone()
-        };
-        let b = prepare(
-            &store,
-            &[explicit],
-            t + 1,
-            &Limits::default(),
-            &Defaults::default(),
-        )
-        .unwrap();
+        let b = one_at(&store, t + 1, Some(t));
         let o = incr_limited(
             &store,
             (t + 1, false),
@@ -573,25 +594,13 @@ mod tests {
             .map(|o| matches!(o, Ok(Some(Limited::Accepted(_)))))
             .collect();
         assert_eq!(outcomes, [true, true, true, false, false]);
-        let k = Key::new("k").unwrap();
-        let second = |s: i64| -> i64 {
-            let read = KeyRead {
-                ns: &ns,
-                key: &k,
-                resolution: Duration::from_secs(1).unwrap(),
-                from: s,
-                to: s + 1,
-                want: Want::Totals,
-                sum_subtotals: false,
-                keep: None,
-            };
-            store.read(&[read]).unwrap()[0]
-                .totals
-                .iter()
-                .map(|(_, n)| n)
-                .sum()
-        };
-        assert_eq!((second(t), second(t + 1)), (3, 3));
+        assert_eq!(
+            (
+                seconds_sum(&store, t, t + 1),
+                seconds_sum(&store, t + 1, t + 2)
+            ),
+            (3, 3)
+        );
     }
 
     /// Found by a review: a request stamped in second t + 1 (no `ts`), while second t held
@@ -601,48 +610,15 @@ mod tests {
     /// second t + 2, so every 2 seconds hold at most 10.
     #[test]
     fn a_stamped_increment_decided_after_a_bucket_edge_is_stamped_again() {
-        use std::sync::Arc;
-
-        use crate::ingest::{Defaults, Limits, prepare};
-        use crate::model::{Key, RawEvent};
-        use crate::reference::MemStore;
-        use crate::store::{KeyRead, ManualClock, Want};
-
         let t = 1_795_176_000;
-        let clock = Arc::new(ManualClock::new(t));
-        let store = MemStore::new(clock.clone());
-        let ns = Namespace::new("api").unwrap();
-        let schema = Schema::from_doc(&crate::model::SchemaDoc {
-            tiers: vec!["1s:2h".into()],
-            breakdown_tiers: None,
-            dimensions: None,
-        })
-        .unwrap();
-        store.put_schema(&ns, &schema).unwrap();
-        let raw = RawEvent {
-            ns: "api".into(),
-            key: "k".into(),
-            ts: None,
-            n: Some(1),
-            dims: Vec::new(),
-        };
+        let (clock, store) = seconds_store(t);
         let (last, max) = (Duration::from_secs(2).unwrap(), 10);
-        let at = |when: i64| {
-            prepare(
-                &store,
-                std::slice::from_ref(&raw),
-                when,
-                &Limits::default(),
-                &Defaults::default(),
-            )
-            .unwrap()
-        };
         let limited = |stamped: i64, decided: i64| {
             incr_limited(
                 &store,
                 (stamped, true),
                 &|| decided,
-                &at(stamped),
+                &one_at(&store, stamped, None),
                 last,
                 max,
                 &mut |_| Ok(None),
@@ -655,25 +631,13 @@ mod tests {
         clock.set(t + 2);
         assert!(limited(t + 1, t + 2).is_none(), "undecided");
         assert!(matches!(limited(t + 2, t + 2), Some(Limited::Accepted(_))));
-        let k = Key::new("k").unwrap();
-        let two = |s: i64| -> i64 {
-            let read = KeyRead {
-                ns: &ns,
-                key: &k,
-                resolution: Duration::from_secs(1).unwrap(),
-                from: s,
-                to: s + 2,
-                want: Want::Totals,
-                sum_subtotals: false,
-                keep: None,
-            };
-            store.read(&[read]).unwrap()[0]
-                .totals
-                .iter()
-                .map(|(_, n)| n)
-                .sum()
-        };
-        assert_eq!((two(t), two(t + 1)), (10, 1));
+        assert_eq!(
+            (
+                seconds_sum(&store, t, t + 2),
+                seconds_sum(&store, t + 1, t + 3)
+            ),
+            (10, 1)
+        );
     }
 
     #[test]
